@@ -1,0 +1,21 @@
+//! Workers: the engines the router sends requests to.
+//!
+//! Owns the identity of an engine ([`WorkerId`]), the models it serves ([`ModelId`]), its
+//! [`Stage`] (plain, prefill or decode), its engine-side endpoints (KV events, load reporter,
+//! PD bootstrap port), its live health, and the [`WorkerRegistry`] with its change feed.
+//!
+//! Does not own: load or KV-cache observations (router-state-load, router-state-kv), health
+//! probing (router-server drives it and calls [`WorkerRegistry::set_health`]), or selection.
+
+mod error;
+mod registry;
+mod worker;
+
+pub use error::WorkerError;
+pub use registry::{ModelKind, RegistryEvent, WorkerRegistry};
+pub use worker::{
+    KvEventsSpec, LoadPollSpec, ModelId, Stage, Worker, WorkerId, WorkerSpec, validate_url,
+};
+
+#[cfg(test)]
+mod tests;

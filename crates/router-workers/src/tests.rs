@@ -1,0 +1,276 @@
+use std::sync::Arc;
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn model() -> ModelId {
+    ModelId::new("llama")
+}
+
+fn worker(id: &str, stage: Stage) -> Worker {
+    Worker::with_stage(id, &format!("http://127.0.0.1:9{}", id.len()), &model(), stage)
+        .expect("valid worker")
+}
+
+#[test]
+fn rejects_duplicate_ids() {
+    let registry = WorkerRegistry::new();
+    registry.add(worker("a", Stage::Plain)).expect("first add");
+    let err = registry.add(worker("a", Stage::Plain)).expect_err("duplicate");
+    assert!(matches!(err, WorkerError::Duplicate { ref id } if id.as_str() == "a"), "{err}");
+    assert_eq!(registry.workers().len(), 1);
+}
+
+#[test]
+fn rejects_plain_worker_in_pd_model_and_pd_worker_in_plain_model() {
+    let registry = WorkerRegistry::new();
+    registry.add(worker("p", Stage::Prefill)).expect("prefill");
+    let err = registry.add(worker("x", Stage::Plain)).expect_err("mixed");
+    assert!(matches!(err, WorkerError::MixedModel { .. }), "{err}");
+    registry.add(worker("d", Stage::Decode)).expect("decode joins a PD model");
+
+    let plain = WorkerRegistry::new();
+    plain.add(worker("a", Stage::Plain)).expect("plain");
+    for stage in [Stage::Prefill, Stage::Decode] {
+        let err = plain.add(worker("b", stage)).expect_err("mixed");
+        assert!(matches!(err, WorkerError::MixedModel { .. }), "{err}");
+    }
+}
+
+#[test]
+fn models_do_not_constrain_each_other() {
+    let registry = WorkerRegistry::new();
+    registry.add(worker("a", Stage::Plain)).expect("plain llama");
+    let other = Worker::with_stage("b", "http://h:1", &ModelId::new("qwen"), Stage::Prefill)
+        .expect("valid");
+    registry.add(other).expect("PD engine of another model");
+}
+
+#[test]
+fn replace_may_change_kind_only_when_it_is_the_last_of_its_kind() {
+    let registry = WorkerRegistry::new();
+    registry.add(worker("a", Stage::Plain)).expect("plain");
+    registry.replace(worker("a", Stage::Prefill)).expect("sole engine may change kind");
+    registry.add(worker("b", Stage::Decode)).expect("decode");
+    let err = registry.replace(worker("b", Stage::Plain)).expect_err("would mix");
+    assert!(matches!(err, WorkerError::MixedModel { .. }), "{err}");
+    let err = registry.replace(worker("zz", Stage::Decode)).expect_err("unknown");
+    assert!(matches!(err, WorkerError::NotFound { .. }), "{err}");
+}
+
+#[test]
+fn rejects_urls_that_are_not_http_or_carry_credentials() {
+    let spec = |url: &str| WorkerSpec {
+        id: "w".into(),
+        url: url.into(),
+        role: Stage::Plain,
+        model: None,
+        bootstrap_port: None,
+        dp_size: 1,
+        kv_events: None,
+        load_reporter: None,
+        load_poll: None,
+    };
+    for url in ["ftp://h:1", "file:///etc/passwd", "h:1", "http://", "unix:/tmp/s"] {
+        let err = Worker::from_spec(&spec(url), vec![model()]).expect_err(url);
+        assert!(matches!(err, WorkerError::BadUrl { .. }), "{url}: {err}");
+    }
+    for url in ["http://user:pw@h:1", "https://token@h"] {
+        let err = Worker::from_spec(&spec(url), vec![model()]).expect_err(url);
+        assert!(err.to_string().contains("credentials"), "{err}");
+        assert!(!err.to_string().contains("pw"), "credentials leak into {err}");
+    }
+    let ok = Worker::from_spec(&spec("https://engine.local:8443/"), vec![model()]).expect("ok");
+    assert_eq!(ok.url(), "https://engine.local:8443");
+}
+
+#[test]
+fn rejects_bad_worker_settings() {
+    let mut spec: WorkerSpec =
+        serde_json::from_str(r#"{"id": "w", "url": "http://h:1", "dp_size": 0}"#).expect("json");
+    assert!(matches!(
+        Worker::from_spec(&spec, vec![model()]),
+        Err(WorkerError::ZeroDpSize { .. })
+    ));
+    spec.dp_size = 1;
+    spec.bootstrap_port = Some(8998);
+    assert!(matches!(
+        Worker::from_spec(&spec, vec![model()]),
+        Err(WorkerError::BootstrapPortOnNonPrefill { .. })
+    ));
+    spec.bootstrap_port = None;
+    assert!(matches!(Worker::from_spec(&spec, vec![]), Err(WorkerError::NoModel { .. })));
+    spec.kv_events = Some(KvEventsSpec {
+        endpoint: "10.0.0.1:5557".into(),
+        replay_endpoint: None,
+        topic: String::new(),
+        block_size: 16,
+        bind: false,
+    });
+    assert!(matches!(
+        Worker::from_spec(&spec, vec![model()]),
+        Err(WorkerError::BadKvEndpoint { .. })
+    ));
+    assert_eq!(WorkerId::new("  "), Err(WorkerError::EmptyId));
+}
+
+#[test]
+fn spec_rejects_unknown_fields() {
+    let err = serde_json::from_str::<WorkerSpec>(r#"{"id": "w", "url": "http://h", "colour": 1}"#)
+        .expect_err("unknown field");
+    assert!(err.to_string().contains("colour"), "{err}");
+}
+
+#[test]
+fn lookup_returns_healthy_workers_of_model_and_stage_sorted() {
+    let registry = WorkerRegistry::new();
+    for id in ["p2", "p1", "p3"] {
+        registry.add(worker(id, Stage::Prefill)).expect("add");
+    }
+    registry.add(worker("d1", Stage::Decode)).expect("add");
+    registry.set_health(&WorkerId::new("p2").expect("id"), false).expect("known");
+    let ids: Vec<_> = registry
+        .healthy(&model(), Stage::Prefill)
+        .iter()
+        .map(|w| w.id().to_string())
+        .collect();
+    assert_eq!(ids, ["p1", "p3"]);
+    assert_eq!(registry.workers_for(&model(), Stage::Prefill).len(), 3);
+    assert_eq!(registry.healthy(&model(), Stage::Decode).len(), 1);
+    assert!(registry.healthy(&model(), Stage::Plain).is_empty());
+    assert!(registry.healthy(&ModelId::new("other"), Stage::Prefill).is_empty());
+    assert_eq!(registry.model_kind(&model()), Some(ModelKind::Pd));
+}
+
+#[test]
+fn removal_drops_the_worker_from_lookups() {
+    let registry = WorkerRegistry::new();
+    registry.add(worker("a", Stage::Plain)).expect("add");
+    let id = WorkerId::new("a").expect("id");
+    registry.remove(&id).expect("remove");
+    assert!(registry.get(&id).is_none());
+    assert!(registry.healthy(&model(), Stage::Plain).is_empty());
+    assert_eq!(registry.model_kind(&model()), None);
+    assert!(matches!(registry.remove(&id), Err(WorkerError::NotFound { .. })));
+}
+
+#[test]
+fn change_feed_reports_every_change_in_order() {
+    let registry = WorkerRegistry::new();
+    registry.add(worker("a", Stage::Plain)).expect("add");
+    let (initial, mut feed) = registry.follow();
+    assert_eq!(initial.len(), 1);
+    let id = WorkerId::new("a").expect("id");
+    registry.add(worker("b", Stage::Plain)).expect("add");
+    registry.set_health(&id, false).expect("known");
+    registry.set_health(&id, false).expect("no change, no event");
+    let replaced = registry.replace(worker("a", Stage::Plain)).expect("replace");
+    registry.remove(&id).expect("remove");
+
+    let mut seen = Vec::new();
+    while let Ok(event) = feed.try_recv() {
+        seen.push(match event {
+            RegistryEvent::Added(w) => format!("+{}", w.id()),
+            RegistryEvent::Removed(w) => format!("-{}", w.id()),
+            RegistryEvent::HealthChanged { worker, healthy } => format!("{}={healthy}", worker.id()),
+        });
+    }
+    assert_eq!(seen, ["+b", "a=false", "-a", "+a", "-a"]);
+    assert!(replaced.is_healthy(), "a replacement starts healthy");
+}
+
+#[test]
+fn replacement_is_a_new_incarnation() {
+    let registry = WorkerRegistry::new();
+    let old = registry.add(worker("a", Stage::Plain)).expect("add");
+    let new = registry.replace(worker("a", Stage::Plain)).expect("replace");
+    assert_ne!(old.incarnation(), new.incarnation());
+    let current = registry.get(old.id()).expect("present");
+    assert!(Arc::ptr_eq(&current, &new));
+}
+
+#[test]
+fn host_is_extracted_for_bootstrap() {
+    let m = model();
+    let w = Worker::plain("a", "http://10.0.0.1:30000/", &m).expect("ok");
+    assert_eq!(w.host(), "10.0.0.1");
+    let w = Worker::plain("b", "http://[::1]:30000", &m).expect("ok");
+    assert_eq!(w.host(), "::1");
+    let w = Worker::plain("c", "https://engine.local", &m).expect("ok");
+    assert_eq!(w.host(), "engine.local");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_adds_of_one_id_admit_exactly_one() {
+    let registry = Arc::new(WorkerRegistry::new());
+    let tasks: Vec<_> = (0..16)
+        .map(|_| {
+            let registry = Arc::clone(&registry);
+            tokio::spawn(async move { registry.add(worker("same", Stage::Plain)).is_ok() })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += usize::from(task.await.expect("task"));
+    }
+    assert_eq!(admitted, 1);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Add(u8, Stage),
+    Replace(u8, Stage),
+    Remove(u8),
+    Health(u8, bool),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let stage = prop_oneof![Just(Stage::Plain), Just(Stage::Prefill), Just(Stage::Decode)];
+    prop_oneof![
+        (0u8..6, stage.clone()).prop_map(|(i, s)| Op::Add(i, s)),
+        (0u8..6, stage).prop_map(|(i, s)| Op::Replace(i, s)),
+        (0u8..6).prop_map(Op::Remove),
+        (0u8..6, any::<bool>()).prop_map(|(i, h)| Op::Health(i, h)),
+    ]
+}
+
+proptest! {
+    /// Whatever sequence of changes is attempted, the registry never holds a mixed model,
+    /// its indexes agree with each other, and the feed replays to the same membership.
+    #[test]
+    fn invariants_hold_under_arbitrary_changes(ops in prop::collection::vec(op(), 0..60)) {
+        let registry = WorkerRegistry::new();
+        let (_, mut feed) = registry.follow();
+        for op in ops {
+            let name = |i: u8| format!("w{i}");
+            let _ = match op {
+                Op::Add(i, s) => registry.add(worker(&name(i), s)).map(|_| ()),
+                Op::Replace(i, s) => registry.replace(worker(&name(i), s)).map(|_| ()),
+                Op::Remove(i) => registry.remove(&WorkerId::new(name(i)).expect("id")).map(|_| ()),
+                Op::Health(i, h) => {
+                    registry.set_health(&WorkerId::new(name(i)).expect("id"), h).map(|_| ())
+                }
+            };
+        }
+        let all = registry.workers();
+        let kinds: std::collections::HashSet<_> = all.iter().map(|w| w.stage().is_pd()).collect();
+        prop_assert!(kinds.len() <= 1, "mixed model");
+        let indexed: usize = [Stage::Plain, Stage::Prefill, Stage::Decode]
+            .into_iter()
+            .map(|s| registry.workers_for(&model(), s).len())
+            .sum();
+        prop_assert_eq!(indexed, all.len());
+        let mut replayed = std::collections::BTreeSet::new();
+        while let Ok(event) = feed.try_recv() {
+            match event {
+                RegistryEvent::Added(w) => prop_assert!(replayed.insert(w.id().to_string())),
+                RegistryEvent::Removed(w) => prop_assert!(replayed.remove(w.id().as_str())),
+                RegistryEvent::HealthChanged { .. } => {}
+            }
+        }
+        let current: std::collections::BTreeSet<_> =
+            all.iter().map(|w| w.id().to_string()).collect();
+        prop_assert_eq!(replayed, current);
+    }
+}

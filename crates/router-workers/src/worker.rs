@@ -1,0 +1,394 @@
+//! The engine as the router sees it: identity, role, endpoints and live health.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+use crate::WorkerError;
+
+/// Stable identifier of an engine, as written in the configuration (`P1`, `engine-3`).
+///
+/// Engines are named by this everywhere inside the router, never by URL. Cloning is cheap.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct WorkerId(Arc<str>);
+
+impl WorkerId {
+    /// Wraps a non-empty identifier.
+    pub fn new(id: impl AsRef<str>) -> Result<Self, WorkerError> {
+        let id = id.as_ref();
+        if id.trim().is_empty() {
+            return Err(WorkerError::EmptyId);
+        }
+        Ok(Self(Arc::from(id)))
+    }
+
+    /// The identifier as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for WorkerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", &*self.0)
+    }
+}
+
+/// Name of a served model, as clients send it in the `model` field.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct ModelId(Arc<str>);
+
+impl ModelId {
+    /// Wraps a model name.
+    pub fn new(id: impl AsRef<str>) -> Self {
+        Self(Arc::from(id.as_ref()))
+    }
+
+    /// The model name as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ModelId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for ModelId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", &*self.0)
+    }
+}
+
+/// The part of a request an engine serves: the whole of it, or one side of a
+/// prefill/decode disaggregated pair. A worker's role is its stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stage {
+    /// Serves complete requests.
+    Plain,
+    /// Computes the prompt's KV cache and hands it to a decode engine.
+    Prefill,
+    /// Generates tokens from a KV cache received from a prefill engine.
+    Decode,
+}
+
+impl Stage {
+    /// The configuration spelling: `plain`, `prefill` or `decode`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Plain => "plain",
+            Stage::Prefill => "prefill",
+            Stage::Decode => "decode",
+        }
+    }
+
+    /// Whether this stage belongs to prefill/decode disaggregation.
+    pub fn is_pd(self) -> bool {
+        !matches!(self, Stage::Plain)
+    }
+}
+
+impl fmt::Display for Stage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where an engine publishes its KV-cache events (ZeroMQ), as configured.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvEventsSpec {
+    /// The engine's PUB endpoint, `tcp://host:port`. Data-parallel rank `r` publishes on
+    /// port + r.
+    pub endpoint: String,
+    /// The engine's replay ROUTER endpoint, when it has one (rank `r` on port + r).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_endpoint: Option<String>,
+    /// Topic prefix to subscribe to; empty subscribes to everything.
+    #[serde(default)]
+    pub topic: String,
+    /// Tokens per KV block on this engine. Events with another block size are skipped.
+    #[serde(default = "default_block_size")]
+    pub block_size: u32,
+    /// Bind the router's SUB socket and let the engine connect, instead of connecting to it.
+    /// Only for trusted networks.
+    #[serde(default)]
+    pub bind: bool,
+}
+
+fn default_block_size() -> u32 {
+    16
+}
+
+/// How the router learns an engine's load, when not from a gRPC load reporter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadPollSpec {
+    /// Poll SGLang's `GET /v1/loads` at this interval, in milliseconds.
+    #[serde(default = "default_poll_interval_ms")]
+    pub interval_ms: u64,
+}
+
+fn default_poll_interval_ms() -> u64 {
+    500
+}
+
+fn default_dp_size() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+/// A worker as written in the configuration file and accepted by the admin API.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSpec {
+    /// Stable identifier, unique across the router.
+    pub id: String,
+    /// Base URL of the engine's HTTP server (`http://host:port`).
+    pub url: String,
+    /// `plain`, `prefill` or `decode`.
+    #[serde(default = "default_role")]
+    pub role: Stage,
+    /// Model served; the configuration file fills it from the enclosing model entry, the admin
+    /// API requires it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Port of the prefill engine's bootstrap server for PD transfer (prefill only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_port: Option<u16>,
+    /// Number of data-parallel ranks behind this engine.
+    #[serde(default = "default_dp_size", skip_serializing_if = "is_one")]
+    pub dp_size: u32,
+    /// KV-event publisher of the engine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_events: Option<KvEventsSpec>,
+    /// gRPC load-reporter endpoint (`host:port`) the router dials.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_reporter: Option<String>,
+    /// Poll SGLang's `/v1/loads` instead of (or without) a gRPC reporter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_poll: Option<LoadPollSpec>,
+}
+
+fn default_role() -> Stage {
+    Stage::Plain
+}
+
+static NEXT_INCARNATION: AtomicU64 = AtomicU64::new(1);
+
+/// One engine. Shared as `Arc<Worker>`; everything but health is immutable, so a changed
+/// engine is a new `Worker` (with a new [`Worker::incarnation`]) that replaces the old one.
+#[derive(Debug)]
+pub struct Worker {
+    id: WorkerId,
+    url: String,
+    models: Vec<ModelId>,
+    stage: Stage,
+    bootstrap_port: Option<u16>,
+    dp_size: u32,
+    kv_events: Option<KvEventsSpec>,
+    load_reporter: Option<String>,
+    load_poll: Option<LoadPollSpec>,
+    incarnation: u64,
+    healthy: AtomicBool,
+}
+
+impl Worker {
+    /// Validates a spec into a worker serving `models`. The worker starts healthy.
+    pub fn from_spec(spec: &WorkerSpec, models: Vec<ModelId>) -> Result<Self, WorkerError> {
+        let id = WorkerId::new(&spec.id)?;
+        let url = validate_url(&spec.url)?;
+        if models.is_empty() {
+            return Err(WorkerError::NoModel { id });
+        }
+        if spec.dp_size == 0 {
+            return Err(WorkerError::ZeroDpSize { id });
+        }
+        if spec.bootstrap_port.is_some() && spec.role != Stage::Prefill {
+            return Err(WorkerError::BootstrapPortOnNonPrefill { id, role: spec.role });
+        }
+        if let Some(kv) = &spec.kv_events {
+            if kv.block_size == 0 {
+                return Err(WorkerError::ZeroBlockSize { id });
+            }
+            validate_zmq_endpoint(&id, &kv.endpoint)?;
+            if let Some(replay) = &kv.replay_endpoint {
+                validate_zmq_endpoint(&id, replay)?;
+            }
+        }
+        Ok(Self {
+            id,
+            url,
+            models,
+            stage: spec.role,
+            bootstrap_port: spec.bootstrap_port,
+            dp_size: spec.dp_size,
+            kv_events: spec.kv_events.clone(),
+            load_reporter: spec.load_reporter.clone(),
+            load_poll: spec.load_poll.clone(),
+            incarnation: NEXT_INCARNATION.fetch_add(1, Ordering::Relaxed),
+            healthy: AtomicBool::new(true),
+        })
+    }
+
+    /// Builds a plain, healthy worker for one model, with no engine-side endpoints.
+    pub fn plain(id: &str, url: &str, model: &ModelId) -> Result<Self, WorkerError> {
+        Self::with_stage(id, url, model, Stage::Plain)
+    }
+
+    /// Builds a healthy worker of the given stage for one model, with no engine-side endpoints.
+    pub fn with_stage(
+        id: &str,
+        url: &str,
+        model: &ModelId,
+        stage: Stage,
+    ) -> Result<Self, WorkerError> {
+        let spec = WorkerSpec {
+            id: id.to_owned(),
+            url: url.to_owned(),
+            role: stage,
+            model: Some(model.to_string()),
+            bootstrap_port: None,
+            dp_size: 1,
+            kv_events: None,
+            load_reporter: None,
+            load_poll: None,
+        };
+        Self::from_spec(&spec, vec![model.clone()])
+    }
+
+    /// The stable identifier.
+    pub fn id(&self) -> &WorkerId {
+        &self.id
+    }
+
+    /// Base URL without a trailing slash.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Models this engine serves.
+    pub fn models(&self) -> &[ModelId] {
+        &self.models
+    }
+
+    /// Whether this engine serves `model`.
+    pub fn serves(&self, model: &ModelId) -> bool {
+        self.models.contains(model)
+    }
+
+    /// The engine's role.
+    pub fn stage(&self) -> Stage {
+        self.stage
+    }
+
+    /// Bootstrap port of a prefill engine, for PD transfer.
+    pub fn bootstrap_port(&self) -> Option<u16> {
+        self.bootstrap_port
+    }
+
+    /// Number of data-parallel ranks.
+    pub fn dp_size(&self) -> u32 {
+        self.dp_size
+    }
+
+    /// KV-event publisher settings, when the engine publishes events.
+    pub fn kv_events(&self) -> Option<&KvEventsSpec> {
+        self.kv_events.as_ref()
+    }
+
+    /// gRPC load-reporter endpoint, when the engine has one.
+    pub fn load_reporter(&self) -> Option<&str> {
+        self.load_reporter.as_deref()
+    }
+
+    /// `/v1/loads` polling settings, when configured.
+    pub fn load_poll(&self) -> Option<&LoadPollSpec> {
+        self.load_poll.as_ref()
+    }
+
+    /// Process-unique number of this `Worker` value: a replaced engine with the same id has a
+    /// different incarnation, so state and picks tied to the old one can be told apart.
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    /// Current health as last set by the health checker.
+    pub fn is_healthy(&self) -> bool {
+        self.healthy.load(Ordering::Acquire)
+    }
+
+    /// Sets health; returns the previous value. Use [`crate::WorkerRegistry::set_health`] so the
+    /// change feed hears about it.
+    pub(crate) fn store_health(&self, healthy: bool) -> bool {
+        self.healthy.swap(healthy, Ordering::AcqRel)
+    }
+
+    /// The host part of the base URL (for PD `bootstrap_host`).
+    pub fn host(&self) -> &str {
+        let rest = self.url.split_once("://").map_or(self.url.as_str(), |(_, r)| r);
+        let authority = rest.split('/').next().unwrap_or(rest);
+        if let Some(v6) = authority.strip_prefix('[') {
+            return v6.split(']').next().unwrap_or(v6);
+        }
+        authority.rsplit_once(':').map_or(authority, |(host, _)| host)
+    }
+}
+
+/// Accepts `http` and `https` URLs with a host and no credentials; returns the URL without a
+/// trailing slash.
+pub fn validate_url(raw: &str) -> Result<String, WorkerError> {
+    let bad = |reason: &'static str| WorkerError::BadUrl { url: redact(raw), reason };
+    let parsed = url::Url::parse(raw).map_err(|_| bad("not a valid url"))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(bad("scheme must be http or https"));
+    }
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        return Err(bad("credentials are not allowed in worker urls"));
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(bad("missing host"));
+    }
+    if parsed.query().is_some() || parsed.fragment().is_some() {
+        return Err(bad("query and fragment are not allowed"));
+    }
+    Ok(raw.trim_end_matches('/').to_owned())
+}
+
+/// Hides anything between the scheme and an `@` so credentials never reach logs.
+fn redact(raw: &str) -> String {
+    match (raw.find("://"), raw.rfind('@')) {
+        (Some(scheme_end), Some(at)) if at > scheme_end => {
+            format!("{}://***{}", &raw[..scheme_end], &raw[at..])
+        }
+        _ => raw.to_owned(),
+    }
+}
+
+fn validate_zmq_endpoint(id: &WorkerId, endpoint: &str) -> Result<(), WorkerError> {
+    let ok = endpoint
+        .strip_prefix("tcp://")
+        .and_then(|rest| rest.rsplit_once(':'))
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if ok {
+        Ok(())
+    } else {
+        Err(WorkerError::BadKvEndpoint { id: id.clone(), endpoint: endpoint.to_owned() })
+    }
+}
