@@ -4,5 +4,58 @@
 //! (`AdmissionLimits`, `EngineAdmission`), the concrete policies and their construction from
 //! configuration, and the cache-source adapter with its per-request memo.
 //!
+//! The load policies built so far:
+//! - [`RoundRobinPolicy`] (`round_robin`): one cursor per instance;
+//! - [`RandomPolicy`] (`random`): one uniform draw;
+//! - [`PowerOfTwoPolicy`] (`power_of_two`): two distinct uniform samples, the stage's pressure
+//!   comparison ([`pressure`]), admission once on the winner;
+//! - [`LeastLoadPolicy`] (`load_based`): the exact minimum with the recent-dispatch correction;
+//! - [`min_load_choices`]: the power-of-k helper the cache-aware fallback reuses.
+//!
+//! The affinity policies, over the shared stores of router-affinity (rules in `affinity.rs`):
+//! - [`SessionAwarePolicy`] (`session_aware`): reuses an admitted session binding regardless
+//!   of pressure; power-of-two for new, keyless or out-of-group sessions;
+//! - [`StickyPolicy`] (`sticky`): the same rules for routing keys, with the configured
+//!   fallback ([`StickyFallback`]).
+//!
+//! Construction from configuration is [`PolicyConfig::build`], which takes the shared state
+//! handles ([`PolicyHandles`]); policies never create their own subscriptions.
+//!
 //! Does not own: bucket resolution (router-buckets), shared state ingestion (the state crates),
 //! or dispatch (router-server).
+
+pub mod admission;
+mod affinity;
+pub mod config;
+mod contract;
+mod handles;
+mod least_load;
+mod power_of_two;
+pub mod pressure;
+mod random;
+mod round_robin;
+mod sampler;
+mod session_aware;
+mod sticky;
+
+pub use affinity::MAX_BIND_ATTEMPTS;
+pub use admission::{
+    Admission, AdmissionCheck, AdmissionLimits, EngineAdmission, EngineMetrics, Limit, Rejection,
+};
+pub use config::{
+    CacheAwareSettings, CachePrefixProvider, ConfigError, PolicyConfig, PolicyKind, PolicyType,
+    StickyFallback, StickySettings, removed_policy_type, removed_setting,
+};
+pub use contract::{
+    Pick, PickError, PickReason, PickRequest, Policy, RequestTokens, pick_fallback,
+};
+pub use handles::{LoadHandles, PolicyHandles};
+pub use least_load::LeastLoadPolicy;
+pub use power_of_two::{LoadChoice, PowerOfTwoPolicy, min_load_choices};
+pub use random::RandomPolicy;
+pub use round_robin::RoundRobinPolicy;
+pub use session_aware::SessionAwarePolicy;
+pub use sticky::StickyPolicy;
+
+#[cfg(test)]
+mod tests;

@@ -1,5 +1,21 @@
 //! The router: configuration, request preparation, bucket dispatch and operations.
 //!
-//! Owns the assembly of every other crate into the `router-server` binary.
+//! Owns the assembly of every other crate into the `router-server` binary: the configuration
+//! file and command line, the `AppContext` that starts shared services once and stops them on
+//! shutdown, request preparation (validation, chat template, tokenizer), the ordered bucket
+//! loop, forwarding and PD dispatch, health checking and circuit breaking, metrics and the admin
+//! API. Domain errors are mapped to HTTP statuses in one place ([`error`]).
 //!
-//! Does not own: selection (router-policies, router-buckets) or state (the state crates).
+//! Does not own: selection (router-policies, router-buckets) or state ingestion (the state
+//! crates).
+
+pub mod prepare;
+pub mod app;
+pub mod config;
+pub mod error;
+pub mod forward;
+pub mod health;
+pub mod metrics;
+pub mod routes;
+pub mod server;
+pub mod logging;

@@ -1,1 +1,125 @@
-fn main() {}
+//! `router-server`: serve, validate a configuration, run the KV indexer, or run the demo.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use router_server::app::AppContext;
+use router_server::config::{Cli, Command, ConfigFile, reject_dropped_options, summary};
+use router_server::server::Serving;
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if let Err(message) = reject_dropped_options(&args[1..]) {
+        eprintln!("error: {message}");
+        return ExitCode::from(2);
+    }
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("error: starting the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Some(Command::CheckConfig { file }) => Ok(check_config(&file)),
+        Some(Command::KvIndexer { .. }) => {
+            anyhow::bail!("kv-indexer is not available in this build yet")
+        }
+        None => serve(cli.serve).await,
+    }
+}
+
+fn check_config(file: &std::path::Path) -> ExitCode {
+    let config = match ConfigFile::load(file) {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("error: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match AppContext::build(&config) {
+        Ok(ctx) => {
+            println!("{}: ok", file.display());
+            print!("{}", summary(ctx.models(), ctx.registry()));
+            ExitCode::SUCCESS
+        }
+        Err(problems) => {
+            for problem in &problems {
+                eprintln!("error: {problem}");
+            }
+            eprintln!("{}: {} problem(s)", file.display(), problems.len());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(args: router_server::config::ServeArgs) -> Result<ExitCode> {
+    let mut config = if let Some(path) = &args.config {
+        ConfigFile::load(path)?
+    } else if args.is_quick_start() {
+        ConfigFile::clone(&args.quick_start_config().map_err(anyhow::Error::msg)?)
+    } else if args.demo {
+        anyhow::bail!("--demo is not available in this build yet")
+    } else {
+        anyhow::bail!("nothing to serve: give --config FILE, --worker-urls, --pd-disaggregation or --demo")
+    };
+    if let Some(host) = &args.host {
+        config.server.host.clone_from(host);
+    }
+    if let Some(port) = args.port {
+        config.server.port = port;
+    }
+    config.server.log_json |= args.log_json;
+    router_server::logging::init(config.server.log_json);
+
+    let ctx = AppContext::build(&config).map_err(|problems| {
+        let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        anyhow::anyhow!("invalid configuration:\n  {}", lines.join("\n  "))
+    })?;
+    let ctx = Arc::new(ctx);
+    let addr = format!("{}:{}", config.server.host, config.server.port);
+    let listener =
+        tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding {addr}"))?;
+    let serving = Serving::start(Arc::clone(&ctx), listener)?;
+    tracing::info!(addr = %serving.addr, "router listening");
+    println!("router listening on http://{}", serving.addr);
+
+    shutdown_signal().await;
+    tracing::info!("shutting down: draining in-flight requests");
+    serving.stop(Duration::from_secs(config.server.shutdown_drain_secs)).await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(term) => term,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

@@ -1,7 +1,18 @@
-//! A simulated LLM inference engine and a workload generator.
+#![doc = include_str!("../README.md")]
 //!
-//! Owns the engine model used by the demo, the benchmarks and the end-to-end tests: an OpenAI
-//! HTTP front, a prefix cache with a timing model, KV events over ZeroMQ and gRPC load reports.
-//! It encodes KV events with its own code, never router-state-kv's.
+//! # Crate map
+//! - [`engine`]: one simulated engine ([`engine::serve`] with an [`engine::EngineConfig`]).
+//! - [`load`]: the workload generator ([`load::run`] with a [`load::LoadConfig`]).
+//! - [`tokens`]: chat-template rendering and tokenization shared with routers.
+//! - [`assets`]: paths of the shipped byte-level tokenizer and ChatML template.
 //!
-//! Does not own: anything the router does.
+//! It encodes KV events with its own code, never router-state-kv's, so that a wire bug cannot
+//! hide on both sides. Does not own: anything the router does.
+
+#![forbid(unsafe_code)]
+
+pub mod assets;
+pub mod engine;
+pub mod load;
+mod time_fmt;
+pub mod tokens;

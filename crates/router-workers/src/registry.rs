@@ -55,10 +55,7 @@ impl Inner {
     fn kind_of(&self, model: &ModelId, ignoring: Option<&WorkerId>) -> Option<ModelKind> {
         [Stage::Plain, Stage::Prefill, Stage::Decode].into_iter().find_map(|stage| {
             let workers = self.by_model_stage.get(&(model.clone(), stage))?;
-            workers
-                .iter()
-                .any(|w| Some(w.id()) != ignoring)
-                .then(|| ModelKind::of(stage))
+            workers.iter().any(|w| Some(w.id()) != ignoring).then(|| ModelKind::of(stage))
         })
     }
 

@@ -89,10 +89,7 @@ fn rejects_urls_that_are_not_http_or_carry_credentials() {
 fn rejects_bad_worker_settings() {
     let mut spec: WorkerSpec =
         serde_json::from_str(r#"{"id": "w", "url": "http://h:1", "dp_size": 0}"#).expect("json");
-    assert!(matches!(
-        Worker::from_spec(&spec, vec![model()]),
-        Err(WorkerError::ZeroDpSize { .. })
-    ));
+    assert!(matches!(Worker::from_spec(&spec, vec![model()]), Err(WorkerError::ZeroDpSize { .. })));
     spec.dp_size = 1;
     spec.bootstrap_port = Some(8998);
     assert!(matches!(
@@ -130,11 +127,8 @@ fn lookup_returns_healthy_workers_of_model_and_stage_sorted() {
     }
     registry.add(worker("d1", Stage::Decode)).expect("add");
     registry.set_health(&WorkerId::new("p2").expect("id"), false).expect("known");
-    let ids: Vec<_> = registry
-        .healthy(&model(), Stage::Prefill)
-        .iter()
-        .map(|w| w.id().to_string())
-        .collect();
+    let ids: Vec<_> =
+        registry.healthy(&model(), Stage::Prefill).iter().map(|w| w.id().to_string()).collect();
     assert_eq!(ids, ["p1", "p3"]);
     assert_eq!(registry.workers_for(&model(), Stage::Prefill).len(), 3);
     assert_eq!(registry.healthy(&model(), Stage::Decode).len(), 1);
@@ -173,7 +167,9 @@ fn change_feed_reports_every_change_in_order() {
         seen.push(match event {
             RegistryEvent::Added(w) => format!("+{}", w.id()),
             RegistryEvent::Removed(w) => format!("-{}", w.id()),
-            RegistryEvent::HealthChanged { worker, healthy } => format!("{}={healthy}", worker.id()),
+            RegistryEvent::HealthChanged { worker, healthy } => {
+                format!("{}={healthy}", worker.id())
+            }
         });
     }
     assert_eq!(seen, ["+b", "a=false", "-a", "+a", "-a"]);

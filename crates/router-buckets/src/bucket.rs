@@ -1,0 +1,284 @@
+//! Buckets: length constraints, rank, and complete plain or PD engine selection.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use router_policies::{Pick, PickRequest, RequestTokens};
+use router_workers::{ModelId, Stage, Worker, WorkerId, WorkerRegistry};
+
+use crate::EngineGroup;
+use crate::error::{BucketError, MembershipError, StagePickError};
+
+/// The inclusive range of input lengths a bucket accepts, in tokens.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TokenLimits {
+    /// Smallest accepted input.
+    pub min: u64,
+    /// Largest accepted input; `None` = unbounded.
+    pub max: Option<u64>,
+}
+
+impl TokenLimits {
+    /// Whether `input_tokens` lies in the range.
+    pub fn contains(&self, input_tokens: u64) -> bool {
+        self.min <= input_tokens && self.max.is_none_or(|max| input_tokens <= max)
+    }
+}
+
+/// The engine groups of a bucket: one plain group, or a prefill and a decode group. A partial
+/// or mixed bucket cannot be represented.
+#[derive(Debug)]
+pub enum BucketGroups {
+    /// One group of plain engines.
+    Plain(EngineGroup),
+    /// Prefill/decode disaggregation: both engines of a pair come from this bucket.
+    Pd {
+        /// The prefill group.
+        prefill: EngineGroup,
+        /// The decode group.
+        decode: EngineGroup,
+    },
+}
+
+impl BucketGroups {
+    /// Whether this is a prefill/decode bucket.
+    pub fn is_pd(&self) -> bool {
+        matches!(self, BucketGroups::Pd { .. })
+    }
+
+    /// The groups in the order they are asked: plain, or prefill then decode.
+    pub fn iter(&self) -> impl Iterator<Item = &EngineGroup> {
+        let (first, second) = match self {
+            BucketGroups::Plain(plain) => (plain, None),
+            BucketGroups::Pd { prefill, decode } => (prefill, Some(decode)),
+        };
+        std::iter::once(first).chain(second)
+    }
+
+    /// Each group with the stage of the slot it fills.
+    fn slots(&self) -> impl Iterator<Item = (Stage, &EngineGroup)> {
+        let (first, second) = match self {
+            BucketGroups::Plain(plain) => ((Stage::Plain, plain), None),
+            BucketGroups::Pd { prefill, decode } => {
+                ((Stage::Prefill, prefill), Some((Stage::Decode, decode)))
+            }
+        };
+        std::iter::once(first).chain(second)
+    }
+}
+
+/// Everything needed to build a [`Bucket`].
+#[derive(Debug)]
+pub struct BucketSpec {
+    /// Unique, non-empty id within the model.
+    pub id: String,
+    /// Tie-breaker between buckets of equal input capacity; lower is tried first.
+    pub rank: u32,
+    /// Accepted input lengths.
+    pub limits: TokenLimits,
+    /// Largest input plus requested output the bucket's engines hold; `None` = unbounded.
+    pub max_context_tokens: Option<u64>,
+    /// The bucket's groups.
+    pub groups: BucketGroups,
+}
+
+/// A length class of requests and the engines that serve it.
+#[derive(Debug)]
+pub struct Bucket {
+    id: Arc<str>,
+    rank: u32,
+    limits: TokenLimits,
+    max_context_tokens: Option<u64>,
+    groups: BucketGroups,
+}
+
+impl Bucket {
+    /// Validates a spec: non-empty id, `min <= max`, a context capacity of at least 1 and not
+    /// below `min`, and each group in the slot of its own stage.
+    pub fn new(spec: BucketSpec) -> Result<Self, BucketError> {
+        let BucketSpec { id, rank, limits, max_context_tokens, groups } = spec;
+        if id.trim().is_empty() {
+            return Err(BucketError::EmptyId);
+        }
+        if let Some(max) = limits.max
+            && limits.min > max
+        {
+            return Err(BucketError::InvertedRange { id, min: limits.min, max });
+        }
+        match max_context_tokens {
+            Some(0) => return Err(BucketError::ZeroContext { id }),
+            Some(context) if context < limits.min => {
+                return Err(BucketError::ContextBelowMin { id, context, min: limits.min });
+            }
+            _ => {}
+        }
+        if let Some((slot, group)) = groups.slots().find(|(slot, group)| group.stage() != *slot) {
+            return Err(BucketError::GroupInWrongSlot { id, slot, group: group.stage() });
+        }
+        Ok(Self { id: Arc::from(id), rank, limits, max_context_tokens, groups })
+    }
+
+    /// The bucket id.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The rank (lower is tried first among equal capacities).
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// Accepted input lengths.
+    pub fn limits(&self) -> TokenLimits {
+        self.limits
+    }
+
+    /// The context capacity; `None` = unbounded.
+    pub fn max_context_tokens(&self) -> Option<u64> {
+        self.max_context_tokens
+    }
+
+    /// The groups.
+    pub fn groups(&self) -> &BucketGroups {
+        &self.groups
+    }
+
+    /// The largest input this bucket can take: the lesser of `limits.max` and the context
+    /// capacity; `None` = unbounded. Buckets are tried in ascending input capacity.
+    pub fn input_capacity(&self) -> Option<u64> {
+        match (self.limits.max, self.max_context_tokens) {
+            (Some(max), Some(context)) => Some(max.min(context)),
+            (max, context) => max.or(context),
+        }
+    }
+
+    /// Whether a request fits: the input lies in the limits and the context capacity holds the
+    /// expected peak when known, else the input.
+    pub fn fits(&self, input_tokens: u64, expected_peak_tokens: Option<u64>) -> bool {
+        let needed = expected_peak_tokens.unwrap_or(input_tokens);
+        self.limits.contains(input_tokens)
+            && self.max_context_tokens.is_none_or(|context| needed <= context)
+    }
+
+    /// The order key: input capacity ascending with unbounded last, then rank, then id.
+    pub(crate) fn order_key(&self) -> (bool, Option<u64>, u32, &str) {
+        let capacity = self.input_capacity();
+        (capacity.is_none(), capacity, self.rank, &self.id)
+    }
+
+    /// Whether each group has at least one candidate for `model` now (a complete selection is
+    /// possible, admission aside). For readiness.
+    pub fn has_candidates(&self, workers: &WorkerRegistry, model: &ModelId) -> bool {
+        self.groups.iter().all(|group| !group.candidates(workers, model).is_empty())
+    }
+
+    /// Reports every `worker_ids` entry of this bucket's groups naming an unknown worker or
+    /// one of another role. `workers` are the model's configured workers and their roles.
+    pub fn check_membership(&self, workers: &HashMap<WorkerId, Stage>) -> Vec<MembershipError> {
+        self.groups.iter().flat_map(|group| group.check_membership(&self.id, workers)).collect()
+    }
+
+    /// Selects the complete set of engines for `request` from this bucket: the plain group's
+    /// pick, or the prefill group's then the decode group's.
+    ///
+    /// Each group is given a `PickRequest` carrying this bucket's id and the group's stage.
+    /// A failure keeps its stage; when decode fails, the tentative prefill pick is dropped
+    /// (nothing was reserved or sent for it), so a later bucket selects both engines again.
+    pub async fn pick_engines(
+        &self,
+        workers: &WorkerRegistry,
+        request: &BucketRequest<'_>,
+    ) -> Result<BucketPick, StagePickError> {
+        match &self.groups {
+            BucketGroups::Plain(plain) => {
+                self.pick_in(plain, workers, request).await.map(BucketPick::Plain)
+            }
+            BucketGroups::Pd { prefill, decode } => {
+                let prefill = self.pick_in(prefill, workers, request).await?;
+                // On failure, `prefill` is dropped here: nothing was reserved or sent for it.
+                let decode = self.pick_in(decode, workers, request).await?;
+                Ok(BucketPick::Pd { prefill, decode })
+            }
+        }
+    }
+
+    async fn pick_in(
+        &self,
+        group: &EngineGroup,
+        workers: &WorkerRegistry,
+        request: &BucketRequest<'_>,
+    ) -> Result<Pick, StagePickError> {
+        group
+            .pick(workers, &self.id, request)
+            .await
+            .map_err(|error| StagePickError { stage: group.stage(), error })
+    }
+}
+
+/// The prepared facts of one request, shared by every bucket attempt.
+#[derive(Clone, Copy, Debug)]
+pub struct BucketRequest<'a> {
+    /// The requested model.
+    pub model: &'a ModelId,
+    /// Prompt length in tokens (exact when tokenized, else an estimate).
+    pub input_tokens: u64,
+    /// Input plus requested output, when the request bounds its output.
+    pub expected_peak_tokens: Option<u64>,
+    /// The prompt's token ids, when the request was tokenized.
+    pub tokens: Option<&'a RequestTokens>,
+    /// The session key from the configured session header; never empty.
+    pub session_key: Option<&'a str>,
+    /// The routing key from the configured routing-key header; never empty.
+    pub routing_key: Option<&'a str>,
+}
+
+impl<'a> BucketRequest<'a> {
+    /// The request as the `stage` group of bucket `bucket` sees it.
+    pub fn pick_request<'b>(&self, bucket: &'b str, stage: Stage) -> PickRequest<'b>
+    where
+        'a: 'b,
+    {
+        PickRequest {
+            model: self.model,
+            stage,
+            bucket,
+            input_tokens: self.input_tokens,
+            expected_peak_tokens: self.expected_peak_tokens,
+            tokens: self.tokens,
+            session_key: self.session_key,
+            routing_key: self.routing_key,
+        }
+    }
+}
+
+/// A complete selection from one bucket.
+#[derive(Clone, Debug)]
+pub enum BucketPick {
+    /// One plain engine.
+    Plain(Pick),
+    /// A prefill and a decode engine from the same bucket.
+    Pd {
+        /// The prefill engine.
+        prefill: Pick,
+        /// The decode engine.
+        decode: Pick,
+    },
+}
+
+impl BucketPick {
+    /// Each pick with its stage: the plain one, or prefill then decode.
+    pub fn iter(&self) -> impl Iterator<Item = (Stage, &Pick)> {
+        let (first, second) = match self {
+            BucketPick::Plain(plain) => ((Stage::Plain, plain), None),
+            BucketPick::Pd { prefill, decode } => {
+                ((Stage::Prefill, prefill), Some((Stage::Decode, decode)))
+            }
+        };
+        std::iter::once(first).chain(second)
+    }
+
+    /// The chosen engines, in the order of [`BucketPick::iter`].
+    pub fn workers(&self) -> impl Iterator<Item = &Arc<Worker>> {
+        self.iter().map(|(_, pick)| &pick.worker)
+    }
+}

@@ -1,0 +1,166 @@
+//! A model's buckets: length-first resolution and the bucket loop.
+
+use std::collections::{HashMap, HashSet};
+
+use router_policies::Rejection;
+use router_workers::{ModelId, Stage, WorkerId, WorkerRegistry};
+
+use crate::error::{MembershipError, ResolveError, ResolverError, SelectError, StagePickError};
+use crate::{Bucket, BucketPick, BucketRequest};
+
+/// A model's bucket collection, ordered once at construction.
+#[derive(Debug)]
+pub struct BucketResolver {
+    model: ModelId,
+    /// In configuration order.
+    buckets: Vec<Bucket>,
+    /// Indexes into `buckets` in resolution order.
+    order: Vec<usize>,
+}
+
+impl BucketResolver {
+    /// Builds `model`'s resolver. Fails on no buckets, a repeated bucket id, or a mix of plain
+    /// and PD buckets (a model is served by one kind of engine only).
+    pub fn new(model: ModelId, buckets: Vec<Bucket>) -> Result<Self, ResolverError> {
+        if buckets.is_empty() {
+            return Err(ResolverError::NoBuckets { model });
+        }
+        let mut seen = HashSet::with_capacity(buckets.len());
+        for bucket in &buckets {
+            if !seen.insert(bucket.id()) {
+                return Err(ResolverError::DuplicateId { model, id: bucket.id().to_owned() });
+            }
+        }
+        let plain = buckets.iter().find(|b| !b.groups().is_pd());
+        let pd = buckets.iter().find(|b| b.groups().is_pd());
+        if let (Some(plain), Some(pd)) = (plain, pd) {
+            return Err(ResolverError::MixedKinds {
+                model,
+                plain: plain.id().to_owned(),
+                pd: pd.id().to_owned(),
+            });
+        }
+        let mut order: Vec<usize> = (0..buckets.len()).collect();
+        // Ids are unique, so the key is a total order and the result does not depend on the
+        // configuration order.
+        order.sort_by(|&a, &b| buckets[a].order_key().cmp(&buckets[b].order_key()));
+        Ok(Self { model, buckets, order })
+    }
+
+    /// The model.
+    pub fn model(&self) -> &ModelId {
+        &self.model
+    }
+
+    /// The buckets, in configuration order.
+    pub fn buckets(&self) -> &[Bucket] {
+        &self.buckets
+    }
+
+    /// Every bucket that fits the request, in the order to try them.
+    ///
+    /// A bucket fits when `input_tokens` lies in its inclusive limits and its context capacity
+    /// holds `expected_peak_tokens` when known, else `input_tokens`. The order is ascending input
+    /// capacity (the lesser of `limits.max` and the context capacity; unbounded last), then
+    /// rank, then id. An empty list means no bucket matches the request's length.
+    ///
+    /// Fails when a known expected peak is below the input.
+    pub fn resolve(
+        &self,
+        input_tokens: u64,
+        expected_peak_tokens: Option<u64>,
+    ) -> Result<Vec<&Bucket>, ResolveError> {
+        if let Some(peak) = expected_peak_tokens
+            && peak < input_tokens
+        {
+            return Err(ResolveError::InvalidSignal { input_tokens, expected_peak_tokens: peak });
+        }
+        Ok(self
+            .order
+            .iter()
+            .map(|&index| &self.buckets[index])
+            .filter(|bucket| bucket.fits(input_tokens, expected_peak_tokens))
+            .collect())
+    }
+
+    /// The whole bucket loop for one request: resolves its buckets, then asks each in order for
+    /// a complete selection until one succeeds.
+    ///
+    /// Missing candidates and admission rejection move on to the next bucket, where every
+    /// engine is selected again (a failed PD attempt contributes nothing to a later pair). Any
+    /// other failure stops at once. After the last bucket: the accumulated admission rejections
+    /// if there were any, else the last stage that had no candidates.
+    pub async fn select(
+        &self,
+        workers: &WorkerRegistry,
+        request: &BucketRequest<'_>,
+    ) -> Result<Selection<'_>, SelectError> {
+        if *request.model != self.model {
+            return Err(SelectError::WrongModel {
+                resolver: self.model.clone(),
+                request: request.model.clone(),
+            });
+        }
+        let buckets = self.resolve(request.input_tokens, request.expected_peak_tokens)?;
+        let mut skipped: Vec<Skipped<'_>> = Vec::new();
+        for bucket in buckets {
+            match bucket.pick_engines(workers, request).await {
+                Ok(pick) => return Ok(Selection { bucket, pick, skipped }),
+                Err(error) if error.advances_bucket() => skipped.push(Skipped { bucket, error }),
+                Err(error) => {
+                    return Err(SelectError::Stopped { bucket: bucket.id().to_owned(), error });
+                }
+            }
+        }
+        Err(exhausted(request, &skipped))
+    }
+
+    /// Whether some bucket has candidates in each of its groups for this model now. For
+    /// readiness.
+    pub fn has_candidates(&self, workers: &WorkerRegistry) -> bool {
+        self.buckets.iter().any(|bucket| bucket.has_candidates(workers, &self.model))
+    }
+
+    /// Reports every `worker_ids` entry, in every bucket, naming an unknown worker or one of
+    /// another role. `workers` are the model's configured workers and their roles.
+    pub fn check_membership(&self, workers: &HashMap<WorkerId, Stage>) -> Vec<MembershipError> {
+        self.buckets.iter().flat_map(|bucket| bucket.check_membership(workers)).collect()
+    }
+}
+
+/// The error once every resolved bucket failed with an advancing error.
+fn exhausted(request: &BucketRequest<'_>, skipped: &[Skipped<'_>]) -> SelectError {
+    let Some(last) = skipped.last() else {
+        return SelectError::NoMatchingBucket {
+            input_tokens: request.input_tokens,
+            expected_peak_tokens: request.expected_peak_tokens,
+        };
+    };
+    let rejections: Vec<Rejection> =
+        skipped.iter().flat_map(|s| s.error.error.rejections()).cloned().collect();
+    if rejections.is_empty() {
+        SelectError::NoCandidates { stage: last.error.stage }
+    } else {
+        SelectError::NoAdmissibleEngine { rejections }
+    }
+}
+
+/// A complete selection and how it was reached.
+#[derive(Debug)]
+pub struct Selection<'r> {
+    /// The bucket that supplied it.
+    pub bucket: &'r Bucket,
+    /// The engines.
+    pub pick: BucketPick,
+    /// The buckets tried before, in order, with why each was passed over.
+    pub skipped: Vec<Skipped<'r>>,
+}
+
+/// A bucket passed over by the bucket loop.
+#[derive(Debug)]
+pub struct Skipped<'r> {
+    /// The bucket.
+    pub bucket: &'r Bucket,
+    /// Why (always an error that advances the loop).
+    pub error: StagePickError,
+}

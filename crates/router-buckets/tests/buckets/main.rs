@@ -1,0 +1,9 @@
+//! Tests of router-buckets through its public API, against a real `WorkerRegistry`.
+
+mod design_example;
+mod group;
+mod pick_engines;
+mod resolve;
+mod select;
+mod support;
+mod validation;

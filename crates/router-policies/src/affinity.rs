@@ -1,0 +1,191 @@
+//! The binding rules the session-aware and sticky policies share (POLICY_DESIGN.md §5 and §6
+//! "Affinity state"). The two policies differ only in the header that names the binding, the
+//! store they keep bindings in, and the fallback they run.
+//!
+//! For a request with a key, within the scope (model, bucket id, stage, key):
+//! 1. A live binding whose engine is one of the candidates, in the same incarnation
+//!    ([`Binding::find_in`]), is reused whatever the engines' pressure, if the owning policy's
+//!    admission accepts it ([`PickReason::AffinityReused`]). If admission rejects it, the pick
+//!    is [`PickError::AdmissionRejected`]: the binding is kept and no other engine is tried.
+//! 2. A missing binding, or one to an engine outside the candidates, runs the fallback (built
+//!    with default admission) once; the owning policy checks the engine it returns, and only an
+//!    admitted engine is bound, with compare-and-set ([`PickReason::AffinityBound`]).
+//! 3. When the compare-and-set finds that another pick moved first, the binding it made is
+//!    taken through rule 1 again (candidate and admission) before it is returned; a winner
+//!    outside the candidates is replaced. After [`MAX_BIND_ATTEMPTS`] lost compare-and-sets the
+//!    pick gives up with [`PickError::NoCandidates`] (a selection miss).
+//! 4. A request without a key, or with an empty one, gets the fallback's engine, checked by the
+//!    owning policy, and creates no binding ([`PickReason::AffinityKeyless`]). A key longer
+//!    than [`router_affinity::MAX_KEY_BYTES`] is [`PickError::InvalidSignal`].
+//!
+//! A binding records placement, not dispatch: picking never touches in-flight accounting.
+
+use std::sync::Arc;
+
+use router_affinity::{AffinityStore, Binding, Scope, ScopeError};
+use router_workers::Worker;
+
+use crate::{AdmissionCheck, Pick, PickError, PickReason, PickRequest, Policy, pick_fallback};
+
+/// How many compare-and-sets one pick may lose to other picks before it gives up. Each lost
+/// one hands back the binding that won, so two rounds settle any race between picks that see
+/// the same candidates; the bound only matters when concurrent picks see different candidate
+/// sets of one group and keep replacing each other's bindings.
+pub const MAX_BIND_ATTEMPTS: usize = 4;
+
+/// Which request header names the binding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum KeySource {
+    /// `PickRequest::session_key` (session-aware).
+    Session,
+    /// `PickRequest::routing_key` (sticky).
+    RoutingKey,
+}
+
+impl KeySource {
+    fn key<'r>(self, request: &PickRequest<'r>) -> Option<&'r str> {
+        match self {
+            KeySource::Session => request.session_key,
+            KeySource::RoutingKey => request.routing_key,
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            KeySource::Session => "session key",
+            KeySource::RoutingKey => "routing key",
+        }
+    }
+}
+
+/// Compare-and-set access to bindings: the [`AffinityStore`] (the only implementation outside
+/// tests, where a wrapper around a real store interleaves a competing writer deterministically).
+pub(crate) trait Bindings: Send + Sync {
+    /// See [`AffinityStore::get`].
+    fn get(&self, scope: &Scope) -> Option<Binding>;
+    /// See [`AffinityStore::bind`].
+    fn bind(&self, scope: &Scope, binding: Binding) -> Result<(), Binding>;
+    /// See [`AffinityStore::replace`].
+    fn replace(&self, scope: &Scope, expected: &Binding, new: Binding)
+    -> Result<(), Option<Binding>>;
+}
+
+impl Bindings for AffinityStore {
+    fn get(&self, scope: &Scope) -> Option<Binding> {
+        AffinityStore::get(self, scope)
+    }
+
+    fn bind(&self, scope: &Scope, binding: Binding) -> Result<(), Binding> {
+        AffinityStore::bind(self, scope, binding)
+    }
+
+    fn replace(
+        &self,
+        scope: &Scope,
+        expected: &Binding,
+        new: Binding,
+    ) -> Result<(), Option<Binding>> {
+        AffinityStore::replace(self, scope, expected, new)
+    }
+}
+
+/// The shared algorithm: where the key comes from, the fallback, and the owning policy's
+/// admission (`None` admits every engine).
+#[derive(Debug)]
+pub(crate) struct Affinity {
+    pub(crate) key: KeySource,
+    pub(crate) fallback: Arc<dyn Policy>,
+    pub(crate) admission: Option<AdmissionCheck>,
+}
+
+impl Affinity {
+    pub(crate) fn new(key: KeySource, fallback: Arc<dyn Policy>) -> Self {
+        Self { key, fallback, admission: None }
+    }
+
+    /// Picks one of `engines` for `request`, reading and updating bindings in `store`.
+    pub(crate) async fn pick<S>(
+        &self,
+        store: &S,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+    ) -> Result<Pick, PickError>
+    where
+        S: Bindings + ?Sized,
+    {
+        if engines.is_empty() {
+            return Err(PickError::NoCandidates { stage: request.stage });
+        }
+        let key = self.key.key(request);
+        let scope =
+            match key.map(|key| Scope::new(request.model, request.bucket, request.stage, key)) {
+                None | Some(Err(ScopeError::EmptyKey)) => {
+                    let worker = self.fallback_choice(engines, request).await?;
+                    return Ok(Pick::new(worker, PickReason::AffinityKeyless));
+                }
+                Some(Err(error)) => {
+                    return Err(PickError::InvalidSignal(format!(
+                        "{}: {error}",
+                        self.key.describe()
+                    )));
+                }
+                Some(Ok(scope)) => scope,
+            };
+
+        let mut current = store.get(&scope);
+        let mut choice: Option<Arc<Worker>> = None;
+        for _ in 0..MAX_BIND_ATTEMPTS {
+            if let Some(bound) = current.as_ref().and_then(|binding| binding.find_in(engines)) {
+                // The existing binding, or the one a concurrent pick made first: reused only if
+                // admitted. A rejection keeps the binding and tries no other engine.
+                self.admit(bound)?;
+                return Ok(Pick::new(Arc::clone(bound), PickReason::AffinityReused));
+            }
+            // Missing, or bound outside the candidates: the fallback's admitted engine, chosen
+            // once per pick however many compare-and-sets it takes.
+            let worker = match &choice {
+                Some(worker) => Arc::clone(worker),
+                None => {
+                    let worker = self.fallback_choice(engines, request).await?;
+                    choice = Some(Arc::clone(&worker));
+                    worker
+                }
+            };
+            let binding = Binding::of(&worker);
+            let swapped = match &current {
+                None => store.bind(&scope, binding).map_err(Some),
+                Some(stale) => store.replace(&scope, stale, binding),
+            };
+            match swapped {
+                Ok(()) => return Ok(Pick::new(worker, PickReason::AffinityBound)),
+                Err(actual) => current = actual,
+            }
+        }
+        Err(PickError::NoCandidates { stage: request.stage })
+    }
+
+    /// The fallback's engine, resolved to the candidate it names and admitted by the owning
+    /// policy.
+    async fn fallback_choice(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+    ) -> Result<Arc<Worker>, PickError> {
+        let pick = pick_fallback(self.fallback.as_ref(), engines, request).await?;
+        let Some(worker) = Binding::of(&pick.worker).find_in(engines) else {
+            return Err(PickError::OutsideCandidates { worker: pick.worker.id().clone() });
+        };
+        self.admit(worker)?;
+        Ok(Arc::clone(worker))
+    }
+
+    fn admit(&self, worker: &Worker) -> Result<(), PickError> {
+        match &self.admission {
+            Some(admission) => admission.check(worker),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,517 @@
+//! Policy configuration (`policy: {type, admission, ...tuning}`) and construction.
+//!
+//! Deserialization rejects, each with the path of the offending field: unknown fields, settings
+//! that do not apply to the policy type (`policy.min_load_choices` on `round_robin`), invalid
+//! values, and the dropped policy names and options of POLICY_DESIGN.md §7 (with what replaces
+//! them). Defaults are those of POLICY_REFERENCE.md.
+//!
+//! Construction ([`PolicyConfig::build`]) receives the application's shared state handles;
+//! policies never create their own subscriptions.
+
+use std::fmt;
+use std::sync::Arc;
+
+use router_workers::Stage;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    AdmissionCheck, AdmissionLimits, EngineAdmission, LeastLoadPolicy, Policy, PolicyHandles,
+    PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy, SessionAwarePolicy, StickyPolicy,
+};
+
+/// Why a policy configuration was refused. Fields are named by their path from `policy`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// `policy.type` is absent.
+    #[error("policy.type is required (one of {})", PolicyType::names())]
+    MissingType,
+    /// `policy.type` names no policy.
+    #[error("policy.type: unknown policy type {name:?} (expected one of {})", PolicyType::names())]
+    UnknownType {
+        /// The name given.
+        name: String,
+    },
+    /// `policy.type` names a policy that was removed.
+    #[error("policy.type: policy type {name:?} was removed; {replacement}")]
+    RemovedType {
+        /// The name given.
+        name: String,
+        /// What replaces it.
+        replacement: &'static str,
+    },
+    /// A field no policy takes.
+    #[error("unknown field {field}")]
+    UnknownField {
+        /// Its path.
+        field: String,
+    },
+    /// A field that was removed with a dropped option.
+    #[error("{field} was removed; {replacement}")]
+    RemovedField {
+        /// Its path.
+        field: String,
+        /// What replaces it.
+        replacement: &'static str,
+    },
+    /// A field given twice.
+    #[error("duplicate field {field}")]
+    DuplicateField {
+        /// Its path.
+        field: String,
+    },
+    /// A setting of another policy type.
+    #[error("{field} does not apply to policy type {policy}")]
+    NotApplicable {
+        /// Its path.
+        field: String,
+        /// The configured type.
+        policy: PolicyType,
+    },
+    /// A value out of range or an incompatible combination.
+    #[error("{field}: {reason}")]
+    InvalidValue {
+        /// Its path.
+        field: String,
+        /// What is wrong, naming the value.
+        reason: String,
+    },
+    /// A valid configuration of a policy this build cannot construct yet.
+    #[error("policy type {policy} is not available yet")]
+    NotAvailable {
+        /// The configured type.
+        policy: PolicyType,
+    },
+}
+
+/// The policy types, by their configuration names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyType {
+    /// `round_robin`
+    RoundRobin,
+    /// `random`
+    Random,
+    /// `power_of_two`
+    PowerOfTwo,
+    /// `load_based` (least-load)
+    LoadBased,
+    /// `session_aware`
+    SessionAware,
+    /// `sticky`
+    Sticky,
+    /// `cache_aware`
+    CacheAware,
+}
+
+impl PolicyType {
+    /// Every type, in documentation order.
+    pub const ALL: [PolicyType; 7] = [
+        PolicyType::RoundRobin,
+        PolicyType::Random,
+        PolicyType::PowerOfTwo,
+        PolicyType::LoadBased,
+        PolicyType::SessionAware,
+        PolicyType::Sticky,
+        PolicyType::CacheAware,
+    ];
+
+    /// The configuration name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyType::RoundRobin => "round_robin",
+            PolicyType::Random => "random",
+            PolicyType::PowerOfTwo => "power_of_two",
+            PolicyType::LoadBased => "load_based",
+            PolicyType::SessionAware => "session_aware",
+            PolicyType::Sticky => "sticky",
+            PolicyType::CacheAware => "cache_aware",
+        }
+    }
+
+    /// The type with configuration name `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|t| t.as_str() == name)
+    }
+
+    /// Whether a group of `stage` may use this type: cache-aware selection is meaningless for
+    /// decode engines.
+    pub fn supports_stage(self, stage: Stage) -> bool {
+        !(self == PolicyType::CacheAware && stage == Stage::Decode)
+    }
+
+    pub(crate) fn names() -> String {
+        Self::ALL.map(PolicyType::as_str).join(", ")
+    }
+}
+
+impl fmt::Display for PolicyType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What replaces a removed policy type, for configuration files and the quick-start flags
+/// (`--policy`, `--prefill-policy`, `--decode-policy`).
+pub fn removed_policy_type(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "fused_score" | "score_policy" => {
+            "use cache_aware for prefix-and-load selection, or power_of_two or load_based for \
+             load only; fused score terms and weights have no replacement"
+        }
+        "legacy_host_affinity" => {
+            "decode engines are chosen by their own group's policy within the same bucket as \
+             the prefill engine; use power_of_two"
+        }
+        "bucket" => "length buckets are configured under models[].buckets, each group with a policy",
+        "consistent_hashing" | "manual" => "use sticky (routing-key bindings)",
+        "prefix_hash" => "use cache_aware",
+        _ => return None,
+    })
+}
+
+/// What replaces a removed policy option, for configuration files and the quick-start flags
+/// (spelled with underscores: `stable_pair` for `--stable-pair`).
+pub fn removed_setting(name: &str) -> Option<&'static str> {
+    Some(match name {
+        "fuse" | "fuse_terms" | "fuse_weights" => {
+            "fused scoring was removed with fused_score; use cache_aware"
+        }
+        "stable_pair" => "a prefill/decode pair always comes from one bucket; there is no pairing option",
+        "affinity_mode" => {
+            "only admitted-binding reuse remains (session_aware, sticky); soft mode was removed"
+        }
+        "filter" => {
+            "`overloaded` is admission.max_inflight_requests; `prefix_cache` has no replacement \
+             (the cache-aware minimum-hit gate is not equivalent)"
+        }
+        "prefix_cache_min_share" => {
+            "no replacement; cache_affinity_min_matched_tokens and \
+             cache_affinity_min_matched_ratio gate cache hits and are not equivalent"
+        }
+        "max_in_flight" => "use admission.max_inflight_requests",
+        _ => return None,
+    })
+}
+
+/// Where cache-aware selection looks prefixes up.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CachePrefixProvider {
+    /// The local index fed by KV events.
+    #[default]
+    RadixTree,
+    /// A remote indexer.
+    Indexer,
+}
+
+/// The policy a sticky policy runs for new or missing keys.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StickyFallback {
+    /// Round-robin (the default).
+    #[default]
+    RoundRobin,
+    /// Random.
+    Random,
+    /// Power-of-two.
+    PowerOfTwo,
+    /// Least-load.
+    LoadBased,
+}
+
+impl StickyFallback {
+    /// Builds the fallback with `AdmissionLimits::default()`: the owning policy checks the
+    /// engine its fallback returns.
+    pub fn build(self, handles: &PolicyHandles) -> Arc<dyn Policy> {
+        let load = handles.load.clone();
+        match self {
+            StickyFallback::RoundRobin => Arc::new(RoundRobinPolicy::new()),
+            StickyFallback::Random => Arc::new(RandomPolicy::new()),
+            StickyFallback::PowerOfTwo => Arc::new(PowerOfTwoPolicy::new(load)),
+            StickyFallback::LoadBased => Arc::new(LeastLoadPolicy::new(load)),
+        }
+    }
+}
+
+/// `sticky` tuning.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StickySettings {
+    /// `fallback`: the policy for new or missing routing keys.
+    pub fallback: StickyFallback,
+}
+
+/// `cache_aware` tuning, with POLICY_REFERENCE.md's defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CacheAwareSettings {
+    /// Local index or remote indexer.
+    pub cache_prefix_provider: CachePrefixProvider,
+    /// A hit needs at least this many matched tokens.
+    pub cache_affinity_min_matched_tokens: u64,
+    /// A hit needs matched / input at least this (0..=1), when set.
+    pub cache_affinity_min_matched_ratio: Option<f64>,
+    /// Candidate bound: at least this many (when available).
+    pub cache_candidate_min_workers: usize,
+    /// Candidate bound: ceil(ratio x group size).
+    pub cache_candidate_ratio: f64,
+    /// Candidate bound: at most this many.
+    pub cache_candidate_max_workers: usize,
+    /// Within this many uncached tokens of the best holder, pressure may decide.
+    pub cache_switch_margin_tokens: u64,
+    /// Soft queue gate: engines with more waiting requests are deprioritised.
+    pub worker_queue_limit: Option<u64>,
+    /// Saturation pinning floor; at most `worker_queue_limit`.
+    pub saturation_queue_floor: Option<u64>,
+    /// Pressure guard, waiting-uncached-token form: absolute gap.
+    pub pressure_abs_threshold_tokens: u64,
+    /// Pressure guard: relative gap, above 1.
+    pub pressure_rel_threshold: f64,
+    /// Pressure guard, queue-time form: absolute gap in ms, when set.
+    pub pressure_abs_threshold_ms: Option<f64>,
+    /// k of the power-of-k load fallback on a miss.
+    pub min_load_choices: usize,
+    /// Remote indexer address(es), for the `indexer` provider.
+    pub kv_indexer_endpoint: Vec<String>,
+    /// Remote lookup timeout in ms.
+    pub kv_indexer_query_timeout_ms: u64,
+    /// Concurrent remote lookups.
+    pub kv_indexer_query_max_inflight: usize,
+}
+
+impl Default for CacheAwareSettings {
+    fn default() -> Self {
+        Self {
+            cache_prefix_provider: CachePrefixProvider::RadixTree,
+            cache_affinity_min_matched_tokens: 1024,
+            cache_affinity_min_matched_ratio: None,
+            cache_candidate_min_workers: 8,
+            cache_candidate_ratio: 0.05,
+            cache_candidate_max_workers: 32,
+            cache_switch_margin_tokens: 1024,
+            worker_queue_limit: None,
+            saturation_queue_floor: None,
+            pressure_abs_threshold_tokens: 1024,
+            pressure_rel_threshold: 1.5,
+            pressure_abs_threshold_ms: None,
+            min_load_choices: 2,
+            kv_indexer_endpoint: Vec::new(),
+            kv_indexer_query_timeout_ms: 100,
+            kv_indexer_query_max_inflight: 32,
+        }
+    }
+}
+
+fn invalid(field: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::InvalidValue { field: format!("policy.{field}"), reason: reason.into() }
+}
+
+impl CacheAwareSettings {
+    /// Checks ranges and combinations.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(ratio) = self.cache_affinity_min_matched_ratio
+            && !(0.0..=1.0).contains(&ratio)
+        {
+            return Err(invalid(
+                "cache_affinity_min_matched_ratio",
+                format!("must be between 0 and 1, got {ratio}"),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.cache_candidate_ratio) {
+            return Err(invalid(
+                "cache_candidate_ratio",
+                format!("must be between 0 and 1, got {}", self.cache_candidate_ratio),
+            ));
+        }
+        if self.cache_candidate_max_workers == 0 {
+            return Err(invalid("cache_candidate_max_workers", "must be at least 1, got 0"));
+        }
+        if self.cache_candidate_min_workers > self.cache_candidate_max_workers {
+            return Err(invalid(
+                "cache_candidate_min_workers",
+                format!(
+                    "{} exceeds cache_candidate_max_workers {}",
+                    self.cache_candidate_min_workers, self.cache_candidate_max_workers
+                ),
+            ));
+        }
+        match (self.saturation_queue_floor, self.worker_queue_limit) {
+            (Some(floor), None) => {
+                return Err(invalid(
+                    "saturation_queue_floor",
+                    format!("{floor} needs worker_queue_limit to be set"),
+                ));
+            }
+            (Some(floor), Some(limit)) if floor > limit => {
+                return Err(invalid(
+                    "saturation_queue_floor",
+                    format!("{floor} exceeds worker_queue_limit {limit}"),
+                ));
+            }
+            _ => {}
+        }
+        // NaN fails this comparison too.
+        if !(self.pressure_rel_threshold > 1.0 && self.pressure_rel_threshold.is_finite()) {
+            return Err(invalid(
+                "pressure_rel_threshold",
+                format!("must be a finite number above 1, got {}", self.pressure_rel_threshold),
+            ));
+        }
+        if let Some(ms) = self.pressure_abs_threshold_ms
+            && !(ms >= 0.0 && ms.is_finite())
+        {
+            return Err(invalid(
+                "pressure_abs_threshold_ms",
+                format!("must be a finite number of at least 0, got {ms}"),
+            ));
+        }
+        if self.min_load_choices == 0 {
+            return Err(invalid("min_load_choices", "must be at least 1, got 0"));
+        }
+        match self.cache_prefix_provider {
+            CachePrefixProvider::Indexer => {
+                if self.kv_indexer_endpoint.is_empty() {
+                    return Err(invalid(
+                        "kv_indexer_endpoint",
+                        "is required when cache_prefix_provider is indexer",
+                    ));
+                }
+                if let Some(empty) = self.kv_indexer_endpoint.iter().find(|e| e.trim().is_empty())
+                {
+                    return Err(invalid("kv_indexer_endpoint", format!("empty address {empty:?}")));
+                }
+            }
+            CachePrefixProvider::RadixTree => {
+                if !self.kv_indexer_endpoint.is_empty() {
+                    return Err(invalid(
+                        "kv_indexer_endpoint",
+                        "applies only when cache_prefix_provider is indexer",
+                    ));
+                }
+            }
+        }
+        if self.kv_indexer_query_timeout_ms == 0 {
+            return Err(invalid("kv_indexer_query_timeout_ms", "must be at least 1, got 0"));
+        }
+        if self.kv_indexer_query_max_inflight == 0 {
+            return Err(invalid("kv_indexer_query_max_inflight", "must be at least 1, got 0"));
+        }
+        Ok(())
+    }
+}
+
+/// A policy type with its tuning.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PolicyKind {
+    /// `round_robin`
+    RoundRobin,
+    /// `random`
+    Random,
+    /// `power_of_two`
+    PowerOfTwo,
+    /// `load_based`
+    LoadBased,
+    /// `session_aware`
+    SessionAware,
+    /// `sticky`
+    Sticky(StickySettings),
+    /// `cache_aware`
+    CacheAware(Box<CacheAwareSettings>),
+}
+
+impl PolicyKind {
+    /// The type of this kind.
+    pub fn policy_type(&self) -> PolicyType {
+        match self {
+            PolicyKind::RoundRobin => PolicyType::RoundRobin,
+            PolicyKind::Random => PolicyType::Random,
+            PolicyKind::PowerOfTwo => PolicyType::PowerOfTwo,
+            PolicyKind::LoadBased => PolicyType::LoadBased,
+            PolicyKind::SessionAware => PolicyType::SessionAware,
+            PolicyKind::Sticky(_) => PolicyType::Sticky,
+            PolicyKind::CacheAware(_) => PolicyType::CacheAware,
+        }
+    }
+}
+
+/// One group's `policy` entry: the type with its tuning, and its admission caps.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PolicyConfig {
+    /// Type and tuning.
+    pub kind: PolicyKind,
+    /// Hard per-engine caps; the default admits everything.
+    pub admission: AdmissionLimits,
+}
+
+impl PolicyConfig {
+    /// `kind` with default admission.
+    pub fn new(kind: PolicyKind) -> Self {
+        Self { kind, admission: AdmissionLimits::default() }
+    }
+
+    /// The configured type.
+    pub fn policy_type(&self) -> PolicyType {
+        self.kind.policy_type()
+    }
+
+    /// Checks ranges and combinations (deserialization already did).
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        match &self.kind {
+            PolicyKind::CacheAware(settings) => settings.validate(),
+            _ => Ok(()),
+        }
+    }
+
+    /// Constructs the policy over the application's shared state.
+    ///
+    /// `session_aware` binds in `handles.sessions` and `sticky` in `handles.routing_keys`.
+    /// Fails with [`ConfigError::NotAvailable`] for `cache_aware`, which this build does not
+    /// construct yet.
+    pub fn build(&self, handles: &PolicyHandles) -> Result<Arc<dyn Policy>, ConfigError> {
+        self.validate()?;
+        let admission: Option<Arc<dyn EngineAdmission>> = if self.admission.is_unlimited() {
+            None
+        } else {
+            Some(Arc::new(self.admission))
+        };
+        let load = handles.load.clone();
+        let checked = |admission: Arc<dyn EngineAdmission>| AdmissionCheck::new(admission, load.clone());
+        Ok(match &self.kind {
+            PolicyKind::RoundRobin => match admission {
+                None => Arc::new(RoundRobinPolicy::new()),
+                Some(a) => Arc::new(RoundRobinPolicy::new().with_admission(checked(a))),
+            },
+            PolicyKind::Random => match admission {
+                None => Arc::new(RandomPolicy::new()),
+                Some(a) => Arc::new(RandomPolicy::new().with_admission(checked(a))),
+            },
+            PolicyKind::PowerOfTwo => match admission {
+                None => Arc::new(PowerOfTwoPolicy::new(load)),
+                Some(a) => Arc::new(PowerOfTwoPolicy::new(load).with_admission(a)),
+            },
+            PolicyKind::LoadBased => match admission {
+                None => Arc::new(LeastLoadPolicy::new(load)),
+                Some(a) => Arc::new(LeastLoadPolicy::new(load).with_admission(a)),
+            },
+            PolicyKind::SessionAware => {
+                let policy = SessionAwarePolicy::new(Arc::clone(&handles.sessions), load);
+                match admission {
+                    None => Arc::new(policy),
+                    Some(a) => Arc::new(policy.with_admission(a)),
+                }
+            }
+            PolicyKind::Sticky(settings) => {
+                let fallback = settings.fallback.build(handles);
+                let policy = StickyPolicy::new(Arc::clone(&handles.routing_keys), fallback);
+                match admission {
+                    None => Arc::new(policy),
+                    Some(a) => Arc::new(policy.with_admission(checked(a))),
+                }
+            }
+            other => return Err(ConfigError::NotAvailable { policy: other.policy_type() }),
+        })
+    }
+}
+
+mod read;
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,172 @@
+//! Reading `policy` maps: every key checked, every error naming its path.
+
+use std::fmt;
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, MapAccess, Visitor};
+
+use super::{
+    AdmissionLimits, CacheAwareSettings, ConfigError, PolicyConfig, PolicyKind, PolicyType,
+    StickySettings, removed_policy_type, removed_setting,
+};
+
+/// Every tuning field, with the types it applies to.
+const TUNING: &[(&str, PolicyType)] = &[
+    ("cache_prefix_provider", PolicyType::CacheAware),
+    ("cache_affinity_min_matched_tokens", PolicyType::CacheAware),
+    ("cache_affinity_min_matched_ratio", PolicyType::CacheAware),
+    ("cache_candidate_min_workers", PolicyType::CacheAware),
+    ("cache_candidate_ratio", PolicyType::CacheAware),
+    ("cache_candidate_max_workers", PolicyType::CacheAware),
+    ("cache_switch_margin_tokens", PolicyType::CacheAware),
+    ("worker_queue_limit", PolicyType::CacheAware),
+    ("saturation_queue_floor", PolicyType::CacheAware),
+    ("pressure_abs_threshold_tokens", PolicyType::CacheAware),
+    ("pressure_rel_threshold", PolicyType::CacheAware),
+    ("pressure_abs_threshold_ms", PolicyType::CacheAware),
+    ("min_load_choices", PolicyType::CacheAware),
+    ("kv_indexer_endpoint", PolicyType::CacheAware),
+    ("kv_indexer_query_timeout_ms", PolicyType::CacheAware),
+    ("kv_indexer_query_max_inflight", PolicyType::CacheAware),
+    ("fallback", PolicyType::Sticky),
+];
+
+/// One address or a list of them.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// The fields as read, before the type is known to apply to them.
+#[derive(Default)]
+struct Raw {
+    type_name: Option<String>,
+    admission: Option<AdmissionLimits>,
+    present: Vec<String>,
+    cache: CacheAwareSettings,
+    sticky: StickySettings,
+}
+
+impl Raw {
+    fn read<'de, A: MapAccess<'de>>(&mut self, key: String, map: &mut A) -> Result<(), A::Error> {
+        let duplicate = match key.as_str() {
+            "type" => self.type_name.is_some(),
+            "admission" => self.admission.is_some(),
+            _ => self.present.contains(&key),
+        };
+        if duplicate {
+            return Err(de::Error::custom(ConfigError::DuplicateField {
+                field: format!("policy.{key}"),
+            }));
+        }
+        let c = &mut self.cache;
+        match key.as_str() {
+            "type" => self.type_name = Some(value(map, &key)?),
+            "admission" => self.admission = Some(value(map, &key)?),
+            "cache_prefix_provider" => c.cache_prefix_provider = value(map, &key)?,
+            "cache_affinity_min_matched_tokens" => {
+                c.cache_affinity_min_matched_tokens = value(map, &key)?;
+            }
+            "cache_affinity_min_matched_ratio" => {
+                c.cache_affinity_min_matched_ratio = Some(value(map, &key)?);
+            }
+            "cache_candidate_min_workers" => c.cache_candidate_min_workers = value(map, &key)?,
+            "cache_candidate_ratio" => c.cache_candidate_ratio = value(map, &key)?,
+            "cache_candidate_max_workers" => c.cache_candidate_max_workers = value(map, &key)?,
+            "cache_switch_margin_tokens" => c.cache_switch_margin_tokens = value(map, &key)?,
+            "worker_queue_limit" => c.worker_queue_limit = Some(value(map, &key)?),
+            "saturation_queue_floor" => c.saturation_queue_floor = Some(value(map, &key)?),
+            "pressure_abs_threshold_tokens" => {
+                c.pressure_abs_threshold_tokens = value(map, &key)?;
+            }
+            "pressure_rel_threshold" => c.pressure_rel_threshold = value(map, &key)?,
+            "pressure_abs_threshold_ms" => c.pressure_abs_threshold_ms = Some(value(map, &key)?),
+            "min_load_choices" => c.min_load_choices = value(map, &key)?,
+            "kv_indexer_endpoint" => {
+                c.kv_indexer_endpoint = match value(map, &key)? {
+                    OneOrMany::One(one) => vec![one],
+                    OneOrMany::Many(many) => many,
+                };
+            }
+            "kv_indexer_query_timeout_ms" => c.kv_indexer_query_timeout_ms = value(map, &key)?,
+            "kv_indexer_query_max_inflight" => {
+                c.kv_indexer_query_max_inflight = value(map, &key)?;
+            }
+            "fallback" => self.sticky.fallback = value(map, &key)?,
+            _ => {
+                let field = format!("policy.{key}");
+                let error = match removed_setting(&key) {
+                    Some(replacement) => ConfigError::RemovedField { field, replacement },
+                    None => ConfigError::UnknownField { field },
+                };
+                return Err(de::Error::custom(error));
+            }
+        }
+        if key != "type" && key != "admission" {
+            self.present.push(key);
+        }
+        Ok(())
+    }
+
+    fn finish(self) -> Result<PolicyConfig, ConfigError> {
+        let name = self.type_name.ok_or(ConfigError::MissingType)?;
+        let Some(policy) = PolicyType::from_name(&name) else {
+            return Err(match removed_policy_type(&name) {
+                Some(replacement) => ConfigError::RemovedType { name, replacement },
+                None => ConfigError::UnknownType { name },
+            });
+        };
+        for field in &self.present {
+            let applies = TUNING.iter().any(|&(name, to)| name == field && to == policy);
+            if !applies {
+                return Err(ConfigError::NotApplicable { field: format!("policy.{field}"), policy });
+            }
+        }
+        let kind = match policy {
+            PolicyType::RoundRobin => PolicyKind::RoundRobin,
+            PolicyType::Random => PolicyKind::Random,
+            PolicyType::PowerOfTwo => PolicyKind::PowerOfTwo,
+            PolicyType::LoadBased => PolicyKind::LoadBased,
+            PolicyType::SessionAware => PolicyKind::SessionAware,
+            PolicyType::Sticky => PolicyKind::Sticky(self.sticky),
+            PolicyType::CacheAware => PolicyKind::CacheAware(Box::new(self.cache)),
+        };
+        let config = PolicyConfig { kind, admission: self.admission.unwrap_or_default() };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+/// Reads the next value, naming its path in any error.
+fn value<'de, T: Deserialize<'de>, A: MapAccess<'de>>(
+    map: &mut A,
+    field: &str,
+) -> Result<T, A::Error> {
+    map.next_value().map_err(|e| de::Error::custom(format_args!("policy.{field}: {e}")))
+}
+
+impl<'de> Deserialize<'de> for PolicyConfig {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct PolicyVisitor;
+
+        impl<'de> Visitor<'de> for PolicyVisitor {
+            type Value = PolicyConfig;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a policy map {type, admission, ...tuning}")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<PolicyConfig, A::Error> {
+                let mut raw = Raw::default();
+                while let Some(key) = map.next_key::<String>()? {
+                    raw.read(key, &mut map)?;
+                }
+                raw.finish().map_err(de::Error::custom)
+            }
+        }
+
+        deserializer.deserialize_map(PolicyVisitor)
+    }
+}

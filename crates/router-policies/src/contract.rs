@@ -1,0 +1,234 @@
+//! The policy contract: what every policy is given and what it may answer.
+
+use std::fmt;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use router_workers::{ModelId, Stage, Worker, WorkerId};
+
+use crate::admission::Rejection;
+
+/// Chooses one engine among the candidates of an engine group.
+///
+/// A policy owns its selection algorithm, its fallbacks, its admission check and the shared
+/// state handles it reads (given at construction). It never chooses another bucket and never
+/// crosses a PD role boundary: it picks from `engines`, which the engine group has already
+/// filtered to healthy members of the requested model and stage, sorted by id.
+///
+/// Picks are values: a policy does not count dispatches or record metrics as a side effect of
+/// picking; the handler records what was actually dispatched.
+pub trait Policy: Send + Sync + fmt::Debug {
+    /// Picks one engine from `engines` for `request`.
+    ///
+    /// The future is boxed so that a remote prefix lookup can be awaited; local policies
+    /// return an immediately ready future.
+    fn pick<'a>(
+        &'a self,
+        engines: &'a [Arc<Worker>],
+        request: &'a PickRequest<'a>,
+    ) -> BoxFuture<'a, Result<Pick, PickError>>;
+
+    /// The configuration name of this policy (`round_robin`, `cache_aware`, ...), used as a
+    /// metrics label.
+    fn name(&self) -> &'static str;
+
+    /// Whether this policy may be attached to a group of `stage`. Cache-aware selection, for
+    /// one, is meaningless for decode engines.
+    fn supports_stage(&self, stage: Stage) -> bool {
+        let _ = stage;
+        true
+    }
+}
+
+/// Runs a nested fallback policy on the same candidates and request.
+///
+/// The fallback reads its own state; nothing is shared with the caller. The owning policy
+/// remains responsible for checking its own admission on the engine the fallback returns.
+pub fn pick_fallback<'a>(
+    fallback: &'a dyn Policy,
+    engines: &'a [Arc<Worker>],
+    request: &'a PickRequest<'a>,
+) -> BoxFuture<'a, Result<Pick, PickError>> {
+    fallback.pick(engines, request)
+}
+
+/// The facts of one request, as one engine group sees them. Built by the bucket for each
+/// group it asks; carries no HTTP body, state handles or observations.
+#[derive(Clone, Copy, Debug)]
+pub struct PickRequest<'a> {
+    /// The requested model.
+    pub model: &'a ModelId,
+    /// The stage of the group being asked.
+    pub stage: Stage,
+    /// The id of the bucket being tried.
+    pub bucket: &'a str,
+    /// Prompt length in tokens (exact when tokenized, else an estimate).
+    pub input_tokens: u64,
+    /// Input plus requested output, when the request bounds its output.
+    pub expected_peak_tokens: Option<u64>,
+    /// The prompt's token ids, when the request was tokenized.
+    pub tokens: Option<&'a RequestTokens>,
+    /// The session key from the configured session header; never empty.
+    pub session_key: Option<&'a str>,
+    /// The routing key from the configured routing-key header; never empty.
+    pub routing_key: Option<&'a str>,
+}
+
+/// The token ids of one prepared request.
+///
+/// Prepared once per request and shared by every bucket attempt, so that per-request work on
+/// the tokens (the prefix lookup memo) is done once.
+#[derive(Debug, Default)]
+pub struct RequestTokens {
+    ids: Vec<u32>,
+}
+
+impl RequestTokens {
+    /// Wraps the prompt's token ids.
+    pub fn new(ids: Vec<u32>) -> Self {
+        Self { ids }
+    }
+
+    /// The token ids.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+}
+
+/// The engine a policy chose, and why.
+#[derive(Clone, Debug)]
+pub struct Pick {
+    /// The chosen engine; one of the candidates, and admitted.
+    pub worker: Arc<Worker>,
+    /// The path the policy took, for metrics and traces.
+    pub reason: PickReason,
+}
+
+impl Pick {
+    /// A pick of `worker` for `reason`.
+    pub fn new(worker: Arc<Worker>, reason: PickReason) -> Self {
+        Self { worker, reason }
+    }
+}
+
+/// Why a policy chose its engine: the path taken through its algorithm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum PickReason {
+    /// The group had one candidate.
+    OnlyCandidate,
+    /// Next in rotation.
+    RoundRobin,
+    /// Uniformly at random.
+    Random,
+    /// Power-of-two compared reported engine pressure.
+    ReportedPressure,
+    /// Power-of-two compared router-local in-flight counts (a report was missing or basic).
+    LocalPressure,
+    /// Least-load used reported load with the recent-dispatch correction.
+    LeastReportedLoad,
+    /// Least-load used router-local in-flight counts (telemetry missing).
+    LeastLocalLoad,
+    /// Cache-aware chose an engine holding the prefix.
+    CacheHit,
+    /// Cache-aware pinned to a prefix holder while every engine was queued.
+    SaturationPin,
+    /// Cache-aware found no usable prefix holder and ran its load fallback.
+    CacheMiss,
+    /// Cache-aware could not reach its prefix source and ran its load fallback.
+    CacheUnavailable,
+    /// An existing, admitted session or routing-key binding was reused.
+    AffinityReused,
+    /// A new binding was created from the fallback's choice.
+    AffinityBound,
+    /// No key: the fallback's choice, with no binding created.
+    AffinityKeyless,
+}
+
+impl PickReason {
+    /// A stable `snake_case` name for metrics labels.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PickReason::OnlyCandidate => "only_candidate",
+            PickReason::RoundRobin => "round_robin",
+            PickReason::Random => "random",
+            PickReason::ReportedPressure => "reported_pressure",
+            PickReason::LocalPressure => "local_pressure",
+            PickReason::LeastReportedLoad => "least_reported_load",
+            PickReason::LeastLocalLoad => "least_local_load",
+            PickReason::CacheHit => "cache_hit",
+            PickReason::SaturationPin => "saturation_pin",
+            PickReason::CacheMiss => "cache_miss",
+            PickReason::CacheUnavailable => "cache_unavailable",
+            PickReason::AffinityReused => "affinity_reused",
+            PickReason::AffinityBound => "affinity_bound",
+            PickReason::AffinityKeyless => "affinity_keyless",
+        }
+    }
+}
+
+impl fmt::Display for PickReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a policy returned no engine. The bucket loop acts on these: the first three move on
+/// to the next bucket, the rest stop routing.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum PickError {
+    /// No eligible engine: the group is empty, or the policy's selection missed.
+    #[error("no candidates for {stage}")]
+    NoCandidates {
+        /// The stage that had none.
+        stage: Stage,
+    },
+    /// The policy tried every engine it could and admission rejected each.
+    #[error("no admissible engine: {}", join(rejections))]
+    NoAdmissibleEngine {
+        /// Every rejection, in the order met.
+        rejections: Vec<Rejection>,
+    },
+    /// The engine the policy chose failed admission after selection.
+    #[error("admission rejected: {0}")]
+    AdmissionRejected(Rejection),
+    /// The request's routing signals are unusable (for example a peak below the input).
+    #[error("invalid routing signal: {0}")]
+    InvalidSignal(String),
+    /// The policy or its state is misconfigured.
+    #[error("invalid policy configuration: {0}")]
+    InvalidConfiguration(String),
+    /// The policy returned an engine outside the exact candidate set.
+    #[error("policy picked {worker}, which is not one of its candidates")]
+    OutsideCandidates {
+        /// The foreign engine.
+        worker: WorkerId,
+    },
+}
+
+impl PickError {
+    /// Whether the bucket loop should try the next bucket (missing candidates or admission),
+    /// rather than stop routing.
+    pub fn advances_bucket(&self) -> bool {
+        matches!(
+            self,
+            PickError::NoCandidates { .. }
+                | PickError::NoAdmissibleEngine { .. }
+                | PickError::AdmissionRejected(_)
+        )
+    }
+
+    /// The admission rejections this outcome carries, if any.
+    pub fn rejections(&self) -> &[Rejection] {
+        match self {
+            PickError::NoAdmissibleEngine { rejections } => rejections,
+            PickError::AdmissionRejected(rejection) => std::slice::from_ref(rejection),
+            _ => &[],
+        }
+    }
+}
+
+fn join(rejections: &[Rejection]) -> String {
+    rejections.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}

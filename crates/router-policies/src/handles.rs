@@ -1,0 +1,75 @@
+//! The shared state handles a policy is constructed with.
+//!
+//! Application wiring starts the shared services once and hands clones of these `Arc`s to every
+//! policy; a policy never creates its own subscription, table or counter.
+
+use std::fmt;
+use std::sync::Arc;
+
+use router_affinity::{AffinityConfig, AffinityStore};
+use router_state_load::{EngineReportedLoadTable, Inflight};
+
+/// The load state: the engine-reported load table and the router-local in-flight accounting.
+#[derive(Clone)]
+pub struct LoadHandles {
+    /// Engine reports, read through a snapshot once per pick.
+    pub table: Arc<EngineReportedLoadTable>,
+    /// Router-local in-flight requests and the recent-dispatch ledger.
+    pub inflight: Arc<Inflight>,
+}
+
+impl LoadHandles {
+    /// Bundles the application's shared load table and in-flight accounting.
+    pub fn new(table: Arc<EngineReportedLoadTable>, inflight: Arc<Inflight>) -> Self {
+        Self { table, inflight }
+    }
+}
+
+impl fmt::Debug for LoadHandles {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LoadHandles").finish_non_exhaustive()
+    }
+}
+
+/// Every shared handle policy construction may need. Grows as policies that read other state
+/// (the KV prefix index, the affinity store) are added; build it with [`PolicyHandles::new`].
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct PolicyHandles {
+    /// Load reports and in-flight accounting.
+    pub load: LoadHandles,
+    /// Session bindings, for `session_aware` policies.
+    pub sessions: Arc<AffinityStore>,
+    /// Routing-key bindings, for `sticky` policies. Never the same store as `sessions`: a
+    /// scope has no policy-kind part, so a session id equal to a routing key would share a
+    /// binding, and the two idle timeouts are configured separately.
+    pub routing_keys: Arc<AffinityStore>,
+}
+
+impl PolicyHandles {
+    /// Handles with the application's load state, and a session store and a routing-key store
+    /// with the default affinity configuration. Replace those with [`Self::with_affinity`] to
+    /// set their idle timeouts; either way the owner drives their sweepers and registry
+    /// followers (`router_affinity::run_sweeper`, `router_affinity::follow_registry`).
+    pub fn new(load: LoadHandles) -> Self {
+        let store = || {
+            Arc::new(
+                AffinityStore::new(AffinityConfig::default())
+                    .expect("the default affinity configuration is valid"),
+            )
+        };
+        Self { load, sessions: store(), routing_keys: store() }
+    }
+
+    /// These handles with the given session and routing-key stores (one pair per model, each
+    /// with the model's idle timeout).
+    pub fn with_affinity(
+        mut self,
+        sessions: Arc<AffinityStore>,
+        routing_keys: Arc<AffinityStore>,
+    ) -> Self {
+        self.sessions = sessions;
+        self.routing_keys = routing_keys;
+        self
+    }
+}

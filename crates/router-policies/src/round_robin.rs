@@ -1,0 +1,63 @@
+//! Round-robin: rotate over the candidates with a cursor owned by the policy instance.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use futures::future::{self, BoxFuture};
+use router_workers::Worker;
+
+use crate::{AdmissionCheck, Pick, PickError, PickReason, PickRequest, Policy};
+
+/// Rotates over the candidates. Each instance (one per attached group) owns one cursor, so two
+/// groups never disturb each other's rotation. With a stable candidate set, every `n`
+/// consecutive picks visit each of the `n` candidates once.
+///
+/// Admission, when attached, is checked once on the engine the cursor chose; a rejection is
+/// [`PickError::AdmissionRejected`] (the cursor still moves on).
+#[derive(Debug, Default)]
+pub struct RoundRobinPolicy {
+    cursor: AtomicUsize,
+    admission: Option<AdmissionCheck>,
+}
+
+impl RoundRobinPolicy {
+    /// A rotation that admits every engine.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Checks the chosen engine with `admission`.
+    pub fn with_admission(mut self, admission: AdmissionCheck) -> Self {
+        self.admission = Some(admission);
+        self
+    }
+
+    fn select(&self, engines: &[Arc<Worker>], request: &PickRequest<'_>) -> Result<Pick, PickError> {
+        let (worker, reason) = match engines {
+            [] => return Err(PickError::NoCandidates { stage: request.stage }),
+            [only] => (only, PickReason::OnlyCandidate),
+            _ => {
+                let turn = self.cursor.fetch_add(1, Ordering::Relaxed);
+                (&engines[turn % engines.len()], PickReason::RoundRobin)
+            }
+        };
+        if let Some(admission) = &self.admission {
+            admission.check(worker)?;
+        }
+        Ok(Pick::new(Arc::clone(worker), reason))
+    }
+}
+
+impl Policy for RoundRobinPolicy {
+    fn pick<'a>(
+        &'a self,
+        engines: &'a [Arc<Worker>],
+        request: &'a PickRequest<'a>,
+    ) -> BoxFuture<'a, Result<Pick, PickError>> {
+        Box::pin(future::ready(self.select(engines, request)))
+    }
+
+    fn name(&self) -> &'static str {
+        "round_robin"
+    }
+}

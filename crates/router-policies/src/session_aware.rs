@@ -1,0 +1,79 @@
+//! Session-aware: keep a conversation on the engine it started on, while that engine is a
+//! candidate and admitted.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use router_affinity::AffinityStore;
+use router_workers::Worker;
+
+use crate::affinity::{Affinity, KeySource};
+use crate::{
+    AdmissionCheck, EngineAdmission, LoadHandles, Pick, PickError, PickRequest, Policy,
+    PowerOfTwoPolicy,
+};
+
+/// Binds each session (the session header's key) to an engine, per (model, bucket id, stage,
+/// key), and reuses an admitted binding regardless of pressure.
+///
+/// - A binding whose engine is a candidate (same incarnation) and passes this policy's
+///   admission is reused ([`crate::PickReason::AffinityReused`]); if admission rejects it the
+///   pick is [`PickError::AdmissionRejected`], the binding is kept, and no other engine is tried.
+/// - A new session, or one bound outside the candidates, goes to power-of-two built with
+///   default admission; this policy checks the engine it returns before binding it
+///   ([`crate::PickReason::AffinityBound`]). A concurrent pick that bound the session first
+///   wins, and its engine is checked the same way before it is returned.
+/// - A request without a session key goes to power-of-two, checked by this policy, and creates
+///   no binding ([`crate::PickReason::AffinityKeyless`]).
+///
+/// The caller owns the store: its idle timeout, its sweeper and its registry follower
+/// (`router_affinity::run_sweeper`, `router_affinity::follow_registry`). Use a store for
+/// sessions only; sticky policies keep routing keys in another one.
+#[derive(Debug)]
+pub struct SessionAwarePolicy {
+    store: Arc<AffinityStore>,
+    load: LoadHandles,
+    affinity: Affinity,
+}
+
+impl SessionAwarePolicy {
+    /// Session affinity over `store`, with power-of-two over `load` as the fallback, admitting
+    /// every engine.
+    pub fn new(store: Arc<AffinityStore>, load: LoadHandles) -> Self {
+        let fallback = Arc::new(PowerOfTwoPolicy::new(load.clone()));
+        Self { store, load, affinity: Affinity::new(KeySource::Session, fallback) }
+    }
+
+    /// Samples the power-of-two fallback from a generator seeded with `seed`, for reproducible
+    /// runs.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.affinity.fallback = Arc::new(PowerOfTwoPolicy::new(self.load.clone()).with_seed(seed));
+        self
+    }
+
+    /// Checks reused, concurrently bound and fallback engines with `admission`, observing them
+    /// through the policy's load state.
+    pub fn with_admission(mut self, admission: Arc<dyn EngineAdmission>) -> Self {
+        self.affinity.admission = Some(AdmissionCheck::new(admission, self.load.clone()));
+        self
+    }
+
+    /// The session store this policy reads and binds.
+    pub fn store(&self) -> &Arc<AffinityStore> {
+        &self.store
+    }
+}
+
+impl Policy for SessionAwarePolicy {
+    fn pick<'a>(
+        &'a self,
+        engines: &'a [Arc<Worker>],
+        request: &'a PickRequest<'a>,
+    ) -> BoxFuture<'a, Result<Pick, PickError>> {
+        Box::pin(self.affinity.pick(self.store.as_ref(), engines, request))
+    }
+
+    fn name(&self) -> &'static str {
+        "session_aware"
+    }
+}

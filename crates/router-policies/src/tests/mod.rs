@@ -1,0 +1,222 @@
+//! Policy tests over a real load table: fixtures, table-driven cases, properties, and the
+//! rules that need a closer look (admission counts, construction).
+
+mod cases;
+mod fixtures;
+mod props;
+
+use std::sync::Arc;
+
+use router_state_load::ReportKind;
+use router_workers::Stage;
+
+use fixtures::{Fleet, Load, Recording, basic, engine, native};
+
+use crate::{
+    AdmissionCheck, AdmissionLimits, ConfigError, EngineMetrics, LeastLoadPolicy, PickError,
+    PickReason, PolicyConfig, PolicyKind, PolicyType, PowerOfTwoPolicy, RandomPolicy,
+    RoundRobinPolicy, StickyFallback, pick_fallback,
+};
+
+fn running_cap(cap: u64) -> AdmissionLimits {
+    AdmissionLimits { max_running_requests: Some(cap), ..AdmissionLimits::default() }
+}
+
+#[test]
+fn metrics_come_only_from_a_usable_report() {
+    let fleet = Fleet::new(
+        Stage::Prefill,
+        &[
+            engine("missing", Load::Missing).inflight(2),
+            engine("basic", basic(3, 4)).inflight(1),
+            engine("native", native(3, 4, 5, 6)),
+        ],
+    );
+    let snapshot = fleet.table.snapshot();
+    let get = |i: usize| snapshot.get(fleet.workers[i].id());
+
+    let missing = EngineMetrics::observe(get(0), 2);
+    assert_eq!(missing, EngineMetrics { inflight_requests: 2, ..EngineMetrics::default() });
+
+    let basic = EngineMetrics::observe(get(1), 1);
+    assert_eq!(get(1).map(|l| l.kind), Some(ReportKind::Basic));
+    assert_eq!(
+        basic,
+        EngineMetrics {
+            running_requests: Some(3),
+            waiting_requests: Some(4),
+            kv_tokens: None,
+            pending_prefill_tokens: None,
+            inflight_requests: 1,
+        }
+    );
+
+    // The fixture reports total KV tokens as used + uncached.
+    let native = EngineMetrics::observe(get(2), 0);
+    assert_eq!(
+        native,
+        EngineMetrics {
+            running_requests: Some(3),
+            waiting_requests: Some(4),
+            kv_tokens: Some(11),
+            pending_prefill_tokens: Some(5),
+            inflight_requests: 0,
+        }
+    );
+}
+
+#[test]
+fn power_of_two_admits_exactly_once_on_the_observation_it_chose() {
+    let fleet = Fleet::new(
+        Stage::Plain,
+        &[engine("a", native(4, 0, 10, 0)).inflight(1), engine("b", native(0, 0, 90, 0))],
+    );
+    let admission = Recording::new(running_cap(5));
+    let policy = PowerOfTwoPolicy::new(fleet.load()).with_admission(admission.clone());
+    for round in 1..=10 {
+        let pick = fleet.pick(&policy, 1).expect("admitted");
+        assert_eq!(pick.worker.id().as_str(), "a");
+        assert_eq!(admission.calls(), round);
+    }
+    let (id, metrics) = admission.seen.lock()[0].clone();
+    assert_eq!(id.as_str(), "a");
+    assert_eq!(metrics.running_requests, Some(4));
+    assert_eq!(metrics.inflight_requests, 1);
+
+    // Rejection: still one call, and no second engine tried.
+    let strict = Recording::new(running_cap(4));
+    let policy = PowerOfTwoPolicy::new(fleet.load()).with_admission(strict.clone());
+    let err = fleet.pick(&policy, 1).expect_err("a is at its cap");
+    assert!(matches!(err, PickError::AdmissionRejected(ref r) if r.worker.as_str() == "a"));
+    assert!(err.advances_bucket());
+    assert_eq!(strict.calls(), 1);
+
+    // No candidates: admission is not invoked.
+    let err = fleet.pick_from(&policy, &[], 1).expect_err("empty");
+    assert!(matches!(err, PickError::NoCandidates { stage: Stage::Plain }));
+    assert_eq!(strict.calls(), 1);
+}
+
+#[test]
+fn least_load_checks_in_load_order_and_stops_at_the_first_admitted() {
+    let fleet = Fleet::new(
+        Stage::Decode,
+        &[
+            engine("a", native(9, 2, 0, 0)),
+            engine("b", native(9, 0, 0, 0)),
+            engine("c", native(0, 3, 0, 0)),
+            engine("d", native(0, 4, 0, 0)),
+        ],
+    );
+    let admission = Recording::new(running_cap(5));
+    let policy = LeastLoadPolicy::new(fleet.load()).with_admission(admission.clone());
+    let pick = fleet.pick(&policy, 1).expect("c is admitted");
+    assert_eq!(pick.worker.id().as_str(), "c");
+    let order: Vec<_> = admission.seen.lock().iter().map(|(id, _)| id.to_string()).collect();
+    assert_eq!(order, ["b", "a", "c"]);
+}
+
+#[test]
+fn admission_errors_stop_the_pick() {
+    #[derive(Debug)]
+    struct Broken;
+    impl crate::EngineAdmission for Broken {
+        fn check(
+            &self,
+            _: &router_workers::Worker,
+            _: &EngineMetrics,
+        ) -> Result<crate::Admission, PickError> {
+            Err(PickError::InvalidConfiguration("broken admission".into()))
+        }
+    }
+    let fleet = Fleet::new(Stage::Plain, &[engine("a", native(0, 0, 0, 0)), engine("b", basic(0, 0))]);
+    let broken: Arc<dyn crate::EngineAdmission> = Arc::new(Broken);
+    let policies: [Arc<dyn crate::Policy>; 4] = [
+        Arc::new(RoundRobinPolicy::new().with_admission(AdmissionCheck::new(broken.clone(), fleet.load()))),
+        Arc::new(RandomPolicy::new().with_admission(AdmissionCheck::new(broken.clone(), fleet.load()))),
+        Arc::new(PowerOfTwoPolicy::new(fleet.load()).with_admission(broken.clone())),
+        Arc::new(LeastLoadPolicy::new(fleet.load()).with_admission(broken)),
+    ];
+    for policy in policies {
+        let err = fleet.pick(policy.as_ref(), 1).expect_err(policy.name());
+        assert!(matches!(err, PickError::InvalidConfiguration(_)), "{}: {err}", policy.name());
+        assert!(!err.advances_bucket());
+    }
+}
+
+#[test]
+fn construction_covers_the_four_load_policies_and_defers_the_rest() {
+    let fleet = Fleet::new(Stage::Plain, &[engine("a", Load::Missing)]);
+    let handles = fleet.handles();
+    for (kind, name) in [
+        (PolicyKind::RoundRobin, "round_robin"),
+        (PolicyKind::Random, "random"),
+        (PolicyKind::PowerOfTwo, "power_of_two"),
+        (PolicyKind::LoadBased, "load_based"),
+    ] {
+        let policy = PolicyConfig::new(kind).build(&handles).expect(name);
+        assert_eq!(policy.name(), name);
+        for stage in [Stage::Plain, Stage::Prefill, Stage::Decode] {
+            assert!(policy.supports_stage(stage));
+        }
+        let pick = fleet.pick(policy.as_ref(), 1).expect(name);
+        assert_eq!(pick.reason, PickReason::OnlyCandidate);
+    }
+    for text in ["type: session_aware", "type: sticky", "type: cache_aware"] {
+        let config: PolicyConfig = serde_yaml_ng::from_str(text).expect(text);
+        let err = config.build(&handles).map(|_| ()).expect_err(text);
+        assert_eq!(err, ConfigError::NotAvailable { policy: config.policy_type() });
+        assert!(err.to_string().contains("is not available yet"), "{err}");
+    }
+    assert_eq!(PolicyType::ALL.len(), 7);
+}
+
+#[test]
+fn configured_admission_is_attached() {
+    let fleet = Fleet::new(Stage::Plain, &[engine("a", native(9, 0, 0, 0))]);
+    for kind in [PolicyKind::RoundRobin, PolicyKind::Random, PolicyKind::PowerOfTwo, PolicyKind::LoadBased] {
+        let unlimited = PolicyConfig::new(kind.clone()).build(&fleet.handles()).expect("valid");
+        assert!(fleet.pick(unlimited.as_ref(), 1).is_ok());
+        let capped = PolicyConfig { kind, admission: running_cap(9) };
+        let policy = capped.build(&fleet.handles()).expect("valid");
+        let err = fleet.pick(policy.as_ref(), 1).expect_err("at the cap");
+        assert_eq!(err.rejections().len(), 1, "{}", policy.name());
+        assert_eq!(err.rejections()[0].worker.as_str(), "a");
+    }
+}
+
+#[test]
+fn sticky_fallbacks_are_built_without_admission() {
+    let fleet = Fleet::new(Stage::Plain, &[engine("a", native(9, 0, 0, 0)), engine("b", native(9, 0, 0, 0))]);
+    for fallback in [
+        StickyFallback::RoundRobin,
+        StickyFallback::Random,
+        StickyFallback::PowerOfTwo,
+        StickyFallback::LoadBased,
+    ] {
+        let policy = fallback.build(&fleet.handles());
+        let request_stage = fleet.stage;
+        let pick = fleet.pick(policy.as_ref(), 1).expect("no admission in a fallback");
+        assert!(fleet.workers.iter().any(|w| Arc::ptr_eq(w, &pick.worker)), "{request_stage}");
+    }
+}
+
+#[test]
+fn pick_fallback_runs_the_nested_policy() {
+    let fleet = Fleet::new(Stage::Plain, &[engine("a", Load::Missing).inflight(1), engine("b", Load::Missing)]);
+    let fallback = LeastLoadPolicy::new(fleet.load());
+    let request = crate::PickRequest {
+        model: &fleet.model,
+        stage: Stage::Plain,
+        bucket: "b",
+        input_tokens: 1,
+        expected_peak_tokens: None,
+        tokens: None,
+        session_key: None,
+        routing_key: None,
+    };
+    let pick = futures::FutureExt::now_or_never(pick_fallback(&fallback, &fleet.workers, &request))
+        .expect("ready")
+        .expect("picked");
+    assert_eq!((pick.worker.id().as_str(), pick.reason), ("b", PickReason::LeastLocalLoad));
+}

@@ -1,0 +1,201 @@
+//! `AppContext`: the shared services, started once and stopped on shutdown, and the routing
+//! objects built from the configuration.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use parking_lot::Mutex;
+use router_policies::{LoadHandles, PolicyHandles};
+use router_state_load::{
+    Clock, EngineReportedLoadTable, Inflight, LoadSubscriptions, SubscriptionConfig, SystemClock,
+};
+use router_workers::{ModelId, WorkerRegistry};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{ConfigFile, ModelRuntime, Problem, ServerConfig, build_models};
+use crate::forward::{ForwardConfig, Forwarder, OutcomeSink};
+use crate::health::HealthBook;
+
+/// Everything a request handler needs, shared by all of them.
+pub struct AppContext {
+    server: ServerConfig,
+    load_report_interval: Duration,
+    registry: Arc<WorkerRegistry>,
+    load_table: Arc<EngineReportedLoadTable>,
+    inflight: Arc<Inflight>,
+    models: HashMap<ModelId, ModelRuntime>,
+    /// The model named `*`, which serves any model name.
+    wildcard: Option<ModelId>,
+    forwarder: Forwarder,
+    health: Arc<HealthBook>,
+    metrics: PrometheusHandle,
+    admin_token: Option<String>,
+    draining: AtomicBool,
+    cancel: CancellationToken,
+    tasks: Mutex<JoinSet<()>>,
+}
+
+impl std::fmt::Debug for AppContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppContext").field("models", &self.models.keys()).finish_non_exhaustive()
+    }
+}
+
+impl AppContext {
+    /// Builds every routing object from `config` and registers its workers. Starts nothing.
+    pub fn build(config: &ConfigFile) -> Result<Self, Vec<Problem>> {
+        let registry = Arc::new(WorkerRegistry::new());
+        let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+        let load_table =
+            Arc::new(EngineReportedLoadTable::new(load_settings(config), Arc::clone(&clock)));
+        let inflight = Arc::new(Inflight::new(clock));
+        let handles =
+            PolicyHandles::new(LoadHandles::new(Arc::clone(&load_table), Arc::clone(&inflight)));
+        let runtimes = build_models(config, &registry, &handles)?;
+        let wildcard = runtimes.iter().find(|m| m.id.as_str() == "*").map(|m| m.id.clone());
+        let models = runtimes.into_iter().map(|m| (m.id.clone(), m)).collect();
+        let admin_token = config
+            .server
+            .admin_token
+            .clone()
+            .or_else(|| std::env::var("ROUTER_ADMIN_TOKEN").ok())
+            .filter(|t| !t.is_empty());
+        let forwarder = Forwarder::new(ForwardConfig {
+            http2: config.server.upstream_http2,
+            request_timeout: Duration::from_secs(config.server.request_timeout_secs),
+            ..ForwardConfig::default()
+        });
+        Ok(Self {
+            server: config.server.clone(),
+            load_report_interval: Duration::from_millis(config.load.report_interval_ms),
+            health: Arc::new(HealthBook::new(Arc::clone(&registry), config.health.clone())),
+            registry,
+            load_table,
+            inflight,
+            models,
+            wildcard,
+            forwarder,
+            metrics: crate::metrics::install(),
+            admin_token,
+            draining: AtomicBool::new(false),
+            cancel: CancellationToken::new(),
+            tasks: Mutex::new(JoinSet::new()),
+        })
+    }
+
+    /// Starts the background services: health checks and the state subscriptions.
+    pub fn start(self: &Arc<Self>) {
+        let mut tasks = self.tasks.lock();
+        let cancel = self.cancel.child_token();
+        tasks.spawn(Arc::clone(&self.health).run(self.forwarder.clone(), cancel));
+        let subscriptions = LoadSubscriptions::new(
+            Arc::clone(&self.load_table),
+            Arc::clone(&self.registry),
+            SubscriptionConfig {
+                report_interval: self.load_report_interval,
+                ..SubscriptionConfig::default()
+            },
+        );
+        tasks.spawn(subscriptions.run(self.cancel.child_token()));
+    }
+
+    /// Stops every background task and waits for them.
+    pub async fn shutdown(&self) {
+        self.cancel.cancel();
+        let mut tasks = std::mem::take(&mut *self.tasks.lock());
+        while tasks.join_next().await.is_some() {}
+    }
+
+    /// Marks the router as draining: readiness fails and new requests are refused.
+    pub fn start_draining(&self) {
+        self.draining.store(true, Ordering::Release);
+    }
+
+    /// Whether the router is draining.
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// The routing objects serving `name`.
+    pub fn model(&self, name: &str) -> Option<&ModelRuntime> {
+        self.models
+            .get(&ModelId::new(name))
+            .or_else(|| self.wildcard.as_ref().and_then(|w| self.models.get(w)))
+    }
+
+    /// Every served model.
+    pub fn models(&self) -> impl Iterator<Item = &ModelRuntime> {
+        self.models.values()
+    }
+
+    /// The worker registry.
+    pub fn registry(&self) -> &Arc<WorkerRegistry> {
+        &self.registry
+    }
+
+    /// Engine-reported load.
+    pub fn load_table(&self) -> &Arc<EngineReportedLoadTable> {
+        &self.load_table
+    }
+
+    /// Router-local in-flight accounting.
+    pub fn inflight(&self) -> &Arc<Inflight> {
+        &self.inflight
+    }
+
+    /// The engine clients.
+    pub fn forwarder(&self) -> &Forwarder {
+        &self.forwarder
+    }
+
+    /// Health and circuit breakers.
+    pub fn health(&self) -> &Arc<HealthBook> {
+        &self.health
+    }
+
+    /// The circuit breaker as the sink of dispatch outcomes.
+    pub fn health_sink(&self) -> Arc<dyn OutcomeSink> {
+        Arc::clone(&self.health) as Arc<dyn OutcomeSink>
+    }
+
+    /// The Prometheus handle.
+    pub fn metrics(&self) -> &PrometheusHandle {
+        &self.metrics
+    }
+
+    /// The admin bearer token, when the admin API is on.
+    pub fn admin_token(&self) -> Option<&str> {
+        self.admin_token.as_deref()
+    }
+
+    /// The server settings.
+    pub fn server(&self) -> &ServerConfig {
+        &self.server
+    }
+
+    /// Largest accepted body.
+    pub fn max_body_bytes(&self) -> usize {
+        self.server.max_body_bytes
+    }
+
+    /// Router-local in-flight requests across every engine.
+    pub fn total_inflight(&self) -> u64 {
+        self.registry.workers().iter().map(|w| self.inflight.count(w.id())).sum()
+    }
+
+    /// Whether every model can make a complete selection in at least one bucket.
+    pub fn ready(&self) -> bool {
+        !self.is_draining() && self.models.values().all(|m| m.resolver.has_candidates(&self.registry))
+    }
+}
+
+fn load_settings(config: &ConfigFile) -> router_state_load::TableConfig {
+    router_state_load::TableConfig {
+        stale_after: Duration::from_millis(config.load.stale_after_ms),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,267 @@
+//! The configuration file: types, defaults and parsing (YAML, or JSON which YAML accepts).
+//!
+//! Unknown fields are errors everywhere; parse errors name the field path
+//! (`models[0].buckets[1].limits.max`).
+
+use std::path::{Path, PathBuf};
+
+use router_policies::PolicyConfig;
+use router_workers::WorkerSpec;
+use serde::{Deserialize, Serialize};
+
+use crate::health::HealthConfig;
+
+/// The whole configuration file.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// Listener, limits and operations.
+    #[serde(default)]
+    pub server: ServerConfig,
+    /// Engine health checks and the circuit breaker.
+    #[serde(default)]
+    pub health: HealthConfig,
+    /// Load-report settings.
+    #[serde(default)]
+    pub load: LoadConfig,
+    /// KV-event settings.
+    #[serde(default)]
+    pub kv: KvConfig,
+    /// Served models, each with its engines and buckets.
+    #[serde(default)]
+    pub models: Vec<ModelConfig>,
+}
+
+/// `server`: listener, limits and operations.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Listen address (`--host` overrides).
+    pub host: String,
+    /// Listen port (`--port` overrides).
+    pub port: u16,
+    /// Bearer token of the admin API (or `ROUTER_ADMIN_TOKEN`); neither = admin API off.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admin_token: Option<String>,
+    /// Largest accepted request body, in bytes.
+    pub max_body_bytes: usize,
+    /// Timeout of a whole engine request, response body included, in seconds.
+    pub request_timeout_secs: u64,
+    /// How long shutdown waits for in-flight requests, in seconds.
+    pub shutdown_drain_secs: u64,
+    /// Speak HTTP/2 with prior knowledge (h2c) to engines instead of HTTP/1.1.
+    pub upstream_http2: bool,
+    /// Emit logs as JSON lines.
+    pub log_json: bool,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            host: "127.0.0.1".to_owned(),
+            port: 8080,
+            admin_token: None,
+            max_body_bytes: 32 * 1024 * 1024,
+            request_timeout_secs: 1800,
+            shutdown_drain_secs: 30,
+            upstream_http2: false,
+            log_json: false,
+        }
+    }
+}
+
+/// `load`: how engine load reports are judged.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct LoadConfig {
+    /// Interval the router asks reporters to stream at, in milliseconds.
+    pub report_interval_ms: u64,
+    /// A report older than this (by receipt time) is stale, in milliseconds.
+    pub stale_after_ms: u64,
+}
+
+impl Default for LoadConfig {
+    fn default() -> Self {
+        Self { report_interval_ms: 500, stale_after_ms: 3000 }
+    }
+}
+
+/// `kv`: the KV-event index.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct KvConfig {
+    /// Upper bound on radix-tree nodes across models.
+    pub max_index_nodes: usize,
+}
+
+impl Default for KvConfig {
+    fn default() -> Self {
+        Self { max_index_nodes: 4_000_000 }
+    }
+}
+
+/// One served model.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    /// The model name clients send.
+    pub id: String,
+    /// `tokenizer.json` of the model; without it, lengths are estimated and cache-aware
+    /// selection has no token ids to match.
+    #[serde(default)]
+    pub tokenizer: Option<PathBuf>,
+    /// A chat template file; default: `chat_template` of the `tokenizer_config.json` beside the
+    /// tokenizer.
+    #[serde(default)]
+    pub chat_template: Option<PathBuf>,
+    /// Session and routing-key headers and binding expiry.
+    #[serde(default)]
+    pub affinity: AffinityConfig,
+    /// The engines serving this model.
+    #[serde(default)]
+    pub workers: Vec<WorkerSpec>,
+    /// Buckets, tried in length order.
+    #[serde(default)]
+    pub buckets: Vec<BucketConfig>,
+}
+
+/// `affinity` of a model.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AffinityConfig {
+    /// Header carrying the session id.
+    pub session_id_header: String,
+    /// Header carrying the routing key.
+    pub routing_key_header: String,
+    /// Bindings idle this long expire, in seconds.
+    pub idle_timeout_secs: u64,
+    /// How often expired bindings are swept, in seconds.
+    pub eviction_interval_secs: u64,
+    /// Most bindings kept; beyond it the least recently used go first.
+    pub max_entries: usize,
+}
+
+impl Default for AffinityConfig {
+    fn default() -> Self {
+        Self {
+            session_id_header: "x-session-id".to_owned(),
+            routing_key_header: "x-routing-key".to_owned(),
+            idle_timeout_secs: 600,
+            eviction_interval_secs: 60,
+            max_entries: 1_000_000,
+        }
+    }
+}
+
+/// One bucket.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BucketConfig {
+    /// Unique, non-empty id.
+    pub id: String,
+    /// Tie-breaker among buckets of equal capacity (lower first).
+    #[serde(default)]
+    pub rank: u32,
+    /// Inclusive input-token range.
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    /// Context capacity: input plus requested output must fit.
+    #[serde(default)]
+    pub max_context_tokens: Option<u64>,
+    /// Exactly one of `plain` or `pd`.
+    pub groups: GroupsConfig,
+}
+
+/// `limits` of a bucket.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Smallest input, inclusive.
+    #[serde(default)]
+    pub min: u64,
+    /// Largest input, inclusive; absent = unbounded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max: Option<u64>,
+}
+
+/// `groups` of a bucket: exactly one of the two.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupsConfig {
+    /// One group of plain engines.
+    #[serde(default)]
+    pub plain: Option<GroupConfig>,
+    /// A prefill group and a decode group.
+    #[serde(default)]
+    pub pd: Option<PdGroupsConfig>,
+}
+
+/// `groups.pd`.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PdGroupsConfig {
+    /// The prefill group.
+    pub prefill: GroupConfig,
+    /// The decode group.
+    pub decode: GroupConfig,
+}
+
+/// One engine group.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GroupConfig {
+    /// Members; absent = every healthy engine of the model and role, `[]` = none.
+    #[serde(default)]
+    pub worker_ids: Option<Vec<String>>,
+    /// The attached policy; default `round_robin` with no admission caps.
+    #[serde(default = "default_policy")]
+    pub policy: PolicyConfig,
+}
+
+fn default_policy() -> PolicyConfig {
+    PolicyConfig::new(router_policies::PolicyKind::RoundRobin)
+}
+
+/// A configuration that could not be read or parsed.
+#[derive(Debug, thiserror::Error)]
+pub enum ParseError {
+    /// The file could not be read.
+    #[error("reading {path}")]
+    Read {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid YAML or JSON, or does not match the schema.
+    #[error("{path}: {message}")]
+    Syntax {
+        /// The file.
+        path: String,
+        /// The field path and what is wrong.
+        message: String,
+    },
+}
+
+impl ConfigFile {
+    /// Reads and parses a configuration file.
+    pub fn load(path: &Path) -> Result<Self, ParseError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ParseError::Read { path: path.display().to_string(), source })?;
+        Self::parse(&text).map_err(|message| ParseError::Syntax {
+            path: path.display().to_string(),
+            message,
+        })
+    }
+
+    /// Parses YAML (or JSON) text; the error names the field path.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let deserializer = serde_yaml_ng::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(deserializer).map_err(|err| {
+            let path = err.path().to_string();
+            let inner = err.into_inner().to_string();
+            if path == "." { inner } else { format!("{path}: {inner}") }
+        })
+    }
+}

@@ -1,0 +1,274 @@
+//! Configuration: the file, the command line, and building the routing objects from them.
+//!
+//! Validation is the build itself: every model, worker, bucket, group and policy is
+//! constructed, and every failure is collected with the path of the offending field, so
+//! `check-config` and startup report the same problems.
+
+mod cli;
+mod file;
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+
+use router_buckets::{Bucket, BucketGroups, BucketResolver, BucketSpec, EngineGroup, TokenLimits};
+use router_policies::PolicyHandles;
+use router_workers::{ModelId, Stage, Worker, WorkerId, WorkerRegistry};
+
+pub use cli::{Cli, Command, ServeArgs, reject_dropped_options};
+pub use file::{
+    AffinityConfig, BucketConfig, ConfigFile, GroupConfig, GroupsConfig, KvConfig, LimitsConfig,
+    LoadConfig, ModelConfig, ParseError, PdGroupsConfig, ServerConfig,
+};
+
+use crate::prepare::Tokenization;
+
+/// One configuration problem, with the path of the field it is about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Field path, e.g. `models[0].buckets[1].groups.pd.decode.policy`.
+    pub path: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.path, self.message)
+    }
+}
+
+/// The routing objects of one model, built from its configuration.
+pub struct ModelRuntime {
+    /// The model name (`*` serves any name).
+    pub id: ModelId,
+    /// Its buckets.
+    pub resolver: BucketResolver,
+    /// Tokenizer and chat template, when configured.
+    pub tokenization: Option<Tokenization>,
+    /// Affinity headers and expiry.
+    pub affinity: AffinityConfig,
+}
+
+impl fmt::Debug for ModelRuntime {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ModelRuntime").field("id", &self.id).finish_non_exhaustive()
+    }
+}
+
+#[derive(Default)]
+struct Problems(Vec<Problem>);
+
+impl Problems {
+    fn push(&mut self, path: impl Into<String>, message: impl ToString) {
+        self.0.push(Problem { path: path.into(), message: message.to_string() });
+    }
+}
+
+/// Builds every model's routing objects and registers its workers in `registry`. Returns every
+/// problem found, not just the first.
+pub fn build_models(
+    config: &ConfigFile,
+    registry: &WorkerRegistry,
+    handles: &PolicyHandles,
+) -> Result<Vec<ModelRuntime>, Vec<Problem>> {
+    let mut problems = Problems::default();
+    if config.models.is_empty() {
+        problems.push("models", "at least one model is required");
+    }
+    if config.server.max_body_bytes == 0 {
+        problems.push("server.max_body_bytes", "must be at least 1");
+    }
+    let mut model_ids = HashSet::new();
+    let mut runtimes = Vec::new();
+    for (m, model) in config.models.iter().enumerate() {
+        let path = format!("models[{m}]");
+        if model.id.trim().is_empty() {
+            problems.push(format!("{path}.id"), "must not be empty");
+            continue;
+        }
+        if !model_ids.insert(model.id.clone()) {
+            problems.push(format!("{path}.id"), format!("duplicate model id {:?}", model.id));
+            continue;
+        }
+        if let Some(runtime) = build_model(&path, model, registry, handles, &mut problems) {
+            runtimes.push(runtime);
+        }
+    }
+    if problems.0.is_empty() { Ok(runtimes) } else { Err(problems.0) }
+}
+
+fn build_model(
+    path: &str,
+    model: &ModelConfig,
+    registry: &WorkerRegistry,
+    handles: &PolicyHandles,
+    problems: &mut Problems,
+) -> Option<ModelRuntime> {
+    let model_id = ModelId::new(&model.id);
+    let before = problems.0.len();
+    let mut roles: HashMap<WorkerId, Stage> = HashMap::new();
+    for (w, spec) in model.workers.iter().enumerate() {
+        let wpath = format!("{path}.workers[{w}]");
+        if let Some(named) = &spec.model
+            && named != &model.id
+        {
+            problems.push(format!("{wpath}.model"), format!("{named:?} differs from the enclosing model {:?}", model.id));
+            continue;
+        }
+        match Worker::from_spec(spec, vec![model_id.clone()]).and_then(|w| registry.add(w)) {
+            Ok(worker) => {
+                roles.insert(worker.id().clone(), worker.stage());
+            }
+            Err(err) => problems.push(wpath, err),
+        }
+    }
+    if model.affinity.session_id_header.is_empty() || model.affinity.routing_key_header.is_empty() {
+        problems.push(format!("{path}.affinity"), "header names must not be empty");
+    }
+    if model.affinity.idle_timeout_secs == 0 || model.affinity.eviction_interval_secs == 0 {
+        problems.push(format!("{path}.affinity"), "idle_timeout_secs and eviction_interval_secs must be at least 1");
+    }
+
+    let pd_model = roles.values().any(|s| s.is_pd());
+    let mut buckets = Vec::new();
+    for (b, bucket) in model.buckets.iter().enumerate() {
+        let bpath = format!("{path}.buckets[{b}]");
+        let Some(groups) = build_groups(&bpath, &bucket.groups, handles, problems) else { continue };
+        if !roles.is_empty() && groups.is_pd() != pd_model {
+            let (has, wants) = if pd_model { ("plain", "prefill/decode") } else { ("pd", "plain") };
+            problems.push(format!("{bpath}.groups"), format!("a {has} bucket in a model served by {wants} engines"));
+            continue;
+        }
+        let spec = BucketSpec {
+            id: bucket.id.clone(),
+            rank: bucket.rank,
+            limits: TokenLimits { min: bucket.limits.min, max: bucket.limits.max },
+            max_context_tokens: bucket.max_context_tokens,
+            groups,
+        };
+        match Bucket::new(spec) {
+            Ok(built) => {
+                for err in built.check_membership(&roles) {
+                    problems.push(format!("{bpath}.groups"), err);
+                }
+                buckets.push(built);
+            }
+            Err(err) => problems.push(bpath, err),
+        }
+    }
+    let resolver = match BucketResolver::new(model_id.clone(), buckets) {
+        Ok(resolver) => Some(resolver),
+        Err(err) => {
+            problems.push(format!("{path}.buckets"), err);
+            None
+        }
+    };
+    let tokenization = match &model.tokenizer {
+        None => {
+            if model.chat_template.is_some() {
+                problems.push(format!("{path}.chat_template"), "needs a tokenizer");
+            }
+            None
+        }
+        Some(tokenizer) => match Tokenization::load(tokenizer, model.chat_template.as_deref()) {
+            Ok(t) => Some(t),
+            Err(err) => {
+                problems.push(format!("{path}.tokenizer"), err);
+                None
+            }
+        },
+    };
+    if problems.0.len() > before {
+        return None;
+    }
+    Some(ModelRuntime { id: model_id, resolver: resolver?, tokenization, affinity: model.affinity.clone() })
+}
+
+fn build_groups(
+    path: &str,
+    groups: &GroupsConfig,
+    handles: &PolicyHandles,
+    problems: &mut Problems,
+) -> Option<BucketGroups> {
+    let group = |gpath: String, stage: Stage, config: &GroupConfig, problems: &mut Problems| {
+        let members = match &config.worker_ids {
+            None => None,
+            Some(ids) => {
+                let mut parsed = Vec::new();
+                for (i, id) in ids.iter().enumerate() {
+                    match WorkerId::new(id) {
+                        Ok(id) => parsed.push(id),
+                        Err(err) => problems.push(format!("{gpath}.worker_ids[{i}]"), err),
+                    }
+                }
+                Some(parsed)
+            }
+        };
+        let policy = match config.policy.build(handles) {
+            Ok(policy) => policy,
+            Err(err) => {
+                problems.push(format!("{gpath}.policy"), err);
+                return None;
+            }
+        };
+        match EngineGroup::new(stage, members, policy) {
+            Ok(group) => Some(group),
+            Err(err) => {
+                problems.push(format!("{gpath}.policy"), err);
+                None
+            }
+        }
+    };
+    match (&groups.plain, &groups.pd) {
+        (Some(plain), None) => {
+            group(format!("{path}.groups.plain"), Stage::Plain, plain, problems).map(BucketGroups::Plain)
+        }
+        (None, Some(pd)) => {
+            let prefill = group(format!("{path}.groups.pd.prefill"), Stage::Prefill, &pd.prefill, problems);
+            let decode = group(format!("{path}.groups.pd.decode"), Stage::Decode, &pd.decode, problems);
+            Some(BucketGroups::Pd { prefill: prefill?, decode: decode? })
+        }
+        _ => {
+            problems.push(format!("{path}.groups"), "exactly one of plain or pd is required");
+            None
+        }
+    }
+}
+
+/// A one-paragraph summary for `check-config`.
+pub fn summary<'a>(
+    models: impl IntoIterator<Item = &'a ModelRuntime>,
+    registry: &WorkerRegistry,
+) -> String {
+    let mut models: Vec<&ModelRuntime> = models.into_iter().collect();
+    models.sort_by(|a, b| a.id.cmp(&b.id));
+    let mut out = String::new();
+    for model in models {
+        let workers = registry.workers().iter().filter(|w| w.serves(&model.id)).count();
+        out.push_str(&format!(
+            "model {}: {} workers, tokenizer {}\n",
+            model.id,
+            workers,
+            if model.tokenization.is_some() { "loaded" } else { "none (size estimate)" }
+        ));
+        for bucket in model.resolver.buckets() {
+            let limits = bucket.limits();
+            out.push_str(&format!(
+                "  bucket {} (rank {}, input {}..={}, context {}):",
+                bucket.id(),
+                bucket.rank(),
+                limits.min,
+                limits.max.map_or("unbounded".to_owned(), |m| m.to_string()),
+                bucket.max_context_tokens().map_or("unbounded".to_owned(), |m| m.to_string()),
+            ));
+            for group in bucket.groups().iter() {
+                let members = group.members().map_or("all".to_owned(), |m| {
+                    m.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+                });
+                out.push_str(&format!(" {} [{}] {}", group.stage(), members, group.policy().name()));
+            }
+            out.push('\n');
+        }
+    }
+    out
+}

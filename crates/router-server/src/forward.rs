@@ -1,0 +1,319 @@
+//! Forwarding to engines: pooled HTTP/1.1 and h2c clients, streaming passthrough with no
+//! buffering, and the SGLang bootstrap protocol for prefill/decode pairs.
+//!
+//! The in-flight guards of the engines dispatched to travel with the response body and are
+//! released when it ends, fails, or is dropped because the client went away; dropping the body
+//! also drops the upstream response, which closes the engine connection and so cancels the
+//! request there.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body::{Body, Frame};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use router_state_load::InflightGuard;
+use router_workers::Worker;
+use std::future::Future as _;
+
+use tokio::sync::oneshot;
+
+use crate::error::ApiError;
+
+/// Connection and timeout settings of the engine clients.
+#[derive(Clone, Debug)]
+pub struct ForwardConfig {
+    /// Speak HTTP/2 with prior knowledge (h2c) instead of HTTP/1.1.
+    pub http2: bool,
+    /// Timeout to establish a connection.
+    pub connect_timeout: Duration,
+    /// Timeout for the whole request, response body included.
+    pub request_timeout: Duration,
+    /// Idle pooled connections kept per engine.
+    pub pool_max_idle_per_host: usize,
+}
+
+impl Default for ForwardConfig {
+    fn default() -> Self {
+        Self {
+            http2: false,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(1800),
+            pool_max_idle_per_host: 1024,
+        }
+    }
+}
+
+/// Why a request could not be sent to an engine.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SendError {
+    /// The connection could not be made.
+    #[error("{0}")]
+    Unreachable(String),
+    /// The exchange failed after connecting.
+    #[error("{0}")]
+    Failed(String),
+    /// No response head within the request timeout.
+    #[error("{0}")]
+    Timeout(String),
+}
+
+impl SendError {
+    /// A metrics label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SendError::Unreachable(_) => "unreachable",
+            SendError::Failed(_) => "transport",
+            SendError::Timeout(_) => "timeout",
+        }
+    }
+}
+
+impl From<SendError> for ApiError {
+    fn from(err: SendError) -> Self {
+        match err {
+            SendError::Timeout(message) => ApiError::UpstreamTimeout(message),
+            SendError::Unreachable(message) | SendError::Failed(message) => {
+                ApiError::Upstream(message)
+            }
+        }
+    }
+}
+
+/// How a dispatch to one engine ended, for the circuit breaker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The engine answered (2xx, or a 4xx that is the client's fault).
+    Success,
+    /// 5xx, a timeout or a broken stream.
+    Failure,
+    /// The engine refused or could not take the connection.
+    Unreachable,
+}
+
+/// Receives dispatch outcomes (the circuit breaker).
+pub trait OutcomeSink: Send + Sync + 'static {
+    /// Records how a dispatch to `worker` ended.
+    fn record(&self, worker: &Worker, outcome: Outcome);
+}
+
+/// The engine clients, shared by every request.
+#[derive(Clone, Debug)]
+pub struct Forwarder {
+    client: Client<HttpConnector, Full<Bytes>>,
+    config: ForwardConfig,
+}
+
+impl Forwarder {
+    /// Builds the pooled client.
+    pub fn new(config: ForwardConfig) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(config.connect_timeout));
+        connector.enforce_http(true);
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(config.pool_max_idle_per_host)
+            .http2_only(config.http2);
+        Self { client: builder.build(connector), config }
+    }
+
+    /// The request timeout.
+    pub fn request_timeout(&self) -> Duration {
+        self.config.request_timeout
+    }
+
+    /// Sends `body` to `worker`'s chat endpoint and waits for the response head.
+    pub async fn send(
+        &self,
+        worker: &Worker,
+        body: Bytes,
+        request_id: &HeaderValue,
+    ) -> Result<Response<Incoming>, SendError> {
+        let url = format!("{}/v1/chat/completions", worker.url());
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri(&url)
+            .header(header::CONTENT_TYPE, "application/json")
+            .header("x-request-id", request_id)
+            .body(Full::new(body))
+            .map_err(|err| SendError::Failed(format!("building request to {url}: {err}")))?;
+        match tokio::time::timeout(self.config.request_timeout, self.client.request(request)).await
+        {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(err)) if err.is_connect() => Err(SendError::Unreachable(format!(
+                "engine {} unreachable: {}",
+                worker.id(),
+                error_chain(&err)
+            ))),
+            Ok(Err(err)) => Err(SendError::Failed(format!(
+                "engine {} failed: {}",
+                worker.id(),
+                error_chain(&err)
+            ))),
+            Err(_) => Err(SendError::Timeout(format!(
+                "engine {} did not answer within {:?}",
+                worker.id(),
+                self.config.request_timeout
+            ))),
+        }
+    }
+
+    /// GETs `path` on `worker` with a timeout, returning the status (health checks).
+    pub async fn probe(&self, worker: &Worker, path: &str, timeout: Duration) -> Option<StatusCode> {
+        let request = Request::get(format!("{}{path}", worker.url()))
+            .body(Full::new(Bytes::new()))
+            .ok()?;
+        let response = tokio::time::timeout(timeout, self.client.request(request)).await.ok()?.ok()?;
+        let status = response.status();
+        // Drain so the connection returns to the pool.
+        let _ = tokio::time::timeout(timeout, response.into_body().collect()).await;
+        Some(status)
+    }
+}
+
+fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// A random 63-bit bootstrap room, as SGLang expects.
+pub fn bootstrap_room() -> u64 {
+    rand::random::<u64>() >> 1
+}
+
+/// The decode-side body for a PD request: the client's body plus the bootstrap fields.
+pub fn with_bootstrap(
+    body: &serde_json::Map<String, serde_json::Value>,
+    prefill: &Worker,
+    room: u64,
+) -> Bytes {
+    let mut body = body.clone();
+    body.insert("bootstrap_host".into(), prefill.host().into());
+    body.insert("bootstrap_port".into(), prefill.bootstrap_port().unwrap_or(DEFAULT_BOOTSTRAP_PORT).into());
+    body.insert("bootstrap_room".into(), room.into());
+    Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+}
+
+/// SGLang's default bootstrap port, used when a prefill worker does not name one.
+pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
+
+/// A response body streamed from an engine, holding the dispatch's in-flight guards until it
+/// ends. A mid-stream failure becomes an SSE error event (for streams) and is reported to the
+/// circuit breaker; a failed prefill partner aborts the decode stream the same way.
+pub struct GuardedBody {
+    inner: Incoming,
+    guards: Vec<InflightGuard>,
+    worker: Arc<Worker>,
+    sink: Arc<dyn OutcomeSink>,
+    sse: bool,
+    partner_failure: Option<oneshot::Receiver<String>>,
+    finished: bool,
+}
+
+impl GuardedBody {
+    /// Wraps an engine's response body.
+    pub fn new(
+        inner: Incoming,
+        guards: Vec<InflightGuard>,
+        worker: Arc<Worker>,
+        sink: Arc<dyn OutcomeSink>,
+        sse: bool,
+        partner_failure: Option<oneshot::Receiver<String>>,
+    ) -> Self {
+        Self { inner, guards, worker, sink, sse, partner_failure, finished: false }
+    }
+
+    fn finish(&mut self, outcome: Outcome) {
+        if !self.finished {
+            self.finished = true;
+            self.sink.record(&self.worker, outcome);
+            self.guards.clear();
+            self.partner_failure = None;
+        }
+    }
+
+    fn error_frame(&self, message: &str) -> Option<Result<Frame<Bytes>, std::io::Error>> {
+        let body = serde_json::json!({
+            "error": {"message": message, "type": "upstream_error", "code": "engine_failed"}
+        });
+        if self.sse {
+            Some(Ok(Frame::data(Bytes::from(format!("data: {body}\n\n")))))
+        } else {
+            Some(Err(std::io::Error::other(message.to_owned())))
+        }
+    }
+}
+
+impl Body for GuardedBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        if this.finished {
+            return Poll::Ready(None);
+        }
+        if let Some(partner) = &mut this.partner_failure
+            && let Poll::Ready(result) = Pin::new(partner).poll(cx)
+        {
+            this.partner_failure = None;
+            if let Ok(message) = result {
+                this.finish(Outcome::Success);
+                return Poll::Ready(this.error_frame(&message));
+            }
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => {
+                this.finish(Outcome::Success);
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+            Poll::Ready(Some(Err(err))) => {
+                let message = format!("engine {} failed mid-response: {err}", this.worker.id());
+                this.finish(Outcome::Failure);
+                Poll::Ready(this.error_frame(&message))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.finished
+    }
+}
+
+impl Drop for GuardedBody {
+    fn drop(&mut self) {
+        // The client went away before the end: not the engine's fault.
+        self.finish(Outcome::Success);
+    }
+}
+
+
+/// Copies the engine's response headers that make sense end to end (content type, caching),
+/// never hop-by-hop ones.
+pub fn passthrough_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    for name in [header::CONTENT_TYPE, header::CACHE_CONTROL] {
+        if let Some(value) = from.get(&name) {
+            to.insert(name, value.clone());
+        }
+    }
+}

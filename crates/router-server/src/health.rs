@@ -1,0 +1,315 @@
+//! Engine health: periodic probes with hysteresis, and a per-engine circuit breaker fed by
+//! dispatch outcomes. Both write one effective health flag into the worker registry, which
+//! engine groups read when they list candidates.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use router_workers::{Worker, WorkerId, WorkerRegistry};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::forward::{Forwarder, Outcome, OutcomeSink};
+
+/// Health checking and circuit-breaker settings.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    /// Seconds between probes.
+    pub interval_secs: u64,
+    /// Probe timeout in seconds.
+    pub timeout_secs: u64,
+    /// Path probed on each engine.
+    pub endpoint: String,
+    /// Consecutive failed probes before an engine is unhealthy.
+    pub unhealthy_after: u32,
+    /// Consecutive successful probes before an unhealthy engine is healthy again.
+    pub healthy_after: u32,
+    /// Consecutive dispatch failures (5xx or transport, never 4xx) that open the breaker.
+    pub breaker_failures: u32,
+    /// Seconds the breaker stays open before one trial request is let through.
+    pub breaker_open_secs: u64,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            interval_secs: 10,
+            timeout_secs: 5,
+            endpoint: "/health".to_owned(),
+            unhealthy_after: 3,
+            healthy_after: 2,
+            breaker_failures: 10,
+            breaker_open_secs: 30,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Breaker {
+    Closed { failures: u32 },
+    Open { until: Instant },
+    HalfOpen,
+}
+
+#[derive(Debug)]
+struct EngineHealth {
+    incarnation: u64,
+    probe_healthy: bool,
+    probe_streak: i64,
+    breaker: Breaker,
+}
+
+impl EngineHealth {
+    fn new(incarnation: u64) -> Self {
+        Self {
+            incarnation,
+            probe_healthy: true,
+            probe_streak: 0,
+            breaker: Breaker::Closed { failures: 0 },
+        }
+    }
+
+    fn effective(&self) -> bool {
+        self.probe_healthy && !matches!(self.breaker, Breaker::Open { .. })
+    }
+}
+
+/// The health state of every engine and the registry it updates.
+#[derive(Debug)]
+pub struct HealthBook {
+    registry: Arc<WorkerRegistry>,
+    config: HealthConfig,
+    engines: Mutex<HashMap<WorkerId, EngineHealth>>,
+}
+
+/// The breaker state of one engine, for `/admin/state`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BreakerState {
+    /// Dispatches flow.
+    Closed,
+    /// Dispatches are held off.
+    Open,
+    /// One trial dispatch decides.
+    HalfOpen,
+}
+
+impl HealthBook {
+    /// A book over `registry`.
+    pub fn new(registry: Arc<WorkerRegistry>, config: HealthConfig) -> Self {
+        Self { registry, config, engines: Mutex::new(HashMap::new()) }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &HealthConfig {
+        &self.config
+    }
+
+    /// The breaker state of an engine.
+    pub fn breaker(&self, id: &WorkerId) -> BreakerState {
+        match self.engines.lock().get(id).map(|e| e.breaker) {
+            Some(Breaker::Open { .. }) => BreakerState::Open,
+            Some(Breaker::HalfOpen) => BreakerState::HalfOpen,
+            _ => BreakerState::Closed,
+        }
+    }
+
+    fn update(&self, worker: &Worker, change: impl FnOnce(&mut EngineHealth, &HealthConfig)) {
+        let healthy = {
+            let mut engines = self.engines.lock();
+            let entry = engines
+                .entry(worker.id().clone())
+                .or_insert_with(|| EngineHealth::new(worker.incarnation()));
+            if entry.incarnation != worker.incarnation() {
+                *entry = EngineHealth::new(worker.incarnation());
+            }
+            change(entry, &self.config);
+            entry.effective()
+        };
+        // Only the current incarnation's health is written.
+        if self.registry.get(worker.id()).is_some_and(|w| w.incarnation() == worker.incarnation()) {
+            let _ = self.registry.set_health(worker.id(), healthy);
+        }
+    }
+
+    /// Records one probe result.
+    pub fn record_probe(&self, worker: &Worker, ok: bool) {
+        self.update(worker, |engine, config| {
+            engine.probe_streak = match (ok, engine.probe_streak) {
+                (true, s) if s > 0 => s + 1,
+                (true, _) => 1,
+                (false, s) if s < 0 => s - 1,
+                (false, _) => -1,
+            };
+            if engine.probe_healthy && -engine.probe_streak >= i64::from(config.unhealthy_after) {
+                engine.probe_healthy = false;
+            } else if !engine.probe_healthy && engine.probe_streak >= i64::from(config.healthy_after)
+            {
+                engine.probe_healthy = true;
+            }
+        });
+    }
+
+    /// Moves open breakers whose time is up to half-open.
+    pub fn tick(&self, now: Instant) {
+        let due: Vec<WorkerId> = self
+            .engines
+            .lock()
+            .iter()
+            .filter(|(_, e)| matches!(e.breaker, Breaker::Open { until } if until <= now))
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in due {
+            if let Some(worker) = self.registry.get(&id) {
+                self.update(&worker, |engine, _| {
+                    if matches!(engine.breaker, Breaker::Open { until } if until <= now) {
+                        engine.breaker = Breaker::HalfOpen;
+                    }
+                });
+            }
+        }
+    }
+
+    /// Forgets engines that left the registry.
+    pub fn retain_registered(&self) {
+        let registry = &self.registry;
+        self.engines.lock().retain(|id, e| {
+            registry.get(id).is_some_and(|w| w.incarnation() == e.incarnation)
+        });
+    }
+
+    /// Probes every engine once, concurrently.
+    pub async fn probe_all(&self, forwarder: &Forwarder) {
+        let timeout = Duration::from_secs(self.config.timeout_secs);
+        let workers = self.registry.workers();
+        let probes = workers.iter().map(|worker| async move {
+            let status = forwarder.probe(worker, &self.config.endpoint, timeout).await;
+            (worker, status.is_some_and(|s| s.is_success()))
+        });
+        for (worker, ok) in futures::future::join_all(probes).await {
+            self.record_probe(worker, ok);
+        }
+        self.tick(Instant::now());
+        self.retain_registered();
+    }
+
+    /// Probes until cancelled.
+    pub async fn run(self: Arc<Self>, forwarder: Forwarder, cancel: CancellationToken) {
+        let mut interval =
+            tokio::time::interval(Duration::from_secs(self.config.interval_secs.max(1)));
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                _ = interval.tick() => self.probe_all(&forwarder).await,
+            }
+        }
+    }
+}
+
+impl OutcomeSink for HealthBook {
+    fn record(&self, worker: &Worker, outcome: Outcome) {
+        let now = Instant::now();
+        self.update(worker, |engine, config| match (outcome, engine.breaker) {
+            (Outcome::Success, _) => engine.breaker = Breaker::Closed { failures: 0 },
+            (Outcome::Failure, Breaker::HalfOpen) => {
+                engine.breaker =
+                    Breaker::Open { until: now + Duration::from_secs(config.breaker_open_secs) };
+            }
+            (Outcome::Failure, Breaker::Closed { failures }) => {
+                let failures = failures + 1;
+                engine.breaker = if failures >= config.breaker_failures {
+                    Breaker::Open { until: now + Duration::from_secs(config.breaker_open_secs) }
+                } else {
+                    Breaker::Closed { failures }
+                };
+            }
+            (Outcome::Failure, Breaker::Open { .. }) => {}
+            (Outcome::Unreachable, _) => {
+                // A refused connection is definitive: stop sending until probes say otherwise.
+                engine.probe_healthy = false;
+                engine.probe_streak = -i64::from(config.unhealthy_after);
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use router_workers::ModelId;
+
+    use super::*;
+
+    fn setup() -> (Arc<WorkerRegistry>, Arc<Worker>, HealthBook) {
+        let registry = Arc::new(WorkerRegistry::new());
+        let worker = registry
+            .add(Worker::plain("e1", "http://127.0.0.1:1", &ModelId::new("m")).expect("worker"))
+            .expect("add");
+        let book = HealthBook::new(Arc::clone(&registry), HealthConfig::default());
+        (registry, worker, book)
+    }
+
+    #[test]
+    fn probes_have_hysteresis() {
+        let (_, worker, book) = setup();
+        book.record_probe(&worker, false);
+        book.record_probe(&worker, false);
+        assert!(worker.is_healthy(), "two failures are not enough");
+        book.record_probe(&worker, false);
+        assert!(!worker.is_healthy(), "three failures make it unhealthy");
+        book.record_probe(&worker, true);
+        assert!(!worker.is_healthy(), "one success is not enough");
+        book.record_probe(&worker, true);
+        assert!(worker.is_healthy(), "two successes make it healthy");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn breaker_opens_after_failures_and_half_opens_later() {
+        let (_, worker, book) = setup();
+        for _ in 0..9 {
+            book.record(&worker, Outcome::Failure);
+        }
+        assert!(worker.is_healthy());
+        book.record(&worker, Outcome::Failure);
+        assert!(!worker.is_healthy(), "ten failures open the breaker");
+        assert_eq!(book.breaker(worker.id()), BreakerState::Open);
+
+        tokio::time::advance(Duration::from_secs(29)).await;
+        book.tick(Instant::now());
+        assert!(!worker.is_healthy());
+        tokio::time::advance(Duration::from_secs(2)).await;
+        book.tick(Instant::now());
+        assert!(worker.is_healthy(), "half-open lets a trial through");
+        book.record(&worker, Outcome::Failure);
+        assert!(!worker.is_healthy(), "a failed trial reopens");
+        tokio::time::advance(Duration::from_secs(31)).await;
+        book.tick(Instant::now());
+        book.record(&worker, Outcome::Success);
+        assert_eq!(book.breaker(worker.id()), BreakerState::Closed);
+        assert!(worker.is_healthy());
+    }
+
+    #[test]
+    fn successes_reset_the_failure_count() {
+        let (_, worker, book) = setup();
+        for _ in 0..20 {
+            book.record(&worker, Outcome::Failure);
+            book.record(&worker, Outcome::Success);
+        }
+        assert!(worker.is_healthy(), "interleaved failures never open the breaker");
+    }
+
+    #[test]
+    fn unreachable_is_unhealthy_at_once() {
+        let (_, worker, book) = setup();
+        book.record(&worker, Outcome::Unreachable);
+        assert!(!worker.is_healthy());
+        book.record_probe(&worker, true);
+        book.record_probe(&worker, true);
+        assert!(worker.is_healthy());
+    }
+}

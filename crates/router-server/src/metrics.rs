@@ -1,0 +1,110 @@
+//! Prometheus metrics: the recorder, and one function per thing the router measures so that
+//! names and labels live in one place (`docs/metrics.md` lists them).
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// Latency buckets in seconds: from sub-millisecond router work to long generations.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+/// Installs the process-wide recorder once and returns its handle.
+pub fn install() -> PrometheusHandle {
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+                .map(PrometheusBuilder::build_recorder);
+            match recorder {
+                Ok(recorder) => {
+                    let handle = recorder.handle();
+                    // Fails only if another recorder was installed first; then this handle
+                    // renders nothing, which the metrics test would catch.
+                    let _ = metrics::set_global_recorder(recorder);
+                    handle
+                }
+                Err(_) => PrometheusBuilder::new().build_recorder().handle(),
+            }
+        })
+        .clone()
+}
+
+/// A finished chat request.
+pub fn request(model: &str, bucket: &str, status: u16, elapsed: Duration) {
+    let status = status.to_string();
+    counter!("router_requests_total", "model" => model.to_owned(), "bucket" => bucket.to_owned(), "status" => status.clone())
+        .increment(1);
+    histogram!("router_request_duration_seconds", "model" => model.to_owned(), "bucket" => bucket.to_owned())
+        .record(elapsed.as_secs_f64());
+}
+
+/// Time from receiving the request to the engine's response head.
+pub fn time_to_response_head(model: &str, elapsed: Duration) {
+    histogram!("router_upstream_head_seconds", "model" => model.to_owned()).record(elapsed.as_secs_f64());
+}
+
+/// Time the router spent preparing and selecting, before dispatch.
+pub fn selection(model: &str, elapsed: Duration) {
+    histogram!("router_selection_seconds", "model" => model.to_owned()).record(elapsed.as_secs_f64());
+}
+
+/// A successful pick by a policy.
+pub fn pick(policy: &'static str, stage: &'static str, reason: &'static str) {
+    counter!("router_picks_total", "policy" => policy, "stage" => stage, "reason" => reason).increment(1);
+}
+
+/// An admission rejection met while selecting.
+pub fn admission_rejection(limit: &'static str) {
+    counter!("router_admission_rejections_total", "limit" => limit).increment(1);
+}
+
+/// A bucket that could not supply a complete selection, so the next one was tried.
+pub fn bucket_fallback(model: &str, bucket: &str, reason: &'static str) {
+    counter!("router_bucket_fallbacks_total", "model" => model.to_owned(), "bucket" => bucket.to_owned(), "reason" => reason)
+        .increment(1);
+}
+
+/// A dispatch to an engine that failed.
+pub fn engine_failure(worker: &str, kind: &'static str) {
+    counter!("router_engine_failures_total", "worker" => worker.to_owned(), "kind" => kind).increment(1);
+}
+
+/// Router-local in-flight requests of an engine (set at scrape time).
+pub fn inflight(worker: &str, count: u64) {
+    gauge!("router_engine_inflight", "worker" => worker.to_owned()).set(count as f64);
+}
+
+/// Engine health as the router sees it (set at scrape time).
+pub fn engine_healthy(worker: &str, healthy: bool) {
+    gauge!("router_engine_healthy", "worker" => worker.to_owned()).set(if healthy { 1.0 } else { 0.0 });
+}
+
+/// Load-report freshness of an engine: 1 for the state it is in, 0 for the others.
+pub fn load_freshness(worker: &str, state: &'static str, age_ms: Option<u64>) {
+    for candidate in ["fresh", "stale", "missing"] {
+        gauge!("router_load_report_state", "worker" => worker.to_owned(), "state" => candidate)
+            .set(if candidate == state { 1.0 } else { 0.0 });
+    }
+    if let Some(age) = age_ms {
+        gauge!("router_load_report_age_seconds", "worker" => worker.to_owned()).set(age as f64 / 1000.0);
+    }
+}
+
+/// KV-event counters of one engine rank (absolute values, set at scrape time).
+pub fn kv_worker(worker: &str, counters: &[(&'static str, u64)]) {
+    for (name, value) in counters {
+        gauge!("router_kv_events", "worker" => worker.to_owned(), "counter" => *name).set(*value as f64);
+    }
+}
+
+/// Size of the prefix index (set at scrape time).
+pub fn kv_index(nodes: u64, bytes: u64) {
+    gauge!("router_kv_index_nodes").set(nodes as f64);
+    gauge!("router_kv_index_bytes").set(bytes as f64);
+}

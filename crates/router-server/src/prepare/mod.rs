@@ -1,0 +1,202 @@
+//! Request preparation, once per request: parse and validate, render the chat template,
+//! tokenize (or estimate), compute the expected peak, and read the affinity keys.
+
+mod template;
+mod validate;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use router_policies::RequestTokens;
+use serde_json::Value;
+
+pub use template::{ChatTemplate, TemplateError};
+pub use validate::{ChatRequest, InvalidRequest, parse_chat_request};
+
+/// Fields that only the router may set; a client's values are removed before forwarding.
+const ROUTER_OWNED_FIELDS: [&str; 3] = ["bootstrap_host", "bootstrap_port", "bootstrap_room"];
+
+/// A model's tokenizer and chat template, loaded once at startup.
+pub struct Tokenization {
+    tokenizer: tokenizers::Tokenizer,
+    template: ChatTemplate,
+}
+
+impl std::fmt::Debug for Tokenization {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenization").finish_non_exhaustive()
+    }
+}
+
+/// Why a tokenizer could not be loaded or used.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizeError {
+    /// The tokenizer file could not be loaded.
+    #[error("loading tokenizer {path}: {message}")]
+    Load {
+        /// The file.
+        path: String,
+        /// The tokenizers crate's message.
+        message: String,
+    },
+    /// The chat template could not be loaded or rendered.
+    #[error(transparent)]
+    Template(#[from] TemplateError),
+    /// Encoding failed.
+    #[error("tokenizing: {0}")]
+    Encode(String),
+}
+
+impl Tokenization {
+    /// Loads `tokenizer.json` and the chat template: `chat_template` when given, else the one
+    /// in the `tokenizer_config.json` beside the tokenizer.
+    pub fn load(tokenizer: &Path, chat_template: Option<&Path>) -> Result<Self, TokenizeError> {
+        let loaded = tokenizers::Tokenizer::from_file(tokenizer).map_err(|err| {
+            TokenizeError::Load { path: tokenizer.display().to_string(), message: err.to_string() }
+        })?;
+        let config = tokenizer.with_file_name("tokenizer_config.json");
+        let template = match chat_template {
+            Some(path) => ChatTemplate::from_file(path, config.exists().then_some(&*config))?,
+            None => ChatTemplate::from_tokenizer_config(&config)?,
+        };
+        Ok(Self { tokenizer: loaded, template })
+    }
+
+    /// Renders and tokenizes a request's messages.
+    pub fn encode(&self, request: &ChatRequest) -> Result<Vec<u32>, TokenizeError> {
+        let text = self.template.render(request.messages(), request.body.get("tools"))?;
+        let encoding = self
+            .tokenizer
+            .encode_fast(text, false)
+            .map_err(|err| TokenizeError::Encode(err.to_string()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+}
+
+/// Everything the router needs about one request, computed once and shared by every bucket
+/// attempt and the dispatch.
+#[derive(Debug)]
+pub struct PreparedRequest {
+    /// The validated request.
+    pub chat: ChatRequest,
+    /// The body to forward: the client's bytes, or a re-serialisation without router-owned
+    /// fields when the client set any.
+    pub body: Bytes,
+    /// Prompt tokens, exact when tokenized.
+    pub input_tokens: u64,
+    /// Input plus requested output, when the output is bounded.
+    pub expected_peak_tokens: Option<u64>,
+    /// The prompt's token ids, when the model has a tokenizer.
+    pub tokens: Option<Arc<RequestTokens>>,
+    /// Session key from the configured header.
+    pub session_key: Option<String>,
+    /// Routing key from the configured header.
+    pub routing_key: Option<String>,
+}
+
+/// Why a request could not be prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    /// The client's request is invalid (400).
+    #[error(transparent)]
+    Invalid(#[from] InvalidRequest),
+    /// The chat template or tokenizer failed on this request (400: the template rejected it).
+    #[error(transparent)]
+    Tokenize(#[from] TokenizeError),
+}
+
+/// Prepares a parsed request. `headers` yields the session and routing keys.
+pub fn prepare(
+    raw: Bytes,
+    chat: ChatRequest,
+    tokenization: Option<&Tokenization>,
+    session_key: Option<&str>,
+    routing_key: Option<&str>,
+) -> Result<PreparedRequest, PrepareError> {
+    let (input_tokens, tokens) = match tokenization {
+        Some(tokenization) => {
+            let ids = tokenization.encode(&chat)?;
+            (ids.len() as u64, Some(Arc::new(RequestTokens::new(ids))))
+        }
+        None => (estimate_tokens(&chat), None),
+    };
+    let expected_peak_tokens = match chat.max_output_tokens {
+        Some(output) => Some(input_tokens.checked_add(output).ok_or_else(|| InvalidRequest {
+            message: "input plus max_tokens overflows".to_owned(),
+            param: Some("max_tokens".to_owned()),
+        })?),
+        None => None,
+    };
+    let body = if ROUTER_OWNED_FIELDS.iter().any(|f| chat.body.contains_key(*f)) {
+        let mut cleaned = chat.body.clone();
+        for field in ROUTER_OWNED_FIELDS {
+            cleaned.remove(field);
+        }
+        Bytes::from(serde_json::to_vec(&cleaned).unwrap_or_default())
+    } else {
+        raw
+    };
+    let non_empty = |key: Option<&str>| key.filter(|k| !k.is_empty()).map(str::to_owned);
+    Ok(PreparedRequest {
+        body,
+        input_tokens,
+        expected_peak_tokens,
+        tokens,
+        session_key: non_empty(session_key),
+        routing_key: non_empty(routing_key),
+        chat,
+    })
+}
+
+/// A size estimate without a tokenizer: about four bytes of message text per token, plus a few
+/// tokens of template framing per message.
+fn estimate_tokens(chat: &ChatRequest) -> u64 {
+    fn text_len(value: &Value) -> usize {
+        match value {
+            Value::String(s) => s.len(),
+            Value::Array(items) => items.iter().map(text_len).sum(),
+            Value::Object(map) => map.values().map(text_len).sum(),
+            _ => 0,
+        }
+    }
+    let messages = chat.messages();
+    let bytes: usize = messages.iter().map(text_len).sum();
+    (bytes.div_ceil(4) + 4 * messages.len()).max(1) as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(body: &str) -> (Bytes, ChatRequest) {
+        let raw = Bytes::from(body.to_owned());
+        let chat = parse_chat_request(&raw).expect("valid");
+        (raw, chat)
+    }
+
+    #[test]
+    fn estimate_and_peak_without_tokenizer() {
+        let (raw, chat) =
+            chat(r#"{"model":"m","messages":[{"role":"user","content":"abcdefgh"}],"max_tokens":10}"#);
+        let prepared = prepare(raw.clone(), chat, None, Some("s1"), Some("")).expect("prepared");
+        assert_eq!(prepared.input_tokens, 2 + 4);
+        assert_eq!(prepared.expected_peak_tokens, Some(16));
+        assert_eq!(prepared.session_key.as_deref(), Some("s1"));
+        assert_eq!(prepared.routing_key, None, "empty keys never become keys");
+        assert_eq!(prepared.body, raw, "an untouched body is forwarded byte for byte");
+        assert!(prepared.tokens.is_none());
+    }
+
+    #[test]
+    fn client_bootstrap_fields_are_stripped() {
+        let (raw, chat) = chat(
+            r#"{"model":"m","messages":[{"role":"user","content":"x"}],"bootstrap_room":7,"bootstrap_host":"evil"}"#,
+        );
+        let prepared = prepare(raw, chat, None, None, None).expect("prepared");
+        let forwarded: Value = serde_json::from_slice(&prepared.body).expect("json");
+        assert!(forwarded.get("bootstrap_room").is_none());
+        assert!(forwarded.get("bootstrap_host").is_none());
+        assert_eq!(forwarded["model"], "m");
+    }
+}

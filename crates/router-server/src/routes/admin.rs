@@ -1,0 +1,162 @@
+//! The admin API under `/admin/`, behind a bearer token compared in constant time. Without a
+//! configured token the routes answer 404, as if absent.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, Request, State};
+use axum::http::{StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use router_workers::{ModelId, Worker, WorkerError, WorkerId, WorkerSpec};
+use serde_json::{Value, json};
+use subtle::ConstantTimeEq;
+
+use crate::app::AppContext;
+use crate::error::ApiError;
+
+/// Rejects requests without the configured bearer token.
+pub async fn require_token(
+    State(ctx): State<Arc<AppContext>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(expected) = ctx.admin_token() else {
+        return ApiError::NotFound("the admin API is off (no admin token configured)".into())
+            .into_response();
+    };
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or_default();
+    let ok: bool = given.as_bytes().ct_eq(expected.as_bytes()).into();
+    if !ok {
+        return ApiError::Unauthorized.into_response();
+    }
+    next.run(request).await
+}
+
+fn worker_json(ctx: &AppContext, worker: &Worker) -> Value {
+    json!({
+        "id": worker.id(),
+        "url": worker.url(),
+        "model": worker.models().first(),
+        "role": worker.stage(),
+        "healthy": worker.is_healthy(),
+        "inflight": ctx.inflight().count(worker.id()),
+        "breaker": ctx.health().breaker(worker.id()),
+        "dp_size": worker.dp_size(),
+        "bootstrap_port": worker.bootstrap_port(),
+        "kv_events": worker.kv_events(),
+        "load_reporter": worker.load_reporter(),
+    })
+}
+
+/// `GET /admin/workers`.
+pub async fn list_workers(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
+    let workers: Vec<_> = ctx.registry().workers().iter().map(|w| worker_json(&ctx, w)).collect();
+    Json(json!({"workers": workers}))
+}
+
+/// `POST /admin/workers`: a worker object as in the configuration file, with `model`.
+pub async fn add_worker(
+    State(ctx): State<Arc<AppContext>>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let spec: WorkerSpec = serde_json::from_slice(&body).map_err(|err| ApiError::InvalidRequest {
+        message: format!("invalid worker: {err}"),
+        param: None,
+    })?;
+    let Some(model) = spec.model.clone() else {
+        return Err(ApiError::InvalidRequest {
+            message: "'model' is required when adding a worker".into(),
+            param: Some("model".into()),
+        });
+    };
+    let served = ctx.model(&model).ok_or_else(|| ApiError::UnknownModel(model.clone()))?;
+    let model_id: ModelId = served.id.clone();
+    let invalid = |err: WorkerError| ApiError::InvalidRequest { message: err.to_string(), param: None };
+    let worker = Worker::from_spec(&spec, vec![model_id]).map_err(invalid)?;
+    match ctx.registry().add(worker) {
+        Ok(worker) => Ok((StatusCode::CREATED, Json(worker_json(&ctx, &worker))).into_response()),
+        Err(err @ WorkerError::Duplicate { .. }) => Ok((
+            StatusCode::CONFLICT,
+            Json(ApiError::InvalidRequest { message: err.to_string(), param: Some("id".into()) }.body()),
+        )
+            .into_response()),
+        Err(err) => Err(invalid(err)),
+    }
+}
+
+/// `DELETE /admin/workers/{id}`.
+pub async fn remove_worker(
+    State(ctx): State<Arc<AppContext>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let id = WorkerId::new(&id).map_err(|err| ApiError::NotFound(err.to_string()))?;
+    let removed = ctx.registry().remove(&id).map_err(|err| ApiError::NotFound(err.to_string()))?;
+    Ok(Json(json!({"removed": removed.id()})))
+}
+
+/// `GET /admin/state`: buckets, workers with their KV and load state, and the index size.
+pub async fn state(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
+    let mut models: Vec<Value> = ctx
+        .models()
+        .map(|model| {
+            let buckets: Vec<Value> = model
+                .resolver
+                .buckets()
+                .iter()
+                .map(|bucket| {
+                    let groups: Vec<Value> = bucket
+                        .groups()
+                        .iter()
+                        .map(|group| {
+                            json!({
+                                "stage": group.stage(),
+                                "worker_ids": group.members(),
+                                "policy": group.policy().name(),
+                                "candidates": group
+                                    .candidates(ctx.registry(), &model.id)
+                                    .iter()
+                                    .map(|w| w.id().to_string())
+                                    .collect::<Vec<_>>(),
+                            })
+                        })
+                        .collect();
+                    json!({
+                        "id": bucket.id(),
+                        "rank": bucket.rank(),
+                        "limits": {"min": bucket.limits().min, "max": bucket.limits().max},
+                        "max_context_tokens": bucket.max_context_tokens(),
+                        "groups": groups,
+                    })
+                })
+                .collect();
+            json!({"id": model.id, "buckets": buckets})
+        })
+        .collect();
+    models.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
+    let load = ctx.load_table().status().into_iter().map(|s| (s.worker.clone(), s)).collect::<std::collections::HashMap<_, _>>();
+    let workers: Vec<Value> = ctx
+        .registry()
+        .workers()
+        .iter()
+        .map(|worker| {
+            let mut entry = worker_json(&ctx, worker);
+            let load = match load.get(worker.id()) {
+                Some(status) => json!({
+                    "freshness": status.freshness.as_str(),
+                    "age_ms": status.age_ms,
+                    "kind": status.kind.map(|k| k.as_str()),
+                }),
+                None => json!({"freshness": "missing", "age_ms": null, "kind": null}),
+            };
+            entry["load"] = load;
+            entry
+        })
+        .collect();
+    Json(json!({"models": models, "workers": workers}))
+}

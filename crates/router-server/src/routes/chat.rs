@@ -1,0 +1,356 @@
+//! `POST /v1/chat/completions`: prepare once, try buckets in order, dispatch the complete
+//! selection, stream the answer back.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use router_buckets::{BucketPick, BucketRequest};
+use router_policies::{Pick, PickError, Rejection};
+use router_workers::{Stage, Worker};
+use tokio::sync::oneshot;
+use tracing::{Instrument, info, warn};
+
+use crate::app::AppContext;
+use crate::error::ApiError;
+use crate::forward::{GuardedBody, Outcome, OutcomeSink, SendError, bootstrap_room, passthrough_headers, with_bootstrap};
+use crate::metrics;
+use crate::prepare::{PreparedRequest, parse_chat_request, prepare};
+
+/// The chat endpoint.
+pub async fn chat_completions(
+    State(ctx): State<Arc<AppContext>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let request_id = request_id(&headers);
+    let span = tracing::info_span!("request", id = %request_id.to_str().unwrap_or_default());
+    let started = Instant::now();
+    let (result, model, bucket) = async {
+        let mut model = String::new();
+        let mut bucket = String::new();
+        let result = handle(&ctx, &headers, body, &request_id, &mut model, &mut bucket, started).await;
+        (result, model, bucket)
+    }
+    .instrument(span.clone())
+    .await;
+    let mut response = match result {
+        Ok(response) => response,
+        Err(err) => {
+            let _enter = span.enter();
+            if err.status().is_server_error() {
+                warn!(status = err.status().as_u16(), error = %err, "request failed");
+            } else {
+                info!(status = err.status().as_u16(), error = %err, "request rejected");
+            }
+            err.into_response()
+        }
+    };
+    metrics::request(&model, &bucket, response.status().as_u16(), started.elapsed());
+    response.headers_mut().insert("x-request-id", request_id);
+    response
+}
+
+/// The client's `x-request-id` when it is a sane token, else a fresh one.
+fn request_id(headers: &HeaderMap) -> HeaderValue {
+    headers
+        .get("x-request-id")
+        .filter(|v| {
+            let bytes = v.as_bytes();
+            !bytes.is_empty()
+                && bytes.len() <= 128
+                && bytes.iter().all(|b| b.is_ascii_graphic())
+        })
+        .cloned()
+        .unwrap_or_else(|| {
+            HeaderValue::from_str(&uuid::Uuid::new_v4().simple().to_string())
+                .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+        })
+}
+
+async fn handle(
+    ctx: &Arc<AppContext>,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    request_id: &HeaderValue,
+    model_label: &mut String,
+    bucket_label: &mut String,
+    started: Instant,
+) -> Result<Response, ApiError> {
+    if ctx.is_draining() {
+        return Err(ApiError::ShuttingDown);
+    }
+    let body = body.map_err(|rejection| match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => ApiError::BodyTooLarge { limit: ctx.max_body_bytes() },
+        _ => ApiError::InvalidRequest { message: rejection.body_text(), param: None },
+    })?;
+    let chat = parse_chat_request(&body)?;
+    let model = ctx.model(&chat.model).ok_or_else(|| ApiError::UnknownModel(chat.model.clone()))?;
+    model_label.clone_from(&chat.model);
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let session = header(&model.affinity.session_id_header);
+    let routing = header(&model.affinity.routing_key_header);
+    let prepared = prepare(body, chat, model.tokenization.as_ref(), session, routing)?;
+
+    let buckets = model
+        .resolver
+        .resolve(prepared.input_tokens, prepared.expected_peak_tokens)
+        .map_err(|err| ApiError::Internal(err.to_string()))?;
+    if buckets.is_empty() {
+        return Err(ApiError::NoMatchingBucket {
+            input_tokens: prepared.input_tokens,
+            peak: prepared.expected_peak_tokens,
+        });
+    }
+    let request = BucketRequest {
+        model: model.resolver.model(),
+        input_tokens: prepared.input_tokens,
+        expected_peak_tokens: prepared.expected_peak_tokens,
+        tokens: prepared.tokens.as_deref(),
+        session_key: prepared.session_key.as_deref(),
+        routing_key: prepared.routing_key.as_deref(),
+    };
+
+    let mut rejections: Vec<Rejection> = Vec::new();
+    let mut last_stage = None;
+    for bucket in buckets {
+        match bucket.pick_engines(ctx.registry(), &request).await {
+            Ok(pick) => {
+                bucket_label.push_str(bucket.id());
+                for (stage, one) in pick.iter() {
+                    let policy = bucket
+                        .groups()
+                        .iter()
+                        .find(|g| g.stage() == stage)
+                        .map_or("unknown", |g| g.policy().name());
+                    metrics::pick(policy, stage.as_str(), one.reason.as_str());
+                }
+                metrics::selection(model_label, started.elapsed());
+                return dispatch(ctx, &prepared, bucket.id(), pick, request_id, model_label, started).await;
+            }
+            Err(failure) if failure.advances_bucket() => {
+                let reason = match &failure.error {
+                    PickError::NoCandidates { .. } => "no_candidates",
+                    _ => "admission",
+                };
+                for rejection in failure.error.rejections() {
+                    metrics::admission_rejection(rejection.limit.as_str());
+                }
+                metrics::bucket_fallback(model_label, bucket.id(), reason);
+                rejections.extend_from_slice(failure.error.rejections());
+                last_stage = Some(failure.stage);
+            }
+            Err(failure) => {
+                return Err(ApiError::Internal(format!(
+                    "bucket {} ({} stage): {}",
+                    bucket.id(),
+                    failure.stage,
+                    failure.error
+                )));
+            }
+        }
+    }
+    if rejections.is_empty() {
+        Err(ApiError::NoCandidates { stage: last_stage.unwrap_or(Stage::Plain) })
+    } else {
+        Err(ApiError::NoAdmissibleEngine { rejections })
+    }
+}
+
+async fn dispatch(
+    ctx: &Arc<AppContext>,
+    prepared: &PreparedRequest,
+    bucket: &str,
+    pick: BucketPick,
+    request_id: &HeaderValue,
+    model: &str,
+    started: Instant,
+) -> Result<Response, ApiError> {
+    let sse = prepared.chat.stream;
+    let mut response = match pick {
+        BucketPick::Plain(Pick { worker, .. }) => {
+            let guard = ctx.inflight().acquire(worker.id(), Stage::Plain);
+            let upstream = send(ctx, &worker, prepared.body.clone(), request_id).await?;
+            metrics::time_to_response_head(model, started.elapsed());
+            let mut response = relay(ctx, upstream, vec![guard], &worker, sse, None).await?;
+            response.headers_mut().insert("x-router-engine", header_value(worker.id().as_str()));
+            response
+        }
+        BucketPick::Pd { prefill, decode } => {
+            let response = dispatch_pd(ctx, prepared, &prefill.worker, &decode.worker, request_id, sse).await?;
+            metrics::time_to_response_head(model, started.elapsed());
+            let mut response = response;
+            let headers = response.headers_mut();
+            headers.insert("x-router-prefill-engine", header_value(prefill.worker.id().as_str()));
+            headers.insert("x-router-decode-engine", header_value(decode.worker.id().as_str()));
+            response
+        }
+    };
+    response.headers_mut().insert("x-router-bucket", header_value(bucket));
+    Ok(response)
+}
+
+/// Sends to an engine, telling the circuit breaker about transport failures.
+async fn send(
+    ctx: &AppContext,
+    worker: &Arc<Worker>,
+    body: Bytes,
+    request_id: &HeaderValue,
+) -> Result<hyper::Response<hyper::body::Incoming>, ApiError> {
+    ctx.forwarder().send(worker, body, request_id).await.map_err(|err| {
+        let outcome = match err {
+            SendError::Unreachable(_) => Outcome::Unreachable,
+            _ => Outcome::Failure,
+        };
+        ctx.health().record(worker, outcome);
+        metrics::engine_failure(worker.id().as_str(), err.kind());
+        ApiError::from(err)
+    })
+}
+
+/// Turns an engine's response into the client's: errors become 502 with the engine's words,
+/// anything else streams through with the guards attached.
+async fn relay(
+    ctx: &Arc<AppContext>,
+    upstream: hyper::Response<hyper::body::Incoming>,
+    guards: Vec<router_state_load::InflightGuard>,
+    worker: &Arc<Worker>,
+    sse: bool,
+    partner_failure: Option<oneshot::Receiver<String>>,
+) -> Result<Response, ApiError> {
+    let (parts, body) = upstream.into_parts();
+    if parts.status.is_server_error() {
+        ctx.health().record(worker, Outcome::Failure);
+        metrics::engine_failure(worker.id().as_str(), "status");
+        let text = read_snippet(body).await;
+        return Err(ApiError::Upstream(format!(
+            "engine {} answered {}: {text}",
+            worker.id(),
+            parts.status.as_u16()
+        )));
+    }
+    let sink: Arc<dyn OutcomeSink> = ctx.health_sink();
+    let stream_sse = sse && parts.status.is_success();
+    let body = GuardedBody::new(body, guards, Arc::clone(worker), sink, stream_sse, partner_failure);
+    let mut response = Response::new(Body::new(body));
+    *response.status_mut() = parts.status;
+    passthrough_headers(&parts.headers, response.headers_mut());
+    Ok(response)
+}
+
+/// At most 1 KiB of an engine's error body, as text.
+async fn read_snippet(body: hyper::body::Incoming) -> String {
+    let limited = http_body_util::Limited::new(body, 1024);
+    match tokio::time::timeout(std::time::Duration::from_secs(5), limited.collect()).await {
+        Ok(Ok(collected)) => String::from_utf8_lossy(&collected.to_bytes()).trim().to_owned(),
+        _ => String::from("(no body)"),
+    }
+}
+
+/// The SGLang bootstrap protocol: both engines get the request with the same room, sent
+/// concurrently; the decode engine's answer is returned. A prefill failure before the decode
+/// head arrives fails the request; after it, it ends the stream with an error event. A decode
+/// failure cancels the prefill request.
+async fn dispatch_pd(
+    ctx: &Arc<AppContext>,
+    prepared: &PreparedRequest,
+    prefill: &Arc<Worker>,
+    decode: &Arc<Worker>,
+    request_id: &HeaderValue,
+    sse: bool,
+) -> Result<Response, ApiError> {
+    let room = bootstrap_room();
+    let body = with_bootstrap(&prepared.chat.body, prefill, room);
+    let prefill_guard = ctx.inflight().acquire(prefill.id(), Stage::Prefill);
+    let decode_guard = ctx.inflight().acquire(decode.id(), Stage::Decode);
+
+    let (failed_tx, mut failed_rx) = oneshot::channel::<String>();
+    let prefill_task = {
+        let ctx = Arc::clone(ctx);
+        let prefill = Arc::clone(prefill);
+        let body = body.clone();
+        let request_id = request_id.clone();
+        tokio::spawn(
+            async move {
+                let _guard = prefill_guard;
+                let failure = match send(&ctx, &prefill, body, &request_id).await {
+                    Err(err) => Some(format!("prefill engine {} failed: {err}", prefill.id())),
+                    Ok(response) if response.status().is_server_error() => {
+                        let status = response.status().as_u16();
+                        ctx.health().record(&prefill, Outcome::Failure);
+                        let text = read_snippet(response.into_body()).await;
+                        Some(format!("prefill engine {} answered {status}: {text}", prefill.id()))
+                    }
+                    Ok(response) if !response.status().is_success() => {
+                        let status = response.status().as_u16();
+                        let text = read_snippet(response.into_body()).await;
+                        Some(format!("prefill engine {} refused the request ({status}): {text}", prefill.id()))
+                    }
+                    Ok(response) => match response.into_body().collect().await {
+                        Ok(_) => {
+                            ctx.health().record(&prefill, Outcome::Success);
+                            None
+                        }
+                        Err(err) => {
+                            ctx.health().record(&prefill, Outcome::Failure);
+                            Some(format!("prefill engine {} failed mid-response: {err}", prefill.id()))
+                        }
+                    },
+                };
+                if let Some(message) = failure {
+                    warn!(%message, "prefill failed");
+                    let _ = failed_tx.send(message);
+                }
+            }
+            .in_current_span(),
+        )
+    };
+    let abort_prefill = AbortOnDrop(Some(prefill_task));
+
+    let decode_send = send(ctx, decode, body, request_id);
+    tokio::pin!(decode_send);
+    let mut prefill_succeeded = false;
+    let upstream = loop {
+        tokio::select! {
+            result = &mut decode_send => break result?,
+            failed = &mut failed_rx, if !prefill_succeeded => match failed {
+                Ok(message) => return Err(ApiError::Upstream(message)),
+                // The sender is dropped without a message when the prefill succeeded.
+                Err(_) => prefill_succeeded = true,
+            },
+        }
+    };
+    let partner = (!prefill_succeeded).then_some(failed_rx);
+    let response = relay(ctx, upstream, vec![decode_guard], decode, sse, partner).await?;
+    // The decode stream is under way: the prefill request runs to its end on its own.
+    abort_prefill.disarm();
+    Ok(response)
+}
+
+/// Aborts the prefill request when the PD dispatch is abandoned before the decode stream
+/// starts (decode failure, or the client leaving).
+struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl AbortOnDrop {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
+}
+
+fn header_value(text: &str) -> HeaderValue {
+    HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+}

@@ -1,0 +1,5 @@
+//! HTTP handlers.
+
+pub mod admin;
+pub mod chat;
+pub mod ops;

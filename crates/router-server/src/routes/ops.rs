@@ -1,0 +1,70 @@
+//! Operations endpoints: `/v1/models`, `/health`, `/readiness`, `/metrics`.
+
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+use crate::app::AppContext;
+use crate::metrics;
+
+/// `GET /v1/models`: the OpenAI list shape.
+pub async fn models(State(ctx): State<Arc<AppContext>>) -> Json<serde_json::Value> {
+    let mut ids: Vec<&str> = ctx.models().map(|m| m.id.as_str()).collect();
+    ids.sort_unstable();
+    let data: Vec<_> = ids
+        .into_iter()
+        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "router"}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+/// `GET /health`: the process is alive.
+pub async fn health() -> &'static str {
+    "ok"
+}
+
+/// `GET /readiness`: every model has a complete selection possible in at least one bucket.
+pub async fn readiness(State(ctx): State<Arc<AppContext>>) -> Response {
+    if ctx.is_draining() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response();
+    }
+    let unready: Vec<_> = ctx
+        .models()
+        .filter(|m| !m.resolver.has_candidates(ctx.registry()))
+        .map(|m| m.id.to_string())
+        .collect();
+    if unready.is_empty() {
+        (StatusCode::OK, "ready").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("no complete selection for {}", unready.join(", ")))
+            .into_response()
+    }
+}
+
+/// `GET /metrics`: Prometheus text, with the state gauges refreshed first.
+pub async fn prometheus(State(ctx): State<Arc<AppContext>>) -> Response {
+    refresh_state_gauges(&ctx);
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        ctx.metrics().render(),
+    )
+        .into_response()
+}
+
+fn refresh_state_gauges(ctx: &AppContext) {
+    let snapshot = ctx.load_table().status().into_iter().map(|s| (s.worker.clone(), s)).collect::<std::collections::HashMap<_, _>>();
+    for worker in ctx.registry().workers() {
+        let id = worker.id().as_str();
+        metrics::inflight(id, ctx.inflight().count(worker.id()));
+        metrics::engine_healthy(id, worker.is_healthy());
+        let (state, age) = match snapshot.get(worker.id()) {
+            Some(status) => (status.freshness.as_str(), status.age_ms),
+            None => ("missing", None),
+        };
+        metrics::load_freshness(id, state, age);
+    }
+}

@@ -1,0 +1,140 @@
+//! The engine's configuration, with the defaults of the command line.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use router_workers::Stage;
+
+use super::EngineError;
+use super::events::KvFormat;
+use super::faults::Faults;
+
+/// Everything one simulated engine is configured with. [`EngineConfig::new`] gives the
+/// command-line defaults, which keep tests fast.
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineConfig {
+    /// Address every socket binds to (`--host`, default 127.0.0.1).
+    pub host: IpAddr,
+    /// HTTP port; 0 lets the system choose (`--port`).
+    pub port: u16,
+    /// The served model name (`--model`).
+    pub model: String,
+    /// Plain, prefill or decode (`--role`).
+    pub role: Stage,
+    /// Tokens per KV block (`--block-size`, default 16).
+    pub block_size: usize,
+    /// KV capacity in tokens, rounded down to whole blocks (`--kv-capacity-tokens`, default
+    /// 65536).
+    pub kv_capacity_tokens: usize,
+    /// Prefill speed for uncached prompt tokens (`--prefill-tokens-per-sec`, default 1e6).
+    pub prefill_tokens_per_sec: f64,
+    /// Decode speed per running request (`--decode-tokens-per-sec`, default 2000).
+    pub decode_tokens_per_sec: f64,
+    /// Running batch limit (`--max-running`, default 64).
+    pub max_running: usize,
+    /// `tokenizer.json` to load, with the chat template beside it (`--tokenizer`); `None`
+    /// uses the built-in equivalent of the shipped assets.
+    pub tokenizer: Option<PathBuf>,
+    /// PUB endpoint to bind, `tcp://HOST:PORT` (`--kv-events`).
+    pub kv_events: Option<String>,
+    /// Replay ROUTER endpoint to bind (`--kv-replay`).
+    pub kv_replay: Option<String>,
+    /// Event encoding (`--kv-format`, default vllm).
+    pub kv_format: KvFormat,
+    /// Topic frame of every event message (`--kv-topic`, default empty).
+    pub kv_topic: String,
+    /// Batches retained for replay (`--kv-replay-buffer`, default 10000).
+    pub kv_replay_buffer: usize,
+    /// Bootstrap server port of a prefill engine; 0 lets the system choose
+    /// (`--bootstrap-port`).
+    pub bootstrap_port: Option<u16>,
+    /// How long a decode engine waits for its bootstrap room (`--bootstrap-timeout-ms`,
+    /// default 30 s).
+    pub bootstrap_timeout: Duration,
+    /// Output length when a request sets neither `max_tokens` nor `max_completion_tokens`
+    /// (`--default-max-tokens`, default 16).
+    pub default_max_tokens: usize,
+    /// Fault injection.
+    pub faults: Faults,
+    /// Seed of the fault draws (`--seed`, default 0).
+    pub seed: u64,
+}
+
+impl EngineConfig {
+    /// The defaults for `model`.
+    pub fn new(model: impl Into<String>) -> Self {
+        Self {
+            host: IpAddr::V4(Ipv4Addr::LOCALHOST),
+            port: 0,
+            model: model.into(),
+            role: Stage::Plain,
+            block_size: 16,
+            kv_capacity_tokens: 65_536,
+            prefill_tokens_per_sec: 1_000_000.0,
+            decode_tokens_per_sec: 2_000.0,
+            max_running: 64,
+            tokenizer: None,
+            kv_events: None,
+            kv_replay: None,
+            kv_format: KvFormat::Vllm,
+            kv_topic: String::new(),
+            kv_replay_buffer: 10_000,
+            bootstrap_port: None,
+            bootstrap_timeout: Duration::from_secs(30),
+            default_max_tokens: 16,
+            faults: Faults::default(),
+            seed: 0,
+        }
+    }
+
+    /// Rejects values the engine cannot run with, naming the flag.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        let bad = |flag: &'static str, reason: String| Err(EngineError::Config { flag, reason });
+        if self.model.is_empty() {
+            return bad("--model", "must not be empty".into());
+        }
+        if self.block_size == 0 {
+            return bad("--block-size", "must be at least 1".into());
+        }
+        if self.kv_capacity_tokens < self.block_size {
+            return bad(
+                "--kv-capacity-tokens",
+                format!("{} is less than one block of {}", self.kv_capacity_tokens, self.block_size),
+            );
+        }
+        for (flag, rate) in [
+            ("--prefill-tokens-per-sec", self.prefill_tokens_per_sec),
+            ("--decode-tokens-per-sec", self.decode_tokens_per_sec),
+        ] {
+            if !(rate.is_finite() && rate > 0.0) {
+                return bad(flag, format!("{rate} is not a positive rate"));
+            }
+        }
+        if self.max_running == 0 {
+            return bad("--max-running", "must be at least 1".into());
+        }
+        if self.default_max_tokens == 0 {
+            return bad("--default-max-tokens", "must be at least 1".into());
+        }
+        if !(0.0..=1.0).contains(&self.faults.fail_rate) {
+            return bad("--fail-rate", format!("{} is not in [0, 1]", self.faults.fail_rate));
+        }
+        if self.faults.die_after == Some(0) {
+            return bad("--die-after", "must be at least 1".into());
+        }
+        match (self.role, self.bootstrap_port) {
+            (Stage::Prefill, None) => {
+                return bad("--bootstrap-port", "a prefill engine needs one (0 = any free port)".into());
+            }
+            (Stage::Plain | Stage::Decode, Some(port)) => {
+                return bad(
+                    "--bootstrap-port",
+                    format!("{port} given to a {} engine; only prefill engines serve one", self.role),
+                );
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}

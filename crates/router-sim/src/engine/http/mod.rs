@@ -1,0 +1,137 @@
+//! The engine's HTTP face: the OpenAI chat endpoint and the probes other routers use, served
+//! by an accept loop whose connections drop at once when the engine stops (so a dying engine
+//! cuts its streams like a killed process would).
+
+mod chat;
+mod error;
+mod info;
+mod openai;
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::EngineConfig;
+use super::bootstrap::{BootstrapClient, Rooms};
+use super::faults::FaultState;
+use super::scheduler::Scheduler;
+use crate::tokens::Preprocessor;
+
+/// Largest request body accepted.
+const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
+
+/// What the handlers share.
+#[derive(Debug)]
+pub(crate) struct Engine {
+    pub(crate) config: EngineConfig,
+    pub(crate) preprocessor: Preprocessor,
+    pub(crate) scheduler: Arc<Scheduler>,
+    pub(crate) faults: FaultState,
+    /// The bootstrap rooms of a prefill engine.
+    pub(crate) rooms: Option<Arc<Rooms>>,
+    /// The bootstrap client of a decode engine.
+    pub(crate) bootstrap: Option<BootstrapClient>,
+    pub(crate) next_id: AtomicU64,
+    pub(crate) started_unix: u64,
+    pub(crate) stop: CancellationToken,
+}
+
+impl Engine {
+    pub(crate) fn new(
+        config: EngineConfig,
+        preprocessor: Preprocessor,
+        scheduler: Arc<Scheduler>,
+        rooms: Option<Arc<Rooms>>,
+        bootstrap: Option<BootstrapClient>,
+        stop: CancellationToken,
+    ) -> Self {
+        let faults = FaultState::new(config.faults.clone(), config.seed);
+        Self {
+            config,
+            preprocessor,
+            scheduler,
+            faults,
+            rooms,
+            bootstrap,
+            next_id: AtomicU64::new(0),
+            started_unix: unix_now(),
+            stop,
+        }
+    }
+
+    /// Once the engine is dying, requests hang until its connections are dropped, as if the
+    /// process were already gone.
+    pub(crate) async fn refuse_if_dying(&self) {
+        if self.faults.dying().is_cancelled() {
+            self.stop.cancelled().await;
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+pub(crate) fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// The engine's routes.
+pub(crate) fn router(engine: Arc<Engine>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/models", get(info::models))
+        .route("/health", get(info::health))
+        .route("/health_generate", get(info::health))
+        .route("/get_server_info", get(info::server_info))
+        .route("/get_model_info", get(info::model_info))
+        .route("/v1/loads", get(info::loads))
+        .route("/get_load", get(info::legacy_load))
+        .route("/flush_cache", post(info::flush_cache))
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(engine)
+}
+
+/// Serves `router` on `listener` until `stop`, dropping every open connection then.
+pub(crate) async fn accept_loop(
+    listener: TcpListener,
+    router: Router,
+    stop: CancellationToken,
+    tracker: TaskTracker,
+) {
+    loop {
+        let accepted = tokio::select! {
+            () = stop.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                tracing::warn!(%error, "accept failed");
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let service = TowerToHyperService::new(router.clone());
+        let stop = stop.clone();
+        tracker.spawn(async move {
+            let builder = auto::Builder::new(TokioExecutor::new());
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                () = stop.cancelled() => {}
+                result = connection => {
+                    if let Err(error) = result {
+                        tracing::debug!(%error, "connection ended with an error");
+                    }
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,167 @@
+//! Load snapshots: what the engine reports about its queue and KV use, per data-parallel
+//! rank (the simulator has one rank). [`LoadSource::snapshot`] is one lock and one pass over
+//! the running batch, cheap enough for any report interval; `GET /v1/loads` serves it in
+//! SGLang's JSON shape.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use serde::Serialize;
+
+use super::scheduler::Scheduler;
+
+/// The load of one data-parallel rank.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RankLoad {
+    /// The rank (always 0 in the simulator).
+    pub dp_rank: u32,
+    /// Requests admitted to the running batch.
+    pub running: u64,
+    /// Requests queued behind `max_running` or KV capacity.
+    pub waiting: u64,
+    /// Prompt tokens of queued requests not covered by the prefix cache when they arrived
+    /// (0 on PD decode engines).
+    pub waiting_uncached_tokens: u64,
+    /// KV tokens held by running requests (shared cached blocks counted once); cached blocks
+    /// that no request uses are free, as in SGLang.
+    pub kv_used_tokens: u64,
+    /// KV capacity in tokens (a whole number of blocks).
+    pub kv_capacity_tokens: u64,
+    /// `kv_used_tokens` plus the full prompt length of every queued request.
+    pub total_kv_tokens: u64,
+    /// The `--max-running` limit.
+    pub max_running: u64,
+    /// Cumulative uncached prompt tokens prefilled since start.
+    pub total_prefill_uncached_tokens: u64,
+    /// Cumulative simulated time spent in prefill passes, in microseconds.
+    pub total_prefill_busy_us: u64,
+    /// Blocks in the prefix cache, used or not.
+    pub cached_blocks: u64,
+    /// Output tokens per second over the last completed one-second window (0 when idle).
+    pub gen_throughput: f64,
+    /// Cached prompt tokens over prompt tokens, over every admitted request.
+    pub cache_hit_rate: f64,
+}
+
+/// The whole engine's load at one instant.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoadSnapshot {
+    /// When it was taken (engine wall clock).
+    pub captured_at: SystemTime,
+    /// One entry per rank, ranks `0..dp_size`.
+    pub ranks: Vec<RankLoad>,
+}
+
+impl LoadSnapshot {
+    /// SGLang's `GET /v1/loads` body: `{"timestamp", "version", "loads": [...]}` with the
+    /// twelve core fields per rank, plus the rank's `timestamp` and the cumulative prefill
+    /// counters (`total_prefill_uncached_tokens`, `total_prefill_busy_us`).
+    pub fn to_sglang_json(&self) -> serde_json::Value {
+        let timestamp = crate::time_fmt::iso8601(self.captured_at);
+        let loads: Vec<serde_json::Value> = self
+            .ranks
+            .iter()
+            .map(|r| {
+                let usage = if r.kv_capacity_tokens == 0 {
+                    0.0
+                } else {
+                    r.kv_used_tokens as f64 / r.kv_capacity_tokens as f64
+                };
+                serde_json::json!({
+                    "dp_rank": r.dp_rank,
+                    "timestamp": timestamp,
+                    "num_running_reqs": r.running,
+                    "num_waiting_reqs": r.waiting,
+                    "num_waiting_uncached_tokens": r.waiting_uncached_tokens,
+                    "num_used_tokens": r.kv_used_tokens,
+                    "num_total_tokens": r.total_kv_tokens,
+                    "max_total_num_tokens": r.kv_capacity_tokens,
+                    "max_running_requests": r.max_running,
+                    "token_usage": round(usage, 4),
+                    "gen_throughput": round(r.gen_throughput, 2),
+                    "cache_hit_rate": round(r.cache_hit_rate, 4),
+                    "utilization": 0.0,
+                    "total_prefill_uncached_tokens": r.total_prefill_uncached_tokens,
+                    "total_prefill_busy_us": r.total_prefill_busy_us,
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "timestamp": timestamp,
+            "version": concat!("router-sim ", env!("CARGO_PKG_VERSION")),
+            "loads": loads,
+        })
+    }
+}
+
+fn round(value: f64, digits: i32) -> f64 {
+    let scale = 10f64.powi(digits);
+    (value * scale).round() / scale
+}
+
+/// A cloneable handle that takes load snapshots of a running engine (for a load reporter,
+/// `/v1/loads`, or an embedding process).
+#[derive(Clone, Debug)]
+pub struct LoadSource {
+    scheduler: Arc<Scheduler>,
+}
+
+impl LoadSource {
+    pub(crate) fn new(scheduler: Arc<Scheduler>) -> Self {
+        Self { scheduler }
+    }
+
+    /// The engine's load now: every rank, consistent within a rank.
+    pub fn snapshot(&self) -> LoadSnapshot {
+        LoadSnapshot { captured_at: SystemTime::now(), ranks: vec![self.scheduler.load()] }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+
+    #[test]
+    fn sglang_json_has_the_core_fields_per_rank() {
+        let rank = RankLoad {
+            dp_rank: 0,
+            running: 2,
+            waiting: 1,
+            waiting_uncached_tokens: 30,
+            kv_used_tokens: 1000,
+            kv_capacity_tokens: 3000,
+            total_kv_tokens: 1040,
+            max_running: 8,
+            total_prefill_uncached_tokens: 5,
+            total_prefill_busy_us: 6,
+            cached_blocks: 70,
+            gen_throughput: 12.3456,
+            cache_hit_rate: 0.123456,
+        };
+        let snapshot =
+            LoadSnapshot { captured_at: UNIX_EPOCH + Duration::from_secs(1), ranks: vec![rank] };
+        let json = snapshot.to_sglang_json();
+        assert_eq!(json["timestamp"], "1970-01-01T00:00:01.000000+00:00");
+        let load = &json["loads"][0];
+        for (key, value) in [
+            ("dp_rank", 0.0),
+            ("num_running_reqs", 2.0),
+            ("num_waiting_reqs", 1.0),
+            ("num_waiting_uncached_tokens", 30.0),
+            ("num_used_tokens", 1000.0),
+            ("num_total_tokens", 1040.0),
+            ("max_total_num_tokens", 3000.0),
+            ("max_running_requests", 8.0),
+            ("token_usage", 0.3333),
+            ("gen_throughput", 12.35),
+            ("cache_hit_rate", 0.1235),
+            ("utilization", 0.0),
+            ("total_prefill_uncached_tokens", 5.0),
+            ("total_prefill_busy_us", 6.0),
+        ] {
+            assert_eq!(load[key].as_f64(), Some(value), "{key}");
+        }
+    }
+}

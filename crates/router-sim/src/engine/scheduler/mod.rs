@@ -1,0 +1,197 @@
+//! Continuous batching in simulated time.
+//!
+//! One loop per engine plays the accelerator. Each iteration admits waiting requests (up to
+//! `max_running`, and as KV capacity allows), then runs one pass:
+//! - a **prefill pass** when requests were just admitted: it lasts
+//!   `uncached prompt tokens / prefill_tokens_per_sec` for the whole batch, after which each
+//!   of them has its first token;
+//! - otherwise a **decode step**: it lasts `1 / decode_tokens_per_sec` and gives one more
+//!   token to every running request.
+//!
+//! Passes are laid end to end on a virtual clock and the loop sleeps on tokio timers until
+//! each pass's end, so average rates hold even when a single sleep overshoots (the next
+//! passes then run without sleeping until the clock catches up). With nothing to do the loop
+//! waits for a submission.
+
+mod state;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::{Notify, mpsc};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+pub use state::SubmitError;
+use state::{Pass, State};
+
+use crate::engine::events::Publisher;
+use crate::engine::load::RankLoad;
+
+/// How much a pass costs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Timing {
+    pub(crate) prefill_tokens_per_sec: f64,
+    pub(crate) decode_tokens_per_sec: f64,
+}
+
+impl Timing {
+    pub(crate) fn prefill(&self, uncached_tokens: u64) -> Duration {
+        Duration::from_secs_f64(uncached_tokens as f64 / self.prefill_tokens_per_sec)
+    }
+
+    pub(crate) fn decode_step(&self) -> Duration {
+        Duration::from_secs_f64(1.0 / self.decode_tokens_per_sec)
+    }
+}
+
+/// How far the virtual clock may lag behind real time before the lag is forgotten (a
+/// stalled process should not then run a burst of instant passes).
+const MAX_LAG: Duration = Duration::from_millis(20);
+
+/// What a request needs from the prompt onwards.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Prefill here (reusing the prefix cache), then decode.
+    Full,
+    /// PD decode: the KV came from a prefill engine, which had this much of it cached.
+    Decode { cached_tokens: usize },
+}
+
+/// A request handed to the scheduler.
+#[derive(Debug)]
+pub(crate) struct Submission {
+    pub(crate) prompt: Vec<u32>,
+    /// The tokens to generate, in order; its length is the output length.
+    pub(crate) output: Vec<u32>,
+    pub(crate) kind: Kind,
+    pub(crate) tx: mpsc::UnboundedSender<Progress>,
+}
+
+/// What a request's handler hears from the scheduler.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Progress {
+    /// The first output token, with the prompt tokens that were served from cache.
+    First { cached_tokens: usize },
+    /// One more output token.
+    Token,
+    /// The output is complete.
+    Done,
+}
+
+/// The engine's scheduler: shared by the HTTP handlers (submit, load) and its loop.
+#[derive(Debug)]
+pub(crate) struct Scheduler {
+    state: Mutex<State>,
+    wake: Notify,
+    timing: Timing,
+    publisher: Option<Publisher>,
+}
+
+impl Scheduler {
+    pub(crate) fn new(
+        block_size: usize,
+        capacity_tokens: usize,
+        max_running: usize,
+        caching: bool,
+        timing: Timing,
+        publisher: Option<Publisher>,
+    ) -> Self {
+        Self {
+            state: Mutex::new(State::new(block_size, capacity_tokens, max_running, caching)),
+            wake: Notify::new(),
+            timing,
+            publisher,
+        }
+    }
+
+    /// Queues a request; progress arrives on the submission's channel.
+    pub(crate) fn submit(&self, submission: Submission) -> Result<(), SubmitError> {
+        self.state.lock().submit(submission)?;
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    /// Longest output that fits beside a prompt of `prompt` tokens.
+    pub(crate) fn output_room(&self, prompt: usize) -> Option<usize> {
+        self.state.lock().output_room(prompt)
+    }
+
+    /// The load right now: a lock and a pass over the running batch.
+    pub(crate) fn load(&self) -> RankLoad {
+        self.state.lock().load(0, Instant::now())
+    }
+
+    /// Drops the prefix cache (publishing `AllBlocksCleared`) if the engine is idle;
+    /// otherwise the number of requests in the way.
+    pub(crate) fn flush_cache(&self) -> Result<(), usize> {
+        let mut state = self.state.lock();
+        state.flush_cache()?;
+        self.publish(&mut state);
+        Ok(())
+    }
+
+    fn publish(&self, state: &mut State) {
+        let events = state.take_events();
+        if let Some(publisher) = &self.publisher {
+            publisher.publish(events);
+        }
+    }
+
+    /// Runs the loop until `cancel`.
+    pub(crate) async fn run(self: Arc<Self>, cancel: CancellationToken) {
+        let mut clock = Instant::now();
+        loop {
+            let pass = {
+                let mut state = self.state.lock();
+                let pass = state.plan();
+                if pass == Pass::Idle {
+                    self.publish(&mut state);
+                }
+                pass
+            };
+            let duration = match pass {
+                Pass::Idle => {
+                    tokio::select! {
+                        () = cancel.cancelled() => return,
+                        () = self.wake.notified() => {
+                            // An idle engine starts the next pass now, with no lag to spend.
+                            clock = Instant::now();
+                            continue;
+                        }
+                    }
+                }
+                Pass::Prefill { uncached_tokens } => self.timing.prefill(uncached_tokens),
+                Pass::Decode => self.timing.decode_step(),
+            };
+            let now = Instant::now();
+            clock = clock.max(now.checked_sub(MAX_LAG).unwrap_or(now)) + duration;
+            if clock > now {
+                tokio::select! {
+                    () = cancel.cancelled() => return,
+                    () = tokio::time::sleep_until(clock) => {}
+                }
+            } else {
+                tokio::task::yield_now().await;
+            }
+            let mut state = self.state.lock();
+            match pass {
+                Pass::Prefill { uncached_tokens } => {
+                    state.finish_prefill(uncached_tokens, duration.as_micros() as u64);
+                }
+                Pass::Decode => state.finish_decode(clock),
+                Pass::Idle => {}
+            }
+            self.publish(&mut state);
+        }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn with_state<R>(&self, f: impl FnOnce(&State) -> R) -> R {
+        f(&self.state.lock())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,272 @@
+//! One streamed chat request through a pooled HTTP client, measured: time to the first
+//! content token, usage, the engine that served it (`x-router-engine`), or why it failed.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{CONTENT_TYPE, HeaderName};
+use http::{HeaderValue, Method, Request, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::time::Instant;
+
+use super::LoadError;
+use super::workload::Message;
+
+/// Headers naming the engine that served a request, by preference.
+const ENGINE_HEADERS: [&str; 2] = ["x-router-engine", "x-router-decode-engine"];
+
+/// What happened to one request.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Outcome {
+    /// The failure class (`status_503`, `connect`, `broken_stream`, ...), `None` on success.
+    pub(crate) error: Option<String>,
+    pub(crate) ttft: Option<Duration>,
+    pub(crate) latency: Duration,
+    pub(crate) prompt_tokens: Option<u64>,
+    pub(crate) cached_tokens: Option<u64>,
+    pub(crate) completion_tokens: Option<u64>,
+    pub(crate) engine: Option<String>,
+    pub(crate) content: String,
+}
+
+/// The generator's HTTP client (connection pool shared by every request).
+#[derive(Clone, Debug)]
+pub(crate) struct Client {
+    http: HyperClient<HttpConnector, Full<Bytes>>,
+    uri: Uri,
+    model: String,
+    session_header: Option<HeaderName>,
+}
+
+impl Client {
+    pub(crate) fn new(target: &str, model: &str, session_header: Option<&str>) -> Result<Self, LoadError> {
+        let trimmed = target.trim_end_matches('/');
+        let url = if trimmed.ends_with("/v1/chat/completions") {
+            trimmed.to_owned()
+        } else {
+            format!("{trimmed}/v1/chat/completions")
+        };
+        let uri: Uri = url.parse().map_err(|source| LoadError::Target { target: target.to_owned(), source })?;
+        if uri.scheme_str() != Some("http") {
+            return Err(LoadError::Scheme { target: target.to_owned() });
+        }
+        let session_header = session_header
+            .map(|name| {
+                HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| LoadError::HeaderName { name: name.to_owned() })
+            })
+            .transpose()?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let http = HyperClient::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Ok(Self { http, uri, model: model.to_owned(), session_header })
+    }
+
+    /// Sends one streamed request and reads it to the end.
+    pub(crate) async fn chat(&self, messages: &[Message], max_tokens: usize, session: Option<&str>) -> Outcome {
+        let start = Instant::now();
+        let mut outcome = self.exchange(messages, max_tokens, session, start).await;
+        outcome.latency = start.elapsed();
+        outcome
+    }
+
+    async fn exchange(
+        &self,
+        messages: &[Message],
+        max_tokens: usize,
+        session: Option<&str>,
+        start: Instant,
+    ) -> Outcome {
+        let body = serde_json::json!({
+            "model": self.model,
+            "messages": messages,
+            "stream": true,
+            "stream_options": { "include_usage": true },
+            "max_tokens": max_tokens,
+        });
+        let mut request = Request::builder().method(Method::POST).uri(self.uri.clone());
+        if let Some(headers) = request.headers_mut() {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            if let (Some(name), Some(session)) = (&self.session_header, session)
+                && let Ok(value) = HeaderValue::from_str(session)
+            {
+                headers.insert(name.clone(), value);
+            }
+        }
+        let failed = |kind: &str| Outcome { error: Some(kind.to_owned()), ..Outcome::default() };
+        let Ok(request) = request.body(Full::new(Bytes::from(body.to_string()))) else {
+            return failed("bad_request");
+        };
+        let response = match self.http.request(request).await {
+            Ok(response) => response,
+            Err(error) if error.is_connect() => return failed("connect"),
+            Err(_) => return failed("transport"),
+        };
+        let engine = ENGINE_HEADERS
+            .iter()
+            .find_map(|name| response.headers().get(*name))
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let status = response.status();
+        let mut outcome = Outcome { engine, ..Outcome::default() };
+        let mut body = response.into_body();
+        if !status.is_success() {
+            // Drain the error body so the connection can be reused.
+            let _ = body.collect().await;
+            outcome.error = Some(format!("status_{}", status.as_u16()));
+            return outcome;
+        }
+        let mut parser = SseParser::default();
+        loop {
+            let frame = match body.frame().await {
+                Some(Ok(frame)) => frame,
+                Some(Err(_)) => break,
+                None => break,
+            };
+            let Ok(data) = frame.into_data() else { continue };
+            parser.push(&data);
+            while let Some(event) = parser.next_event() {
+                match apply(&mut outcome, &event, start) {
+                    Flow::Continue => {}
+                    Flow::Done => {
+                        outcome.ttft.get_or_insert_with(|| start.elapsed());
+                        return outcome;
+                    }
+                    Flow::Failed(kind) => {
+                        outcome.error = Some(kind.to_owned());
+                        return outcome;
+                    }
+                }
+            }
+        }
+        outcome.error = Some("broken_stream".to_owned());
+        outcome
+    }
+}
+
+enum Flow {
+    Continue,
+    Done,
+    Failed(&'static str),
+}
+
+/// Applies one SSE `data:` payload to the outcome.
+fn apply(outcome: &mut Outcome, data: &str, start: Instant) -> Flow {
+    if data == "[DONE]" {
+        return Flow::Done;
+    }
+    let Ok(chunk) = serde_json::from_str::<serde_json::Value>(data) else {
+        return Flow::Failed("bad_json");
+    };
+    if chunk.get("error").is_some_and(|e| !e.is_null()) {
+        return Flow::Failed("stream_error");
+    }
+    if let Some(content) = chunk
+        .pointer("/choices/0/delta/content")
+        .and_then(|c| c.as_str())
+        .filter(|c| !c.is_empty())
+    {
+        if outcome.ttft.is_none() {
+            outcome.ttft = Some(start.elapsed());
+        }
+        outcome.content.push_str(content);
+    }
+    if let Some(usage) = chunk.get("usage").filter(|u| u.is_object()) {
+        outcome.prompt_tokens = usage.get("prompt_tokens").and_then(|v| v.as_u64());
+        outcome.completion_tokens = usage.get("completion_tokens").and_then(|v| v.as_u64());
+        outcome.cached_tokens = Some(
+            usage.pointer("/prompt_tokens_details/cached_tokens").and_then(|v| v.as_u64()).unwrap_or(0),
+        );
+    }
+    Flow::Continue
+}
+
+/// Splits a byte stream into SSE events and yields their joined `data:` lines.
+#[derive(Debug, Default)]
+pub(crate) struct SseParser {
+    buffer: BytesMut,
+}
+
+impl SseParser {
+    pub(crate) fn push(&mut self, bytes: &[u8]) {
+        self.buffer.extend_from_slice(bytes);
+    }
+
+    pub(crate) fn next_event(&mut self) -> Option<String> {
+        loop {
+            let (end, skip) = find_boundary(&self.buffer)?;
+            let raw = self.buffer.split_to(end + skip);
+            let text = String::from_utf8_lossy(&raw[..end]);
+            let data: Vec<&str> = text
+                .lines()
+                .filter_map(|line| line.strip_prefix("data:"))
+                .map(|d| d.strip_prefix(' ').unwrap_or(d))
+                .collect();
+            if !data.is_empty() {
+                return Some(data.join("\n"));
+            }
+        }
+    }
+}
+
+/// The first blank line: `\n\n` or `\r\n\r\n`, as (event end, separator length).
+fn find_boundary(buffer: &[u8]) -> Option<(usize, usize)> {
+    let lf = buffer.windows(2).position(|w| w == b"\n\n").map(|i| (i, 2));
+    let crlf = buffer.windows(4).position(|w| w == b"\r\n\r\n").map(|i| (i, 4));
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(if a.0 <= b.0 { a } else { b }),
+        (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sse_events_split_across_frames() {
+        let mut parser = SseParser::default();
+        parser.push(b"data: {\"a\"");
+        assert_eq!(parser.next_event(), None);
+        parser.push(b": 1}\n\n: comment\n\ndata: [DONE]\r\n\r\n");
+        assert_eq!(parser.next_event().as_deref(), Some("{\"a\": 1}"));
+        assert_eq!(parser.next_event().as_deref(), Some("[DONE]"));
+        assert_eq!(parser.next_event(), None);
+    }
+
+    #[test]
+    fn chunks_fill_the_outcome() {
+        let start = Instant::now();
+        let mut outcome = Outcome::default();
+        let role = r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#;
+        assert!(matches!(apply(&mut outcome, role, start), Flow::Continue));
+        assert_eq!(outcome.ttft, None, "an empty delta is not a token");
+        let token = r#"{"choices":[{"index":0,"delta":{"content":"hi"}}]}"#;
+        assert!(matches!(apply(&mut outcome, token, start), Flow::Continue));
+        assert!(outcome.ttft.is_some());
+        let usage = r#"{"choices":[],"usage":{"prompt_tokens":100,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":64}}}"#;
+        assert!(matches!(apply(&mut outcome, usage, start), Flow::Continue));
+        assert_eq!((outcome.prompt_tokens, outcome.cached_tokens), (Some(100), Some(64)));
+        let no_details = r#"{"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":1}}"#;
+        apply(&mut outcome, no_details, start);
+        assert_eq!(outcome.cached_tokens, Some(0), "absent details mean nothing cached");
+        assert!(matches!(apply(&mut outcome, "[DONE]", start), Flow::Done));
+        assert!(matches!(apply(&mut outcome, r#"{"error":{"message":"x"}}"#, start), Flow::Failed("stream_error")));
+        assert_eq!(outcome.content, "hi");
+    }
+
+    #[test]
+    fn targets_get_the_chat_path_and_must_be_http() {
+        let client = Client::new("http://127.0.0.1:8080/", "m", None).expect("valid");
+        assert_eq!(client.uri.to_string(), "http://127.0.0.1:8080/v1/chat/completions");
+        let client = Client::new("http://h:1/v1/chat/completions", "m", Some("x-session-id")).expect("valid");
+        assert_eq!(client.uri.path(), "/v1/chat/completions");
+        assert!(Client::new("https://h:1", "m", None).is_err());
+        assert!(Client::new("http://h:1", "m", Some("bad header")).is_err());
+    }
+}

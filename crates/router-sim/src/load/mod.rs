@@ -1,0 +1,173 @@
+//! The workload generator: multi-turn chat sessions that share system prompts (or a
+//! Mooncake-style trace replay), sent as streamed chat requests with
+//! `stream_options.include_usage`, measured into a [`Report`].
+//!
+//! Bounded: a run stops when every session has played its turns (or every trace request has
+//! been answered) or when `duration` has passed, whichever comes first; requests still in
+//! flight then are dropped and not counted.
+
+mod client;
+mod driver;
+mod report;
+mod workload;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use report::Report;
+pub use workload::{SessionSpec, TraceSpec};
+
+/// How requests arrive.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Arrival {
+    /// Closed loop: this many requests in flight at once (`--concurrency`, default 4).
+    Concurrency(usize),
+    /// Open loop: Poisson arrivals at this many requests per second (`--rate`).
+    Rate(f64),
+}
+
+/// What to send.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Workload {
+    /// Multi-turn chat sessions.
+    Sessions(SessionSpec),
+    /// A request trace, replayed on its own clock (arrival is ignored; at most
+    /// [`LoadConfig::max_in_flight`] requests in flight).
+    Trace(TraceSpec),
+}
+
+/// One run of the generator.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoadConfig {
+    /// Base URL of the router or engine (`--target`); `/v1/chat/completions` is appended
+    /// unless already there.
+    pub target: String,
+    /// The `model` of every request (`--model`).
+    pub model: String,
+    /// What to send.
+    pub workload: Workload,
+    /// How requests arrive (sessions only).
+    pub arrival: Arrival,
+    /// Upper bound of the run (`--duration`, default 60 s).
+    pub duration: Duration,
+    /// Header carrying the session id (`--session-header`); none when `None`.
+    pub session_header: Option<String>,
+    /// Bound on concurrent requests of open-loop arrivals and trace replays.
+    pub max_in_flight: usize,
+}
+
+impl LoadConfig {
+    /// A session workload with the command-line defaults.
+    pub fn new(target: impl Into<String>, model: impl Into<String>) -> Self {
+        Self {
+            target: target.into(),
+            model: model.into(),
+            workload: Workload::Sessions(SessionSpec::default()),
+            arrival: Arrival::Concurrency(4),
+            duration: Duration::from_secs(60),
+            session_header: None,
+            max_in_flight: 1024,
+        }
+    }
+}
+
+/// Why a run could not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// `--target` is not a URL.
+    #[error("invalid target {target:?}")]
+    Target {
+        /// The value given.
+        target: String,
+        /// The parse error.
+        #[source]
+        source: http::uri::InvalidUri,
+    },
+    /// Only plain `http://` targets are supported.
+    #[error("target {target:?} is not an http:// URL")]
+    Scheme {
+        /// The value given.
+        target: String,
+    },
+    /// `--session-header` is not a valid header name.
+    #[error("invalid header name {name:?}")]
+    HeaderName {
+        /// The value given.
+        name: String,
+    },
+    /// A numeric setting is out of range.
+    #[error("invalid {flag}: {reason}")]
+    Config {
+        /// The flag at fault.
+        flag: &'static str,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The trace file could not be read.
+    #[error("cannot read trace {path}")]
+    ReadTrace {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A trace line is not a valid request.
+    #[error("invalid trace line {path}:{line}")]
+    ParseTrace {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// The parse error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+fn validate(config: &LoadConfig) -> Result<(), LoadError> {
+    let bad = |flag: &'static str, reason: String| Err(LoadError::Config { flag, reason });
+    match config.arrival {
+        Arrival::Concurrency(0) => return bad("--concurrency", "must be at least 1".into()),
+        Arrival::Rate(rate) if !(rate.is_finite() && rate > 0.0) => {
+            return bad("--rate", format!("{rate} is not a positive rate"));
+        }
+        _ => {}
+    }
+    if config.max_in_flight == 0 {
+        return bad("max_in_flight", "must be at least 1".into());
+    }
+    match &config.workload {
+        Workload::Sessions(spec) => {
+            if spec.output_tokens == 0 {
+                return bad("--output-tokens", "must be at least 1".into());
+            }
+            if spec.turn_tokens == 0 {
+                return bad("--turn-tokens", "must be at least 1".into());
+            }
+        }
+        Workload::Trace(spec) => {
+            if !(spec.time_scale.is_finite() && spec.time_scale >= 0.0) {
+                return bad("--time-scale", format!("{} is not a non-negative factor", spec.time_scale));
+            }
+            if spec.block_tokens == 0 {
+                return bad("block_tokens", "must be at least 1".into());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs the workload against `config.target` and reports what it measured.
+pub async fn run(config: &LoadConfig) -> Result<Report, LoadError> {
+    validate(config)?;
+    let client = client::Client::new(&config.target, &config.model, config.session_header.as_deref())?;
+    match &config.workload {
+        Workload::Sessions(spec) => Ok(driver::sessions(config, spec, client).await),
+        Workload::Trace(spec) => {
+            let requests = workload::read_trace(spec)?;
+            Ok(driver::trace(config, spec, requests, client).await)
+        }
+    }
+}

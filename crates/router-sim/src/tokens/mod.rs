@@ -1,0 +1,193 @@
+//! Request preparation on the engine side: chat-template rendering and tokenization.
+//!
+//! Two modes that agree byte for byte on the shipped assets:
+//! - built in ([`Preprocessor::builtin`]): ChatML rendering
+//!   (`<|im_start|>role\ncontent<|im_end|>\n` per message, then `<|im_start|>assistant\n`) and one
+//!   token per UTF-8 byte (token id = byte value);
+//! - from a `tokenizer.json` ([`Preprocessor::from_tokenizer_file`]): the Hugging Face tokenizer
+//!   in that file and the `chat_template` of the `tokenizer_config.json` beside it (or a
+//!   `chat_template.jinja` there), rendered with minijinja the way `transformers` configures
+//!   Jinja.
+//!
+//! Message contents are normalised to plain strings first (text parts of an OpenAI content
+//! array are concatenated, `null` becomes empty), so both modes see the same input.
+
+mod bytelevel;
+mod template;
+
+use std::path::{Path, PathBuf};
+
+pub use bytelevel::byte_level_tokenizer_json;
+use template::JinjaTemplate;
+
+/// One chat message after normalisation: a role and its text.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant`, `tool`, ...
+    pub role: String,
+    /// The message text.
+    pub content: String,
+}
+
+impl ChatMessage {
+    /// A message with the given role and text.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self { role: role.into(), content: content.into() }
+    }
+}
+
+/// Why a prompt could not be prepared.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PrepareError {
+    /// The tokenizer file could not be loaded.
+    #[error("cannot load tokenizer {path}")]
+    LoadTokenizer {
+        /// The file given.
+        path: PathBuf,
+        /// What the tokenizers crate reported.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The tokenizer configuration beside the tokenizer could not be read.
+    #[error("cannot read {path}")]
+    ReadConfig {
+        /// The file that failed.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The tokenizer configuration is not valid JSON.
+    #[error("invalid json in {path}")]
+    ParseConfig {
+        /// The file that failed.
+        path: PathBuf,
+        /// The parse error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// Neither `tokenizer_config.json` nor `chat_template.jinja` beside the tokenizer has a
+    /// chat template.
+    #[error("no chat template beside {path} (tokenizer_config.json chat_template or chat_template.jinja)")]
+    NoChatTemplate {
+        /// The tokenizer file.
+        path: PathBuf,
+    },
+    /// The chat template does not compile.
+    #[error("invalid chat template from {path}")]
+    CompileTemplate {
+        /// Where the template came from.
+        path: PathBuf,
+        /// The template error.
+        #[source]
+        source: minijinja::Error,
+    },
+    /// Rendering the chat template failed (for example `raise_exception` in the template).
+    #[error("chat template rendering failed")]
+    Render(#[source] minijinja::Error),
+    /// Tokenizing the rendered prompt failed.
+    #[error("tokenization failed")]
+    Encode(#[source] Box<dyn std::error::Error + Send + Sync>),
+}
+
+enum Template {
+    ChatMl,
+    Jinja(Box<JinjaTemplate>),
+}
+
+enum Tokens {
+    Bytes,
+    HuggingFace(Box<tokenizers::Tokenizer>),
+}
+
+/// Renders chat messages into a prompt and tokenizes text. Cheap to share behind an `Arc`.
+pub struct Preprocessor {
+    template: Template,
+    tokens: Tokens,
+    source: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for Preprocessor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Preprocessor").field("source", &self.source).finish_non_exhaustive()
+    }
+}
+
+impl Preprocessor {
+    /// The built-in ChatML rendering with one token per UTF-8 byte; identical to loading the
+    /// shipped assets ([`crate::assets::tokenizer_path`]).
+    pub fn builtin() -> Self {
+        Self { template: Template::ChatMl, tokens: Tokens::Bytes, source: None }
+    }
+
+    /// Loads `tokenizer.json` at `path` and the chat template beside it.
+    pub fn from_tokenizer_file(path: &Path) -> Result<Self, PrepareError> {
+        let tokenizer = tokenizers::Tokenizer::from_file(path)
+            .map_err(|source| PrepareError::LoadTokenizer { path: path.to_owned(), source })?;
+        let template = JinjaTemplate::beside(path)?;
+        Ok(Self {
+            template: Template::Jinja(Box::new(template)),
+            tokens: Tokens::HuggingFace(Box::new(tokenizer)),
+            source: Some(path.to_owned()),
+        })
+    }
+
+    /// The tokenizer file this was loaded from; `None` for the built-in mode.
+    pub fn source(&self) -> Option<&Path> {
+        self.source.as_deref()
+    }
+
+    /// Renders `messages` with the chat template and a generation prompt.
+    pub fn render(&self, messages: &[ChatMessage]) -> Result<String, PrepareError> {
+        match &self.template {
+            Template::ChatMl => Ok(render_chatml(messages)),
+            Template::Jinja(template) => template.render(messages),
+        }
+    }
+
+    /// Tokenizes text without adding special tokens (the template already did).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, PrepareError> {
+        match &self.tokens {
+            Tokens::Bytes => Ok(text.bytes().map(u32::from).collect()),
+            Tokens::HuggingFace(tokenizer) => tokenizer
+                .encode(text, false)
+                .map(|encoding| encoding.get_ids().to_vec())
+                .map_err(PrepareError::Encode),
+        }
+    }
+
+    /// Renders and tokenizes: the token ids the engine computes and caches.
+    pub fn prompt_ids(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, PrepareError> {
+        self.encode(&self.render(messages)?)
+    }
+
+    /// The text of one token, for streaming. Token ids that do not decode to valid UTF-8 on
+    /// their own are replaced lossily (the simulator only generates ASCII filler).
+    pub fn decode_token(&self, id: u32) -> String {
+        match &self.tokens {
+            Tokens::Bytes => u8::try_from(id)
+                .map(|byte| String::from_utf8_lossy(&[byte]).into_owned())
+                .unwrap_or_default(),
+            Tokens::HuggingFace(tokenizer) => tokenizer.decode(&[id], false).unwrap_or_default(),
+        }
+    }
+}
+
+/// The built-in ChatML rendering, equal to the shipped `chat_template`.
+pub fn render_chatml(messages: &[ChatMessage]) -> String {
+    let size: usize = messages.iter().map(|m| m.role.len() + m.content.len() + 24).sum();
+    let mut out = String::with_capacity(size + 22);
+    for message in messages {
+        out.push_str("<|im_start|>");
+        out.push_str(&message.role);
+        out.push('\n');
+        out.push_str(&message.content);
+        out.push_str("<|im_end|>\n");
+    }
+    out.push_str("<|im_start|>assistant\n");
+    out
+}
+
+#[cfg(test)]
+mod tests;

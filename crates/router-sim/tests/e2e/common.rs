@@ -1,0 +1,135 @@
+//! Helpers: start the real `router-sim` binary on port 0 and talk to it over HTTP.
+
+use std::collections::HashMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_router-sim");
+const STARTUP: Duration = Duration::from_secs(30);
+
+/// A running `router-sim engine` process, killed on drop.
+pub struct Sim {
+    pub child: Child,
+    /// Printed endpoints: `listening`, `kv events`, `kv replay`, `bootstrap`.
+    pub endpoints: HashMap<String, String>,
+}
+
+impl Sim {
+    /// Starts `router-sim engine --port 0 --model m <args>` and reads its ready lines.
+    pub async fn start(args: &[&str]) -> Sim {
+        let mut child = Command::new(BIN)
+            .args(["engine", "--port", "0", "--model", "m"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("router-sim starts");
+        let stdout = child.stdout.take().expect("stdout piped");
+        let mut lines = BufReader::new(stdout).lines();
+        let mut endpoints = HashMap::new();
+        let read = async {
+            while let Some(line) = lines.next_line().await.expect("readable stdout") {
+                let (name, address) = line.split_once(" on ").expect("`<name> on <address>` lines");
+                endpoints.insert(name.to_owned(), address.to_owned());
+                if name == "listening" {
+                    return;
+                }
+            }
+            panic!("router-sim exited before it was ready");
+        };
+        tokio::time::timeout(STARTUP, read).await.expect("router-sim ready in time");
+        Sim { child, endpoints }
+    }
+
+    pub fn url(&self) -> &str {
+        &self.endpoints["listening"]
+    }
+
+    pub fn endpoint(&self, name: &str) -> &str {
+        self.endpoints.get(name).unwrap_or_else(|| panic!("no `{name} on` line"))
+    }
+
+    pub fn port(&self, name: &str) -> u16 {
+        let endpoint = self.endpoint(name);
+        endpoint.rsplit(':').next().and_then(|p| p.parse().ok()).expect("endpoint with a port")
+    }
+}
+
+pub fn client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build(HttpConnector::new())
+}
+
+/// A response read to its end.
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!("json body ({e}): {}", String::from_utf8_lossy(&self.body))
+        })
+    }
+
+    /// The `data:` payloads of an SSE body.
+    pub fn events(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.body)
+            .split("\n\n")
+            .filter_map(|event| event.strip_prefix("data: "))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+pub async fn send(method: Method, url: &str, body: Option<&Value>) -> Result<Reply, String> {
+    let body = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
+    let request = Request::builder()
+        .method(method)
+        .uri(url)
+        .header("content-type", "application/json")
+        .body(Full::new(body))
+        .expect("request");
+    let response = client().request(request).await.map_err(|e| format!("request failed: {e:?}"))?;
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response.into_body().collect().await.map_err(|e| format!("body failed: {e}"))?;
+    Ok(Reply { status, headers, body: body.to_bytes() })
+}
+
+pub async fn get(url: &str) -> Reply {
+    send(Method::GET, url, None).await.expect("GET answered")
+}
+
+pub async fn chat(sim: &Sim, body: &Value) -> Reply {
+    send(Method::POST, &format!("{}/v1/chat/completions", sim.url()), Some(body))
+        .await
+        .expect("chat answered")
+}
+
+pub fn request(content: &str, max_tokens: u64, stream: bool) -> Value {
+    serde_json::json!({
+        "model": "m",
+        "messages": [{ "role": "user", "content": content }],
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "stream_options": { "include_usage": true },
+    })
+}
+
+/// The ChatML prompt bytes the engine tokenizes (one token per byte).
+pub fn chatml_user(content: &str) -> Vec<u32> {
+    format!("<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n").bytes().map(u32::from).collect()
+}

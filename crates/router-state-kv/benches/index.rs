@@ -1,0 +1,196 @@
+//! Index benchmarks: applying stored blocks, looking up a long request, memory per
+//! (block, holder).
+//!
+//! `cargo bench -p router-state-kv --bench index` (about a minute). The apply fleet size can be
+//! scaled down with `KV_BENCH_BLOCKS_PER_WORKER` (default 100000).
+
+use std::hint::black_box;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use router_state_kv::hash::{Salt, block_hashes};
+use router_state_kv::wire::{BlockStored, Event};
+use router_state_kv::{Holder, IndexConfig, KvIndex};
+use router_workers::{ModelId, WorkerId};
+
+const BS: u32 = 16;
+const WORKERS: u32 = 64;
+const GROUPS: u32 = 8;
+const SYSTEM_BLOCKS: u32 = 32;
+const DOCS: u32 = 128;
+const DOC_BLOCKS: u32 = 64;
+const TAIL_BLOCKS: u32 = 64;
+
+fn model() -> ModelId {
+    ModelId::new("bench")
+}
+
+/// Deterministic tokens for block `block` of content `stream`.
+fn tokens(stream: u64, block: u32) -> impl Iterator<Item = u32> {
+    (0..BS).map(move |t| {
+        let x = stream.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(block * BS + t);
+        u32::try_from((x ^ (x >> 29)) & 0x1_ffff).expect("masked to 17 bits")
+    })
+}
+
+/// Builds one event storing `count` blocks of `stream` under `parent`, with engine hashes
+/// `first_hash..`.
+fn chain(stream: u64, count: u32, parent: Option<u64>, first_hash: u64) -> Event {
+    Event::Stored(BlockStored {
+        block_hashes: (0..u64::from(count)).map(|i| first_hash + i).collect(),
+        parent_block_hash: parent,
+        token_ids: (0..count).flat_map(|b| tokens(stream, b)).collect(),
+        block_size: Some(i64::from(BS)),
+        ..BlockStored::default()
+    })
+}
+
+/// One worker's engine events: its group's system prompt, the group's shared documents under
+/// it, and unique conversation tails under the documents, up to `blocks` blocks.
+/// Engine hashes are per worker (distinct seeds), as with vLLM's random per-process seed.
+fn worker_events(worker: u32, blocks: u32) -> Vec<Event> {
+    let group = worker % GROUPS;
+    let base = u64::from(worker) << 40;
+    let system = 1_000_000 + u64::from(group);
+    let mut events = vec![chain(system, SYSTEM_BLOCKS, None, base)];
+    let system_last = base + u64::from(SYSTEM_BLOCKS) - 1;
+    let mut held = SYSTEM_BLOCKS;
+    let mut doc_seen = vec![false; DOCS as usize];
+    let mut next_hash = base + 1_000_000;
+    let mut conversation = 0u32;
+    while held < blocks {
+        let doc = conversation % DOCS;
+        let doc_first = base + 100_000 + u64::from(doc) * u64::from(DOC_BLOCKS);
+        if !doc_seen[doc as usize] {
+            doc_seen[doc as usize] = true;
+            let stream = (u64::from(group) << 32) | u64::from(doc);
+            events.push(chain(stream, DOC_BLOCKS, Some(system_last), doc_first));
+            held += DOC_BLOCKS;
+        }
+        let doc_last = doc_first + u64::from(DOC_BLOCKS) - 1;
+        let tail = TAIL_BLOCKS.min(blocks.saturating_sub(held)).max(1);
+        let stream = (u64::from(worker) << 32) | u64::from(conversation) | (1 << 63);
+        // A conversation's tail arrives one turn (16 blocks) at a time.
+        let mut parent = doc_last;
+        let mut done = 0;
+        while done < tail {
+            let turn = (tail - done).min(16);
+            let Event::Stored(mut stored) = chain(stream, done + turn, Some(parent), next_hash)
+            else {
+                unreachable!("chain builds a store")
+            };
+            let skip = (done * BS) as usize;
+            stored.token_ids.drain(..skip);
+            stored.block_hashes.drain(..done as usize);
+            parent = *stored.block_hashes.last().expect("non-empty turn");
+            events.push(Event::Stored(stored));
+            done += turn;
+        }
+        next_hash += u64::from(tail) + 1;
+        held += tail;
+        conversation += 1;
+    }
+    events
+}
+
+fn blocks_per_worker() -> u32 {
+    std::env::var("KV_BENCH_BLOCKS_PER_WORKER").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000)
+}
+
+fn holder(index: &KvIndex, worker: u32) -> Holder {
+    let id = WorkerId::new(format!("w{worker}")).expect("id");
+    index.holder(&model(), &id, 1, 0, BS).expect("register")
+}
+
+/// Applies every worker's events into a fresh index; returns (apply time, stored blocks).
+fn fill(index: &KvIndex, blocks: u32) -> (Duration, u64) {
+    let mut elapsed = Duration::ZERO;
+    let mut stored = 0;
+    for worker in 0..WORKERS {
+        let events = worker_events(worker, blocks);
+        let holder = holder(index, worker);
+        let start = Instant::now();
+        for batch in events.chunks(4) {
+            stored += holder.apply(batch).stored;
+        }
+        elapsed += start.elapsed();
+    }
+    (elapsed, stored)
+}
+
+fn apply(c: &mut Criterion) {
+    let blocks = blocks_per_worker();
+    let config = IndexConfig { max_nodes_per_model: 1 << 24 };
+    let probe = KvIndex::new(config.clone());
+    let (_, stored) = fill(&probe, blocks);
+    let stats = probe.stats();
+    eprintln!(
+        "apply fleet: {WORKERS} workers x {blocks} blocks: {stored} stored blocks, {} nodes, \
+         {} (block, holder) pairs, {} bytes = {:.1} bytes per (block, holder)",
+        stats.nodes,
+        stats.block_holders,
+        stats.bytes,
+        stats.bytes as f64 / stats.block_holders as f64,
+    );
+    drop(probe);
+    let mut group = c.benchmark_group("apply");
+    group.sample_size(10).warm_up_time(Duration::from_millis(1)).measurement_time(Duration::from_secs(20));
+    group.throughput(Throughput::Elements(stored));
+    group.bench_function(format!("{WORKERS}x{blocks}_blocks"), |b| {
+        b.iter_custom(|iters| {
+            let mut total = Duration::ZERO;
+            for _ in 0..iters {
+                let index = KvIndex::new(config.clone());
+                total += fill(&index, blocks).0;
+            }
+            total
+        });
+    });
+    group.finish();
+}
+
+/// 64 workers on one long request: all share the first 128 blocks, worker `w` holds
+/// `128 + 6 w` leading blocks (so the holder set changes 64 times along the path), plus
+/// unrelated blocks of their own.
+fn lookup_fixture() -> (Arc<KvIndex>, Vec<u32>) {
+    let index = Arc::new(KvIndex::default());
+    let request: Vec<u32> = (0..512).flat_map(|b| tokens(7, b)).collect();
+    for worker in 0..WORKERS {
+        let holder = holder(&index, worker);
+        let depth = 128 + 6 * worker;
+        let hashes: Vec<u64> = (0..u64::from(depth)).collect();
+        let tokens = request[..(depth * BS) as usize].to_vec();
+        holder.apply(&[Event::Stored(BlockStored {
+            block_hashes: hashes,
+            token_ids: tokens,
+            block_size: Some(i64::from(BS)),
+            ..BlockStored::default()
+        })]);
+        holder.apply(&worker_events(worker, 4096));
+    }
+    (index, request)
+}
+
+fn lookup(c: &mut Criterion) {
+    let (index, request) = lookup_fixture();
+    let hashes = block_hashes(&request, BS, None);
+    let result = index.lookup(&model(), &hashes);
+    assert_eq!(result.matches.len(), 64);
+    assert_eq!(result.matches[0].blocks, 128 + 6 * 63);
+    let mut group = c.benchmark_group("lookup");
+    group.sample_size(50).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    group.bench_function("8192_tokens_64_workers_with_hashing", |b| {
+        b.iter(|| index.lookup_tokens(&model(), black_box(&request), BS, Salt::default()));
+    });
+    group.bench_function("512_blocks_64_workers_hashes_given", |b| {
+        b.iter(|| index.lookup(&model(), black_box(&hashes)));
+    });
+    group.bench_function("hash_8192_tokens", |b| {
+        b.iter(|| block_hashes(black_box(&request), BS, None));
+    });
+    group.finish();
+}
+
+criterion_group!(benches, lookup, apply);
+criterion_main!(benches);

@@ -1,0 +1,2 @@
+//! In-flight guard acquire and release.
+fn main() {}

@@ -1,0 +1,195 @@
+//! Router-local accounting: requests in flight to each engine, and when they were dispatched.
+//!
+//! One [`EngineCounters`] per engine holds both numbers, so the in-flight count and the
+//! recent-dispatch ledger can never disagree about what was dispatched: both are written by the
+//! same [`Inflight::acquire`]. The count is split by stage only so that it can be read per
+//! stage; [`Inflight::count`] is their sum, not another counter.
+//!
+//! The ledger is a fixed ring of the last [`LEDGER_LEN`] dispatch instants per engine, indexed
+//! by a dispatch sequence number, so memory is bounded without pruning: what a report already
+//! reflects is excluded by asking [`Inflight::dispatched_since`] from the report's capture time,
+//! and older entries are overwritten as new dispatches arrive.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use dashmap::DashMap;
+use router_workers::{Stage, WorkerId};
+
+use crate::Clock;
+
+/// Dispatch instants remembered per engine. [`Inflight::dispatched_since`] saturates here.
+pub const LEDGER_LEN: usize = 1024;
+
+/// In-flight and dispatch counters of one engine.
+#[derive(Debug)]
+struct EngineCounters {
+    worker: WorkerId,
+    /// In-flight requests by stage (plain, prefill, decode).
+    by_stage: [AtomicU64; 3],
+    /// Dispatches so far; the next dispatch's sequence number.
+    dispatched: AtomicU64,
+    /// Dispatch instant of sequence `s` at `s % LEDGER_LEN`, as nanoseconds since the origin
+    /// plus one (0: never written).
+    ledger: Box<[AtomicU64]>,
+}
+
+impl EngineCounters {
+    fn new(worker: WorkerId) -> Self {
+        Self {
+            worker,
+            by_stage: Default::default(),
+            dispatched: AtomicU64::new(0),
+            ledger: (0..LEDGER_LEN).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    fn slot(&self, seq: u64) -> &AtomicU64 {
+        // LEDGER_LEN is a power of two far below u64::MAX, so the cast is lossless.
+        &self.ledger[(seq % LEDGER_LEN as u64) as usize]
+    }
+}
+
+fn stage_index(stage: Stage) -> usize {
+    match stage {
+        Stage::Plain => 0,
+        Stage::Prefill => 1,
+        Stage::Decode => 2,
+    }
+}
+
+/// Router-local in-flight accounting for every engine. Shared as `Arc<Inflight>`.
+#[derive(Debug)]
+pub struct Inflight {
+    clock: Arc<dyn Clock>,
+    origin: Instant,
+    engines: DashMap<WorkerId, Arc<EngineCounters>>,
+}
+
+impl Inflight {
+    /// Empty accounting, stamping dispatches with `clock` (use the load table's clock).
+    pub fn new(clock: Arc<dyn Clock>) -> Self {
+        let origin = clock.now();
+        Self { clock, origin, engines: DashMap::new() }
+    }
+
+    /// Counts a request dispatched to `worker` for `stage` until the returned guard is dropped,
+    /// and records the dispatch in the ledger. Dropping the guard releases it, whether the
+    /// request completed, failed, was cancelled (its future dropped) or panicked.
+    pub fn acquire(&self, worker: &WorkerId, stage: Stage) -> InflightGuard {
+        let counters = self.counters(worker);
+        let stamp = self.stamp(self.clock.now());
+        counters.by_stage[stage_index(stage)].fetch_add(1, Ordering::Relaxed);
+        let seq = counters.dispatched.fetch_add(1, Ordering::Relaxed);
+        counters.slot(seq).store(stamp, Ordering::Release);
+        InflightGuard { counters, stage }
+    }
+
+    /// Requests in flight to `worker`, over all stages.
+    pub fn count(&self, worker: &WorkerId) -> u64 {
+        self.engines.get(worker).map_or(0, |c| {
+            c.by_stage.iter().map(|n| n.load(Ordering::Relaxed)).sum()
+        })
+    }
+
+    /// Requests in flight to `worker` for one stage.
+    pub fn count_stage(&self, worker: &WorkerId, stage: Stage) -> u64 {
+        self.engines
+            .get(worker)
+            .map_or(0, |c| c.by_stage[stage_index(stage)].load(Ordering::Relaxed))
+    }
+
+    /// Every engine ever acquired for, with its in-flight count, sorted by id.
+    pub fn counts(&self) -> Vec<(WorkerId, u64)> {
+        let mut all: Vec<_> = self
+            .engines
+            .iter()
+            .map(|e| (e.key().clone(), e.by_stage.iter().map(|n| n.load(Ordering::Relaxed)).sum()))
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        all
+    }
+
+    /// Requests dispatched to `worker` since the total count began.
+    pub fn dispatched_total(&self, worker: &WorkerId) -> u64 {
+        self.engines.get(worker).map_or(0, |c| c.dispatched.load(Ordering::Acquire))
+    }
+
+    /// Requests dispatched to `worker` at or after `since` (a report's capture time), for
+    /// least-load's correction. At most [`LEDGER_LEN`]: more dispatches than that since one
+    /// report read as exactly that many. Acquires racing with this call may or may not count.
+    pub fn dispatched_since(&self, worker: &WorkerId, since: Instant) -> u64 {
+        let Some(counters) = self.engines.get(worker).map(|c| Arc::clone(&c)) else {
+            return 0;
+        };
+        let since = self.stamp(since);
+        let total = counters.dispatched.load(Ordering::Acquire);
+        let oldest = total.saturating_sub(LEDGER_LEN as u64);
+        // Dispatch stamps grow with the sequence number (up to racing acquires), so the first
+        // sequence stamped at or after `since` is found by bisection.
+        let (mut lo, mut hi) = (oldest, total);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if counters.slot(mid).load(Ordering::Acquire) >= since {
+                hi = mid;
+            } else {
+                lo = mid + 1;
+            }
+        }
+        total - lo
+    }
+
+    /// Forgets a removed engine. Guards still held keep counting into the forgotten counters,
+    /// so a later engine with the same id starts from zero.
+    pub fn remove(&self, worker: &WorkerId) {
+        self.engines.remove(worker);
+    }
+
+    fn counters(&self, worker: &WorkerId) -> Arc<EngineCounters> {
+        if let Some(counters) = self.engines.get(worker) {
+            return Arc::clone(&counters);
+        }
+        Arc::clone(
+            &self
+                .engines
+                .entry(worker.clone())
+                .or_insert_with(|| Arc::new(EngineCounters::new(worker.clone()))),
+        )
+    }
+
+    /// Nanoseconds since the origin plus one, so that 0 means "never written".
+    fn stamp(&self, at: Instant) -> u64 {
+        let nanos = at.saturating_duration_since(self.origin).as_nanos();
+        u64::try_from(nanos).unwrap_or(u64::MAX).saturating_add(1)
+    }
+}
+
+/// One request in flight to one engine. Dropping it releases the count.
+#[must_use = "the request counts as in flight only while the guard lives"]
+#[derive(Debug)]
+pub struct InflightGuard {
+    counters: Arc<EngineCounters>,
+    stage: Stage,
+}
+
+impl InflightGuard {
+    /// The engine.
+    pub fn worker(&self) -> &WorkerId {
+        &self.counters.worker
+    }
+
+    /// The stage the request was dispatched for.
+    pub fn stage(&self) -> Stage {
+        self.stage
+    }
+}
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.counters.by_stage[stage_index(self.stage)].fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,191 @@
+use std::sync::Arc;
+use std::time::Duration;
+
+use proptest::prelude::*;
+use router_workers::{Stage, WorkerId};
+
+use super::*;
+use crate::ManualClock;
+
+fn id(s: &str) -> WorkerId {
+    WorkerId::new(s).expect("id")
+}
+
+fn fixture() -> (Arc<ManualClock>, Inflight) {
+    let clock = Arc::new(ManualClock::new());
+    let inflight = Inflight::new(clock.clone());
+    (clock, inflight)
+}
+
+#[test]
+fn one_count_per_engine_over_stages() {
+    let (_, inflight) = fixture();
+    let (a, b) = (id("a"), id("b"));
+    let g1 = inflight.acquire(&a, Stage::Prefill);
+    let g2 = inflight.acquire(&a, Stage::Decode);
+    let g3 = inflight.acquire(&b, Stage::Plain);
+    assert_eq!(inflight.count(&a), 2);
+    assert_eq!(inflight.count_stage(&a, Stage::Prefill), 1);
+    assert_eq!(inflight.count_stage(&a, Stage::Plain), 0);
+    assert_eq!((g1.worker(), g1.stage()), (&a, Stage::Prefill));
+    drop(g1);
+    assert_eq!(inflight.count(&a), 1);
+    assert_eq!(inflight.counts(), vec![(a.clone(), 1), (b.clone(), 1)]);
+    drop((g2, g3));
+    assert_eq!(inflight.count(&a), 0);
+    assert_eq!(inflight.count(&id("never")), 0);
+    assert_eq!(inflight.dispatched_total(&a), 2, "releases do not undo dispatches");
+}
+
+fn forward(inflight: &Inflight, worker: &WorkerId, fail: bool) -> Result<u64, String> {
+    let _guard = inflight.acquire(worker, Stage::Plain);
+    if fail {
+        return Err("engine answered 502".to_owned());
+    }
+    Ok(inflight.count(worker))
+}
+
+#[test]
+fn released_on_completion_and_on_error() {
+    let (_, inflight) = fixture();
+    let a = id("a");
+    assert_eq!(forward(&inflight, &a, false), Ok(1), "counted while in flight");
+    assert_eq!(inflight.count(&a), 0);
+    assert!(forward(&inflight, &a, true).is_err());
+    assert_eq!(inflight.count(&a), 0);
+}
+
+#[test]
+fn released_on_panic() {
+    let (_, inflight) = fixture();
+    let a = id("a");
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _guard = inflight.acquire(&a, Stage::Decode);
+        assert_eq!(inflight.count(&a), 1);
+        panic!("handler bug");
+    }));
+    assert!(result.is_err());
+    assert_eq!(inflight.count(&a), 0);
+}
+
+#[tokio::test]
+async fn released_when_the_request_future_is_cancelled() {
+    let (_, inflight) = fixture();
+    let inflight = Arc::new(inflight);
+    let a = id("a");
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn({
+        let inflight = Arc::clone(&inflight);
+        let a = a.clone();
+        async move {
+            let _guard = inflight.acquire(&a, Stage::Plain);
+            let _ = started_tx.send(());
+            std::future::pending::<()>().await;
+        }
+    });
+    started_rx.await.expect("task started");
+    assert_eq!(inflight.count(&a), 1);
+    task.abort();
+    assert!(task.await.expect_err("aborted").is_cancelled());
+    assert_eq!(inflight.count(&a), 0, "client disconnect drops the future and the guard");
+}
+
+#[test]
+fn dispatched_since_counts_from_the_capture_time() {
+    let (clock, inflight) = fixture();
+    let a = id("a");
+    let t0 = clock.now();
+    drop(inflight.acquire(&a, Stage::Plain));
+    clock.advance(Duration::from_millis(100));
+    let captured = clock.now();
+    drop(inflight.acquire(&a, Stage::Plain));
+    let _held = inflight.acquire(&a, Stage::Plain);
+    clock.advance(Duration::from_millis(100));
+    drop(inflight.acquire(&a, Stage::Plain));
+    assert_eq!(inflight.dispatched_since(&a, t0), 4);
+    assert_eq!(inflight.dispatched_since(&a, captured), 3, "dispatches at the capture count");
+    assert_eq!(inflight.dispatched_since(&a, captured + Duration::from_millis(1)), 1);
+    assert_eq!(inflight.dispatched_since(&a, clock.now() + Duration::from_secs(1)), 0);
+    assert_eq!(inflight.dispatched_since(&id("b"), t0), 0);
+    let before_origin = t0.checked_sub(Duration::from_secs(1)).unwrap_or(t0);
+    assert_eq!(inflight.dispatched_since(&a, before_origin), 4);
+}
+
+#[test]
+fn ledger_saturates_at_its_length() {
+    let (clock, inflight) = fixture();
+    let a = id("a");
+    let start = clock.now();
+    for _ in 0..LEDGER_LEN + 10 {
+        clock.advance(Duration::from_micros(1));
+        drop(inflight.acquire(&a, Stage::Plain));
+    }
+    assert_eq!(inflight.dispatched_since(&a, start), LEDGER_LEN as u64);
+    assert_eq!(inflight.dispatched_since(&a, clock.now()), 1);
+    assert_eq!(inflight.dispatched_total(&a), LEDGER_LEN as u64 + 10);
+}
+
+#[test]
+fn removed_engine_starts_over_and_old_guards_release_elsewhere() {
+    let (_, inflight) = fixture();
+    let a = id("a");
+    let old = inflight.acquire(&a, Stage::Plain);
+    inflight.remove(&a);
+    assert_eq!(inflight.count(&a), 0);
+    let new = inflight.acquire(&a, Stage::Plain);
+    drop(old);
+    assert_eq!(inflight.count(&a), 1, "the old guard released into the forgotten counters");
+    drop(new);
+    assert_eq!(inflight.count(&a), 0);
+}
+
+#[test]
+fn concurrent_acquire_and_release_balance() {
+    let (_, inflight) = fixture();
+    let inflight = Arc::new(inflight);
+    let workers: Vec<WorkerId> = (0..4).map(|i| id(&format!("w{i}"))).collect();
+    let threads: Vec<_> = (0..2)
+        .map(|t| {
+            let inflight = Arc::clone(&inflight);
+            let workers = workers.clone();
+            std::thread::spawn(move || {
+                for i in 0..2_000 {
+                    let _g = inflight.acquire(&workers[(i + t) % workers.len()], Stage::Plain);
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("thread");
+    }
+    let total: u64 = workers.iter().map(|w| inflight.dispatched_total(w)).sum();
+    assert_eq!(total, 4_000);
+    assert!(workers.iter().all(|w| inflight.count(w) == 0));
+}
+
+proptest! {
+    /// Any interleaving of acquires and releases leaves each engine's count equal to its live
+    /// guards, per stage and in total.
+    #[test]
+    fn count_equals_live_guards(ops in proptest::collection::vec((0usize..3, 0usize..3, any::<bool>()), 0..200)) {
+        let (_, inflight) = fixture();
+        let workers = [id("a"), id("b"), id("c")];
+        let stages = [Stage::Plain, Stage::Prefill, Stage::Decode];
+        let mut live: Vec<InflightGuard> = Vec::new();
+        for (w, s, release) in ops {
+            if release && !live.is_empty() {
+                drop(live.swap_remove(w % live.len()));
+            } else {
+                live.push(inflight.acquire(&workers[w], stages[s]));
+            }
+            for worker in &workers {
+                let expected = live.iter().filter(|g| g.worker() == worker).count() as u64;
+                prop_assert_eq!(inflight.count(worker), expected);
+                for stage in stages {
+                    let expected = live.iter().filter(|g| g.worker() == worker && g.stage() == stage).count() as u64;
+                    prop_assert_eq!(inflight.count_stage(worker, stage), expected);
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! Subscriptions that follow the worker registry and feed the load table.
+//!
+//! For every worker: a gRPC subscription to its `load_reporter` endpoint, or polling of its
+//! `GET {url}/v1/loads` when `load_poll` is configured (polling wins when both are set, as the
+//! configuration reads "poll instead of a reporter"), or nothing (the worker reads as missing,
+//! `not_configured`). One task per worker, so there is never more than one stream per engine
+//! and a dead engine never delays the others. Removed workers are dropped from the table and
+//! their task stopped; a replaced worker starts over with its new incarnation, and whatever the
+//! old task still delivers is ignored by the table.
+
+mod backoff;
+mod grpc;
+mod poll;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use router_workers::{RegistryEvent, Worker, WorkerId, WorkerRegistry};
+use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::{EngineReportedLoadTable, MissingReason};
+
+pub use poll::parse_v1_loads;
+
+/// Settings of the subscriptions.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubscriptionConfig {
+    /// Interval requested from gRPC reporters; changeable at run time through
+    /// [`ReportIntervalControl`].
+    pub report_interval: Duration,
+    /// Timeout of connecting and of opening the report stream.
+    pub connect_timeout: Duration,
+    /// A stream silent for `max(stall_timeout, 4 x report_interval)` is dropped and reopened.
+    pub stall_timeout: Duration,
+    /// First reconnection delay (jittered), doubling up to `backoff_max`.
+    pub backoff_min: Duration,
+    /// Longest reconnection delay.
+    pub backoff_max: Duration,
+    /// Largest report message or `/v1/loads` body accepted, in bytes.
+    pub max_report_bytes: usize,
+    /// Timeout of one `/v1/loads` request (never longer than the poll interval).
+    pub poll_timeout: Duration,
+    /// Name sent to engines in `Register.subscriber`, for their logs.
+    pub subscriber_name: String,
+}
+
+impl Default for SubscriptionConfig {
+    fn default() -> Self {
+        Self {
+            report_interval: Duration::from_millis(500),
+            connect_timeout: Duration::from_secs(2),
+            stall_timeout: Duration::from_secs(10),
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+            max_report_bytes: 256 * 1024,
+            poll_timeout: Duration::from_secs(2),
+            subscriber_name: "router".to_owned(),
+        }
+    }
+}
+
+/// Changes the interval requested from every gRPC reporter, live: each open subscription sends
+/// `SetInterval`, and new ones register with the new value.
+#[derive(Clone, Debug)]
+pub struct ReportIntervalControl(watch::Sender<Duration>);
+
+impl ReportIntervalControl {
+    /// Requests `interval` from now on.
+    pub fn set(&self, interval: Duration) {
+        self.0.send_replace(interval);
+    }
+
+    /// The interval currently requested.
+    pub fn get(&self) -> Duration {
+        *self.0.borrow()
+    }
+}
+
+/// What one subscription task needs.
+#[derive(Clone, Debug)]
+pub(crate) struct TaskContext {
+    pub(crate) table: Arc<EngineReportedLoadTable>,
+    pub(crate) worker: Arc<Worker>,
+    pub(crate) config: Arc<SubscriptionConfig>,
+}
+
+impl TaskContext {
+    fn mark_missing(&self, reason: MissingReason) {
+        self.table.mark_missing(self.worker.id(), self.worker.incarnation(), reason);
+    }
+}
+
+/// Follows the registry and keeps one load subscription per worker. Built by the server and
+/// driven by [`LoadSubscriptions::run`]; constructing it starts nothing.
+#[derive(Debug)]
+pub struct LoadSubscriptions {
+    table: Arc<EngineReportedLoadTable>,
+    registry: Arc<WorkerRegistry>,
+    config: Arc<SubscriptionConfig>,
+    interval: watch::Sender<Duration>,
+}
+
+/// A worker being followed: its incarnation and the token stopping its task, if it has one.
+struct Followed {
+    incarnation: u64,
+    stop: Option<CancellationToken>,
+}
+
+impl LoadSubscriptions {
+    /// Subscriptions for the workers of `registry`, feeding `table`.
+    pub fn new(
+        table: Arc<EngineReportedLoadTable>,
+        registry: Arc<WorkerRegistry>,
+        config: SubscriptionConfig,
+    ) -> Self {
+        let interval = watch::channel(config.report_interval).0;
+        Self { table, registry, config: Arc::new(config), interval }
+    }
+
+    /// A handle to change the requested report interval while running.
+    pub fn interval_control(&self) -> ReportIntervalControl {
+        ReportIntervalControl(self.interval.clone())
+    }
+
+    /// Runs until `cancel` fires, then stops every subscription and returns once all have
+    /// ended.
+    pub async fn run(self, cancel: CancellationToken) {
+        let (workers, mut feed) = self.registry.follow();
+        let mut followed: HashMap<WorkerId, Followed> = HashMap::new();
+        let mut tasks = JoinSet::new();
+        for worker in workers {
+            self.start(&mut followed, &mut tasks, worker, &cancel);
+        }
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => break,
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                event = feed.recv() => match event {
+                    Ok(RegistryEvent::Added(worker)) => {
+                        self.start(&mut followed, &mut tasks, worker, &cancel);
+                    }
+                    Ok(RegistryEvent::Removed(worker)) => {
+                        self.stop(&mut followed, worker.id(), worker.incarnation());
+                    }
+                    Ok(RegistryEvent::HealthChanged { .. }) => {}
+                    Err(RecvError::Lagged(missed)) => {
+                        tracing::warn!(missed, "load subscriptions lagged behind the registry; resynchronising");
+                        self.resync(&mut followed, &mut tasks, &cancel);
+                    }
+                    Err(RecvError::Closed) => {
+                        cancel.cancelled().await;
+                        break;
+                    }
+                },
+            }
+        }
+        for followed in followed.values() {
+            if let Some(stop) = &followed.stop {
+                stop.cancel();
+            }
+        }
+        while tasks.join_next().await.is_some() {}
+    }
+
+    fn start(
+        &self,
+        followed: &mut HashMap<WorkerId, Followed>,
+        tasks: &mut JoinSet<()>,
+        worker: Arc<Worker>,
+        cancel: &CancellationToken,
+    ) {
+        if let Some(old) = followed.get(worker.id()) {
+            if old.incarnation == worker.incarnation() {
+                return;
+            }
+            let old = old.incarnation;
+            self.stop(followed, worker.id(), old);
+        }
+        self.table.register(&worker);
+        let ctx = TaskContext {
+            table: Arc::clone(&self.table),
+            worker: Arc::clone(&worker),
+            config: Arc::clone(&self.config),
+        };
+        let stop = if let Some(spec) = worker.load_poll() {
+            let stop = cancel.child_token();
+            let interval = Duration::from_millis(spec.interval_ms.max(1));
+            tasks.spawn(poll::run(ctx, interval, stop.clone()));
+            Some(stop)
+        } else if let Some(endpoint) = worker.load_reporter() {
+            let stop = cancel.child_token();
+            let endpoint = endpoint.to_owned();
+            tasks.spawn(grpc::run(ctx, endpoint, self.interval.subscribe(), stop.clone()));
+            Some(stop)
+        } else {
+            ctx.mark_missing(MissingReason::NotConfigured);
+            None
+        };
+        followed.insert(worker.id().clone(), Followed { incarnation: worker.incarnation(), stop });
+    }
+
+    fn stop(&self, followed: &mut HashMap<WorkerId, Followed>, id: &WorkerId, incarnation: u64) {
+        if followed.get(id).is_none_or(|f| f.incarnation != incarnation) {
+            return;
+        }
+        if let Some(stop) = followed.remove(id).and_then(|f| f.stop) {
+            stop.cancel();
+        }
+        self.table.unregister(id, incarnation);
+    }
+
+    /// After missing registry events: stop what is gone or replaced, start what is new.
+    fn resync(
+        &self,
+        followed: &mut HashMap<WorkerId, Followed>,
+        tasks: &mut JoinSet<()>,
+        cancel: &CancellationToken,
+    ) {
+        let current: HashMap<WorkerId, Arc<Worker>> =
+            self.registry.workers().into_iter().map(|w| (w.id().clone(), w)).collect();
+        let gone: Vec<(WorkerId, u64)> = followed
+            .iter()
+            .filter(|(id, f)| current.get(*id).is_none_or(|w| w.incarnation() != f.incarnation))
+            .map(|(id, f)| (id.clone(), f.incarnation))
+            .collect();
+        for (id, incarnation) in gone {
+            self.stop(followed, &id, incarnation);
+        }
+        for worker in current.into_values() {
+            self.start(followed, tasks, worker, cancel);
+        }
+    }
+}

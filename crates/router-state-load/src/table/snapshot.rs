@@ -1,0 +1,41 @@
+//! A point-in-time view of the table that one pick reads from.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use router_workers::WorkerId;
+
+use super::Entry;
+use crate::EngineLoad;
+
+/// The usable reports at one instant. Capturing one is an atomic pointer load and a clock read;
+/// freshness is evaluated against the capture instant on every read, so a snapshot never
+/// changes its answers.
+#[derive(Clone, Debug)]
+pub struct LoadSnapshot {
+    entries: Arc<HashMap<WorkerId, Entry>>,
+    now: Instant,
+}
+
+impl LoadSnapshot {
+    pub(crate) fn new(entries: Arc<HashMap<WorkerId, Entry>>, now: Instant) -> Self {
+        Self { entries, now }
+    }
+
+    /// The engine's load, or `None` when its report is missing, stale or rank-incomplete (or
+    /// the engine is unknown). Never a zero-filled load.
+    pub fn get(&self, worker: &WorkerId) -> Option<&EngineLoad> {
+        self.entries.get(worker).filter(|e| self.now < e.fresh_until).map(|e| &e.load)
+    }
+
+    /// The instant the snapshot was captured, on the table's clock.
+    pub fn captured_at(&self) -> Instant {
+        self.now
+    }
+
+    /// Every engine with a usable load, in no particular order.
+    pub fn iter(&self) -> impl Iterator<Item = (&WorkerId, &EngineLoad)> + '_ {
+        self.entries.iter().filter(|(_, e)| self.now < e.fresh_until).map(|(id, e)| (id, &e.load))
+    }
+}

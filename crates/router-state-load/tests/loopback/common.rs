@@ -1,0 +1,296 @@
+//! Shared pieces of the loopback tests: engines (real reporter service, or a scripted hostile
+//! one speaking the same gRPC API), a router side (registry, table, subscriptions), and waiting
+//! on table changes.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use router_proto::router::load::v1 as pb;
+use router_proto::router::load::v1::load_reporter_server::{LoadReporter, LoadReporterServer};
+use router_state_load::reporter::{
+    EngineSnapshot, LoadReporterService, LoadSnapshotSource, ReporterConfig,
+};
+use router_state_load::{
+    EngineLoadStatus, EngineReportedLoadTable, EngineStatus, LoadSubscriptions, ManualClock,
+    RankSample, ReportIntervalControl, SubscriptionConfig, TableConfig,
+};
+use router_workers::{LoadPollSpec, ModelId, Stage, Worker, WorkerRegistry, WorkerSpec};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+/// Upper bound on any wait in these tests; reaching it is a failure, not a timing assertion.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// An engine's numbers, settable by the test.
+#[derive(Debug)]
+pub struct EngineNumbers(pub Mutex<EngineSnapshot>);
+
+impl LoadSnapshotSource for EngineNumbers {
+    fn snapshot(&self) -> EngineSnapshot {
+        self.0.lock().clone()
+    }
+}
+
+pub fn native_rank(rank: u32, running: u64) -> RankSample {
+    RankSample::basic(rank, running, 2, 1_000, 10_000)
+        .with_native(300, 1_500, 64)
+        .with_prefill_counters(0, 0)
+}
+
+pub fn numbers(dp_size: u32, running: u64) -> Arc<EngineNumbers> {
+    Arc::new(EngineNumbers(Mutex::new(EngineSnapshot {
+        status: EngineStatus::Serving,
+        dp_size,
+        ranks: (0..dp_size).map(|r| native_rank(r, running)).collect(),
+    })))
+}
+
+/// A real reporter service on loopback.
+pub struct Engine {
+    pub addr: SocketAddr,
+    pub service: LoadReporterService,
+    pub cancel: CancellationToken,
+    pub task: JoinHandle<()>,
+}
+
+impl Engine {
+    pub async fn start(source: Arc<EngineNumbers>, config: ReporterConfig) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        Self::start_on(listener, source, config)
+    }
+
+    pub fn start_on(listener: TcpListener, source: Arc<EngineNumbers>, config: ReporterConfig) -> Self {
+        let addr = listener.local_addr().expect("addr");
+        let service = LoadReporterService::new(source, config);
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn({
+            let (service, cancel) = (service.clone(), cancel.clone());
+            async move {
+                router_state_load::reporter::serve_with(listener, service, cancel)
+                    .await
+                    .expect("reporter serves");
+            }
+        });
+        Self { addr, service, cancel, task }
+    }
+
+    pub async fn stop(self) {
+        self.cancel.cancel();
+        self.task.await.expect("reporter task");
+    }
+}
+
+/// What a scripted engine does after a subscriber registers.
+#[derive(Clone, Debug)]
+pub struct Script {
+    pub reports: Vec<pb::LoadReport>,
+    /// End the stream after the reports instead of holding it open.
+    pub close: bool,
+}
+
+/// A hostile engine: speaks the LoadReporter API but sends exactly the scripted reports.
+#[derive(Clone)]
+pub struct ScriptedEngine {
+    script: Arc<Script>,
+    pub registrations: Arc<Mutex<Vec<pb::Register>>>,
+}
+
+#[tonic::async_trait]
+impl LoadReporter for ScriptedEngine {
+    type SubscribeStream = ReceiverStream<Result<pb::LoadReport, Status>>;
+
+    async fn subscribe(
+        &self,
+        request: Request<Streaming<pb::SubscribeRequest>>,
+    ) -> Result<Response<Self::SubscribeStream>, Status> {
+        let mut inbound = request.into_inner();
+        let Some(pb::SubscribeRequest {
+            command: Some(pb::subscribe_request::Command::Register(register)),
+        }) = inbound.message().await?
+        else {
+            return Err(Status::invalid_argument("register first"));
+        };
+        self.registrations.lock().push(register);
+        let (tx, rx) = mpsc::channel(16);
+        let script = Arc::clone(&self.script);
+        tokio::spawn(async move {
+            for report in &script.reports {
+                if tx.send(Ok(report.clone())).await.is_err() {
+                    return;
+                }
+            }
+            if !script.close {
+                // Hold the stream open until the router goes away.
+                tx.closed().await;
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+impl ScriptedEngine {
+    /// Serves the script on loopback; returns the address and the engine (for its
+    /// registrations).
+    pub async fn start(script: Script, cancel: CancellationToken) -> (SocketAddr, Self) {
+        let engine = Self { script: Arc::new(script), registrations: Arc::default() };
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let server = LoadReporterServer::new(engine.clone());
+        tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(server)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), cancel.cancelled_owned())
+                .await;
+        });
+        (addr, engine)
+    }
+}
+
+/// A wire report with `ranks` native ranks of `running` requests each.
+pub fn wire_report(engine_id: &str, instance: u64, sequence: u64, dp_size: u32, running: u64) -> pb::LoadReport {
+    pb::LoadReport {
+        engine_id: engine_id.to_owned(),
+        instance_id: instance,
+        sequence,
+        kind: pb::ReportKind::Native as i32,
+        status: pb::EngineStatus::Serving as i32,
+        dp_size,
+        ranks: (0..dp_size)
+            .map(|r| pb::RankLoad {
+                dp_rank: r,
+                snapshot_time_unix_ms: 0,
+                running_requests: running,
+                waiting_requests: 1,
+                kv_used_tokens: 100,
+                kv_capacity_tokens: 1_000,
+                waiting_uncached_tokens: Some(10),
+                total_kv_tokens: Some(200),
+                max_running_requests: Some(32),
+                total_prefill_uncached_tokens: Some(0),
+                total_prefill_busy_us: Some(0),
+                estimated_prefill_queue_ms: None,
+            })
+            .collect(),
+        sent_at_unix_ms: 0,
+        interval_ms: 100,
+    }
+}
+
+pub fn spec(id: &str, dp_size: u32) -> WorkerSpec {
+    WorkerSpec {
+        id: id.to_owned(),
+        url: "http://127.0.0.1:9".to_owned(),
+        role: Stage::Plain,
+        model: None,
+        bootstrap_port: None,
+        dp_size,
+        kv_events: None,
+        load_reporter: None,
+        load_poll: None,
+    }
+}
+
+pub fn reporter_worker(id: &str, dp_size: u32, addr: SocketAddr) -> Worker {
+    let spec = WorkerSpec { load_reporter: Some(addr.to_string()), ..spec(id, dp_size) };
+    Worker::from_spec(&spec, vec![ModelId::new("m")]).expect("worker")
+}
+
+pub fn polled_worker(id: &str, dp_size: u32, addr: SocketAddr, interval_ms: u64) -> Worker {
+    let spec = WorkerSpec {
+        url: format!("http://{addr}"),
+        load_poll: Some(LoadPollSpec { interval_ms }),
+        ..spec(id, dp_size)
+    };
+    Worker::from_spec(&spec, vec![ModelId::new("m")]).expect("worker")
+}
+
+/// The router side: registry, table on a manual clock (so nothing turns stale by itself), and
+/// running subscriptions.
+pub struct Router {
+    pub clock: Arc<ManualClock>,
+    pub table: Arc<EngineReportedLoadTable>,
+    pub registry: Arc<WorkerRegistry>,
+    pub interval: ReportIntervalControl,
+    cancel: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+pub fn fast_config() -> SubscriptionConfig {
+    SubscriptionConfig {
+        report_interval: Duration::from_millis(50),
+        backoff_min: Duration::from_millis(10),
+        backoff_max: Duration::from_millis(50),
+        ..SubscriptionConfig::default()
+    }
+}
+
+impl Router {
+    pub fn start(workers: Vec<Worker>, table_config: TableConfig, config: SubscriptionConfig) -> Self {
+        let clock = Arc::new(ManualClock::new());
+        let table = Arc::new(EngineReportedLoadTable::new(table_config, clock.clone()));
+        let registry = Arc::new(WorkerRegistry::new());
+        for worker in workers {
+            registry.add(worker).expect("add worker");
+        }
+        let subscriptions = LoadSubscriptions::new(Arc::clone(&table), Arc::clone(&registry), config);
+        let interval = subscriptions.interval_control();
+        let cancel = CancellationToken::new();
+        let task = tokio::spawn(subscriptions.run(cancel.clone()));
+        Self { clock, table, registry, interval, cancel, task }
+    }
+
+    /// Waits until `condition` holds on the table, re-checking on every table change.
+    pub async fn wait_until(&self, what: &str, condition: impl Fn(&EngineReportedLoadTable) -> bool) {
+        wait_for_table(&self.table, what, condition).await;
+    }
+
+    /// Waits until the worker's status satisfies `condition`.
+    pub async fn wait_status(&self, worker: &str, what: &str, condition: impl Fn(&EngineLoadStatus) -> bool) -> EngineLoadStatus {
+        let id = router_workers::WorkerId::new(worker).expect("id");
+        self.wait_until(what, |t| t.status_of(&id).is_some_and(|s| condition(&s))).await;
+        self.table.status_of(&id).expect("registered")
+    }
+
+    pub async fn stop(self) {
+        self.cancel.cancel();
+        tokio::time::timeout(PATIENCE, self.task).await.expect("subscriptions stop").expect("task");
+    }
+}
+
+pub async fn wait_for_table(
+    table: &EngineReportedLoadTable,
+    what: &str,
+    condition: impl Fn(&EngineReportedLoadTable) -> bool,
+) {
+    let mut changes = table.changes();
+    let waited = tokio::time::timeout(PATIENCE, async {
+        loop {
+            changes.mark_unchanged();
+            if condition(table) {
+                return;
+            }
+            changes.changed().await.expect("table alive");
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "gave up waiting for: {what}; status: {:?}", table.status());
+}
+
+/// Waits for a condition nothing signals (engine-side subscriber counts), re-checking it
+/// every few milliseconds; only the upper bound is a time, and reaching it fails the test.
+pub async fn eventually<F: Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
+    let waited = tokio::time::timeout(PATIENCE, async {
+        while !check().await {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "gave up waiting for: {what}");
+}
