@@ -1,2 +1,313 @@
-//! Helpers for the end-to-end tests: spawning router-server and router-sim processes on
+//! Helpers for the end-to-end tests: spawning `router-server` and `router-sim` processes on
 //! loopback ports and talking to them over HTTP. Owns no product behaviour.
+//!
+//! The binaries are the workspace's own, found next to the test executable
+//! (`target/<profile>/`). `cargo test --workspace` builds them before any test runs, because
+//! router-server and router-sim have integration tests of their own; `cargo xtask ci` builds
+//! them explicitly first.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+/// Path of a workspace binary, built by cargo next to the test executable.
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    let dir = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>");
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} not found: build the binaries first (`cargo build --workspace --bins`, or run \
+         `cargo xtask ci` / `cargo test --workspace`)",
+        path.display()
+    );
+    path
+}
+
+/// A child process killed when dropped, with the lines it printed before it was ready.
+pub struct Process {
+    child: Child,
+    /// Lines printed to stdout up to and including the ready line.
+    pub lines: Vec<String>,
+    name: String,
+}
+
+impl Process {
+    /// Spawns `binary args` and waits (up to 20 s) for a stdout line containing `ready`.
+    pub fn spawn(binary_name: &str, args: &[String], ready: &str) -> Self {
+        let mut child = Command::new(binary(binary_name))
+            .args(args)
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|err| panic!("spawning {binary_name}: {err}"));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut lines = Vec::new();
+        loop {
+            match rx.recv_timeout(Duration::from_secs(20)) {
+                Ok(line) => {
+                    let done = line.contains(ready);
+                    lines.push(line);
+                    if done {
+                        break;
+                    }
+                }
+                Err(_) => {
+                    let _ = child.kill();
+                    panic!("{binary_name} {args:?} never printed {ready:?}; printed {lines:?}");
+                }
+            }
+        }
+        // Keep draining stdout so the child never blocks on a full pipe.
+        std::thread::spawn(move || while rx.recv().is_ok() {});
+        Self { child, lines, name: binary_name.to_owned() }
+    }
+
+    /// The URL after `prefix` in the ready lines (e.g. `listening on `).
+    pub fn url_after(&self, prefix: &str) -> String {
+        self.lines
+            .iter()
+            .find_map(|l| l.split_once(prefix).map(|(_, rest)| rest.trim().to_owned()))
+            .unwrap_or_else(|| panic!("{}: no line with {prefix:?} in {:?}", self.name, self.lines))
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        let _ = Command::new("kill").arg("-TERM").arg(self.child.id().to_string()).status();
+    }
+
+    /// Waits for the process to exit (up to `timeout`) and returns its exit code.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    /// Kills the process now.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A simulated engine process.
+pub struct Engine {
+    /// The process.
+    pub process: Process,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+}
+
+impl Engine {
+    /// `router-sim engine --port 0 --model MODEL EXTRA...`.
+    pub fn start(model: &str, extra: &[&str]) -> Self {
+        let mut args = vec!["engine".into(), "--port".into(), "0".into(), "--model".into(), model.into()];
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        let process = Process::spawn("router-sim", &args, "listening on ");
+        let url = process.url_after("listening on ");
+        Self { process, url }
+    }
+
+    /// The bootstrap port of a prefill engine.
+    pub fn bootstrap_port(&self) -> u16 {
+        let url = self.process.url_after("bootstrap on ");
+        url.rsplit(':').next().and_then(|p| p.parse().ok()).expect("bootstrap port")
+    }
+
+    /// The bound KV-event endpoint.
+    pub fn kv_events(&self) -> String {
+        self.process.url_after("kv events on ")
+    }
+
+    /// The bound KV replay endpoint.
+    pub fn kv_replay(&self) -> String {
+        self.process.url_after("kv replay on ")
+    }
+}
+
+/// A router-server process.
+pub struct Router {
+    /// The process.
+    pub process: Process,
+    /// `http://127.0.0.1:PORT`.
+    pub url: String,
+    _config: Option<tempfile_path::TempPath>,
+}
+
+impl Router {
+    /// Starts the router with a YAML configuration (its `server.port` should be 0).
+    pub fn with_config(yaml: &str) -> Self {
+        let path = tempfile_path::TempPath::write("router.yaml", yaml);
+        let args = vec!["--config".to_owned(), path.display()];
+        let process = Process::spawn("router-server", &args, "router listening on ");
+        let url = process.url_after("router listening on ");
+        Self { process, url, _config: Some(path) }
+    }
+
+    /// Starts the router with command-line flags (add `--port 0`).
+    pub fn with_args(args: &[String]) -> Self {
+        let process = Process::spawn("router-server", args, "router listening on ");
+        let url = process.url_after("router listening on ");
+        Self { process, url, _config: None }
+    }
+}
+
+/// Temporary files removed on drop.
+pub mod tempfile_path {
+    use std::path::PathBuf;
+
+    /// A file in a fresh temporary directory.
+    pub struct TempPath(PathBuf);
+
+    impl TempPath {
+        /// Writes `contents` to `name` in a new directory.
+        pub fn write(name: &str, contents: &str) -> Self {
+            use std::sync::atomic::{AtomicU64, Ordering};
+            static NEXT: AtomicU64 = AtomicU64::new(0);
+            let dir = std::env::temp_dir().join(format!(
+                "router-e2e-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            ));
+            std::fs::create_dir_all(&dir).expect("temp dir");
+            let path = dir.join(name);
+            std::fs::write(&path, contents).expect("write temp file");
+            Self(path)
+        }
+
+        /// The path as a string.
+        pub fn display(&self) -> String {
+            self.0.display().to_string()
+        }
+    }
+
+    impl Drop for TempPath {
+        fn drop(&mut self) {
+            if let Some(dir) = self.0.parent() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+}
+
+/// A finished HTTP exchange.
+#[derive(Debug)]
+pub struct Reply {
+    /// Status code.
+    pub status: u16,
+    /// Headers, lowercase names.
+    pub headers: HashMap<String, String>,
+    /// The whole body.
+    pub body: String,
+}
+
+impl Reply {
+    /// The body as JSON.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body)
+            .unwrap_or_else(|err| panic!("body is not JSON ({err}): {}", self.body))
+    }
+
+    /// A header's value.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(String::as_str)
+    }
+}
+
+/// A small HTTP client for the tests.
+#[derive(Clone)]
+pub struct Http {
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+impl Default for Http {
+    fn default() -> Self {
+        Self { client: Client::builder(TokioExecutor::new()).build(HttpConnector::new()) }
+    }
+}
+
+impl Http {
+    /// Sends a request and reads the whole answer (timeout 30 s).
+    pub async fn send(
+        &self,
+        method: &str,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: impl Into<Bytes>,
+    ) -> Reply {
+        let mut request = http::Request::builder().method(method).uri(url);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let request = request.body(Full::new(body.into())).expect("request");
+        let exchange = async {
+            let response = self.client.request(request).await.expect("response");
+            let status = response.status().as_u16();
+            let headers = response
+                .headers()
+                .iter()
+                .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or_default().to_owned()))
+                .collect();
+            let body = response.into_body().collect().await.expect("body").to_bytes();
+            Reply { status, headers, body: String::from_utf8_lossy(&body).into_owned() }
+        };
+        tokio::time::timeout(Duration::from_secs(30), exchange).await.expect("reply within 30 s")
+    }
+
+    /// POSTs a chat completion.
+    pub async fn chat(&self, base: &str, body: &serde_json::Value, headers: &[(&str, &str)]) -> Reply {
+        let mut all = vec![("content-type", "application/json")];
+        all.extend_from_slice(headers);
+        self.send("POST", &format!("{base}/v1/chat/completions"), &all, body.to_string()).await
+    }
+
+    /// GETs a path.
+    pub async fn get(&self, base: &str, path: &str, headers: &[(&str, &str)]) -> Reply {
+        self.send("GET", &format!("{base}{path}"), headers, Bytes::new()).await
+    }
+
+    /// The underlying client, for streaming tests.
+    pub fn client(&self) -> &Client<HttpConnector, Full<Bytes>> {
+        &self.client
+    }
+}
+
+/// A chat body with one user message.
+pub fn chat_body(model: &str, text: &str, max_tokens: u64) -> serde_json::Value {
+    serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+    })
+}

@@ -1,0 +1,147 @@
+//! Plain dispatch end to end: real router-server and router-sim processes on loopback.
+
+use router_e2e::{Engine, Http, Router, chat_body};
+
+fn plain_config(engines: &[&Engine], policy: &str) -> String {
+    let workers: String = engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| format!("      - {{id: e{}, url: \"{}\"}}\n", i + 1, e.url))
+        .collect();
+    format!(
+        "server: {{port: 0, admin_token: t0ken}}\nmodels:\n  - id: m\n    workers:\n{workers}    buckets:\n      \
+         - id: all\n        groups: {{plain: {{policy: {{type: {policy}}}}}}}\n"
+    )
+}
+
+#[tokio::test]
+async fn round_robin_alternates_and_sets_router_headers() {
+    let a = Engine::start("m", &[]);
+    let b = Engine::start("m", &[]);
+    let router = Router::with_config(&plain_config(&[&a, &b], "round_robin"));
+    let http = Http::default();
+    let mut engines = Vec::new();
+    for _ in 0..4 {
+        let reply = http.chat(&router.url, &chat_body("m", "hello", 4), &[("x-request-id", "req-42")]).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        assert_eq!(reply.header("x-router-bucket"), Some("all"));
+        assert_eq!(reply.header("x-request-id"), Some("req-42"));
+        assert_eq!(reply.json()["usage"]["completion_tokens"], 4);
+        engines.push(reply.header("x-router-engine").expect("engine header").to_owned());
+    }
+    assert_eq!(engines, ["e1", "e2", "e1", "e2"]);
+}
+
+#[tokio::test]
+async fn streaming_passes_sse_through() {
+    let a = Engine::start("m", &[]);
+    let router = Router::with_config(&plain_config(&[&a], "power_of_two"));
+    let mut body = chat_body("m", "stream please", 5);
+    body["stream"] = true.into();
+    let reply = Http::default().chat(&router.url, &body, &[]).await;
+    assert_eq!(reply.status, 200);
+    assert_eq!(reply.header("content-type"), Some("text/event-stream"));
+    let events: Vec<_> = reply.body.lines().filter(|l| l.starts_with("data: ")).collect();
+    assert_eq!(events.last(), Some(&"data: [DONE]"), "{}", reply.body);
+    assert!(events.len() >= 6, "one event per token plus the end: {events:?}");
+}
+
+#[tokio::test]
+async fn client_errors_are_openai_shaped() {
+    let a = Engine::start("m", &[]);
+    let router = Router::with_config(&plain_config(&[&a], "random"));
+    let http = Http::default();
+
+    let reply = http.chat(&router.url, &chat_body("other", "x", 1), &[]).await;
+    assert_eq!(reply.status, 404);
+    assert_eq!(reply.json()["error"]["code"], "model_not_found");
+
+    let reply = http
+        .send("POST", &format!("{}/v1/chat/completions", router.url), &[], "{not json")
+        .await;
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.json()["error"]["type"], "invalid_request_error");
+
+    let mut bad = chat_body("m", "x", 1);
+    bad["temperature"] = 9.into();
+    let reply = http.chat(&router.url, &bad, &[]).await;
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.json()["error"]["param"], "temperature");
+
+    let huge = "x".repeat(33 * 1024 * 1024);
+    let reply = http.send("POST", &format!("{}/v1/chat/completions", router.url), &[], huge).await;
+    assert_eq!(reply.status, 413);
+    assert_eq!(reply.json()["error"]["code"], "body_too_large");
+}
+
+#[tokio::test]
+async fn engine_failures_are_bad_gateway() {
+    let failing = Engine::start("m", &["--fail-rate", "1"]);
+    let router = Router::with_config(&plain_config(&[&failing], "round_robin"));
+    let reply = Http::default().chat(&router.url, &chat_body("m", "x", 1), &[]).await;
+    assert_eq!(reply.status, 502, "{}", reply.body);
+    assert_eq!(reply.json()["error"]["code"], "engine_failed");
+
+    let mut dead = Engine::start("m", &[]);
+    let router = Router::with_config(&plain_config(&[&dead], "round_robin"));
+    dead.process.kill();
+    let reply = Http::default().chat(&router.url, &chat_body("m", "x", 1), &[]).await;
+    assert_eq!(reply.status, 502, "{}", reply.body);
+}
+
+#[tokio::test]
+async fn operations_endpoints_answer() {
+    let a = Engine::start("m", &[]);
+    let router = Router::with_config(&plain_config(&[&a], "load_based"));
+    let http = Http::default();
+    assert_eq!(http.get(&router.url, "/health", &[]).await.status, 200);
+    assert_eq!(http.get(&router.url, "/readiness", &[]).await.status, 200);
+    let models = http.get(&router.url, "/v1/models", &[]).await.json();
+    assert_eq!(models["data"][0]["id"], "m");
+    let reply = http.chat(&router.url, &chat_body("m", "x", 1), &[]).await;
+    assert_eq!(reply.status, 200);
+    let metrics = http.get(&router.url, "/metrics", &[]).await;
+    for name in ["router_requests_total", "router_picks_total", "router_engine_inflight"] {
+        assert!(metrics.body.contains(name), "{name} missing from /metrics:\n{}", metrics.body);
+    }
+}
+
+#[tokio::test]
+async fn admin_api_needs_the_token_and_manages_workers() {
+    let a = Engine::start("m", &[]);
+    let b = Engine::start("m", &[]);
+    let router = Router::with_config(&plain_config(&[&a], "round_robin"));
+    let http = Http::default();
+    assert_eq!(http.get(&router.url, "/admin/workers", &[]).await.status, 401);
+    let wrong = [("authorization", "Bearer nope")];
+    assert_eq!(http.get(&router.url, "/admin/workers", &wrong).await.status, 401);
+    let auth = [("authorization", "Bearer t0ken"), ("content-type", "application/json")];
+
+    let worker = format!(r#"{{"id": "e2", "url": "{}", "model": "m"}}"#, b.url);
+    let reply = http.send("POST", &format!("{}/admin/workers", router.url), &auth, worker.clone()).await;
+    assert_eq!(reply.status, 201, "{}", reply.body);
+    let reply = http.send("POST", &format!("{}/admin/workers", router.url), &auth, worker).await;
+    assert_eq!(reply.status, 409, "duplicate id");
+    let creds = r#"{"id": "e3", "url": "http://u:p@127.0.0.1:1", "model": "m"}"#;
+    let reply = http.send("POST", &format!("{}/admin/workers", router.url), &auth, creds).await;
+    assert_eq!(reply.status, 400, "credentials in URL: {}", reply.body);
+
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..4 {
+        let reply = http.chat(&router.url, &chat_body("m", "x", 1), &[]).await;
+        seen.insert(reply.header("x-router-engine").expect("engine").to_owned());
+    }
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["e1", "e2"], "the added engine serves");
+
+    let state = http.get(&router.url, "/admin/state", &auth).await.json();
+    assert_eq!(state["workers"].as_array().map(Vec::len), Some(2));
+    assert_eq!(state["workers"][0]["load"]["freshness"], "missing");
+    assert_eq!(state["models"][0]["buckets"][0]["id"], "all");
+
+    let reply = http.send("DELETE", &format!("{}/admin/workers/e1", router.url), &auth, "").await;
+    assert_eq!(reply.status, 200);
+    for _ in 0..3 {
+        let reply = http.chat(&router.url, &chat_body("m", "x", 1), &[]).await;
+        assert_eq!(reply.header("x-router-engine"), Some("e2"));
+    }
+}
