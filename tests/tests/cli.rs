@@ -1,0 +1,92 @@
+//! The command-line contract: check-config, and dropped options rejected with their
+//! replacement.
+
+use std::process::Command;
+
+use router_e2e::binary;
+use router_e2e::tempfile_path::TempPath;
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(binary("router-server")).args(args).output().expect("runs");
+    (
+        output.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+const VALID: &str = r#"
+models:
+  - id: llama
+    workers:
+      - {id: P1, url: "http://127.0.0.1:30000", role: prefill, bootstrap_port: 8998}
+      - {id: D1, url: "http://127.0.0.1:30001", role: decode}
+    buckets:
+      - id: short-context
+        rank: 10
+        limits: {min: 0, max: 4096}
+        max_context_tokens: 8192
+        groups:
+          pd:
+            prefill: {worker_ids: [P1], policy: {type: power_of_two, admission: {max_running_requests: 64}}}
+            decode: {worker_ids: [D1], policy: {type: power_of_two}}
+"#;
+
+#[test]
+fn check_config_accepts_a_valid_file_with_a_summary() {
+    let file = TempPath::write("router.yaml", VALID);
+    let (code, stdout, stderr) = run(&["check-config", &file.display()]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("short-context"), "{stdout}");
+    assert!(stdout.contains("power_of_two"), "{stdout}");
+}
+
+#[test]
+fn check_config_reports_every_problem_with_its_path() {
+    let broken = VALID
+        .replace("worker_ids: [D1]", "worker_ids: [P1]")
+        .replace("max: 4096", "max: 4096}\n        bogus: {x: 1")
+        .replace("http://127.0.0.1:30001", "ftp://127.0.0.1:30001");
+    let file = TempPath::write("router.yaml", &broken);
+    let (code, _, stderr) = run(&["check-config", &file.display()]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("bogus"), "unknown field named: {stderr}");
+
+    let roles = VALID.replace("worker_ids: [D1]", "worker_ids: [P1]");
+    let file = TempPath::write("router.yaml", &roles);
+    let (code, _, stderr) = run(&["check-config", &file.display()]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("models[0].buckets[0].groups"), "path named: {stderr}");
+    assert!(stderr.contains("P1"), "{stderr}");
+
+    let two = VALID
+        .replace("http://127.0.0.1:30001", "ftp://127.0.0.1:30001")
+        .replace("rank: 10", "rank: 10\n        max_context_tokens: 0");
+    let file = TempPath::write("router.yaml", &two);
+    let (code, _, stderr) = run(&["check-config", &file.display()]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("duplicate field") || stderr.contains("max_context_tokens"), "{stderr}");
+}
+
+#[test]
+fn check_config_rejects_mixed_plain_and_pd_engines() {
+    let mixed = VALID.replace("role: decode", "role: plain");
+    let file = TempPath::write("router.yaml", &mixed);
+    let (code, _, stderr) = run(&["check-config", &file.display()]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("mix plain and prefill/decode"), "{stderr}");
+}
+
+#[test]
+fn dropped_options_name_their_replacement() {
+    for (args, replacement) in [
+        (vec!["--worker-urls", "http://a:1", "--policy", "fused_score"], "cache_aware"),
+        (vec!["--worker-urls", "http://a:1", "--stable-pair"], "same bucket"),
+        (vec!["--worker-urls", "http://a:1", "--affinity-mode", "soft"], "strict"),
+        (vec!["--worker-urls", "http://a:1", "--filter", "prefix_cache"], "cache_aware"),
+    ] {
+        let (code, _, stderr) = run(&args);
+        assert_ne!(code, 0, "{args:?} must fail");
+        assert!(stderr.contains(replacement), "{args:?}: {stderr}");
+    }
+}

@@ -1,0 +1,88 @@
+//! Request lifetimes: a client that leaves cancels the engine request and releases in-flight
+//! accounting; SIGTERM drains before exiting.
+
+use std::time::Duration;
+
+use http_body_util::{BodyExt, Full};
+use router_e2e::{Engine, Http, Router, chat_body};
+
+fn config(engine: &Engine) -> String {
+    format!(
+        "server: {{port: 0, admin_token: t}}\nmodels:\n  - id: m\n    workers:\n      - {{id: e1, url: \"{}\"}}\n    \
+         buckets:\n      - id: all\n        groups: {{plain: {{policy: {{type: round_robin}}}}}}\n",
+        engine.url
+    )
+}
+
+async fn inflight(http: &Http, router: &Router) -> u64 {
+    let state = http.get(&router.url, "/admin/state", &[("authorization", "Bearer t")]).await.json();
+    state["workers"][0]["inflight"].as_u64().expect("inflight count")
+}
+
+async fn engine_running(http: &Http, engine: &Engine) -> u64 {
+    let loads = http.get(&engine.url, "/v1/loads", &[]).await.json();
+    let ranks = loads.as_array().cloned().or_else(|| loads["loads"].as_array().cloned()).unwrap_or_default();
+    ranks.iter().filter_map(|r| r["num_running_reqs"].as_u64()).sum()
+}
+
+async fn eventually(mut check: impl AsyncFnMut() -> bool) -> bool {
+    for _ in 0..200 {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    false
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_cancels_the_engine_request() {
+    // 100 tokens at 20 tokens/s: five seconds of streaming unless cancelled.
+    let engine = Engine::start("m", &["--decode-tokens-per-sec", "20"]);
+    let router = Router::with_config(&config(&engine));
+    let http = Http::default();
+    let mut body = chat_body("m", "a long answer please", 100);
+    body["stream"] = true.into();
+    let request = http::Request::post(format!("{}/v1/chat/completions", router.url))
+        .header("content-type", "application/json")
+        .body(Full::new(bytes::Bytes::from(body.to_string())))
+        .expect("request");
+    let response = http.client().request(request).await.expect("response");
+    assert_eq!(response.status(), 200);
+    let mut stream = response.into_body();
+    let first = tokio::time::timeout(Duration::from_secs(5), stream.frame()).await.expect("first event");
+    assert!(first.is_some());
+    assert_eq!(inflight(&http, &router).await, 1);
+    assert_eq!(engine_running(&http, &engine).await, 1);
+
+    drop(stream);
+    assert!(eventually(async || inflight(&http, &router).await == 0).await, "guard released");
+    assert!(eventually(async || engine_running(&http, &engine).await == 0).await, "engine request cancelled");
+}
+
+#[tokio::test]
+async fn sigterm_drains_in_flight_requests_then_exits() {
+    // 30 tokens at 30 tokens/s: about one second.
+    let engine = Engine::start("m", &["--decode-tokens-per-sec", "30"]);
+    let mut router = Router::with_config(&config(&engine));
+    let http = Http::default();
+    let url = router.url.clone();
+    let slow = tokio::spawn({
+        let http = http.clone();
+        async move { http.chat(&url, &chat_body("m", "slow", 30), &[]).await }
+    });
+    assert!(eventually(async || inflight(&http, &router).await == 1).await);
+    router.process.terminate();
+    assert!(
+        eventually(async || http.get(&router.url, "/readiness", &[]).await.status == 503).await,
+        "readiness turns 503 while draining"
+    );
+    let refused = http.chat(&router.url, &chat_body("m", "late", 1), &[]).await;
+    assert_eq!(refused.status, 503, "new requests are refused while draining");
+    let reply = slow.await.expect("task");
+    assert_eq!(reply.status, 200, "the in-flight request finished: {}", reply.body);
+    let code = tokio::task::spawn_blocking(move || router.process.wait_exit(Duration::from_secs(10)))
+        .await
+        .expect("join");
+    assert_eq!(code, Some(0));
+}
