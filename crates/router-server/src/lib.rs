@@ -19,3 +19,4 @@ pub mod metrics;
 pub mod routes;
 pub mod server;
 pub mod logging;
+pub mod demo;

@@ -1,4 +1,5 @@
 //! `router-server`: serve, validate a configuration, run the KV indexer, or run the demo.
+#![expect(clippy::print_stdout, reason = "the binary reports its address and summaries on stdout")]
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -68,12 +69,15 @@ fn check_config(file: &std::path::Path) -> ExitCode {
 }
 
 async fn serve(args: router_server::config::ServeArgs) -> Result<ExitCode> {
+    let mut demo = None;
     let mut config = if let Some(path) = &args.config {
         ConfigFile::load(path)?
     } else if args.is_quick_start() {
-        ConfigFile::clone(&args.quick_start_config().map_err(anyhow::Error::msg)?)
+        args.quick_start_config().map_err(anyhow::Error::msg)?
     } else if args.demo {
-        anyhow::bail!("--demo is not available in this build yet")
+        let (fleet, config) = router_server::demo::start(args.port.unwrap_or(8080)).await?;
+        demo = Some(fleet);
+        config
     } else {
         anyhow::bail!("nothing to serve: give --config FILE, --worker-urls, --pd-disaggregation or --demo")
     };
@@ -96,11 +100,18 @@ async fn serve(args: router_server::config::ServeArgs) -> Result<ExitCode> {
         tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding {addr}"))?;
     let serving = Serving::start(Arc::clone(&ctx), listener)?;
     tracing::info!(addr = %serving.addr, "router listening");
-    println!("router listening on http://{}", serving.addr);
+    if demo.is_some() {
+        print!("{}", router_server::demo::banner(serving.addr));
+    } else {
+        println!("router listening on http://{}", serving.addr);
+    }
 
     shutdown_signal().await;
     tracing::info!("shutting down: draining in-flight requests");
     serving.stop(Duration::from_secs(config.server.shutdown_drain_secs)).await;
+    if let Some(fleet) = demo {
+        fleet.stop();
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -1,0 +1,161 @@
+//! `--demo`: an embedded simulated fleet behind the router, so a newcomer can curl it with
+//! nothing else installed.
+//!
+//! Two models, because a model is served by plain engines or by PD pairs, never both:
+//! `demo` on four plain engines, and `demo-pd` on one prefill and one decode engine. Every
+//! engine is a real router-sim engine in this process, on its own loopback ports, publishing KV
+//! events and load like a real one.
+
+use router_sim::engine::{EngineConfig, RunningEngine, serve};
+use router_workers::{KvEventsSpec, Stage, WorkerSpec};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{BucketConfig, ConfigFile, GroupConfig, GroupsConfig, ModelConfig, PdGroupsConfig};
+
+/// Plain engines of the `demo` model.
+const PLAIN_ENGINES: usize = 4;
+
+/// The running fleet; dropping it does not stop the engines, [`DemoFleet::stop`] does.
+pub struct DemoFleet {
+    engines: Vec<RunningEngine>,
+    cancel: CancellationToken,
+}
+
+impl DemoFleet {
+    /// Stops every engine.
+    pub fn stop(&self) {
+        self.cancel.cancel();
+        for engine in &self.engines {
+            engine.stop();
+        }
+    }
+}
+
+/// Why the demo could not start.
+#[derive(Debug, thiserror::Error)]
+#[error("starting simulated engine {index}: {source}")]
+pub struct DemoError {
+    index: usize,
+    #[source]
+    source: router_sim::engine::EngineError,
+}
+
+fn engine_config(role: Stage) -> EngineConfig {
+    let mut config = EngineConfig::new("demo");
+    config.role = role;
+    config.tokenizer = Some(router_sim::assets::tokenizer_path());
+    // Fast enough that a curl answers at once, slow enough that load and caching show.
+    config.prefill_tokens_per_sec = 50_000.0;
+    config.decode_tokens_per_sec = 200.0;
+    config.kv_capacity_tokens = 32_768;
+    config.kv_events = Some("tcp://127.0.0.1:0".to_owned());
+    config.kv_replay = Some("tcp://127.0.0.1:0".to_owned());
+    if role == Stage::Prefill {
+        config.bootstrap_port = Some(0);
+    }
+    config
+}
+
+fn worker(id: String, engine: &RunningEngine, role: Stage, block_size: u32) -> WorkerSpec {
+    WorkerSpec {
+        id,
+        url: engine.url(),
+        role,
+        model: None,
+        bootstrap_port: engine.bootstrap_addr().map(|a| a.port()),
+        dp_size: 1,
+        kv_events: engine.kv_events_endpoint().map(|endpoint| KvEventsSpec {
+            endpoint: endpoint.to_owned(),
+            replay_endpoint: engine.kv_replay_endpoint().map(str::to_owned),
+            topic: String::new(),
+            block_size,
+            bind: false,
+        }),
+        load_reporter: None,
+        load_poll: Some(router_workers::LoadPollSpec { interval_ms: 250 }),
+    }
+}
+
+fn group(policy: &str) -> GroupConfig {
+    let policy = serde_json::from_value(serde_json::json!({"type": policy}))
+        .unwrap_or_else(|_| router_policies::PolicyConfig::new(router_policies::PolicyKind::RoundRobin));
+    GroupConfig { worker_ids: None, policy }
+}
+
+/// Starts the engines and returns the router configuration that fronts them.
+pub async fn start(port: u16) -> Result<(DemoFleet, ConfigFile), DemoError> {
+    let cancel = CancellationToken::new();
+    let mut engines = Vec::new();
+    let roles: Vec<Stage> = std::iter::repeat_n(Stage::Plain, PLAIN_ENGINES)
+        .chain([Stage::Prefill, Stage::Decode])
+        .collect();
+    for (index, role) in roles.iter().enumerate() {
+        let mut config = engine_config(*role);
+        if role.is_pd() {
+            config.model = "demo-pd".to_owned();
+        }
+        let engine = serve(config, cancel.child_token())
+            .await
+            .map_err(|source| DemoError { index, source })?;
+        engines.push(engine);
+    }
+    let block_size = 16;
+    let plain_workers = engines[..PLAIN_ENGINES]
+        .iter()
+        .enumerate()
+        .map(|(i, e)| worker(format!("engine-{}", i + 1), e, Stage::Plain, block_size))
+        .collect();
+    let pd_workers = vec![
+        worker("prefill-1".into(), &engines[PLAIN_ENGINES], Stage::Prefill, block_size),
+        worker("decode-1".into(), &engines[PLAIN_ENGINES + 1], Stage::Decode, block_size),
+    ];
+    let mut config = ConfigFile::default();
+    config.server.port = port;
+    let tokenizer = Some(router_sim::assets::tokenizer_path());
+    config.models.push(ModelConfig {
+        id: "demo".into(),
+        tokenizer: tokenizer.clone(),
+        chat_template: None,
+        affinity: Default::default(),
+        workers: plain_workers,
+        buckets: vec![BucketConfig {
+            id: "default".into(),
+            rank: 0,
+            limits: Default::default(),
+            max_context_tokens: None,
+            groups: GroupsConfig { plain: Some(group("power_of_two")), pd: None },
+        }],
+    });
+    config.models.push(ModelConfig {
+        id: "demo-pd".into(),
+        tokenizer,
+        chat_template: None,
+        affinity: Default::default(),
+        workers: pd_workers,
+        buckets: vec![BucketConfig {
+            id: "pd".into(),
+            rank: 0,
+            limits: Default::default(),
+            max_context_tokens: None,
+            groups: GroupsConfig {
+                plain: None,
+                pd: Some(PdGroupsConfig {
+                    prefill: group("power_of_two"),
+                    decode: group("power_of_two"),
+                }),
+            },
+        }],
+    });
+    Ok((DemoFleet { engines, cancel }, config))
+}
+
+/// The banner printed once the demo router listens.
+pub fn banner(addr: std::net::SocketAddr) -> String {
+    format!(
+        "router listening on http://{addr}\n\
+         demo fleet: model `demo` on {PLAIN_ENGINES} plain engines, model `demo-pd` on a \
+         prefill/decode pair (all simulated)\n\
+         try:\n  curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \
+         -d '{{\"model\": \"demo\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'\n"
+    )
+}

@@ -1,0 +1,16 @@
+//! `router-server --demo`: the README's first command serves a working fleet.
+
+use router_e2e::{Http, Router, chat_body};
+
+#[tokio::test]
+async fn the_demo_serves_plain_and_pd_models() {
+    let router = Router::with_args(&["--demo".into(), "--port".into(), "0".into()]);
+    let http = Http::default();
+    let reply = http.chat(&router.url, &chat_body("demo", "Hello!", 4), &[]).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert!(reply.header("x-router-engine").is_some_and(|e| e.starts_with("engine-")));
+    let reply = http.chat(&router.url, &chat_body("demo-pd", "Hello!", 4), &[]).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.header("x-router-prefill-engine"), Some("prefill-1"));
+    assert_eq!(reply.header("x-router-decode-engine"), Some("decode-1"));
+}
