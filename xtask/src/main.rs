@@ -3,6 +3,7 @@
 //! Owns the checks that keep the workspace honest (layering, generated code, lints) and the
 //! commands CI and contributors run. Owns no product behaviour.
 
+mod bench;
 mod codegen;
 mod deps;
 mod lint;
@@ -17,6 +18,7 @@ commands:
   codegen [--check]   regenerate crates/router-proto from proto/*.proto (--check: fail if stale)
   deps                check internal dependency edges against ARCHITECTURE.md
   lint                cargo fmt --check, clippy -D warnings, rustdoc -D warnings
+  bench [--quick]     end-to-end benchmark against the simulated fleet; writes docs/benchmarks.md
   ci                  lint, deps, codegen --check, then every test";
 
 fn main() -> ExitCode {
@@ -42,6 +44,8 @@ fn run(args: &[&str]) -> Result<()> {
             Ok(())
         }
         ["lint"] => lint::run(&root),
+        ["bench"] => bench::run(&root, false),
+        ["bench", "--quick"] => bench::run(&root, true),
         ["ci"] => ci(&root),
         _ => bail!("{USAGE}"),
     }

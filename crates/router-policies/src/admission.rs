@@ -147,11 +147,7 @@ impl EngineAdmission for AdmissionLimits {
                 self.max_pending_prefill_tokens,
                 metrics.pending_prefill_tokens,
             ),
-            (
-                Limit::InflightRequests,
-                self.max_inflight_requests,
-                Some(metrics.inflight_requests),
-            ),
+            (Limit::InflightRequests, self.max_inflight_requests, Some(metrics.inflight_requests)),
         ];
         for (limit, cap, value) in checks {
             // An unset cap is not checked; an unknown metric fails open.

@@ -66,8 +66,12 @@ pub(crate) trait Bindings: Send + Sync {
     /// See [`AffinityStore::bind`].
     fn bind(&self, scope: &Scope, binding: Binding) -> Result<(), Binding>;
     /// See [`AffinityStore::replace`].
-    fn replace(&self, scope: &Scope, expected: &Binding, new: Binding)
-    -> Result<(), Option<Binding>>;
+    fn replace(
+        &self,
+        scope: &Scope,
+        expected: &Binding,
+        new: Binding,
+    ) -> Result<(), Option<Binding>>;
 }
 
 impl Bindings for AffinityStore {
@@ -117,20 +121,18 @@ impl Affinity {
             return Err(PickError::NoCandidates { stage: request.stage });
         }
         let key = self.key.key(request);
-        let scope =
-            match key.map(|key| Scope::new(request.model, request.bucket, request.stage, key)) {
-                None | Some(Err(ScopeError::EmptyKey)) => {
-                    let worker = self.fallback_choice(engines, request).await?;
-                    return Ok(Pick::new(worker, PickReason::AffinityKeyless));
-                }
-                Some(Err(error)) => {
-                    return Err(PickError::InvalidSignal(format!(
-                        "{}: {error}",
-                        self.key.describe()
-                    )));
-                }
-                Some(Ok(scope)) => scope,
-            };
+        let scope = match key
+            .map(|key| Scope::new(request.model, request.bucket, request.stage, key))
+        {
+            None | Some(Err(ScopeError::EmptyKey)) => {
+                let worker = self.fallback_choice(engines, request).await?;
+                return Ok(Pick::new(worker, PickReason::AffinityKeyless));
+            }
+            Some(Err(error)) => {
+                return Err(PickError::InvalidSignal(format!("{}: {error}", self.key.describe())));
+            }
+            Some(Ok(scope)) => scope,
+        };
 
         let mut current = store.get(&scope);
         let mut choice: Option<Arc<Worker>> = None;

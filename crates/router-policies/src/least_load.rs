@@ -52,24 +52,32 @@ impl LeastLoadPolicy {
         self
     }
 
-    fn select(&self, engines: &[Arc<Worker>], request: &PickRequest<'_>) -> Result<Pick, PickError> {
+    fn select(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+    ) -> Result<Pick, PickError> {
         if engines.is_empty() {
             return Err(PickError::NoCandidates { stage: request.stage });
         }
         let snapshot = self.load.table.snapshot();
         let inflight = &self.load.inflight;
-        let observed: Vec<_> = engines
+        let mut observed: Vec<_> = engines
             .iter()
             .map(|engine| {
-                let id = engine.id();
-                let load = snapshot.get(id);
-                let pressure = NativePressure::of(load).zip(load).map(|(pressure, load)| {
-                    let unreported = inflight.dispatched_since(id, load.captured_at);
-                    pressure.with_unreported(unreported, request.input_tokens)
-                });
-                (load, pressure, inflight.count(id))
+                let load = snapshot.get(engine.id());
+                (load, NativePressure::of(load), inflight.count(engine.id()))
             })
             .collect();
+        // The correction matters only when reported pressure decides, i.e. every engine has it.
+        if observed.iter().all(|o| o.1.is_some()) {
+            for (engine, (load, pressure, _)) in engines.iter().zip(&mut observed) {
+                if let (Some(load), Some(p)) = (load, pressure.as_mut()) {
+                    let unreported = inflight.dispatched_since(engine.id(), load.captured_at);
+                    *p = p.with_unreported(unreported, request.input_tokens);
+                }
+            }
+        }
         let comparison = Comparison::for_set(request.stage, observed.iter().map(|o| o.1));
         let mut ranked: Vec<Ranked<'_>> = observed
             .into_iter()

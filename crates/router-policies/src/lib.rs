@@ -38,10 +38,10 @@ mod sampler;
 mod session_aware;
 mod sticky;
 
-pub use affinity::MAX_BIND_ATTEMPTS;
 pub use admission::{
     Admission, AdmissionCheck, AdmissionLimits, EngineAdmission, EngineMetrics, Limit, Rejection,
 };
+pub use affinity::MAX_BIND_ATTEMPTS;
 pub use config::{
     CacheAwareSettings, CachePrefixProvider, ConfigError, PolicyConfig, PolicyKind, PolicyType,
     StickyFallback, StickySettings, removed_policy_type, removed_setting,

@@ -122,7 +122,11 @@ impl PowerOfTwoPolicy {
         self
     }
 
-    fn select(&self, engines: &[Arc<Worker>], request: &PickRequest<'_>) -> Result<Pick, PickError> {
+    fn select(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+    ) -> Result<Pick, PickError> {
         if engines.is_empty() {
             return Err(PickError::NoCandidates { stage: request.stage });
         }

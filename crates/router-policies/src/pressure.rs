@@ -206,9 +206,17 @@ pub fn second_is_less_pressured(
 
 #[cfg(test)]
 mod tests {
+    use router_state_load::{EngineStatus, ReportKind};
+
     use super::*;
 
-    fn native(waiting: u64, running: u64, uncached: u64, used: u64, queue_ms: Option<f64>) -> NativePressure {
+    fn native(
+        waiting: u64,
+        running: u64,
+        uncached: u64,
+        used: u64,
+        queue_ms: Option<f64>,
+    ) -> NativePressure {
         NativePressure {
             waiting_requests: waiting,
             running_requests: running,
@@ -270,6 +278,40 @@ mod tests {
         // Under the local basis a heavily loaded report does not count, only in-flight does.
         assert!(c.key(Some(a), 1) < c.key(None, 2));
         assert!(c.key(None, 1) < c.key(Some(a), 2));
+    }
+
+    fn load(waiting: u64, native: Option<u64>) -> EngineLoad {
+        let now = std::time::Instant::now();
+        EngineLoad {
+            kind: if native.is_some() { ReportKind::Native } else { ReportKind::Basic },
+            status: EngineStatus::Serving,
+            captured_at: now,
+            received_at: now,
+            dp_size: 1,
+            running_requests: 0,
+            waiting_requests: waiting,
+            kv_used_tokens: 0,
+            kv_capacity_tokens: 100,
+            native: native.map(|uncached| NativeLoad {
+                waiting_uncached_tokens: uncached,
+                total_kv_tokens: uncached,
+                max_running_requests: 8,
+                prefill_tokens_per_sec: None,
+                prefill_queue_ms: None,
+            }),
+        }
+    }
+
+    #[test]
+    fn pairwise_rule_matches_the_pair_comparison() {
+        let (light, busy) = (load(0, Some(10)), load(0, Some(20)));
+        let basic = load(0, None);
+        let decide = |a, b| second_is_less_pressured(Stage::Prefill, a, b);
+        assert_eq!(decide((Some(&busy), 0), (Some(&light), 5)), (true, Basis::Reported));
+        assert_eq!(decide((Some(&light), 5), (Some(&busy), 0)), (false, Basis::Reported));
+        // A basic report on either side: in-flight decides, and ties keep the first.
+        assert_eq!(decide((Some(&basic), 1), (Some(&busy), 0)), (true, Basis::Local));
+        assert_eq!(decide((Some(&light), 0), (None, 0)), (false, Basis::Local));
     }
 
     #[test]

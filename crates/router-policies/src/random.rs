@@ -37,7 +37,11 @@ impl RandomPolicy {
         self
     }
 
-    fn select(&self, engines: &[Arc<Worker>], request: &PickRequest<'_>) -> Result<Pick, PickError> {
+    fn select(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+    ) -> Result<Pick, PickError> {
         let (worker, reason) = match engines {
             [] => return Err(PickError::NoCandidates { stage: request.stage }),
             [only] => (only, PickReason::OnlyCandidate),

@@ -32,7 +32,11 @@ impl RoundRobinPolicy {
         self
     }
 
-    fn select(&self, engines: &[Arc<Worker>], request: &PickRequest<'_>) -> Result<Pick, PickError> {
+    fn select(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+    ) -> Result<Pick, PickError> {
         let (worker, reason) = match engines {
             [] => return Err(PickError::NoCandidates { stage: request.stage }),
             [only] => (only, PickReason::OnlyCandidate),

@@ -122,8 +122,10 @@ impl EngineArgs {
         config.role = self.role;
         config.block_size = self.block_size.unwrap_or(config.block_size);
         config.kv_capacity_tokens = self.kv_capacity_tokens.unwrap_or(config.kv_capacity_tokens);
-        config.prefill_tokens_per_sec = self.prefill_tokens_per_sec.unwrap_or(config.prefill_tokens_per_sec);
-        config.decode_tokens_per_sec = self.decode_tokens_per_sec.unwrap_or(config.decode_tokens_per_sec);
+        config.prefill_tokens_per_sec =
+            self.prefill_tokens_per_sec.unwrap_or(config.prefill_tokens_per_sec);
+        config.decode_tokens_per_sec =
+            self.decode_tokens_per_sec.unwrap_or(config.decode_tokens_per_sec);
         config.max_running = self.max_running.unwrap_or(config.max_running);
         config.tokenizer = self.tokenizer;
         config.kv_events = self.kv_events;
@@ -209,7 +211,10 @@ impl LoadArgs {
     fn config(&self) -> anyhow::Result<LoadConfig> {
         let mut config = LoadConfig::new(&self.target, &self.model);
         if let Some(secs) = self.duration {
-            anyhow::ensure!(secs.is_finite() && secs > 0.0, "--duration {secs} is not a positive number of seconds");
+            anyhow::ensure!(
+                secs.is_finite() && secs > 0.0,
+                "--duration {secs} is not a positive number of seconds"
+            );
             config.duration = Duration::from_secs_f64(secs);
         }
         config.session_header = self.session_header.clone();
@@ -232,7 +237,9 @@ impl LoadArgs {
                     sessions: self.sessions.unwrap_or(d.sessions),
                     turns: self.turns.unwrap_or(d.turns),
                     system_prompts: self.system_prompts.unwrap_or(d.system_prompts),
-                    system_prompt_tokens: self.system_prompt_tokens.unwrap_or(d.system_prompt_tokens),
+                    system_prompt_tokens: self
+                        .system_prompt_tokens
+                        .unwrap_or(d.system_prompt_tokens),
                     turn_tokens: self.turn_tokens.unwrap_or(d.turn_tokens),
                     output_tokens: self.output_tokens.unwrap_or(d.output_tokens),
                     seed: self.seed,

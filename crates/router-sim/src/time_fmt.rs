@@ -4,10 +4,21 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 const MONTHS: [&str; 12] = [
-    "January", "February", "March", "April", "May", "June", "July", "August", "September",
-    "October", "November", "December",
+    "January",
+    "February",
+    "March",
+    "April",
+    "May",
+    "June",
+    "July",
+    "August",
+    "September",
+    "October",
+    "November",
+    "December",
 ];
-const WEEKDAYS: [&str; 7] = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
+const WEEKDAYS: [&str; 7] =
+    ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"];
 
 /// A UTC calendar date and time of day.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,7 +117,10 @@ mod tests {
     fn known_dates_format_like_python() {
         // 2024-07-26 00:00:00 UTC, a Friday (Llama 3's default template date).
         assert_eq!(strftime(1_721_952_000, "%d %b %Y"), "26 Jul 2024");
-        assert_eq!(strftime(1_721_952_000, "%A %B %m/%d %H:%M:%S %%"), "Friday July 07/26 00:00:00 %");
+        assert_eq!(
+            strftime(1_721_952_000, "%A %B %m/%d %H:%M:%S %%"),
+            "Friday July 07/26 00:00:00 %"
+        );
         // Leap day.
         assert_eq!(strftime(951_782_400, "%Y-%m-%d %a"), "2000-02-29 Tue");
         assert_eq!(strftime(0, "%Y-%m-%d %a"), "1970-01-01 Thu");

@@ -71,7 +71,7 @@ impl Inflight {
     /// Empty accounting, stamping dispatches with `clock` (use the load table's clock).
     pub fn new(clock: Arc<dyn Clock>) -> Self {
         let origin = clock.now();
-        Self { clock, origin, engines: DashMap::new() }
+        Self { clock, origin, engines: DashMap::default() }
     }
 
     /// Counts a request dispatched to `worker` for `stage` until the returned guard is dropped,
@@ -88,9 +88,9 @@ impl Inflight {
 
     /// Requests in flight to `worker`, over all stages.
     pub fn count(&self, worker: &WorkerId) -> u64 {
-        self.engines.get(worker).map_or(0, |c| {
-            c.by_stage.iter().map(|n| n.load(Ordering::Relaxed)).sum()
-        })
+        self.engines
+            .get(worker)
+            .map_or(0, |c| c.by_stage.iter().map(|n| n.load(Ordering::Relaxed)).sum())
     }
 
     /// Requests in flight to `worker` for one stage.

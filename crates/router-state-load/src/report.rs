@@ -174,11 +174,7 @@ impl RankSample {
             max_running_requests: pick(rank.max_running_requests),
             total_prefill_uncached_tokens: pick(rank.total_prefill_uncached_tokens),
             total_prefill_busy_us: pick(rank.total_prefill_busy_us),
-            estimated_prefill_queue_ms: if native {
-                rank.estimated_prefill_queue_ms
-            } else {
-                None
-            },
+            estimated_prefill_queue_ms: if native { rank.estimated_prefill_queue_ms } else { None },
         }
     }
 

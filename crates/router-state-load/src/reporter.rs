@@ -199,8 +199,8 @@ impl Shared {
     fn build_report(&self, engine_id: &str, interval: Duration) -> pb::LoadReport {
         let snapshot = self.source.snapshot();
         let sent_at = unix_ms_now();
-        let native = !snapshot.ranks.is_empty()
-            && snapshot.ranks.iter().all(RankSample::has_native_gauges);
+        let native =
+            !snapshot.ranks.is_empty() && snapshot.ranks.iter().all(RankSample::has_native_gauges);
         let kind = if native { pb::ReportKind::Native } else { pb::ReportKind::Basic };
         pb::LoadReport {
             engine_id: engine_id.to_owned(),

@@ -163,7 +163,9 @@ pub fn removed_policy_type(name: &str) -> Option<&'static str> {
             "decode engines are chosen by their own group's policy within the same bucket as \
              the prefill engine; use power_of_two"
         }
-        "bucket" => "length buckets are configured under models[].buckets, each group with a policy",
+        "bucket" => {
+            "length buckets are configured under models[].buckets, each group with a policy"
+        }
         "consistent_hashing" | "manual" => "use sticky (routing-key bindings)",
         "prefix_hash" => "use cache_aware",
         _ => return None,
@@ -177,7 +179,9 @@ pub fn removed_setting(name: &str) -> Option<&'static str> {
         "fuse" | "fuse_terms" | "fuse_weights" => {
             "fused scoring was removed with fused_score; use cache_aware"
         }
-        "stable_pair" => "a prefill/decode pair always comes from one bucket; there is no pairing option",
+        "stable_pair" => {
+            "a prefill/decode pair always comes from one bucket; there is no pairing option"
+        }
         "affinity_mode" => {
             "only admitted-binding reuse remains (session_aware, sticky); soft mode was removed"
         }
@@ -375,8 +379,7 @@ impl CacheAwareSettings {
                         "is required when cache_prefix_provider is indexer",
                     ));
                 }
-                if let Some(empty) = self.kv_indexer_endpoint.iter().find(|e| e.trim().is_empty())
-                {
+                if let Some(empty) = self.kv_indexer_endpoint.iter().find(|e| e.trim().is_empty()) {
                     return Err(invalid("kv_indexer_endpoint", format!("empty address {empty:?}")));
                 }
             }
@@ -468,13 +471,11 @@ impl PolicyConfig {
     /// construct yet.
     pub fn build(&self, handles: &PolicyHandles) -> Result<Arc<dyn Policy>, ConfigError> {
         self.validate()?;
-        let admission: Option<Arc<dyn EngineAdmission>> = if self.admission.is_unlimited() {
-            None
-        } else {
-            Some(Arc::new(self.admission))
-        };
+        let admission: Option<Arc<dyn EngineAdmission>> =
+            if self.admission.is_unlimited() { None } else { Some(Arc::new(self.admission)) };
         let load = handles.load.clone();
-        let checked = |admission: Arc<dyn EngineAdmission>| AdmissionCheck::new(admission, load.clone());
+        let checked =
+            |admission: Arc<dyn EngineAdmission>| AdmissionCheck::new(admission, load.clone());
         Ok(match &self.kind {
             PolicyKind::RoundRobin => match admission {
                 None => Arc::new(RoundRobinPolicy::new()),

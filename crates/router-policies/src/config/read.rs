@@ -63,38 +63,38 @@ impl Raw {
         }
         let c = &mut self.cache;
         match key.as_str() {
-            "type" => self.type_name = Some(value(map, &key)?),
-            "admission" => self.admission = Some(value(map, &key)?),
-            "cache_prefix_provider" => c.cache_prefix_provider = value(map, &key)?,
+            "type" => self.type_name = Some(value(map)?),
+            "admission" => self.admission = Some(value(map)?),
+            "cache_prefix_provider" => c.cache_prefix_provider = value(map)?,
             "cache_affinity_min_matched_tokens" => {
-                c.cache_affinity_min_matched_tokens = value(map, &key)?;
+                c.cache_affinity_min_matched_tokens = value(map)?;
             }
             "cache_affinity_min_matched_ratio" => {
-                c.cache_affinity_min_matched_ratio = Some(value(map, &key)?);
+                c.cache_affinity_min_matched_ratio = Some(value(map)?);
             }
-            "cache_candidate_min_workers" => c.cache_candidate_min_workers = value(map, &key)?,
-            "cache_candidate_ratio" => c.cache_candidate_ratio = value(map, &key)?,
-            "cache_candidate_max_workers" => c.cache_candidate_max_workers = value(map, &key)?,
-            "cache_switch_margin_tokens" => c.cache_switch_margin_tokens = value(map, &key)?,
-            "worker_queue_limit" => c.worker_queue_limit = Some(value(map, &key)?),
-            "saturation_queue_floor" => c.saturation_queue_floor = Some(value(map, &key)?),
+            "cache_candidate_min_workers" => c.cache_candidate_min_workers = value(map)?,
+            "cache_candidate_ratio" => c.cache_candidate_ratio = value(map)?,
+            "cache_candidate_max_workers" => c.cache_candidate_max_workers = value(map)?,
+            "cache_switch_margin_tokens" => c.cache_switch_margin_tokens = value(map)?,
+            "worker_queue_limit" => c.worker_queue_limit = Some(value(map)?),
+            "saturation_queue_floor" => c.saturation_queue_floor = Some(value(map)?),
             "pressure_abs_threshold_tokens" => {
-                c.pressure_abs_threshold_tokens = value(map, &key)?;
+                c.pressure_abs_threshold_tokens = value(map)?;
             }
-            "pressure_rel_threshold" => c.pressure_rel_threshold = value(map, &key)?,
-            "pressure_abs_threshold_ms" => c.pressure_abs_threshold_ms = Some(value(map, &key)?),
-            "min_load_choices" => c.min_load_choices = value(map, &key)?,
+            "pressure_rel_threshold" => c.pressure_rel_threshold = value(map)?,
+            "pressure_abs_threshold_ms" => c.pressure_abs_threshold_ms = Some(value(map)?),
+            "min_load_choices" => c.min_load_choices = value(map)?,
             "kv_indexer_endpoint" => {
-                c.kv_indexer_endpoint = match value(map, &key)? {
+                c.kv_indexer_endpoint = match value(map)? {
                     OneOrMany::One(one) => vec![one],
                     OneOrMany::Many(many) => many,
                 };
             }
-            "kv_indexer_query_timeout_ms" => c.kv_indexer_query_timeout_ms = value(map, &key)?,
+            "kv_indexer_query_timeout_ms" => c.kv_indexer_query_timeout_ms = value(map)?,
             "kv_indexer_query_max_inflight" => {
-                c.kv_indexer_query_max_inflight = value(map, &key)?;
+                c.kv_indexer_query_max_inflight = value(map)?;
             }
-            "fallback" => self.sticky.fallback = value(map, &key)?,
+            "fallback" => self.sticky.fallback = value(map)?,
             _ => {
                 let field = format!("policy.{key}");
                 let error = match removed_setting(&key) {
@@ -121,7 +121,10 @@ impl Raw {
         for field in &self.present {
             let applies = TUNING.iter().any(|&(name, to)| name == field && to == policy);
             if !applies {
-                return Err(ConfigError::NotApplicable { field: format!("policy.{field}"), policy });
+                return Err(ConfigError::NotApplicable {
+                    field: format!("policy.{field}"),
+                    policy,
+                });
             }
         }
         let kind = match policy {
@@ -139,12 +142,10 @@ impl Raw {
     }
 }
 
-/// Reads the next value, naming its path in any error.
-fn value<'de, T: Deserialize<'de>, A: MapAccess<'de>>(
-    map: &mut A,
-    field: &str,
-) -> Result<T, A::Error> {
-    map.next_value().map_err(|e| de::Error::custom(format_args!("policy.{field}: {e}")))
+/// Reads the next value. Errors inside it keep the format's own path information (YAML names
+/// the full path); wrapping them here would repeat it.
+fn value<'de, T: Deserialize<'de>, A: MapAccess<'de>>(map: &mut A) -> Result<T, A::Error> {
+    map.next_value()
 }
 
 impl<'de> Deserialize<'de> for PolicyConfig {

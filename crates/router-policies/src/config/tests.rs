@@ -13,7 +13,7 @@ fn json(text: &str) -> Result<PolicyConfig, String> {
 #[test]
 fn every_type_name_parses_with_default_admission() {
     for policy in PolicyType::ALL {
-        let config = yaml(&format!("type: {policy}")).expect(policy.as_str());
+        let config = yaml(&format!("type: {policy}")).expect("every type name parses");
         assert_eq!(config.policy_type(), policy);
         assert!(config.admission.is_unlimited());
         assert_eq!(PolicyType::from_name(policy.as_str()), Some(policy));
@@ -58,7 +58,7 @@ fn sticky_fallback_defaults_to_round_robin_and_takes_the_four_choices() {
         assert_eq!(config.kind, PolicyKind::Sticky(StickySettings { fallback }));
     }
     let err = yaml("{type: sticky, fallback: cache_aware}").expect_err("not a fallback");
-    assert!(err.contains("policy.fallback"), "{err}");
+    assert!(err.contains("fallback: unknown variant `cache_aware`"), "{err}");
 }
 
 #[test]
@@ -88,8 +88,9 @@ pressure_abs_threshold_ms: 50
     assert_eq!(settings.min_load_choices, 3);
     assert_eq!(settings.pressure_abs_threshold_ms, Some(50.0));
 
-    let single = yaml("{type: cache_aware, cache_prefix_provider: indexer, kv_indexer_endpoint: \"h:1\"}")
-        .expect("one address");
+    let single =
+        yaml("{type: cache_aware, cache_prefix_provider: indexer, kv_indexer_endpoint: \"h:1\"}")
+            .expect("one address");
     let PolicyKind::CacheAware(settings) = single.kind else { panic!("{single:?}") };
     assert_eq!(settings.kv_indexer_endpoint, vec!["h:1".to_owned()]);
 }
@@ -99,38 +100,89 @@ pressure_abs_threshold_ms: 50
 fn rejections_name_the_field_path() {
     let cases: &[(&str, &str)] = &[
         // Settings of another type.
-        ("{type: round_robin, min_load_choices: 3}", "policy.min_load_choices does not apply to policy type round_robin"),
-        ("{type: power_of_two, cache_switch_margin_tokens: 1}", "policy.cache_switch_margin_tokens does not apply to policy type power_of_two"),
-        ("{type: load_based, fallback: random}", "policy.fallback does not apply to policy type load_based"),
+        (
+            "{type: round_robin, min_load_choices: 3}",
+            "policy.min_load_choices does not apply to policy type round_robin",
+        ),
+        (
+            "{type: power_of_two, cache_switch_margin_tokens: 1}",
+            "policy.cache_switch_margin_tokens does not apply to policy type power_of_two",
+        ),
+        (
+            "{type: load_based, fallback: random}",
+            "policy.fallback does not apply to policy type load_based",
+        ),
         // Pressure-guard tuning applies to cache-aware only; session-only use is rejected.
-        ("{type: session_aware, pressure_abs_threshold_tokens: 10}", "policy.pressure_abs_threshold_tokens does not apply to policy type session_aware"),
-        ("{type: cache_aware, fallback: random}", "policy.fallback does not apply to policy type cache_aware"),
+        (
+            "{type: session_aware, pressure_abs_threshold_tokens: 10}",
+            "policy.pressure_abs_threshold_tokens does not apply to policy type session_aware",
+        ),
+        (
+            "{type: cache_aware, fallback: random}",
+            "policy.fallback does not apply to policy type cache_aware",
+        ),
         // Unknown fields, here and inside admission.
         ("{type: random, weight: 3}", "unknown field policy.weight"),
-        ("{type: random, admission: {max_running: 3}}", "policy.admission: unknown field `max_running`"),
-        // Wrong value types.
-        ("{type: cache_aware, min_load_choices: two}", "policy.min_load_choices:"),
-        ("{type: cache_aware, cache_prefix_provider: redis}", "policy.cache_prefix_provider:"),
-        ("{type: random, admission: {max_kv_tokens: -1}}", "policy.admission:"),
+        ("{type: random, admission: {max_running: 3}}", "admission: unknown field `max_running`"),
+        // Wrong value types (the format names the path of errors inside values).
+        ("{type: cache_aware, min_load_choices: two}", "min_load_choices: invalid type"),
+        (
+            "{type: cache_aware, cache_prefix_provider: redis}",
+            "cache_prefix_provider: unknown variant `redis`",
+        ),
+        ("{type: random, admission: {max_kv_tokens: -1}}", "admission.max_kv_tokens: invalid type"),
         // Missing or unknown type.
         ("{admission: {max_running_requests: 1}}", "policy.type is required"),
         ("{type: fastest}", "unknown policy type \"fastest\""),
         // Ranges and combinations.
-        ("{type: cache_aware, cache_affinity_min_matched_ratio: 1.5}", "policy.cache_affinity_min_matched_ratio: must be between 0 and 1, got 1.5"),
+        (
+            "{type: cache_aware, cache_affinity_min_matched_ratio: 1.5}",
+            "policy.cache_affinity_min_matched_ratio: must be between 0 and 1, got 1.5",
+        ),
         ("{type: cache_aware, cache_candidate_ratio: -0.1}", "policy.cache_candidate_ratio"),
-        ("{type: cache_aware, cache_candidate_min_workers: 40}", "policy.cache_candidate_min_workers: 40 exceeds cache_candidate_max_workers 32"),
-        ("{type: cache_aware, cache_candidate_max_workers: 0, cache_candidate_min_workers: 0}", "policy.cache_candidate_max_workers: must be at least 1"),
-        ("{type: cache_aware, worker_queue_limit: 4, saturation_queue_floor: 5}", "policy.saturation_queue_floor: 5 exceeds worker_queue_limit 4"),
-        ("{type: cache_aware, saturation_queue_floor: 5}", "policy.saturation_queue_floor: 5 needs worker_queue_limit"),
-        ("{type: cache_aware, pressure_rel_threshold: 1.0}", "policy.pressure_rel_threshold: must be a finite number above 1, got 1"),
+        (
+            "{type: cache_aware, cache_candidate_min_workers: 40}",
+            "policy.cache_candidate_min_workers: 40 exceeds cache_candidate_max_workers 32",
+        ),
+        (
+            "{type: cache_aware, cache_candidate_max_workers: 0, cache_candidate_min_workers: 0}",
+            "policy.cache_candidate_max_workers: must be at least 1",
+        ),
+        (
+            "{type: cache_aware, worker_queue_limit: 4, saturation_queue_floor: 5}",
+            "policy.saturation_queue_floor: 5 exceeds worker_queue_limit 4",
+        ),
+        (
+            "{type: cache_aware, saturation_queue_floor: 5}",
+            "policy.saturation_queue_floor: 5 needs worker_queue_limit",
+        ),
+        (
+            "{type: cache_aware, pressure_rel_threshold: 1.0}",
+            "policy.pressure_rel_threshold: must be a finite number above 1, got 1",
+        ),
         ("{type: cache_aware, pressure_rel_threshold: .nan}", "policy.pressure_rel_threshold"),
         ("{type: cache_aware, pressure_abs_threshold_ms: -1}", "policy.pressure_abs_threshold_ms"),
         ("{type: cache_aware, min_load_choices: 0}", "policy.min_load_choices: must be at least 1"),
-        ("{type: cache_aware, cache_prefix_provider: indexer}", "policy.kv_indexer_endpoint: is required when cache_prefix_provider is indexer"),
-        ("{type: cache_aware, cache_prefix_provider: indexer, kv_indexer_endpoint: [\" \"]}", "policy.kv_indexer_endpoint: empty address"),
-        ("{type: cache_aware, kv_indexer_endpoint: \"h:1\"}", "policy.kv_indexer_endpoint: applies only when cache_prefix_provider is indexer"),
-        ("{type: cache_aware, cache_prefix_provider: indexer, kv_indexer_endpoint: h, kv_indexer_query_timeout_ms: 0}", "policy.kv_indexer_query_timeout_ms"),
-        ("{type: cache_aware, cache_prefix_provider: indexer, kv_indexer_endpoint: h, kv_indexer_query_max_inflight: 0}", "policy.kv_indexer_query_max_inflight"),
+        (
+            "{type: cache_aware, cache_prefix_provider: indexer}",
+            "policy.kv_indexer_endpoint: is required when cache_prefix_provider is indexer",
+        ),
+        (
+            "{type: cache_aware, cache_prefix_provider: indexer, kv_indexer_endpoint: [\" \"]}",
+            "policy.kv_indexer_endpoint: empty address",
+        ),
+        (
+            "{type: cache_aware, kv_indexer_endpoint: \"h:1\"}",
+            "policy.kv_indexer_endpoint: applies only when cache_prefix_provider is indexer",
+        ),
+        (
+            "{type: cache_aware, cache_prefix_provider: indexer, kv_indexer_endpoint: h, kv_indexer_query_timeout_ms: 0}",
+            "policy.kv_indexer_query_timeout_ms",
+        ),
+        (
+            "{type: cache_aware, cache_prefix_provider: indexer, kv_indexer_endpoint: h, kv_indexer_query_max_inflight: 0}",
+            "policy.kv_indexer_query_max_inflight",
+        ),
     ];
     for (text, expected) in cases {
         let err = yaml(text).expect_err(text);
@@ -159,12 +211,32 @@ fn removed_policy_names_say_what_replaces_them() {
 #[test]
 fn removed_options_say_what_replaces_them() {
     let cases = [
-        ("{type: cache_aware, fuse_weights: [1, 2]}", "policy.fuse_weights was removed", "cache_aware"),
+        (
+            "{type: cache_aware, fuse_weights: [1, 2]}",
+            "policy.fuse_weights was removed",
+            "cache_aware",
+        ),
         ("{type: power_of_two, stable_pair: true}", "policy.stable_pair was removed", "one bucket"),
-        ("{type: session_aware, affinity_mode: soft}", "policy.affinity_mode was removed", "admitted-binding reuse"),
-        ("{type: random, filter: overloaded}", "policy.filter was removed", "admission.max_inflight_requests"),
-        ("{type: cache_aware, prefix_cache_min_share: 0.5}", "policy.prefix_cache_min_share was removed", "not equivalent"),
-        ("{type: random, max_in_flight: 8}", "policy.max_in_flight was removed", "admission.max_inflight_requests"),
+        (
+            "{type: session_aware, affinity_mode: soft}",
+            "policy.affinity_mode was removed",
+            "admitted-binding reuse",
+        ),
+        (
+            "{type: random, filter: overloaded}",
+            "policy.filter was removed",
+            "admission.max_inflight_requests",
+        ),
+        (
+            "{type: cache_aware, prefix_cache_min_share: 0.5}",
+            "policy.prefix_cache_min_share was removed",
+            "not equivalent",
+        ),
+        (
+            "{type: random, max_in_flight: 8}",
+            "policy.max_in_flight was removed",
+            "admission.max_inflight_requests",
+        ),
     ];
     for (text, removed, replacement) in cases {
         let err = yaml(text).expect_err(text);
@@ -187,9 +259,33 @@ fn duplicate_fields_are_rejected() {
 }
 
 #[test]
+fn errors_inside_a_larger_document_carry_its_path() {
+    #[derive(Debug, serde::Deserialize)]
+    struct Group {
+        #[expect(dead_code, reason = "only the error is inspected")]
+        policy: PolicyConfig,
+    }
+    let err = serde_yaml_ng::from_str::<Vec<Group>>(
+        "[{policy: {type: round_robin}}, {policy: {type: random, min_load_choices: 3}}]",
+    )
+    .expect_err("not applicable")
+    .to_string();
+    assert!(
+        err.contains("[1].policy: policy.min_load_choices does not apply to policy type random"),
+        "{err}"
+    );
+    let err = serde_yaml_ng::from_str::<Vec<Group>>(
+        "[{policy: {type: random, admission: {max_running: 3}}}]",
+    )
+    .expect_err("unknown admission field")
+    .to_string();
+    assert!(err.contains("[0].policy.admission: unknown field `max_running`"), "{err}");
+}
+
+#[test]
 fn json_is_accepted_too() {
-    let config =
-        json(r#"{"type": "power_of_two", "admission": {"max_inflight_requests": 64}}"#).expect("valid");
+    let config = json(r#"{"type": "power_of_two", "admission": {"max_inflight_requests": 64}}"#)
+        .expect("valid");
     assert_eq!(config.policy_type(), PolicyType::PowerOfTwo);
     assert_eq!(config.admission.max_inflight_requests, Some(64));
     let err = json(r#"["power_of_two"]"#).expect_err("not a map");
@@ -198,10 +294,13 @@ fn json_is_accepted_too() {
 
 #[test]
 fn programmatic_configs_are_validated_too() {
-    let settings = CacheAwareSettings { pressure_rel_threshold: 0.5, ..CacheAwareSettings::default() };
+    let settings =
+        CacheAwareSettings { pressure_rel_threshold: 0.5, ..CacheAwareSettings::default() };
     let config = PolicyConfig::new(PolicyKind::CacheAware(Box::new(settings)));
     let err = config.validate().expect_err("rel threshold below 1");
-    assert!(matches!(err, ConfigError::InvalidValue { ref field, .. } if field == "policy.pressure_rel_threshold"));
+    assert!(
+        matches!(err, ConfigError::InvalidValue { ref field, .. } if field == "policy.pressure_rel_threshold")
+    );
 }
 
 #[test]

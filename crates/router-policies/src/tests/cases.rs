@@ -72,8 +72,12 @@ fn run(kind: &PolicyKind, cases: &[Case], repeats: usize) {
                 (Expect::Rejected(id, limit), Err(PickError::AdmissionRejected(r))) => {
                     assert_eq!((r.worker.as_str(), r.limit), (*id, *limit), "{name}");
                 }
-                (Expect::NoAdmissible(expected), Err(PickError::NoAdmissibleEngine { rejections })) => {
-                    let got: Vec<_> = rejections.iter().map(|r| (r.worker.as_str(), r.limit)).collect();
+                (
+                    Expect::NoAdmissible(expected),
+                    Err(PickError::NoAdmissibleEngine { rejections }),
+                ) => {
+                    let got: Vec<_> =
+                        rejections.iter().map(|r| (r.worker.as_str(), r.limit)).collect();
                     assert_eq!(got, *expected, "{name}");
                 }
                 (Expect::NoCandidates, Err(PickError::NoCandidates { stage })) => {
@@ -91,97 +95,201 @@ fn power_of_two_fixtures() {
     use PickReason::{LocalPressure, OnlyCandidate, ReportedPressure};
     let (plain, prefill, decode) = (Stage::Plain, Stage::Prefill, Stage::Decode);
     let cases = vec![
-        case("plain: fewer waiting uncached tokens", plain,
+        case(
+            "plain: fewer waiting uncached tokens",
+            plain,
             vec![engine("a", native(0, 0, 100, 0)), engine("b", native(0, 0, 50, 0))],
-            Pick("b", ReportedPressure)),
-        case("prefill: queue time first when both have it", prefill,
+            Pick("b", ReportedPressure),
+        ),
+        case(
+            "prefill: queue time first when both have it",
+            prefill,
             vec![engine("a", native_queued(900, 5.0)), engine("b", native_queued(10, 50.0))],
-            Pick("a", ReportedPressure)),
-        case("prefill: queue time ignored unless both have it", prefill,
+            Pick("a", ReportedPressure),
+        ),
+        case(
+            "prefill: queue time ignored unless both have it",
+            prefill,
             vec![engine("a", native_queued(900, 5.0)), engine("b", native(0, 0, 10, 0))],
-            Pick("b", ReportedPressure)),
-        case("plain: then waiting requests", plain,
+            Pick("b", ReportedPressure),
+        ),
+        case(
+            "plain: then waiting requests",
+            plain,
             vec![engine("a", native(0, 3, 10, 0)), engine("b", native(0, 2, 10, 0))],
-            Pick("b", ReportedPressure)),
-        case("plain: then running requests", plain,
+            Pick("b", ReportedPressure),
+        ),
+        case(
+            "plain: then running requests",
+            plain,
             vec![engine("a", native(5, 2, 10, 0)), engine("b", native(4, 2, 10, 0))],
-            Pick("b", ReportedPressure)),
-        case("decode: waiting requests first, uncached tokens ignored", decode,
+            Pick("b", ReportedPressure),
+        ),
+        case(
+            "decode: waiting requests first, uncached tokens ignored",
+            decode,
             vec![engine("a", native(0, 1, 0, 0)), engine("b", native(9, 0, 5000, 900))],
-            Pick("b", ReportedPressure)),
-        case("decode: then running requests", decode,
+            Pick("b", ReportedPressure),
+        ),
+        case(
+            "decode: then running requests",
+            decode,
             vec![engine("a", native(3, 1, 0, 0)), engine("b", native(2, 1, 900, 0))],
-            Pick("b", ReportedPressure)),
-        case("decode: then kv usage fraction", decode,
-            vec![engine("a", native_cap(2, 1, 500, 1000)), engine("b", native_cap(2, 1, 600, 2000))],
-            Pick("b", ReportedPressure)),
-        case("decode: then used kv tokens", decode,
+            Pick("b", ReportedPressure),
+        ),
+        case(
+            "decode: then kv usage fraction",
+            decode,
+            vec![
+                engine("a", native_cap(2, 1, 500, 1000)),
+                engine("b", native_cap(2, 1, 600, 2000)),
+            ],
+            Pick("b", ReportedPressure),
+        ),
+        case(
+            "decode: then used kv tokens",
+            decode,
             vec![engine("a", native_cap(2, 1, 200, 1000)), engine("b", native_cap(2, 1, 100, 500))],
-            Pick("b", ReportedPressure)),
-        case("reported tie: fewer in-flight", plain,
-            vec![engine("a", native(1, 1, 1, 1)).inflight(2), engine("b", native(1, 1, 1, 1)).inflight(1)],
-            Pick("b", ReportedPressure)),
-        case("missing report: compared by in-flight, not read as idle", plain,
+            Pick("b", ReportedPressure),
+        ),
+        case(
+            "reported tie: fewer in-flight",
+            plain,
+            vec![
+                engine("a", native(1, 1, 1, 1)).inflight(2),
+                engine("b", native(1, 1, 1, 1)).inflight(1),
+            ],
+            Pick("b", ReportedPressure),
+        ),
+        case(
+            "missing report: compared by in-flight, not read as idle",
+            plain,
             vec![engine("a", Load::Missing).inflight(3), engine("b", heavy()).inflight(1)],
-            Pick("b", LocalPressure)),
-        case("missing report: the reported engine's load does not count either", plain,
+            Pick("b", LocalPressure),
+        ),
+        case(
+            "missing report: the reported engine's load does not count either",
+            plain,
             vec![engine("a", Load::Missing), engine("b", zero()).inflight(1)],
-            Pick("a", LocalPressure)),
-        case("basic report: no native pressure", plain,
+            Pick("a", LocalPressure),
+        ),
+        case(
+            "basic report: no native pressure",
+            plain,
             vec![engine("a", basic(50, 50)).inflight(1), engine("b", zero()).inflight(2)],
-            Pick("a", LocalPressure)),
-        case("stale report: missing", plain,
-            vec![engine("a", Load::Stale(Numbers { capacity: 1000, ..Numbers::default() })).inflight(2),
-                 engine("b", heavy()).inflight(1)],
-            Pick("b", LocalPressure)),
-        case("rank-incomplete report: missing", decode,
-            vec![engine("a", Load::RankIncomplete(Numbers { capacity: 1000, ..Numbers::default() })).inflight(2),
-                 engine("b", heavy()).inflight(1)],
-            Pick("b", LocalPressure)),
-        case("no kv capacity: not a valid native report", decode,
+            Pick("a", LocalPressure),
+        ),
+        case(
+            "stale report: missing",
+            plain,
+            vec![
+                engine("a", Load::Stale(Numbers { capacity: 1000, ..Numbers::default() }))
+                    .inflight(2),
+                engine("b", heavy()).inflight(1),
+            ],
+            Pick("b", LocalPressure),
+        ),
+        case(
+            "rank-incomplete report: missing",
+            decode,
+            vec![
+                engine("a", Load::RankIncomplete(Numbers { capacity: 1000, ..Numbers::default() }))
+                    .inflight(2),
+                engine("b", heavy()).inflight(1),
+            ],
+            Pick("b", LocalPressure),
+        ),
+        case(
+            "no kv capacity: not a valid native report",
+            decode,
             vec![engine("a", native_cap(0, 0, 0, 0)).inflight(2), engine("b", heavy()).inflight(1)],
-            Pick("b", LocalPressure)),
-        case("admission rejects the winner; the other engine is not tried", plain,
+            Pick("b", LocalPressure),
+        ),
+        case(
+            "admission rejects the winner; the other engine is not tried",
+            plain,
             vec![engine("a", native(10, 0, 0, 0)), engine("b", native(0, 0, 100, 0))],
-            Rejected("a", Limit::RunningRequests)).admission(running_cap(5)),
-        case("unknown reported metrics fail open", plain,
+            Rejected("a", Limit::RunningRequests),
+        )
+        .admission(running_cap(5)),
+        case(
+            "unknown reported metrics fail open",
+            plain,
             vec![engine("a", Load::Missing), engine("b", Load::Missing).inflight(1)],
-            Pick("a", LocalPressure)).admission(AdmissionLimits {
-                max_running_requests: Some(1), max_waiting_requests: Some(1),
-                max_kv_tokens: Some(1), max_pending_prefill_tokens: Some(1),
-                max_inflight_requests: None,
-            }),
-        case("in-flight cap is always checked", plain,
+            Pick("a", LocalPressure),
+        )
+        .admission(AdmissionLimits {
+            max_running_requests: Some(1),
+            max_waiting_requests: Some(1),
+            max_kv_tokens: Some(1),
+            max_pending_prefill_tokens: Some(1),
+            max_inflight_requests: None,
+        }),
+        case(
+            "in-flight cap is always checked",
+            plain,
             vec![engine("a", Load::Missing).inflight(2), engine("b", Load::Missing).inflight(3)],
-            Rejected("a", Limit::InflightRequests)).admission(AdmissionLimits {
-                max_inflight_requests: Some(2), ..AdmissionLimits::default()
-            }),
-        case("a basic report feeds the running cap", plain,
+            Rejected("a", Limit::InflightRequests),
+        )
+        .admission(AdmissionLimits {
+            max_inflight_requests: Some(2),
+            ..AdmissionLimits::default()
+        }),
+        case(
+            "a basic report feeds the running cap",
+            plain,
             vec![engine("a", basic(8, 0)), engine("b", basic(0, 0)).inflight(1)],
-            Rejected("a", Limit::RunningRequests)).admission(running_cap(8)),
-        case("a basic report leaves kv and pending prefill unknown", plain,
+            Rejected("a", Limit::RunningRequests),
+        )
+        .admission(running_cap(8)),
+        case(
+            "a basic report leaves kv and pending prefill unknown",
+            plain,
             vec![engine("a", basic(0, 0)), engine("b", basic(0, 0)).inflight(1)],
-            Pick("a", LocalPressure)).admission(AdmissionLimits {
-                max_kv_tokens: Some(1), max_pending_prefill_tokens: Some(1), ..AdmissionLimits::default()
-            }),
-        case("native total kv tokens feed the kv cap", plain,
+            Pick("a", LocalPressure),
+        )
+        .admission(AdmissionLimits {
+            max_kv_tokens: Some(1),
+            max_pending_prefill_tokens: Some(1),
+            ..AdmissionLimits::default()
+        }),
+        case(
+            "native total kv tokens feed the kv cap",
+            plain,
             vec![engine("a", native(0, 0, 10, 100)), engine("b", native(0, 0, 20, 0))],
-            Rejected("a", Limit::KvTokens)).admission(AdmissionLimits {
-                max_kv_tokens: Some(110), ..AdmissionLimits::default()
-            }),
-        case("native waiting uncached tokens feed the pending prefill cap", prefill,
+            Rejected("a", Limit::KvTokens),
+        )
+        .admission(AdmissionLimits { max_kv_tokens: Some(110), ..AdmissionLimits::default() }),
+        case(
+            "native waiting uncached tokens feed the pending prefill cap",
+            prefill,
             vec![engine("a", native(0, 0, 10, 0)), engine("b", native(0, 0, 20, 0))],
-            Rejected("a", Limit::PendingPrefillTokens)).admission(AdmissionLimits {
-                max_pending_prefill_tokens: Some(10), ..AdmissionLimits::default()
-            }),
-        case("a cap admits while the metric is below it", plain,
+            Rejected("a", Limit::PendingPrefillTokens),
+        )
+        .admission(AdmissionLimits {
+            max_pending_prefill_tokens: Some(10),
+            ..AdmissionLimits::default()
+        }),
+        case(
+            "a cap admits while the metric is below it",
+            plain,
             vec![engine("a", native(7, 0, 0, 0)), engine("b", native(7, 0, 1, 0))],
-            Pick("a", ReportedPressure)).admission(running_cap(8)),
-        case("one candidate is taken directly", plain,
-            vec![engine("a", heavy())], Pick("a", OnlyCandidate)),
-        case("one candidate is still admitted", plain,
-            vec![engine("a", native(9, 0, 0, 0))], Rejected("a", Limit::RunningRequests))
-            .admission(running_cap(5)),
+            Pick("a", ReportedPressure),
+        )
+        .admission(running_cap(8)),
+        case(
+            "one candidate is taken directly",
+            plain,
+            vec![engine("a", heavy())],
+            Pick("a", OnlyCandidate),
+        ),
+        case(
+            "one candidate is still admitted",
+            plain,
+            vec![engine("a", native(9, 0, 0, 0))],
+            Rejected("a", Limit::RunningRequests),
+        )
+        .admission(running_cap(5)),
         case("no candidates", plain, vec![], NoCandidates).admission(running_cap(0)),
     ];
     run(&PolicyKind::PowerOfTwo, &cases, 16);
@@ -193,57 +301,139 @@ fn least_load_fixtures() {
     use PickReason::{LeastLocalLoad, LeastReportedLoad, OnlyCandidate};
     let (plain, prefill, decode) = (Stage::Plain, Stage::Prefill, Stage::Decode);
     let cases = vec![
-        case("exact minimum of the stage pressure", plain,
-            vec![engine("a", native(0, 0, 300, 0)), engine("b", native(0, 0, 100, 0)),
-                 engine("c", native(0, 0, 200, 0))],
-            Pick("b", LeastReportedLoad)),
-        case("requests dispatched since the report count", plain,
-            vec![engine("a", zero()).recent(3), engine("b", native(0, 0, 200, 0)),
-                 engine("c", native(0, 0, 250, 0))],
-            Pick("b", LeastReportedLoad)).input(100),
-        case("requests dispatched before the report do not count twice", plain,
-            vec![engine("a", zero()).inflight(3), engine("b", native(0, 0, 200, 0)),
-                 engine("c", native(0, 0, 250, 0))],
-            Pick("a", LeastReportedLoad)).input(100),
-        case("decode: recent dispatches are waiting requests", decode,
-            vec![engine("a", zero()).recent(2), engine("b", native(0, 1, 0, 0)),
-                 engine("c", native(0, 3, 0, 0))],
-            Pick("b", LeastReportedLoad)),
-        case("prefill: queue time compared without unreported dispatches", prefill,
+        case(
+            "exact minimum of the stage pressure",
+            plain,
+            vec![
+                engine("a", native(0, 0, 300, 0)),
+                engine("b", native(0, 0, 100, 0)),
+                engine("c", native(0, 0, 200, 0)),
+            ],
+            Pick("b", LeastReportedLoad),
+        ),
+        case(
+            "requests dispatched since the report count",
+            plain,
+            vec![
+                engine("a", zero()).recent(3),
+                engine("b", native(0, 0, 200, 0)),
+                engine("c", native(0, 0, 250, 0)),
+            ],
+            Pick("b", LeastReportedLoad),
+        )
+        .input(100),
+        case(
+            "requests dispatched before the report do not count twice",
+            plain,
+            vec![
+                engine("a", zero()).inflight(3),
+                engine("b", native(0, 0, 200, 0)),
+                engine("c", native(0, 0, 250, 0)),
+            ],
+            Pick("a", LeastReportedLoad),
+        )
+        .input(100),
+        case(
+            "decode: recent dispatches are waiting requests",
+            decode,
+            vec![
+                engine("a", zero()).recent(2),
+                engine("b", native(0, 1, 0, 0)),
+                engine("c", native(0, 3, 0, 0)),
+            ],
+            Pick("b", LeastReportedLoad),
+        ),
+        case(
+            "prefill: queue time compared without unreported dispatches",
+            prefill,
             vec![engine("a", native_queued(500, 1.0)), engine("b", native_queued(50, 100.0))],
-            Pick("a", LeastReportedLoad)),
-        case("prefill: unreported dispatches drop the queue time", prefill,
-            vec![engine("a", native_queued(0, 1.0)).recent(1), engine("b", native_queued(50, 100.0))],
-            Pick("b", LeastReportedLoad)).input(100),
-        case("a missing report: every engine by in-flight", plain,
-            vec![engine("a", zero()).inflight(2), engine("b", Load::Missing).inflight(1),
-                 engine("c", zero()).inflight(3)],
-            Pick("b", LeastLocalLoad)),
-        case("a basic report: every engine by in-flight", decode,
+            Pick("a", LeastReportedLoad),
+        ),
+        case(
+            "prefill: unreported dispatches drop the queue time",
+            prefill,
+            vec![
+                engine("a", native_queued(0, 1.0)).recent(1),
+                engine("b", native_queued(50, 100.0)),
+            ],
+            Pick("b", LeastReportedLoad),
+        )
+        .input(100),
+        case(
+            "a missing report: every engine by in-flight",
+            plain,
+            vec![
+                engine("a", zero()).inflight(2),
+                engine("b", Load::Missing).inflight(1),
+                engine("c", zero()).inflight(3),
+            ],
+            Pick("b", LeastLocalLoad),
+        ),
+        case(
+            "a basic report: every engine by in-flight",
+            decode,
             vec![engine("a", zero()).inflight(2), engine("b", basic(90, 90)).inflight(1)],
-            Pick("b", LeastLocalLoad)),
-        case("local ties go to the first candidate", plain,
-            vec![engine("a", Load::Missing).inflight(1), engine("b", Load::Missing),
-                 engine("c", Load::Missing)],
-            Pick("b", LeastLocalLoad)),
-        case("reported ties go to fewer in-flight, then the first candidate", plain,
-            vec![engine("a", native(1, 1, 1, 1)).inflight(2), engine("b", native(1, 1, 1, 1)).inflight(1),
-                 engine("c", native(1, 1, 1, 1)).inflight(1)],
-            Pick("b", LeastReportedLoad)),
-        case("a rejected minimum gives way to the next least loaded", plain,
-            vec![engine("a", native(0, 0, 100, 0)), engine("b", native(9, 0, 50, 0)),
-                 engine("c", native(0, 0, 200, 0))],
-            Pick("a", LeastReportedLoad)).admission(running_cap(5)),
-        case("every engine rejected: all rejections, least loaded first", plain,
-            vec![engine("a", native(9, 0, 100, 0)), engine("b", native(9, 0, 50, 0)),
-                 engine("c", native(9, 0, 200, 0))],
-            NoAdmissible(&[("b", Limit::RunningRequests), ("a", Limit::RunningRequests),
-                           ("c", Limit::RunningRequests)])).admission(running_cap(5)),
-        case("one candidate is taken directly", plain,
-            vec![engine("a", heavy())], Pick("a", OnlyCandidate)),
-        case("one rejected candidate", plain,
-            vec![engine("a", heavy())], NoAdmissible(&[("a", Limit::RunningRequests)]))
-            .admission(running_cap(5)),
+            Pick("b", LeastLocalLoad),
+        ),
+        case(
+            "local ties go to the first candidate",
+            plain,
+            vec![
+                engine("a", Load::Missing).inflight(1),
+                engine("b", Load::Missing),
+                engine("c", Load::Missing),
+            ],
+            Pick("b", LeastLocalLoad),
+        ),
+        case(
+            "reported ties go to fewer in-flight, then the first candidate",
+            plain,
+            vec![
+                engine("a", native(1, 1, 1, 1)).inflight(2),
+                engine("b", native(1, 1, 1, 1)).inflight(1),
+                engine("c", native(1, 1, 1, 1)).inflight(1),
+            ],
+            Pick("b", LeastReportedLoad),
+        ),
+        case(
+            "a rejected minimum gives way to the next least loaded",
+            plain,
+            vec![
+                engine("a", native(0, 0, 100, 0)),
+                engine("b", native(9, 0, 50, 0)),
+                engine("c", native(0, 0, 200, 0)),
+            ],
+            Pick("a", LeastReportedLoad),
+        )
+        .admission(running_cap(5)),
+        case(
+            "every engine rejected: all rejections, least loaded first",
+            plain,
+            vec![
+                engine("a", native(9, 0, 100, 0)),
+                engine("b", native(9, 0, 50, 0)),
+                engine("c", native(9, 0, 200, 0)),
+            ],
+            NoAdmissible(&[
+                ("b", Limit::RunningRequests),
+                ("a", Limit::RunningRequests),
+                ("c", Limit::RunningRequests),
+            ]),
+        )
+        .admission(running_cap(5)),
+        case(
+            "one candidate is taken directly",
+            plain,
+            vec![engine("a", heavy())],
+            Pick("a", OnlyCandidate),
+        ),
+        case(
+            "one rejected candidate",
+            plain,
+            vec![engine("a", heavy())],
+            NoAdmissible(&[("a", Limit::RunningRequests)]),
+        )
+        .admission(running_cap(5)),
         case("no candidates", decode, vec![], NoCandidates).admission(running_cap(0)),
     ];
     run(&PolicyKind::LoadBased, &cases, 1);
@@ -254,9 +444,19 @@ fn round_robin_and_random_fixtures() {
     use Expect::{NoCandidates, Pick, Rejected};
     let one = |reason| {
         vec![
-            case("one candidate", Stage::Plain, vec![engine("a", Load::Missing)], Pick("a", reason)),
-            case("one candidate, admitted", Stage::Plain, vec![engine("a", native(9, 0, 0, 0))],
-                Rejected("a", Limit::RunningRequests)).admission(running_cap(9)),
+            case(
+                "one candidate",
+                Stage::Plain,
+                vec![engine("a", Load::Missing)],
+                Pick("a", reason),
+            ),
+            case(
+                "one candidate, admitted",
+                Stage::Plain,
+                vec![engine("a", native(9, 0, 0, 0))],
+                Rejected("a", Limit::RunningRequests),
+            )
+            .admission(running_cap(9)),
             case("no candidates", Stage::Prefill, vec![], NoCandidates).admission(running_cap(0)),
         ]
     };

@@ -51,7 +51,12 @@ pub(crate) fn native(running: u64, waiting: u64, uncached: u64, used: u64) -> Lo
 
 /// A native report with an estimated queue time.
 pub(crate) fn native_queued(uncached: u64, queue_ms: f64) -> Load {
-    Load::Native(Numbers { uncached, capacity: 1000, queue_ms: Some(queue_ms), ..Numbers::default() })
+    Load::Native(Numbers {
+        uncached,
+        capacity: 1000,
+        queue_ms: Some(queue_ms),
+        ..Numbers::default()
+    })
 }
 
 /// A native report with a given capacity.
@@ -171,8 +176,13 @@ impl Fleet {
                 Load::RankIncomplete(n) => {
                     let ranks = vec![sample(0, n, true), sample(1, n, true)];
                     fleet.report(w, 1, ReportKind::Native, ranks);
-                    let mut partial =
-                        Report::new(w.id().as_str(), 1, 2, ReportKind::Native, vec![sample(0, n, true)]);
+                    let mut partial = Report::new(
+                        w.id().as_str(),
+                        1,
+                        2,
+                        ReportKind::Native,
+                        vec![sample(0, n, true)],
+                    );
                     partial.dp_size = 2;
                     let applied = fleet.table.apply(w.id(), w.incarnation(), partial);
                     assert!(applied.is_err(), "a rank-incomplete report is not usable");
@@ -196,12 +206,6 @@ impl Fleet {
     fn report(&self, worker: &Worker, sequence: u64, kind: ReportKind, ranks: Vec<RankSample>) {
         let report = Report::new(worker.id().as_str(), 1, sequence, kind, ranks);
         self.table.apply(worker.id(), worker.incarnation(), report).expect("report accepted");
-    }
-
-    /// Another dispatch to `id`, held until the fleet is dropped.
-    pub(crate) fn dispatch(&mut self, id: &str) {
-        let id = WorkerId::new(id).expect("id");
-        self.guards.push(self.inflight.acquire(&id, self.stage));
     }
 
     pub(crate) fn handles(&self) -> PolicyHandles {

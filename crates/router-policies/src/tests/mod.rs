@@ -129,11 +129,17 @@ fn admission_errors_stop_the_pick() {
             Err(PickError::InvalidConfiguration("broken admission".into()))
         }
     }
-    let fleet = Fleet::new(Stage::Plain, &[engine("a", native(0, 0, 0, 0)), engine("b", basic(0, 0))]);
+    let fleet =
+        Fleet::new(Stage::Plain, &[engine("a", native(0, 0, 0, 0)), engine("b", basic(0, 0))]);
     let broken: Arc<dyn crate::EngineAdmission> = Arc::new(Broken);
     let policies: [Arc<dyn crate::Policy>; 4] = [
-        Arc::new(RoundRobinPolicy::new().with_admission(AdmissionCheck::new(broken.clone(), fleet.load()))),
-        Arc::new(RandomPolicy::new().with_admission(AdmissionCheck::new(broken.clone(), fleet.load()))),
+        Arc::new(
+            RoundRobinPolicy::new()
+                .with_admission(AdmissionCheck::new(broken.clone(), fleet.load())),
+        ),
+        Arc::new(
+            RandomPolicy::new().with_admission(AdmissionCheck::new(broken.clone(), fleet.load())),
+        ),
         Arc::new(PowerOfTwoPolicy::new(fleet.load()).with_admission(broken.clone())),
         Arc::new(LeastLoadPolicy::new(fleet.load()).with_admission(broken)),
     ];
@@ -145,7 +151,7 @@ fn admission_errors_stop_the_pick() {
 }
 
 #[test]
-fn construction_covers_the_four_load_policies_and_defers_the_rest() {
+fn construction_covers_the_load_policies_and_defers_cache_aware() {
     let fleet = Fleet::new(Stage::Plain, &[engine("a", Load::Missing)]);
     let handles = fleet.handles();
     for (kind, name) in [
@@ -162,19 +168,19 @@ fn construction_covers_the_four_load_policies_and_defers_the_rest() {
         let pick = fleet.pick(policy.as_ref(), 1).expect(name);
         assert_eq!(pick.reason, PickReason::OnlyCandidate);
     }
-    for text in ["type: session_aware", "type: sticky", "type: cache_aware"] {
-        let config: PolicyConfig = serde_yaml_ng::from_str(text).expect(text);
-        let err = config.build(&handles).map(|_| ()).expect_err(text);
-        assert_eq!(err, ConfigError::NotAvailable { policy: config.policy_type() });
-        assert!(err.to_string().contains("is not available yet"), "{err}");
-    }
-    assert_eq!(PolicyType::ALL.len(), 7);
+    // Cache-aware is a valid configuration that this build cannot construct yet.
+    let config: PolicyConfig = serde_yaml_ng::from_str("type: cache_aware").expect("valid");
+    let err = config.build(&handles).map(|_| ()).expect_err("not built yet");
+    assert_eq!(err, ConfigError::NotAvailable { policy: PolicyType::CacheAware });
+    assert!(err.to_string().contains("is not available yet"), "{err}");
 }
 
 #[test]
 fn configured_admission_is_attached() {
     let fleet = Fleet::new(Stage::Plain, &[engine("a", native(9, 0, 0, 0))]);
-    for kind in [PolicyKind::RoundRobin, PolicyKind::Random, PolicyKind::PowerOfTwo, PolicyKind::LoadBased] {
+    for kind in
+        [PolicyKind::RoundRobin, PolicyKind::Random, PolicyKind::PowerOfTwo, PolicyKind::LoadBased]
+    {
         let unlimited = PolicyConfig::new(kind.clone()).build(&fleet.handles()).expect("valid");
         assert!(fleet.pick(unlimited.as_ref(), 1).is_ok());
         let capped = PolicyConfig { kind, admission: running_cap(9) };
@@ -187,7 +193,10 @@ fn configured_admission_is_attached() {
 
 #[test]
 fn sticky_fallbacks_are_built_without_admission() {
-    let fleet = Fleet::new(Stage::Plain, &[engine("a", native(9, 0, 0, 0)), engine("b", native(9, 0, 0, 0))]);
+    let fleet = Fleet::new(
+        Stage::Plain,
+        &[engine("a", native(9, 0, 0, 0)), engine("b", native(9, 0, 0, 0))],
+    );
     for fallback in [
         StickyFallback::RoundRobin,
         StickyFallback::Random,
@@ -203,7 +212,10 @@ fn sticky_fallbacks_are_built_without_admission() {
 
 #[test]
 fn pick_fallback_runs_the_nested_policy() {
-    let fleet = Fleet::new(Stage::Plain, &[engine("a", Load::Missing).inflight(1), engine("b", Load::Missing)]);
+    let fleet = Fleet::new(
+        Stage::Plain,
+        &[engine("a", Load::Missing).inflight(1), engine("b", Load::Missing)],
+    );
     let fallback = LeastLoadPolicy::new(fleet.load());
     let request = crate::PickRequest {
         model: &fleet.model,

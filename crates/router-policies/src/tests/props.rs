@@ -16,7 +16,8 @@ use crate::{
     min_load_choices,
 };
 
-const IDS: [&str; 12] = ["e00", "e01", "e02", "e03", "e04", "e05", "e06", "e07", "e08", "e09", "e10", "e11"];
+const IDS: [&str; 12] =
+    ["e00", "e01", "e02", "e03", "e04", "e05", "e06", "e07", "e08", "e09", "e10", "e11"];
 
 fn stage() -> impl Strategy<Value = Stage> {
     prop_oneof![Just(Stage::Plain), Just(Stage::Prefill), Just(Stage::Decode)]
@@ -49,7 +50,9 @@ fn engines(max: usize) -> impl Strategy<Value = Vec<Engine>> {
         specs
             .into_iter()
             .enumerate()
-            .map(|(i, (load, inflight, recent))| engine(IDS[i], load).inflight(inflight).recent(recent))
+            .map(|(i, (load, inflight, recent))| {
+                engine(IDS[i], load).inflight(inflight).recent(recent)
+            })
             .collect()
     })
 }

@@ -85,11 +85,66 @@ impl Rooms {
     /// Waits up to `timeout` for the room to be ready or failed.
     pub(crate) async fn wait(&self, room: u64, timeout: Duration) -> RoomState {
         let mut rx = self.sender(room).subscribe();
-        let settled = tokio::time::timeout(timeout, rx.wait_for(|s| *s != RoomState::Pending)).await;
+        let settled =
+            tokio::time::timeout(timeout, rx.wait_for(|s| *s != RoomState::Pending)).await;
         match settled {
             Ok(Ok(state)) => state.clone(),
             _ => RoomState::Pending,
         }
+    }
+}
+
+/// A prefill request's hold on its room: marks it ready with the cached token count, or
+/// failed if the request ends (error, client gone, engine stopping) before its prefill did.
+#[derive(Debug)]
+pub(crate) struct RoomGuard {
+    rooms: Arc<Rooms>,
+    room: u64,
+    prompt_tokens: usize,
+    prompt_hash: String,
+    settled: bool,
+}
+
+impl RoomGuard {
+    pub(crate) fn new(rooms: Arc<Rooms>, room: u64) -> Self {
+        Self { rooms, room, prompt_tokens: 0, prompt_hash: String::new(), settled: false }
+    }
+
+    /// Records the prompt the room will hold.
+    pub(crate) fn describe(&mut self, prompt_tokens: usize, prompt_hash: String) {
+        self.prompt_tokens = prompt_tokens;
+        self.prompt_hash = prompt_hash;
+    }
+
+    /// The prompt is prefilled: the decode side may go on.
+    pub(crate) fn ready(&mut self, cached_tokens: usize) {
+        if self.settled {
+            return;
+        }
+        self.settled = true;
+        self.rooms.set(
+            self.room,
+            RoomState::Ready(RoomInfo {
+                room: self.room,
+                prompt_tokens: self.prompt_tokens,
+                cached_tokens,
+                prompt_hash: self.prompt_hash.clone(),
+            }),
+        );
+    }
+
+    /// The prefill will not happen, for `reason`.
+    pub(crate) fn fail(&mut self, reason: &str) {
+        if !self.settled {
+            self.settled = true;
+            self.rooms.set(self.room, RoomState::Failed(reason.to_owned()));
+        }
+    }
+}
+
+impl Drop for RoomGuard {
+    fn drop(&mut self) {
+        self.fail("prefill did not complete");
     }
 }
 
@@ -110,7 +165,8 @@ async fn poll_room(
             (StatusCode::GONE, Json(serde_json::json!({ "error": reason }))).into_response()
         }
         RoomState::Pending => {
-            let message = format!("bootstrap room {room} not ready after {} ms", timeout.as_millis());
+            let message =
+                format!("bootstrap room {room} not ready after {} ms", timeout.as_millis());
             (StatusCode::NOT_FOUND, Json(serde_json::json!({ "error": message }))).into_response()
         }
     }
@@ -131,7 +187,9 @@ pub(crate) enum BootstrapError {
     NotReady { room: u64, server: String, waited_ms: u128 },
     #[error("prefill for bootstrap room {room} failed: {reason}")]
     PrefillFailed { room: u64, reason: String },
-    #[error("bootstrap room {room} holds a different prompt ({theirs} tokens, hash {their_hash}) than this request ({ours} tokens, hash {our_hash})")]
+    #[error(
+        "bootstrap room {room} holds a different prompt ({theirs} tokens, hash {their_hash}) than this request ({ours} tokens, hash {our_hash})"
+    )]
     Mismatch { room: u64, theirs: usize, their_hash: String, ours: usize, our_hash: String },
     #[error("bootstrap server {server} unreachable")]
     Unreachable {
@@ -164,8 +222,8 @@ pub(crate) struct BootstrapClient {
 
 impl BootstrapClient {
     pub(crate) fn new(timeout: Duration) -> Self {
-        let client = Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build(HttpConnector::new());
+        let client =
+            Client::builder(hyper_util::rt::TokioExecutor::new()).build(HttpConnector::new());
         Self { client, timeout }
     }
 
@@ -192,13 +250,16 @@ impl BootstrapClient {
             let unreachable = |source: Box<dyn std::error::Error + Send + Sync>| {
                 BootstrapError::Unreachable { server: server.clone(), source }
             };
-            let uri: http::Uri = uri.parse().map_err(|e: http::uri::InvalidUri| unreachable(Box::new(e)))?;
-            let response = tokio::time::timeout(remaining + Duration::from_secs(1), self.client.get(uri))
-                .await
-                .map_err(|e| unreachable(Box::new(e)))?
-                .map_err(|e| unreachable(Box::new(e)))?;
+            let uri: http::Uri =
+                uri.parse().map_err(|e: http::uri::InvalidUri| unreachable(Box::new(e)))?;
+            let response =
+                tokio::time::timeout(remaining + Duration::from_secs(1), self.client.get(uri))
+                    .await
+                    .map_err(|e| unreachable(Box::new(e)))?
+                    .map_err(|e| unreachable(Box::new(e)))?;
             let status = response.status();
-            let body = response.into_body().collect().await.map_err(|e| unreachable(Box::new(e)))?;
+            let body =
+                response.into_body().collect().await.map_err(|e| unreachable(Box::new(e)))?;
             let body = body.to_bytes();
             match status {
                 StatusCode::OK => {
@@ -266,6 +327,21 @@ mod tests {
         assert!(start.elapsed() >= Duration::from_secs(2));
         rooms.set(2, RoomState::Failed("boom".into()));
         assert_eq!(rooms.wait(2, Duration::from_secs(2)).await, RoomState::Failed("boom".into()));
+    }
+
+    #[tokio::test]
+    async fn a_guard_fails_its_room_unless_ready() {
+        let rooms = Arc::new(Rooms::default());
+        let mut guard = RoomGuard::new(Arc::clone(&rooms), 1);
+        guard.describe(10, "ab".into());
+        guard.ready(4);
+        drop(guard);
+        assert_eq!(rooms.wait(1, Duration::ZERO).await, RoomState::Ready(info(1)));
+        drop(RoomGuard::new(Arc::clone(&rooms), 2));
+        assert_eq!(
+            rooms.wait(2, Duration::ZERO).await,
+            RoomState::Failed("prefill did not complete".into())
+        );
     }
 
     #[test]

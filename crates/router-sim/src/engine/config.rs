@@ -100,7 +100,10 @@ impl EngineConfig {
         if self.kv_capacity_tokens < self.block_size {
             return bad(
                 "--kv-capacity-tokens",
-                format!("{} is less than one block of {}", self.kv_capacity_tokens, self.block_size),
+                format!(
+                    "{} is less than one block of {}",
+                    self.kv_capacity_tokens, self.block_size
+                ),
             );
         }
         for (flag, rate) in [
@@ -125,12 +128,18 @@ impl EngineConfig {
         }
         match (self.role, self.bootstrap_port) {
             (Stage::Prefill, None) => {
-                return bad("--bootstrap-port", "a prefill engine needs one (0 = any free port)".into());
+                return bad(
+                    "--bootstrap-port",
+                    "a prefill engine needs one (0 = any free port)".into(),
+                );
             }
             (Stage::Plain | Stage::Decode, Some(port)) => {
                 return bad(
                     "--bootstrap-port",
-                    format!("{port} given to a {} engine; only prefill engines serve one", self.role),
+                    format!(
+                        "{port} given to a {} engine; only prefill engines serve one",
+                        self.role
+                    ),
                 );
             }
             _ => {}

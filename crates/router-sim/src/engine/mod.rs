@@ -189,7 +189,10 @@ async fn bind(what: &'static str, addr: SocketAddr) -> Result<TcpListener, Engin
 
 /// Starts an engine. Everything is bound when this returns; the engine runs until `cancel`
 /// fires (or a `die_after` fault), and [`RunningEngine::wait`] tells which.
-pub async fn serve(config: EngineConfig, cancel: CancellationToken) -> Result<RunningEngine, EngineError> {
+pub async fn serve(
+    config: EngineConfig,
+    cancel: CancellationToken,
+) -> Result<RunningEngine, EngineError> {
     config.validate()?;
     let preprocessor = match &config.tokenizer {
         Some(path) => Preprocessor::from_tokenizer_file(path).map_err(EngineError::Tokenizer)?,
@@ -209,7 +212,8 @@ pub async fn serve(config: EngineConfig, cancel: CancellationToken) -> Result<Ru
             ring: config.kv_replay_buffer,
             enabled: !config.faults.no_kv_events,
         };
-        let (publisher, endpoints) = events::start_publisher(options, stop.clone(), &tracker).await?;
+        let (publisher, endpoints) =
+            events::start_publisher(options, stop.clone(), &tracker).await?;
         (Some(publisher), endpoints)
     } else {
         (None, events::BoundEndpoints::default())
@@ -228,11 +232,14 @@ pub async fn serve(config: EngineConfig, cancel: CancellationToken) -> Result<Ru
     ));
     tracker.spawn(Arc::clone(&scheduler).run(stop.clone()));
 
+    let mut config = config;
     let mut rooms = None;
     let mut bootstrap_addr = None;
     if let (Stage::Prefill, Some(port)) = (config.role, config.bootstrap_port) {
         let listener = bind("bootstrap server", SocketAddr::new(config.host, port)).await?;
         bootstrap_addr = listener.local_addr().ok();
+        // Report the bound port (the configured one may be 0).
+        config.bootstrap_port = bootstrap_addr.map(|addr| addr.port());
         let room_registry = Arc::new(bootstrap::Rooms::default());
         let router = bootstrap::router(Arc::clone(&room_registry));
         tracker.spawn(http::accept_loop(listener, router, stop.clone(), tracker.clone()));

@@ -42,14 +42,20 @@ pub(crate) struct Client {
 }
 
 impl Client {
-    pub(crate) fn new(target: &str, model: &str, session_header: Option<&str>) -> Result<Self, LoadError> {
+    pub(crate) fn new(
+        target: &str,
+        model: &str,
+        session_header: Option<&str>,
+    ) -> Result<Self, LoadError> {
         let trimmed = target.trim_end_matches('/');
         let url = if trimmed.ends_with("/v1/chat/completions") {
             trimmed.to_owned()
         } else {
             format!("{trimmed}/v1/chat/completions")
         };
-        let uri: Uri = url.parse().map_err(|source| LoadError::Target { target: target.to_owned(), source })?;
+        let uri: Uri = url
+            .parse()
+            .map_err(|source| LoadError::Target { target: target.to_owned(), source })?;
         if uri.scheme_str() != Some("http") {
             return Err(LoadError::Scheme { target: target.to_owned() });
         }
@@ -68,7 +74,12 @@ impl Client {
     }
 
     /// Sends one streamed request and reads it to the end.
-    pub(crate) async fn chat(&self, messages: &[Message], max_tokens: usize, session: Option<&str>) -> Outcome {
+    pub(crate) async fn chat(
+        &self,
+        messages: &[Message],
+        max_tokens: usize,
+        session: Option<&str>,
+    ) -> Outcome {
         let start = Instant::now();
         let mut outcome = self.exchange(messages, max_tokens, session, start).await;
         outcome.latency = start.elapsed();
@@ -166,10 +177,8 @@ fn apply(outcome: &mut Outcome, data: &str, start: Instant) -> Flow {
     if chunk.get("error").is_some_and(|e| !e.is_null()) {
         return Flow::Failed("stream_error");
     }
-    if let Some(content) = chunk
-        .pointer("/choices/0/delta/content")
-        .and_then(|c| c.as_str())
-        .filter(|c| !c.is_empty())
+    if let Some(content) =
+        chunk.pointer("/choices/0/delta/content").and_then(|c| c.as_str()).filter(|c| !c.is_empty())
     {
         if outcome.ttft.is_none() {
             outcome.ttft = Some(start.elapsed());
@@ -180,7 +189,10 @@ fn apply(outcome: &mut Outcome, data: &str, start: Instant) -> Flow {
         outcome.prompt_tokens = usage.get("prompt_tokens").and_then(|v| v.as_u64());
         outcome.completion_tokens = usage.get("completion_tokens").and_then(|v| v.as_u64());
         outcome.cached_tokens = Some(
-            usage.pointer("/prompt_tokens_details/cached_tokens").and_then(|v| v.as_u64()).unwrap_or(0),
+            usage
+                .pointer("/prompt_tokens_details/cached_tokens")
+                .and_then(|v| v.as_u64())
+                .unwrap_or(0),
         );
     }
     Flow::Continue
@@ -256,7 +268,10 @@ mod tests {
         apply(&mut outcome, no_details, start);
         assert_eq!(outcome.cached_tokens, Some(0), "absent details mean nothing cached");
         assert!(matches!(apply(&mut outcome, "[DONE]", start), Flow::Done));
-        assert!(matches!(apply(&mut outcome, r#"{"error":{"message":"x"}}"#, start), Flow::Failed("stream_error")));
+        assert!(matches!(
+            apply(&mut outcome, r#"{"error":{"message":"x"}}"#, start),
+            Flow::Failed("stream_error")
+        ));
         assert_eq!(outcome.content, "hi");
     }
 
@@ -264,7 +279,8 @@ mod tests {
     fn targets_get_the_chat_path_and_must_be_http() {
         let client = Client::new("http://127.0.0.1:8080/", "m", None).expect("valid");
         assert_eq!(client.uri.to_string(), "http://127.0.0.1:8080/v1/chat/completions");
-        let client = Client::new("http://h:1/v1/chat/completions", "m", Some("x-session-id")).expect("valid");
+        let client = Client::new("http://h:1/v1/chat/completions", "m", Some("x-session-id"))
+            .expect("valid");
         assert_eq!(client.uri.path(), "/v1/chat/completions");
         assert!(Client::new("https://h:1", "m", None).is_err());
         assert!(Client::new("http://h:1", "m", Some("bad header")).is_err());

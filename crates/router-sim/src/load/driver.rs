@@ -13,7 +13,9 @@ use tokio::time::Instant;
 
 use super::client::{Client, Outcome};
 use super::report::Report;
-use super::workload::{Message, Session, SessionSpec, SplitMix, TraceRequest, TraceSpec, oracle_hit_rate};
+use super::workload::{
+    Message, Session, SessionSpec, SplitMix, TraceRequest, TraceSpec, oracle_hit_rate,
+};
 use super::{Arrival, LoadConfig};
 
 /// Sessions ready for their next turn, and how many still have turns to play.
@@ -58,7 +60,12 @@ impl Pool {
 }
 
 /// Plays one turn of `session`, recording the outcome.
-async fn play(client: &Client, spec: &SessionSpec, mut session: Session, results: &Mutex<Vec<Outcome>>) -> Session {
+async fn play(
+    client: &Client,
+    spec: &SessionSpec,
+    mut session: Session,
+    results: &Mutex<Vec<Outcome>>,
+) -> Session {
     let (messages, user) = session.next_turn();
     let outcome = client.chat(&messages, spec.output_tokens, Some(&session.name)).await;
     let answer = outcome.error.is_none().then(|| outcome.content.clone());
@@ -102,8 +109,12 @@ pub(crate) async fn sessions(config: &LoadConfig, spec: &SessionSpec, client: Cl
                     tokio::time::sleep_until(next).await;
                     let Some(session) = pool.take().await else { break };
                     let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else { break };
-                    let (pool, results, client, spec) =
-                        (Arc::clone(&pool), Arc::clone(&results), client.clone(), Arc::clone(&spec));
+                    let (pool, results, client, spec) = (
+                        Arc::clone(&pool),
+                        Arc::clone(&results),
+                        client.clone(),
+                        Arc::clone(&spec),
+                    );
                     turns.spawn(async move {
                         let session = play(&client, &spec, session, &results).await;
                         pool.give_back(session);
@@ -115,7 +126,9 @@ pub(crate) async fn sessions(config: &LoadConfig, spec: &SessionSpec, client: Cl
             });
         }
     }
-    let finished = tokio::time::timeout_at(deadline, async { while tasks.join_next().await.is_some() {} }).await;
+    let finished =
+        tokio::time::timeout_at(deadline, async { while tasks.join_next().await.is_some() {} })
+            .await;
     if finished.is_err() {
         tasks.abort_all();
     }

@@ -149,7 +149,10 @@ fn validate(config: &LoadConfig) -> Result<(), LoadError> {
         }
         Workload::Trace(spec) => {
             if !(spec.time_scale.is_finite() && spec.time_scale >= 0.0) {
-                return bad("--time-scale", format!("{} is not a non-negative factor", spec.time_scale));
+                return bad(
+                    "--time-scale",
+                    format!("{} is not a non-negative factor", spec.time_scale),
+                );
             }
             if spec.block_tokens == 0 {
                 return bad("block_tokens", "must be at least 1".into());
@@ -162,7 +165,8 @@ fn validate(config: &LoadConfig) -> Result<(), LoadError> {
 /// Runs the workload against `config.target` and reports what it measured.
 pub async fn run(config: &LoadConfig) -> Result<Report, LoadError> {
     validate(config)?;
-    let client = client::Client::new(&config.target, &config.model, config.session_header.as_deref())?;
+    let client =
+        client::Client::new(&config.target, &config.model, config.session_header.as_deref())?;
     match &config.workload {
         Workload::Sessions(spec) => Ok(driver::sessions(config, spec, client).await),
         Workload::Trace(spec) => {

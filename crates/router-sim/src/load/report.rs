@@ -66,7 +66,11 @@ fn ms(d: Duration) -> f64 {
 
 impl Report {
     /// Builds the report of `outcomes` over `elapsed`.
-    pub(crate) fn new(outcomes: &[Outcome], elapsed: Duration, oracle_hit_rate: Option<f64>) -> Self {
+    pub(crate) fn new(
+        outcomes: &[Outcome],
+        elapsed: Duration,
+        oracle_hit_rate: Option<f64>,
+    ) -> Self {
         let mut report = Report { elapsed, oracle_hit_rate, ..Report::default() };
         let mut ttfts = Vec::new();
         let mut latencies = Vec::new();
@@ -93,7 +97,8 @@ impl Report {
         latencies.sort_by(f64::total_cmp);
         report.ttft_p50_ms = percentile(&ttfts, 50.0);
         report.ttft_p99_ms = percentile(&ttfts, 99.0);
-        report.ttft_mean_ms = (!ttfts.is_empty()).then(|| ttfts.iter().sum::<f64>() / ttfts.len() as f64);
+        report.ttft_mean_ms =
+            (!ttfts.is_empty()).then(|| ttfts.iter().sum::<f64>() / ttfts.len() as f64);
         report.latency_p50_ms = percentile(&latencies, 50.0);
         report.latency_p99_ms = percentile(&latencies, 99.0);
         let secs = elapsed.as_secs_f64();
@@ -183,7 +188,8 @@ impl Report {
             let _ = writeln!(out, "engine share: {}", shares.join(", "));
         }
         if !self.error_kinds.is_empty() {
-            let kinds: Vec<String> = self.error_kinds.iter().map(|(k, n)| format!("{k} x{n}")).collect();
+            let kinds: Vec<String> =
+                self.error_kinds.iter().map(|(k, n)| format!("{k} x{n}")).collect();
             let _ = writeln!(out, "errors: {}", kinds.join(", "));
         }
         out
@@ -221,7 +227,11 @@ mod tests {
             ok(10, 100, 0, Some("e1")),
             ok(20, 100, 50, Some("e2")),
             ok(30, 200, 150, Some("e1")),
-            Outcome { error: Some("status_500".into()), engine: Some("e2".into()), ..Outcome::default() },
+            Outcome {
+                error: Some("status_500".into()),
+                engine: Some("e2".into()),
+                ..Outcome::default()
+            },
         ];
         let report = Report::new(&outcomes, Duration::from_secs(2), None);
         assert_eq!((report.requests, report.ok, report.errors), (4, 3, 1));
@@ -232,7 +242,15 @@ mod tests {
         assert_eq!(report.engine_share["e1"], 0.5);
         assert_eq!(report.engine_share["e2"], 0.5);
         let json = report.to_json();
-        for key in ["requests", "errors", "throughput_rps", "ttft_p50_ms", "ttft_p99_ms", "cache_hit_rate", "engine_share"] {
+        for key in [
+            "requests",
+            "errors",
+            "throughput_rps",
+            "ttft_p50_ms",
+            "ttft_p99_ms",
+            "cache_hit_rate",
+            "engine_share",
+        ] {
             assert!(json.get(key).is_some(), "{key}");
         }
         assert!(json.get("oracle_hit_rate").is_none());

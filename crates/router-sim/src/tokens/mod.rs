@@ -69,7 +69,9 @@ pub enum PrepareError {
     },
     /// Neither `tokenizer_config.json` nor `chat_template.jinja` beside the tokenizer has a
     /// chat template.
-    #[error("no chat template beside {path} (tokenizer_config.json chat_template or chat_template.jinja)")]
+    #[error(
+        "no chat template beside {path} (tokenizer_config.json chat_template or chat_template.jinja)"
+    )]
     NoChatTemplate {
         /// The tokenizer file.
         path: PathBuf,

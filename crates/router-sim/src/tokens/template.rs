@@ -28,9 +28,7 @@ impl JinjaTemplate {
             Ok(text) => serde_json::from_str::<serde_json::Value>(&text).map_err(|source| {
                 PrepareError::ParseConfig { path: config_path.clone(), source }
             })?,
-            Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
-                serde_json::Value::Null
-            }
+            Err(source) if source.kind() == std::io::ErrorKind::NotFound => serde_json::Value::Null,
             Err(source) => return Err(PrepareError::ReadConfig { path: config_path, source }),
         };
         let (source, origin) = match template_in_config(&config) {

@@ -3,7 +3,8 @@ use proptest::prelude::*;
 use super::*;
 
 fn shipped() -> Preprocessor {
-    Preprocessor::from_tokenizer_file(&crate::assets::tokenizer_path()).expect("shipped assets load")
+    Preprocessor::from_tokenizer_file(&crate::assets::tokenizer_path())
+        .expect("shipped assets load")
 }
 
 #[test]

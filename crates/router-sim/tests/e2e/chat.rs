@@ -38,14 +38,14 @@ async fn streamed_chat_sends_chunks_usage_and_done() {
     assert_eq!(reply.headers["content-type"], "text/event-stream");
     let events = reply.events();
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
-    let chunks: Vec<serde_json::Value> =
-        events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).expect("json chunk")).collect();
+    let chunks: Vec<serde_json::Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).expect("json chunk"))
+        .collect();
     assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
-    let content: String = chunks
-        .iter()
-        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
-        .collect();
+    let content: String =
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
     assert_eq!(content.len(), 4);
     let finish = &chunks[chunks.len() - 2];
     assert_eq!(finish["choices"][0]["finish_reason"], "length");
@@ -82,13 +82,17 @@ async fn cached_tokens_grow_over_a_repeated_prefix() {
         {"role": "system", "content": system}, {"role": "user", "content": "First question?"},
         {"role": "assistant", "content": answer}, {"role": "user", "content": "And a second one?"}]});
     let second = chat(&sim, &turn2).await.json();
-    let cached2 = second["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().expect("cached");
+    let cached2 =
+        second["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().expect("cached");
     assert!(cached2 >= prompt1 / 16 * 16, "cached {cached2} of a history of {prompt1}");
 
-    // A different system prompt shares only the template's first bytes (no full block).
+    // A different system prompt shares only the template's first block ("<|im_start|>syst").
     let other = json!({"model": "m", "messages": [{"role": "system", "content": "Other."},
         {"role": "user", "content": "First question?"}]});
-    assert_eq!(chat(&sim, &other).await.json()["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(
+        chat(&sim, &other).await.json()["usage"]["prompt_tokens_details"]["cached_tokens"],
+        16
+    );
 }
 
 #[tokio::test]
@@ -120,7 +124,10 @@ async fn bad_requests_are_openai_errors() {
                 .expect("request");
             let response = client().request(request).await.expect("answered");
             let status = response.status();
-            let body = http_body_util::BodyExt::collect(response.into_body()).await.expect("body").to_bytes();
+            let body = http_body_util::BodyExt::collect(response.into_body())
+                .await
+                .expect("body")
+                .to_bytes();
             (status, serde_json::from_slice::<serde_json::Value>(&body).expect("json error"))
         }
     };
@@ -128,18 +135,23 @@ async fn bad_requests_are_openai_errors() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(body["error"]["code"], 400);
     assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("invalid request body")));
-    let (status, _) = raw(r#"{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}"#).await;
+    let (status, _) =
+        raw(r#"{"messages": [{"role": "user", "content": "x"}], "stream": "yes"}"#).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    let (status, _) = raw(r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}"#).await;
+    let (status, _) =
+        raw(r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}"#).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    let (status, body) = raw(r#"{"model": "other", "messages": [{"role": "user", "content": "x"}]}"#).await;
+    let (status, body) =
+        raw(r#"{"model": "other", "messages": [{"role": "user", "content": "x"}]}"#).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert!(body["error"]["message"].as_str().is_some_and(|m| m.contains("other")));
 }
 
 #[tokio::test]
 async fn probes_answer() {
-    let sim = Sim::start(&["--kv-capacity-tokens", "4096", "--max-running", "7", "--block-size", "32"]).await;
+    let sim =
+        Sim::start(&["--kv-capacity-tokens", "4096", "--max-running", "7", "--block-size", "32"])
+            .await;
     assert_eq!(get(&format!("{}/health", sim.url())).await.status, StatusCode::OK);
     let models = get(&format!("{}/v1/models", sim.url())).await.json();
     assert_eq!(models["object"], "list");
@@ -161,7 +173,10 @@ async fn loads_report_queue_and_kv() {
     assert_eq!(idle["loads"].as_array().map(Vec::len), Some(1));
     let rank = &idle["loads"][0];
     assert_eq!(rank["dp_rank"], 0);
-    assert_eq!((rank["num_running_reqs"].as_u64(), rank["num_waiting_reqs"].as_u64()), (Some(0), Some(0)));
+    assert_eq!(
+        (rank["num_running_reqs"].as_u64(), rank["num_waiting_reqs"].as_u64()),
+        (Some(0), Some(0))
+    );
     assert_eq!(rank["max_total_num_tokens"], 65536);
     assert_eq!(rank["max_running_requests"], 1);
     assert!(idle["timestamp"].as_str().is_some_and(|t| t.ends_with("+00:00")));
@@ -174,6 +189,16 @@ async fn loads_report_queue_and_kv() {
             send(http::Method::POST, &format!("{url}/v1/chat/completions"), Some(&body)).await
         }
     });
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    // Running, and prefilled (so its blocks are cached).
+    loop {
+        let rank = get(&format!("{}/v1/loads", sim.url())).await.json()["loads"][0].clone();
+        if rank["num_running_reqs"] == 1 && rank["total_prefill_uncached_tokens"] != 0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the long stream never ran: {rank}");
+        tokio::task::yield_now().await;
+    }
     let waiting = tokio::spawn({
         let url = sim.url().to_owned();
         async move {
@@ -181,7 +206,6 @@ async fn loads_report_queue_and_kv() {
             send(http::Method::POST, &format!("{url}/v1/chat/completions"), Some(&body)).await
         }
     });
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
     let rank = loop {
         let loads = get(&format!("{}/v1/loads", sim.url())).await.json();
         let rank = loads["loads"][0].clone();
@@ -192,7 +216,8 @@ async fn loads_report_queue_and_kv() {
         tokio::task::yield_now().await;
     };
     let waiting_prompt = chatml_user("wait behind it").len() as u64;
-    assert_eq!(rank["num_waiting_uncached_tokens"], waiting_prompt);
+    // Its first block ("<|im_start|>user") is cached already, the rest is not.
+    assert_eq!(rank["num_waiting_uncached_tokens"], waiting_prompt - 16);
     let used = rank["num_used_tokens"].as_u64().expect("used");
     assert!(used >= chatml_user("hold the slot").len() as u64, "{rank}");
     assert_eq!(rank["num_total_tokens"], used + waiting_prompt);

@@ -79,9 +79,8 @@ pub struct Reply {
 
 impl Reply {
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!("json body ({e}): {}", String::from_utf8_lossy(&self.body))
-        })
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("json body ({e}): {}", String::from_utf8_lossy(&self.body)))
     }
 
     /// The `data:` payloads of an SSE body.
@@ -131,5 +130,8 @@ pub fn request(content: &str, max_tokens: u64, stream: bool) -> Value {
 
 /// The ChatML prompt bytes the engine tokenizes (one token per byte).
 pub fn chatml_user(content: &str) -> Vec<u32> {
-    format!("<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n").bytes().map(u32::from).collect()
+    format!("<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n")
+        .bytes()
+        .map(u32::from)
+        .collect()
 }

@@ -22,7 +22,9 @@ async fn fail_rate_half_fails_some() {
     let sim = Sim::start(&["--fail-rate", "0.5", "--seed", "3"]).await;
     let mut failed = 0;
     for i in 0..40 {
-        if chat(&sim, &request(&format!("r{i}"), 1, false)).await.status == StatusCode::INTERNAL_SERVER_ERROR {
+        if chat(&sim, &request(&format!("r{i}"), 1, false)).await.status
+            == StatusCode::INTERNAL_SERVER_ERROR
+        {
             failed += 1;
         }
     }
@@ -63,32 +65,65 @@ async fn dying_cuts_other_streams_mid_way() {
         let url = url.clone();
         async move { send(Method::POST, &url, Some(&request("long one", 200, true))).await }
     });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while get(&format!("{}/v1/loads", sim.url())).await.json()["loads"][0]["num_running_reqs"] != 1
+    {
+        assert!(Instant::now() < deadline, "the long stream never started");
+        tokio::task::yield_now().await;
+    }
     let short = chat(&sim, &request("short one", 1, false)).await;
     assert_eq!(short.status, StatusCode::OK);
-    let long = tokio::time::timeout(Duration::from_secs(10), long).await.expect("ends").expect("joins");
+    let long =
+        tokio::time::timeout(Duration::from_secs(10), long).await.expect("ends").expect("joins");
     match long {
         Err(error) => assert!(error.contains("body failed"), "{error}"),
-        Ok(reply) => panic!("the long stream should have been cut: {}", String::from_utf8_lossy(&reply.body)),
+        Ok(reply) => {
+            panic!("the long stream should have been cut: {}", String::from_utf8_lossy(&reply.body))
+        }
     }
-    let status = tokio::time::timeout(Duration::from_secs(10), sim.child.wait()).await.expect("exits").expect("status");
+    let status = tokio::time::timeout(Duration::from_secs(10), sim.child.wait())
+        .await
+        .expect("exits")
+        .expect("status");
     assert_eq!(status.code(), Some(3));
 }
 
 #[tokio::test]
 async fn no_kv_events_publishes_nothing() {
-    let sim = Sim::start(&["--kv-events", "tcp://127.0.0.1:0", "--kv-replay", "tcp://127.0.0.1:0", "--no-kv-events"]).await;
+    let sim = Sim::start(&[
+        "--kv-events",
+        "tcp://127.0.0.1:0",
+        "--kv-replay",
+        "tcp://127.0.0.1:0",
+        "--no-kv-events",
+    ])
+    .await;
     chat(&sim, &request("this would store a few blocks of tokens in the cache", 4, false)).await;
     // The replay ring is empty: only the end marker comes back.
     let mut dealer = zeromq::DealerSocket::new();
     use zeromq::{Socket, SocketRecv, SocketSend};
     dealer.connect(sim.endpoint("kv replay")).await.expect("connects");
-    let request = zeromq::ZmqMessage::try_from(vec![bytes::Bytes::new(), bytes::Bytes::copy_from_slice(&0u64.to_be_bytes())])
-        .expect("message");
+    let request = zeromq::ZmqMessage::try_from(vec![
+        bytes::Bytes::new(),
+        bytes::Bytes::copy_from_slice(&0u64.to_be_bytes()),
+    ])
+    .expect("message");
     dealer.send(request).await.expect("sends");
-    let reply = tokio::time::timeout(Duration::from_secs(10), dealer.recv()).await.expect("in time").expect("reply");
+    let reply = tokio::time::timeout(Duration::from_secs(10), dealer.recv())
+        .await
+        .expect("in time")
+        .expect("reply");
     let frames = reply.into_vec();
     assert_eq!(frames[2].as_ref(), &[0xff; 8], "first reply is the end marker");
     // Caching itself still works.
-    let again = chat(&sim, &crate::common::request("this would store a few blocks of tokens in the cache", 4, false)).await;
-    assert!(again.json()["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().is_some_and(|c| c > 0));
+    let again = chat(
+        &sim,
+        &crate::common::request("this would store a few blocks of tokens in the cache", 4, false),
+    )
+    .await;
+    assert!(
+        again.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .is_some_and(|c| c > 0)
+    );
 }

@@ -41,7 +41,10 @@ fn decode(payload: &[u8]) -> Vec<Event> {
         .map(|event| match event {
             Value::Map(map) => {
                 let list = |key: &str| {
-                    field(map, key).and_then(Value::as_array).map(|a| a.iter().map(hash).collect()).unwrap_or_default()
+                    field(map, key)
+                        .and_then(Value::as_array)
+                        .map(|a| a.iter().map(hash).collect())
+                        .unwrap_or_default()
                 };
                 Event {
                     kind: field(map, "type").and_then(Value::as_str).expect("type").to_owned(),
@@ -55,7 +58,11 @@ fn decode(payload: &[u8]) -> Vec<Event> {
             Value::Array(items) => {
                 let kind = items[0].as_str().expect("type").to_owned();
                 let list = |i: usize| {
-                    items.get(i).and_then(Value::as_array).map(|a| a.iter().map(hash).collect()).unwrap_or_default()
+                    items
+                        .get(i)
+                        .and_then(Value::as_array)
+                        .map(|a| a.iter().map(hash).collect())
+                        .unwrap_or_default()
                 };
                 match kind.as_str() {
                     "BlockStored" => Event {
@@ -74,7 +81,14 @@ fn decode(payload: &[u8]) -> Vec<Event> {
                         medium: items.get(2).and_then(Value::as_str).map(str::to_owned),
                         kind,
                     },
-                    _ => Event { kind, hashes: vec![], parent: None, token_ids: vec![], block_size: None, medium: None },
+                    _ => Event {
+                        kind,
+                        hashes: vec![],
+                        parent: None,
+                        token_ids: vec![],
+                        block_size: None,
+                        medium: None,
+                    },
                 }
             }
             other => panic!("event is neither map nor array: {other}"),
@@ -84,25 +98,40 @@ fn decode(payload: &[u8]) -> Vec<Event> {
 
 async fn subscribe(endpoint: &str) -> zeromq::SubSocket {
     let mut sub = zeromq::SubSocket::new();
-    tokio::time::timeout(WAIT, sub.connect(endpoint)).await.expect("connect in time").expect("connects");
+    tokio::time::timeout(WAIT, sub.connect(endpoint))
+        .await
+        .expect("connect in time")
+        .expect("connects");
     sub.subscribe("").await.expect("subscribes");
     sub
 }
 
 async fn recv(sub: &mut zeromq::SubSocket) -> Vec<Bytes> {
-    tokio::time::timeout(WAIT, sub.recv()).await.expect("an event in time").expect("receives").into_vec()
+    tokio::time::timeout(WAIT, sub.recv())
+        .await
+        .expect("an event in time")
+        .expect("receives")
+        .into_vec()
 }
 
 /// Replays from `start` through a fresh DEALER: (seq, topic, payload) until the end marker.
 async fn replay(endpoint: &str, start: u64) -> Vec<(u64, Bytes, Bytes)> {
     let mut dealer = zeromq::DealerSocket::new();
-    tokio::time::timeout(WAIT, dealer.connect(endpoint)).await.expect("connect in time").expect("connects");
-    let request = ZmqMessage::try_from(vec![Bytes::new(), Bytes::copy_from_slice(&start.to_be_bytes())])
-        .expect("message");
+    tokio::time::timeout(WAIT, dealer.connect(endpoint))
+        .await
+        .expect("connect in time")
+        .expect("connects");
+    let request =
+        ZmqMessage::try_from(vec![Bytes::new(), Bytes::copy_from_slice(&start.to_be_bytes())])
+            .expect("message");
     dealer.send(request).await.expect("sends");
     let mut batches = Vec::new();
     loop {
-        let frames = tokio::time::timeout(WAIT, dealer.recv()).await.expect("reply in time").expect("reply").into_vec();
+        let frames = tokio::time::timeout(WAIT, dealer.recv())
+            .await
+            .expect("reply in time")
+            .expect("reply")
+            .into_vec();
         assert_eq!(frames.len(), 4, "[\"\", topic, seq, payload]");
         assert!(frames[0].is_empty(), "empty delimiter");
         let seq = u64::from_be_bytes(frames[2].as_ref().try_into().expect("8-byte seq"));
@@ -116,8 +145,16 @@ async fn replay(endpoint: &str, start: u64) -> Vec<(u64, Bytes, Bytes)> {
 
 async fn kv_events_in(format: &str) {
     let sim = Sim::start(&[
-        "--kv-events", "tcp://127.0.0.1:0", "--kv-replay", "tcp://127.0.0.1:0",
-        "--kv-format", format, "--kv-topic", "kv@sim@m", "--block-size", "4",
+        "--kv-events",
+        "tcp://127.0.0.1:0",
+        "--kv-replay",
+        "tcp://127.0.0.1:0",
+        "--kv-format",
+        format,
+        "--kv-topic",
+        "kv@sim@m",
+        "--block-size",
+        "4",
     ])
     .await;
     let mut sub = subscribe(sim.endpoint("kv events")).await;
@@ -126,7 +163,8 @@ async fn kv_events_in(format: &str) {
     let mut first = None;
     for i in 0..50 {
         chat(&sim, &request(&format!("probe {i}"), 1, false)).await;
-        if let Ok(Ok(message)) = tokio::time::timeout(Duration::from_millis(200), sub.recv()).await {
+        if let Ok(Ok(message)) = tokio::time::timeout(Duration::from_millis(200), sub.recv()).await
+        {
             first = Some(message.into_vec());
             break;
         }
@@ -136,14 +174,18 @@ async fn kv_events_in(format: &str) {
     let content = "The quick brown fox jumps over the lazy dog";
     chat(&sim, &request(content, 1, false)).await;
     let prompt = chatml_user(content);
-    let expected_tokens: Vec<u64> = prompt[..prompt.len() / 4 * 4].iter().map(|t| u64::from(*t)).collect();
+    let expected_tokens: Vec<u64> =
+        prompt[..prompt.len() / 4 * 4].iter().map(|t| u64::from(*t)).collect();
     let stored = loop {
         let frames = recv(&mut sub).await;
         let events = decode(&frames[2]);
         received.push(frames);
         // The template's opening blocks are shared with the probes, so the new run starts
         // further in: find the event whose tokens end the prompt's last full block.
-        if let Some(event) = events.into_iter().find(|e| e.kind == "BlockStored" && expected_tokens.ends_with(&e.token_ids)) {
+        if let Some(event) = events
+            .into_iter()
+            .find(|e| e.kind == "BlockStored" && expected_tokens.ends_with(&e.token_ids))
+        {
             break event;
         }
     };
@@ -157,8 +199,10 @@ async fn kv_events_in(format: &str) {
         assert_eq!(frames[0].as_ref(), b"kv@sim@m");
         assert_eq!(frames[1].len(), 8);
     }
-    let seqs: Vec<u64> =
-        received.iter().map(|f| u64::from_be_bytes(f[1].as_ref().try_into().expect("8 bytes"))).collect();
+    let seqs: Vec<u64> = received
+        .iter()
+        .map(|f| u64::from_be_bytes(f[1].as_ref().try_into().expect("8 bytes")))
+        .collect();
     assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "consecutive seqs: {seqs:?}");
 
     // Replay from 0 returns every batch, in order, the same bytes the SUB saw.
@@ -173,14 +217,18 @@ async fn kv_events_in(format: &str) {
         assert_eq!(payload, &frames[2], "{format} seq {seq}");
     }
     // A replay from the middle starts there.
-    let tail = replay(sim.endpoint("kv replay"), 2).await;
-    assert_eq!(tail.first().map(|b| b.0), Some(2));
+    let tail = replay(sim.endpoint("kv replay"), 1).await;
+    assert_eq!(tail, replayed[1..].to_vec());
+    assert!(replay(sim.endpoint("kv replay"), replayed.len() as u64).await.is_empty());
 
     // The replay holds the whole history: the first batch stores the template from the root.
     let all: Vec<Event> = replayed.iter().flat_map(|(_, _, p)| decode(p)).collect();
     let root = all.iter().find(|e| e.kind == "BlockStored").expect("a stored event");
     assert_eq!(root.parent, None);
-    assert_eq!(&root.token_ids[..4], &b"<|im"[..].iter().map(|b| u64::from(*b)).collect::<Vec<_>>()[..]);
+    assert_eq!(
+        &root.token_ids[..4],
+        &b"<|im"[..].iter().map(|b| u64::from(*b)).collect::<Vec<_>>()[..]
+    );
 }
 
 #[tokio::test]
@@ -207,14 +255,20 @@ async fn kv_events_sglang_legacy() {
 async fn eviction_publishes_block_removed_for_stored_blocks() {
     // 128 tokens of KV in blocks of 4; each request needs about 20 blocks of the 32.
     let sim = Sim::start(&[
-        "--kv-replay", "tcp://127.0.0.1:0", "--block-size", "4", "--kv-capacity-tokens", "128",
+        "--kv-replay",
+        "tcp://127.0.0.1:0",
+        "--block-size",
+        "4",
+        "--kv-capacity-tokens",
+        "128",
     ])
     .await;
     for i in 0..6 {
         let reply = chat(&sim, &request(&format!("distinct prompt number {i}"), 2, false)).await;
         assert_eq!(reply.status, http::StatusCode::OK);
     }
-    let events: Vec<Event> = replay(sim.endpoint("kv replay"), 0).await.iter().flat_map(|(_, _, p)| decode(p)).collect();
+    let events: Vec<Event> =
+        replay(sim.endpoint("kv replay"), 0).await.iter().flat_map(|(_, _, p)| decode(p)).collect();
     let mut cached = std::collections::HashSet::new();
     let mut removed = 0;
     for event in &events {
@@ -244,11 +298,23 @@ async fn eviction_publishes_block_removed_for_stored_blocks() {
 async fn flush_cache_publishes_all_blocks_cleared() {
     let sim = Sim::start(&["--kv-replay", "tcp://127.0.0.1:0", "--kv-format", "sglang"]).await;
     chat(&sim, &request("something to cache, long enough for a block or two", 1, false)).await;
-    let reply = send(http::Method::POST, &format!("{}/flush_cache", sim.url()), None).await.expect("answered");
+    let reply = send(http::Method::POST, &format!("{}/flush_cache", sim.url()), None)
+        .await
+        .expect("answered");
     assert_eq!(reply.status, http::StatusCode::OK);
-    let batches = replay(sim.endpoint("kv replay"), 0).await;
-    let last = decode(&batches.last().expect("batches").2);
-    assert_eq!(last[0].kind, "AllBlocksCleared");
-    let again = chat(&sim, &request("something to cache, long enough for a block or two", 1, false)).await.json();
+    // The publisher hands batches to the replay ring asynchronously: wait for the last one.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let batches = replay(sim.endpoint("kv replay"), 0).await;
+        let last = decode(&batches.last().expect("batches").2);
+        if last[0].kind == "AllBlocksCleared" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no AllBlocksCleared: {last:?}");
+    }
+    let again =
+        chat(&sim, &request("something to cache, long enough for a block or two", 1, false))
+            .await
+            .json();
     assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "the cache is empty");
 }

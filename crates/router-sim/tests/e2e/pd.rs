@@ -19,7 +19,15 @@ fn usage(reply: &Reply) -> Value {
 
 #[tokio::test]
 async fn prefill_and_decode_meet_on_the_bootstrap_room() {
-    let prefill = Sim::start(&["--role", "prefill", "--bootstrap-port", "0", "--kv-replay", "tcp://127.0.0.1:0"]).await;
+    let prefill = Sim::start(&[
+        "--role",
+        "prefill",
+        "--bootstrap-port",
+        "0",
+        "--kv-replay",
+        "tcp://127.0.0.1:0",
+    ])
+    .await;
     let decode = Sim::start(&["--role", "decode", "--bootstrap-timeout-ms", "5000"]).await;
     let port = prefill.port("bootstrap");
     let info = get(&format!("{}/get_server_info", prefill.url())).await.json();
@@ -50,7 +58,8 @@ async fn prefill_and_decode_meet_on_the_bootstrap_room() {
 #[tokio::test]
 async fn missing_mismatched_and_failed_rooms_are_clear_errors() {
     let prefill = Sim::start(&["--role", "prefill", "--bootstrap-port", "0"]).await;
-    let failing = Sim::start(&["--role", "prefill", "--bootstrap-port", "0", "--fail-rate", "1"]).await;
+    let failing =
+        Sim::start(&["--role", "prefill", "--bootstrap-port", "0", "--fail-rate", "1"]).await;
     let decode = Sim::start(&["--role", "decode", "--bootstrap-timeout-ms", "300"]).await;
     let port = prefill.port("bootstrap");
 
@@ -65,15 +74,22 @@ async fn missing_mismatched_and_failed_rooms_are_clear_errors() {
     assert_eq!(prefilled.status, StatusCode::OK);
     let reply = chat(&decode, &pd_request("a different prompt", port, 6, 4)).await;
     assert_eq!(reply.status, StatusCode::CONFLICT);
-    assert!(reply.json()["error"]["message"].as_str().is_some_and(|m| m.contains("different prompt")));
+    assert!(
+        reply.json()["error"]["message"].as_str().is_some_and(|m| m.contains("different prompt"))
+    );
 
     // The prefill failed: the decode side hears it at once rather than timing out.
     let failing_port = failing.port("bootstrap");
     let body = pd_request("doomed", failing_port, 7, 4);
-    let (d, p) = tokio::join!(chat(&decode, &body), chat(&failing, &body));
+    let p = chat(&failing, &body).await;
     assert_eq!(p.status, StatusCode::INTERNAL_SERVER_ERROR);
+    let d = chat(&decode, &body).await;
     assert_eq!(d.status, StatusCode::BAD_GATEWAY);
-    assert!(d.json()["error"]["message"].as_str().is_some_and(|m| m.contains("prefill for bootstrap room 7 failed")));
+    assert!(
+        d.json()["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("prefill for bootstrap room 7 failed"))
+    );
 
     // A decode engine needs the bootstrap fields; a plain one ignores none of them silently.
     let reply = chat(&decode, &request("no room", 4, false)).await;

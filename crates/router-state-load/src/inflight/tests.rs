@@ -30,7 +30,7 @@ fn one_count_per_engine_over_stages() {
     assert_eq!((g1.worker(), g1.stage()), (&a, Stage::Prefill));
     drop(g1);
     assert_eq!(inflight.count(&a), 1);
-    assert_eq!(inflight.counts(), vec![(a.clone(), 1), (b.clone(), 1)]);
+    assert_eq!(inflight.counts(), vec![(a.clone(), 1), (b, 1)]);
     drop((g2, g3));
     assert_eq!(inflight.count(&a), 0);
     assert_eq!(inflight.count(&id("never")), 0);

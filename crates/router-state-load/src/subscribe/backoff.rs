@@ -45,7 +45,11 @@ mod tests {
         for step in steps {
             let delay = backoff.next_delay();
             let step = Duration::from_millis(step);
-            assert!(delay >= step / 2 && delay <= step, "{delay:?} outside [{:?}, {step:?}]", step / 2);
+            assert!(
+                delay >= step / 2 && delay <= step,
+                "{delay:?} outside [{:?}, {step:?}]",
+                step / 2
+            );
         }
         backoff.reset();
         assert!(backoff.next_delay() <= min);

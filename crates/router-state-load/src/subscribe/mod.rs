@@ -2,7 +2,7 @@
 //!
 //! For every worker: a gRPC subscription to its `load_reporter` endpoint, or polling of its
 //! `GET {url}/v1/loads` when `load_poll` is configured (polling wins when both are set, as the
-//! configuration reads "poll instead of a reporter"), or nothing (the worker reads as missing,
+//! configuration reads "poll instead of a reporter"; plain `http` URLs only), or nothing (the worker reads as missing,
 //! `not_configured`). One task per worker, so there is never more than one stream per engine
 //! and a dead engine never delays the others. Removed workers are dropped from the table and
 //! their task stopped; a replaced worker starts over with its new incarnation, and whatever the
@@ -138,7 +138,11 @@ impl LoadSubscriptions {
         loop {
             tokio::select! {
                 () = cancel.cancelled() => break,
-                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+                Some(ended) = tasks.join_next(), if !tasks.is_empty() => {
+                    if let Err(error) = ended {
+                        tracing::error!(%error, "a load subscription task failed");
+                    }
+                }
                 event = feed.recv() => match event {
                     Ok(RegistryEvent::Added(worker)) => {
                         self.start(&mut followed, &mut tasks, worker, &cancel);

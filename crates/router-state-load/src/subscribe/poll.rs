@@ -226,9 +226,17 @@ mod tests {
                 "num_used_tokens": 1, "max_total_num_tokens": 1, {field}}}]}}"#
             )
         };
-        let absurd = [r#""num_waiting_uncached_tokens": -5"#, r#""num_total_tokens": 1.5"#, r#""max_running_requests": 1e300"#];
+        let absurd = [
+            r#""num_waiting_uncached_tokens": -5"#,
+            r#""num_total_tokens": 1.5"#,
+            r#""max_running_requests": 1e300"#,
+        ];
         for field in absurd {
-            assert_eq!(parse_v1_loads(rank(field).as_bytes()), Err(RejectReason::AbsurdValue), "{field}");
+            assert_eq!(
+                parse_v1_loads(rank(field).as_bytes()),
+                Err(RejectReason::AbsurdValue),
+                "{field}"
+            );
         }
         let malformed = [
             rank(r#""num_total_tokens": "12""#),

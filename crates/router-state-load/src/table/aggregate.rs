@@ -122,7 +122,8 @@ pub(crate) fn aggregate(
     status: EngineStatus,
     received_at: Instant,
 ) -> EngineLoad {
-    let sum = |f: fn(&RankSample) -> u64| ranks.iter().fold(0u64, |acc, r| acc.saturating_add(f(r)));
+    let sum =
+        |f: fn(&RankSample) -> u64| ranks.iter().fold(0u64, |acc, r| acc.saturating_add(f(r)));
     let oldest = ranks.iter().map(|r| r.age).max().unwrap_or_default();
     let capacity_known = ranks.iter().all(|r| r.kv_capacity_tokens > 0);
     let native = (claimed == ReportKind::Native && ranks.iter().all(|r| r.has_native_gauges()))
@@ -237,14 +238,22 @@ mod tests {
     fn aggregate_sums_and_takes_the_oldest_capture() {
         let now = Instant::now() + Duration::from_secs(10);
         let a = RankSample { age: Duration::from_millis(5), ..RankSample::basic(0, 1, 2, 30, 100) };
-        let b = RankSample { age: Duration::from_millis(50), ..RankSample::basic(1, 3, 4, 70, 100) };
-        let load = aggregate(&[&a, &b], &[None, None], ReportKind::Basic, EngineStatus::Serving, now);
+        let b =
+            RankSample { age: Duration::from_millis(50), ..RankSample::basic(1, 3, 4, 70, 100) };
+        let load =
+            aggregate(&[&a, &b], &[None, None], ReportKind::Basic, EngineStatus::Serving, now);
         assert_eq!((load.running_requests, load.waiting_requests), (4, 6));
         assert_eq!((load.kv_used_tokens, load.kv_capacity_tokens), (100, 200));
         assert_eq!(load.captured_at, now - Duration::from_millis(50));
         assert_eq!(load.native, None);
         let unknown = RankSample::basic(1, 0, 0, 5, 0);
-        let load = aggregate(&[&a, &unknown], &[None, None], ReportKind::Basic, EngineStatus::Serving, now);
+        let load = aggregate(
+            &[&a, &unknown],
+            &[None, None],
+            ReportKind::Basic,
+            EngineStatus::Serving,
+            now,
+        );
         assert_eq!(load.kv_capacity_tokens, 0, "a partial capacity is no capacity");
     }
 
@@ -253,18 +262,31 @@ mod tests {
         let now = Instant::now();
         let a = RankSample::basic(0, 0, 0, 0, 1).with_native(1_000, 0, 8);
         let b = RankSample::basic(1, 0, 0, 0, 1).with_native(3_000, 0, 8);
-        let load = aggregate(&[&a, &b], &[Some(1_000.0), Some(1_000.0)], ReportKind::Native, EngineStatus::Serving, now);
+        let load = aggregate(
+            &[&a, &b],
+            &[Some(1_000.0), Some(1_000.0)],
+            ReportKind::Native,
+            EngineStatus::Serving,
+            now,
+        );
         let native = load.native.expect("native");
         assert_eq!(native.prefill_tokens_per_sec, Some(2_000.0));
         assert_eq!(native.prefill_queue_ms, Some(2_000.0), "mean of 1 s and 3 s");
         assert_eq!(native.max_running_requests, 16);
 
-        let rate_missing = aggregate(&[&a, &b], &[Some(1_000.0), None], ReportKind::Native, EngineStatus::Serving, now);
+        let rate_missing = aggregate(
+            &[&a, &b],
+            &[Some(1_000.0), None],
+            ReportKind::Native,
+            EngineStatus::Serving,
+            now,
+        );
         assert_eq!(rate_missing.native.expect("native").prefill_queue_ms, None);
 
         let a = RankSample { estimated_prefill_queue_ms: Some(10.0), ..a };
         let b = RankSample { estimated_prefill_queue_ms: Some(30.0), ..b };
-        let load = aggregate(&[&a, &b], &[None, None], ReportKind::Native, EngineStatus::Serving, now);
+        let load =
+            aggregate(&[&a, &b], &[None, None], ReportKind::Native, EngineStatus::Serving, now);
         assert_eq!(load.native.expect("native").prefill_queue_ms, Some(20.0));
     }
 
@@ -274,7 +296,8 @@ mod tests {
         let a = RankSample::basic(0, 0, 0, 0, 1).with_native(1, 1, 1);
         let mut b = RankSample::basic(1, 0, 0, 0, 1).with_native(1, 1, 1);
         b.total_kv_tokens = None;
-        let load = aggregate(&[&a, &b], &[None, None], ReportKind::Native, EngineStatus::Serving, now);
+        let load =
+            aggregate(&[&a, &b], &[None, None], ReportKind::Native, EngineStatus::Serving, now);
         assert_eq!(load.kind, ReportKind::Basic);
         assert_eq!(load.native, None);
     }

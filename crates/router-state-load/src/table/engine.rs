@@ -159,8 +159,13 @@ impl EngineState {
         let (freshness, age_ms, kind) = match &self.current {
             Some(entry) => {
                 let age = now.saturating_duration_since(entry.load.received_at);
-                let fresh = if now < entry.fresh_until { Freshness::Fresh } else { Freshness::Stale };
-                (fresh, Some(u64::try_from(age.as_millis()).unwrap_or(u64::MAX)), Some(entry.load.kind))
+                let fresh =
+                    if now < entry.fresh_until { Freshness::Fresh } else { Freshness::Stale };
+                (
+                    fresh,
+                    Some(u64::try_from(age.as_millis()).unwrap_or(u64::MAX)),
+                    Some(entry.load.kind),
+                )
             }
             None => (Freshness::Missing, None, None),
         };

@@ -73,6 +73,9 @@ impl TableConfig {
     }
 }
 
+/// The usable reports, as readers see them.
+pub(crate) type Published = HashMap<WorkerId, Entry>;
+
 /// A usable report: the aggregate and the instant it stops being fresh.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Entry {
@@ -93,7 +96,7 @@ struct Inner {
 pub struct EngineReportedLoadTable {
     config: TableConfig,
     clock: Arc<dyn Clock>,
-    published: ArcSwap<HashMap<WorkerId, Entry>>,
+    published: ArcSwap<Published>,
     inner: Mutex<Inner>,
     changes: watch::Sender<u64>,
 }
@@ -104,7 +107,7 @@ impl EngineReportedLoadTable {
         Self {
             config,
             clock,
-            published: ArcSwap::from_pointee(HashMap::new()),
+            published: ArcSwap::from_pointee(Published::default()),
             inner: Mutex::new(Inner::default()),
             changes: watch::channel(0).0,
         }
@@ -135,7 +138,8 @@ impl EngineReportedLoadTable {
             return;
         }
         let state = EngineState::new(worker.incarnation(), worker.dp_size(), &self.config);
-        let had = inner.engines.insert(worker.id().clone(), state).is_some_and(|s| s.current.is_some());
+        let had =
+            inner.engines.insert(worker.id().clone(), state).is_some_and(|s| s.current.is_some());
         if had {
             self.publish(worker.id(), None);
         }

@@ -1,12 +1,11 @@
 //! A point-in-time view of the table that one pick reads from.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
 use router_workers::WorkerId;
 
-use super::Entry;
+use super::Published;
 use crate::EngineLoad;
 
 /// The usable reports at one instant. Capturing one is an atomic pointer load and a clock read;
@@ -14,12 +13,12 @@ use crate::EngineLoad;
 /// changes its answers.
 #[derive(Clone, Debug)]
 pub struct LoadSnapshot {
-    entries: Arc<HashMap<WorkerId, Entry>>,
+    entries: Arc<Published>,
     now: Instant,
 }
 
 impl LoadSnapshot {
-    pub(crate) fn new(entries: Arc<HashMap<WorkerId, Entry>>, now: Instant) -> Self {
+    pub(crate) fn new(entries: Arc<Published>, now: Instant) -> Self {
         Self { entries, now }
     }
 

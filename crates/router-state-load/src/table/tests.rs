@@ -283,7 +283,8 @@ fn report_naming_another_engine_is_rejected() {
 
 #[test]
 fn floods_are_rate_limited_per_engine() {
-    let config = TableConfig { max_reports_per_sec: 10.0, report_burst: 5, ..TableConfig::default() };
+    let config =
+        TableConfig { max_reports_per_sec: 10.0, report_burst: 5, ..TableConfig::default() };
     let f = Fixture::with_config(config);
     let w = f.add("a", 1);
     let other = f.add("b", 1);

@@ -66,7 +66,11 @@ impl Engine {
         Self::start_on(listener, source, config)
     }
 
-    pub fn start_on(listener: TcpListener, source: Arc<EngineNumbers>, config: ReporterConfig) -> Self {
+    pub fn start_on(
+        listener: TcpListener,
+        source: Arc<EngineNumbers>,
+        config: ReporterConfig,
+    ) -> Self {
         let addr = listener.local_addr().expect("addr");
         let service = LoadReporterService::new(source, config);
         let cancel = CancellationToken::new();
@@ -146,7 +150,10 @@ impl ScriptedEngine {
         tokio::spawn(async move {
             let _ = tonic::transport::Server::builder()
                 .add_service(server)
-                .serve_with_incoming_shutdown(TcpListenerStream::new(listener), cancel.cancelled_owned())
+                .serve_with_incoming_shutdown(
+                    TcpListenerStream::new(listener),
+                    cancel.cancelled_owned(),
+                )
                 .await;
         });
         (addr, engine)
@@ -154,7 +161,13 @@ impl ScriptedEngine {
 }
 
 /// A wire report with `ranks` native ranks of `running` requests each.
-pub fn wire_report(engine_id: &str, instance: u64, sequence: u64, dp_size: u32, running: u64) -> pb::LoadReport {
+pub fn wire_report(
+    engine_id: &str,
+    instance: u64,
+    sequence: u64,
+    dp_size: u32,
+    running: u64,
+) -> pb::LoadReport {
     pb::LoadReport {
         engine_id: engine_id.to_owned(),
         instance_id: instance,
@@ -232,14 +245,19 @@ pub fn fast_config() -> SubscriptionConfig {
 }
 
 impl Router {
-    pub fn start(workers: Vec<Worker>, table_config: TableConfig, config: SubscriptionConfig) -> Self {
+    pub fn start(
+        workers: Vec<Worker>,
+        table_config: TableConfig,
+        config: SubscriptionConfig,
+    ) -> Self {
         let clock = Arc::new(ManualClock::new());
         let table = Arc::new(EngineReportedLoadTable::new(table_config, clock.clone()));
         let registry = Arc::new(WorkerRegistry::new());
         for worker in workers {
             registry.add(worker).expect("add worker");
         }
-        let subscriptions = LoadSubscriptions::new(Arc::clone(&table), Arc::clone(&registry), config);
+        let subscriptions =
+            LoadSubscriptions::new(Arc::clone(&table), Arc::clone(&registry), config);
         let interval = subscriptions.interval_control();
         let cancel = CancellationToken::new();
         let task = tokio::spawn(subscriptions.run(cancel.clone()));
@@ -247,12 +265,21 @@ impl Router {
     }
 
     /// Waits until `condition` holds on the table, re-checking on every table change.
-    pub async fn wait_until(&self, what: &str, condition: impl Fn(&EngineReportedLoadTable) -> bool) {
+    pub async fn wait_until(
+        &self,
+        what: &str,
+        condition: impl Fn(&EngineReportedLoadTable) -> bool,
+    ) {
         wait_for_table(&self.table, what, condition).await;
     }
 
     /// Waits until the worker's status satisfies `condition`.
-    pub async fn wait_status(&self, worker: &str, what: &str, condition: impl Fn(&EngineLoadStatus) -> bool) -> EngineLoadStatus {
+    pub async fn wait_status(
+        &self,
+        worker: &str,
+        what: &str,
+        condition: impl Fn(&EngineLoadStatus) -> bool,
+    ) -> EngineLoadStatus {
         let id = router_workers::WorkerId::new(worker).expect("id");
         self.wait_until(what, |t| t.status_of(&id).is_some_and(|s| condition(&s))).await;
         self.table.status_of(&id).expect("registered")

@@ -27,7 +27,8 @@ async fn reports_stream_from_engine_to_table() {
         TableConfig::default(),
         fast_config(),
     );
-    let status = router.wait_status("e1", "first report", |s| s.freshness == Freshness::Fresh).await;
+    let status =
+        router.wait_status("e1", "first report", |s| s.freshness == Freshness::Fresh).await;
     assert_eq!(status.kind, Some(ReportKind::Native));
     assert_eq!(status.report_interval, Some(Duration::from_millis(50)), "engine honours 50 ms");
     let load = *router.table.snapshot().get(&id("e1")).expect("fresh");
@@ -99,8 +100,7 @@ async fn broken_stream_is_missing_at_once_and_a_restarted_engine_is_picked_up() 
 
     engine.stop().await;
     // The table's clock never moved: only the broken stream can make it missing.
-    let status =
-        router.wait_status("e1", "missing", |s| s.freshness == Freshness::Missing).await;
+    let status = router.wait_status("e1", "missing", |s| s.freshness == Freshness::Missing).await;
     assert_eq!(status.missing_reason, Some(MissingReason::Disconnected));
     assert!(router.table.snapshot().get(&id("e1")).is_none());
 
@@ -128,10 +128,8 @@ async fn removed_worker_leaves_the_table_and_closes_its_stream() {
     router.registry.remove(&id("e1")).expect("remove");
     router.wait_until("dropped", |t| t.status_of(&id("e1")).is_none()).await;
     assert!(router.table.snapshot().get(&id("e1")).is_none());
-    eventually("engine sees the subscription end", || async {
-        engine.service.subscribers() == 0
-    })
-    .await;
+    eventually("engine sees the subscription end", || async { engine.service.subscribers() == 0 })
+        .await;
     router.stop().await;
     engine.stop().await;
 }
@@ -152,8 +150,7 @@ async fn replaced_worker_starts_over_and_old_subscription_stops() {
             t.snapshot().get(&id("e1")).is_some_and(|l| l.running_requests == 5)
         })
         .await;
-    eventually("old engine unsubscribed", || async { old_engine.service.subscribers() == 0 })
-        .await;
+    eventually("old engine unsubscribed", || async { old_engine.service.subscribers() == 0 }).await;
     router.stop().await;
     old_engine.stop().await;
     new_engine.stop().await;
@@ -181,7 +178,8 @@ async fn scripted(
     config: SubscriptionConfig,
 ) -> (Router, ScriptedEngine, CancellationToken) {
     let cancel = CancellationToken::new();
-    let (addr, engine) = ScriptedEngine::start(Script { reports, close: false }, cancel.clone()).await;
+    let (addr, engine) =
+        ScriptedEngine::start(Script { reports, close: false }, cancel.clone()).await;
     let router = Router::start(vec![reporter_worker("e1", dp_size, addr)], table, config);
     (router, engine, cancel)
 }
@@ -227,9 +225,8 @@ async fn sequences_going_back_are_rejected() {
     ];
     let (router, _engine, cancel) =
         scripted(reports, 1, TableConfig::default(), fast_config()).await;
-    let status = router
-        .wait_status("e1", "all five seen", |s| s.accepted + s.rejected.total() == 5)
-        .await;
+    let status =
+        router.wait_status("e1", "all five seen", |s| s.accepted + s.rejected.total() == 5).await;
     assert_eq!(status.accepted, 2);
     assert_eq!(status.rejected.get(RejectReason::SequenceWentBack), 3);
     let load = router.table.snapshot().get(&id("e1")).copied().expect("fresh");
@@ -265,9 +262,8 @@ async fn absurd_values_are_rejected_and_invalid_estimates_dropped() {
     let reports = vec![wire_report("e1", 1, 1, 1, 1), absurd, nan, unspecified];
     let (router, _engine, cancel) =
         scripted(reports, 1, TableConfig::default(), fast_config()).await;
-    let status = router
-        .wait_status("e1", "all seen", |s| s.accepted + s.rejected.total() == 4)
-        .await;
+    let status =
+        router.wait_status("e1", "all seen", |s| s.accepted + s.rejected.total() == 4).await;
     assert_eq!(status.rejected.get(RejectReason::AbsurdValue), 1);
     assert_eq!(status.rejected.get(RejectReason::Malformed), 1);
     assert_eq!((status.accepted, status.clamped), (2, 1));
@@ -299,9 +295,8 @@ async fn a_flood_is_rate_limited_without_corrupting_the_table() {
     let table = TableConfig { report_burst: 20, ..TableConfig::default() };
     let (router, _engine, cancel) = scripted(reports, 1, table, fast_config()).await;
     // The table's clock stands still, so the bucket never refills: exactly the burst passes.
-    let status = router
-        .wait_status("e1", "all seen", |s| s.accepted + s.rejected.total() == 300)
-        .await;
+    let status =
+        router.wait_status("e1", "all seen", |s| s.accepted + s.rejected.total() == 300).await;
     assert_eq!(status.accepted, 20);
     assert_eq!(status.rejected.get(RejectReason::RateLimited), 280);
     let load = router.table.snapshot().get(&id("e1")).copied().expect("fresh");
@@ -349,7 +344,8 @@ async fn engine_ending_the_stream_is_missing_at_once_then_resubscribed() {
 
 #[tokio::test]
 async fn an_engine_refusing_the_registration_reads_as_missing() {
-    let config = ReporterConfig { engine_id: Some("someone-else".into()), ..ReporterConfig::default() };
+    let config =
+        ReporterConfig { engine_id: Some("someone-else".into()), ..ReporterConfig::default() };
     let engine = Engine::start(numbers(1, 1), config).await;
     let router = Router::start(
         vec![reporter_worker("e1", 1, engine.addr)],
@@ -380,6 +376,29 @@ async fn an_engine_gone_quiet_turns_stale_after_the_window() {
     assert!(router.table.snapshot().get(&id("e1")).is_none(), "stale reads as None");
     let status = router.table.status_of(&id("e1")).expect("registered");
     assert_eq!((status.freshness, status.age_ms), (Freshness::Stale, Some(3_000)));
+    router.stop().await;
+    cancel.cancel();
+}
+
+#[tokio::test]
+async fn a_stalled_stream_is_dropped_and_reopened() {
+    // One report, then an open but silent stream: the subscription gives up on it after the
+    // stall timeout and reconnects.
+    let config = SubscriptionConfig {
+        stall_timeout: Duration::from_millis(100),
+        report_interval: Duration::from_millis(10),
+        ..fast_config()
+    };
+    let (router, engine, cancel) =
+        scripted(vec![wire_report("e1", 1, 1, 1, 2)], 1, TableConfig::default(), config).await;
+    router.wait_status("e1", "fresh", |s| s.freshness == Freshness::Fresh).await;
+    let status = router
+        .wait_status("e1", "dropped as stalled", |s| {
+            s.missing_reason == Some(MissingReason::Disconnected)
+        })
+        .await;
+    assert_eq!(status.freshness, Freshness::Missing, "well before the 3 s freshness window");
+    eventually("reconnected", || async { engine.registrations.lock().len() >= 2 }).await;
     router.stop().await;
     cancel.cancel();
 }

@@ -58,11 +58,16 @@ fn id() -> WorkerId {
     WorkerId::new("s1").expect("id")
 }
 
-async fn setup(dp_size: u32, body: String, config: SubscriptionConfig) -> (Router, Answer, CancellationToken) {
+async fn setup(
+    dp_size: u32,
+    body: String,
+    config: SubscriptionConfig,
+) -> (Router, Answer, CancellationToken) {
     let answer: Answer = Arc::new(Mutex::new((StatusCode::OK, body)));
     let cancel = CancellationToken::new();
     let addr = sglang(Arc::clone(&answer), cancel.clone()).await;
-    let router = Router::start(vec![polled_worker("s1", dp_size, addr, 10)], TableConfig::default(), config);
+    let router =
+        Router::start(vec![polled_worker("s1", dp_size, addr, 10)], TableConfig::default(), config);
     (router, answer, cancel)
 }
 
@@ -80,7 +85,9 @@ async fn polls_sglang_loads_and_sums_ranks() {
 
     answer.lock().1 = loads(&[rank(0, 10), rank(1, 10)]);
     router
-        .wait_until("next poll", |t| t.snapshot().get(&id()).is_some_and(|l| l.running_requests == 20))
+        .wait_until("next poll", |t| {
+            t.snapshot().get(&id()).is_some_and(|l| l.running_requests == 20)
+        })
         .await;
     router.stop().await;
     cancel.cancel();
@@ -92,7 +99,9 @@ async fn missing_rank_in_the_answer_reads_as_none() {
     router.wait_status("s1", "fresh", |s| s.freshness == Freshness::Fresh).await;
     answer.lock().1 = loads(&[rank(0, 1)]);
     let status = router
-        .wait_status("s1", "incomplete", |s| s.missing_reason == Some(MissingReason::RankIncomplete))
+        .wait_status("s1", "incomplete", |s| {
+            s.missing_reason == Some(MissingReason::RankIncomplete)
+        })
         .await;
     assert!(status.rejected.get(RejectReason::RankIncomplete) >= 1);
     assert!(router.table.snapshot().get(&id()).is_none());
@@ -130,7 +139,9 @@ async fn failing_poll_is_missing_at_once() {
     assert_eq!(status.freshness, Freshness::Missing);
     *answer.lock() = (StatusCode::OK, loads(&[rank(0, 6)]));
     router
-        .wait_until("recovered", |t| t.snapshot().get(&id()).is_some_and(|l| l.running_requests == 6))
+        .wait_until("recovered", |t| {
+            t.snapshot().get(&id()).is_some_and(|l| l.running_requests == 6)
+        })
         .await;
     router.stop().await;
     cancel.cancel();
@@ -139,7 +150,9 @@ async fn failing_poll_is_missing_at_once() {
 #[tokio::test]
 async fn oversized_answer_is_rejected() {
     let config = SubscriptionConfig { max_report_bytes: 1024, ..fast_config() };
-    let big = loads(&[format!("{}{}", rank(0, 1).trim_end_matches('}'), format!(r#", "pad": "{}"}}"#, "x".repeat(4096)))]);
+    let padded =
+        format!(r#"{}, "pad": "{}"}}"#, rank(0, 1).trim_end_matches('}'), "x".repeat(4096));
+    let big = loads(&[padded]);
     let (router, _answer, cancel) = setup(1, big, config).await;
     let status = router
         .wait_status("s1", "too large", |s| s.rejected.get(RejectReason::TooLarge) >= 1)

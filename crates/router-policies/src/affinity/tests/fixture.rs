@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use futures::executor::block_on;
+use parking_lot::Mutex;
 use router_affinity::{AffinityConfig, AffinityStore, Binding, Scope};
 use router_state_load::{
     EngineReportedLoadTable, Inflight, InflightGuard, ManualClock, RankSample, Report, ReportKind,
@@ -23,7 +24,7 @@ pub(super) struct Fleet {
     pub(super) workers: Vec<Arc<Worker>>,
     pub(super) load: LoadHandles,
     table: Arc<EngineReportedLoadTable>,
-    guards: Vec<InflightGuard>,
+    guards: Mutex<Vec<InflightGuard>>,
 }
 
 impl Fleet {
@@ -34,7 +35,7 @@ impl Fleet {
         let table = Arc::new(EngineReportedLoadTable::new(TableConfig::default(), clock.clone()));
         let inflight = Arc::new(Inflight::new(clock));
         let load = LoadHandles::new(Arc::clone(&table), inflight);
-        Self { model, workers, load, table, guards: Vec::new() }
+        Self { model, workers, load, table, guards: Mutex::new(Vec::new()) }
     }
 
     /// The engine named `id`.
@@ -48,10 +49,11 @@ impl Fleet {
     }
 
     /// Holds `n` more requests in flight to `id` until the fleet is dropped.
-    pub(super) fn busy(&mut self, id: &str, n: u64) {
+    pub(super) fn busy(&self, id: &str, n: u64) {
         let worker = self.get(id).id().clone();
+        let mut guards = self.guards.lock();
         for _ in 0..n {
-            self.guards.push(self.load.inflight.acquire(&worker, Stage::Plain));
+            guards.push(self.load.inflight.acquire(&worker, Stage::Plain));
         }
     }
 
@@ -147,8 +149,7 @@ impl Flavor {
                 }
             }
             Flavor::Sticky(fallback) => {
-                let policy =
-                    StickyPolicy::new(Arc::clone(store), fallback.build(&fleet.handles()));
+                let policy = StickyPolicy::new(Arc::clone(store), fallback.build(&fleet.handles()));
                 match admission {
                     None => Arc::new(policy),
                     Some(a) => {

@@ -11,7 +11,9 @@ use router_workers::{Stage, Worker, WorkerRegistry};
 use tokio_util::sync::CancellationToken;
 
 use super::fixture::{Flavor, Fleet, outcome, pick, store};
-use crate::{AdmissionLimits, PickError, PickReason, PolicyConfig, SessionAwarePolicy, StickyFallback};
+use crate::{
+    AdmissionLimits, PickError, PickReason, PolicyConfig, SessionAwarePolicy, StickyFallback,
+};
 
 fn config(yaml: &str) -> PolicyConfig {
     serde_yaml_ng::from_str(yaml).expect(yaml)
@@ -19,7 +21,7 @@ fn config(yaml: &str) -> PolicyConfig {
 
 #[test]
 fn configuration_builds_both_policies_over_separate_stores() {
-    let mut fleet = Fleet::new();
+    let fleet = Fleet::new();
     let handles = fleet.handles();
     let session = config("type: session_aware").build(&handles).expect("session_aware");
     let sticky = config("type: sticky").build(&handles).expect("sticky");
@@ -57,19 +59,19 @@ fn configuration_builds_both_policies_over_separate_stores() {
 
 #[test]
 fn configured_admission_checks_bound_engines() {
-    let mut fleet = Fleet::new();
+    let fleet = Fleet::new();
     let handles = fleet.handles();
     let engines = fleet.group(&["a", "b"]);
-    for (yaml, store) in [
-        ("{type: session_aware, admission: {max_inflight_requests: 1}}", &handles.sessions),
-        ("{type: sticky, admission: {max_inflight_requests: 1}}", &handles.routing_keys),
-    ] {
+    for store in [&handles.sessions, &handles.routing_keys] {
         store.bind(&fleet.scope("k"), Binding::of(fleet.get("a"))).expect("fresh store");
     }
     fleet.busy("a", 1);
     for (yaml, flavor) in [
         ("{type: session_aware, admission: {max_inflight_requests: 1}}", Flavor::Session),
-        ("{type: sticky, admission: {max_inflight_requests: 1}}", Flavor::Sticky(StickyFallback::RoundRobin)),
+        (
+            "{type: sticky, admission: {max_inflight_requests: 1}}",
+            Flavor::Sticky(StickyFallback::RoundRobin),
+        ),
     ] {
         let policy = config(yaml).build(&handles).expect(yaml);
         let request = fleet.request(flavor, Some("k"));
@@ -163,7 +165,8 @@ async fn bindings_of_an_engine_leaving_the_registry_are_invalidated() {
     assert_eq!(outcome(&policy.pick(&group(), &k).await), "b affinity_bound");
 
     // A replacement under the same id is a new engine: every binding to the old one goes.
-    let new_b = registry.replace(Worker::plain("b", url, &fleet.model).expect("valid")).expect("replaced");
+    let new_b =
+        registry.replace(Worker::plain("b", url, &fleet.model).expect("valid")).expect("replaced");
     settle("the old b's bindings are dropped", || store.is_empty()).await;
     let picked = policy.pick(&group(), &k).await.expect("picked");
     assert!(Arc::ptr_eq(&picked.worker, &new_b));
@@ -188,7 +191,7 @@ proptest! {
         seed in any::<u64>(),
     ) {
         const CAP: u64 = 2;
-        let mut fleet = Fleet::new();
+        let fleet = Fleet::new();
         for (i, &n) in busy.iter().enumerate() {
             let id = fleet.workers[i].id().as_str().to_owned();
             fleet.busy(&id, n);

@@ -203,7 +203,7 @@ const RACES: &[Race] = &[
 fn lost_compare_and_sets_follow_the_rules() {
     assert_eq!(MAX_BIND_ATTEMPTS, 4, "the exhaustion row makes exactly this many moves");
     for race in RACES {
-        let mut fleet = Fleet::new();
+        let fleet = Fleet::new();
         fleet.busy("b", race.busy_b);
         let store = Interleaved::new(&fleet, race.moves);
         let scope = fleet.scope("k");
@@ -237,13 +237,16 @@ fn lost_compare_and_sets_follow_the_rules() {
 async fn concurrent_first_picks_converge_on_one_admitted_binding() {
     const TASKS: usize = 32;
     const KEYS: usize = 12;
-    let mut fleet = Fleet::new();
+    let fleet = Fleet::new();
     fleet.busy("a", 1);
     fleet.busy("c", 1);
     let limits = AdmissionLimits { max_inflight_requests: Some(1), ..Default::default() };
     let engines: Arc<[Arc<Worker>]> = fleet.group(&["a", "b", "c", "d"]).into();
-    let flavors =
-        [Flavor::Session, Flavor::Sticky(StickyFallback::Random), Flavor::Sticky(StickyFallback::RoundRobin)];
+    let flavors = [
+        Flavor::Session,
+        Flavor::Sticky(StickyFallback::Random),
+        Flavor::Sticky(StickyFallback::RoundRobin),
+    ];
     for flavor in flavors {
         let store = store();
         let policy = flavor.build(&fleet, &store, limits);
@@ -252,8 +255,12 @@ async fn concurrent_first_picks_converge_on_one_admitted_binding() {
             let barrier = Arc::new(tokio::sync::Barrier::new(TASKS));
             let tasks: Vec<_> = (0..TASKS)
                 .map(|_| {
-                    let (policy, engines, key, barrier) =
-                        (Arc::clone(&policy), Arc::clone(&engines), Arc::clone(&key), Arc::clone(&barrier));
+                    let (policy, engines, key, barrier) = (
+                        Arc::clone(&policy),
+                        Arc::clone(&engines),
+                        Arc::clone(&key),
+                        Arc::clone(&barrier),
+                    );
                     let model = fleet.model.clone();
                     tokio::spawn(async move {
                         let mut request = PickRequest {

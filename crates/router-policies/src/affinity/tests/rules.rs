@@ -200,7 +200,7 @@ const ROWS: &[Row] = &[
 fn each_binding_rule_holds_for_every_flavor() {
     for row in ROWS {
         for flavor in Flavor::DETERMINISTIC {
-            let mut fleet = Fleet::new();
+            let fleet = Fleet::new();
             let store = store();
             let key = row.key.filter(|k| !k.trim().is_empty()).unwrap_or("k");
             let scope = fleet.scope(key);
@@ -245,7 +245,7 @@ fn each_binding_rule_holds_for_every_flavor() {
 
 #[test]
 fn random_fallback_binds_an_admitted_candidate() {
-    let mut fleet = Fleet::new();
+    let fleet = Fleet::new();
     fleet.busy("a", 1);
     let flavor = Flavor::Sticky(StickyFallback::Random);
     let engines = fleet.group(&["a", "b", "c"]);

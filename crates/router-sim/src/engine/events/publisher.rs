@@ -94,7 +94,9 @@ fn check_endpoint(flag: &'static str, endpoint: &str) -> Result<(), EngineError>
         flag,
         reason: format!("{endpoint:?} is not a tcp://HOST:PORT endpoint"),
     })?;
-    if rest.rsplit_once(':').is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err())
+    if rest
+        .rsplit_once(':')
+        .is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err())
     {
         return Err(EngineError::Config {
             flag,
@@ -162,7 +164,8 @@ async fn publish_loop(
         if !options.enabled {
             continue;
         }
-        let ts = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        let ts =
+            SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
         let payload =
             Bytes::from(encode_batch(options.format, ts, &events, options.block_size, Some(0)));
         let seq = ring.lock().push(payload.clone());

@@ -119,7 +119,11 @@ fn realistic_batch_decodes_to_the_golden_shapes() {
     let tokens: Vec<u32> = (0..32).map(|t| t * 1000).collect();
     let events = [
         KvEvent::Removed { hashes: vec![7, u64::MAX - 3] },
-        KvEvent::Stored { hashes: vec![11, 0xdead_beef_cafe], parent: Some(parent), token_ids: tokens.clone() },
+        KvEvent::Stored {
+            hashes: vec![11, 0xdead_beef_cafe],
+            parent: Some(parent),
+            token_ids: tokens.clone(),
+        },
     ];
     for format in KvFormat::ALL {
         let bytes = encode_batch(format, 1_700_000_000.25, &events, 16, Some(0));
@@ -157,11 +161,18 @@ fn realistic_batch_decodes_to_the_golden_shapes() {
                 (&removed[1], &stored[1], &stored[2], &stored[3], &stored[4])
             }
         };
-        let hashes = |v: &Value| v.as_array().expect("hashes").iter().map(|h| hash(h).expect("int")).collect::<Vec<_>>();
+        let hashes = |v: &Value| {
+            v.as_array().expect("hashes").iter().map(|h| hash(h).expect("int")).collect::<Vec<_>>()
+        };
         assert_eq!(hashes(removed_hashes), vec![7, u64::MAX - 3], "{format}");
         assert_eq!(hashes(stored_hashes), vec![11, 0xdead_beef_cafe], "{format}");
         assert_eq!(hash(stored_parent), Some(parent), "{format}");
-        let got: Vec<u64> = stored_tokens.as_array().expect("tokens").iter().map(|t| t.as_u64().expect("u64")).collect();
+        let got: Vec<u64> = stored_tokens
+            .as_array()
+            .expect("tokens")
+            .iter()
+            .map(|t| t.as_u64().expect("u64"))
+            .collect();
         assert_eq!(got, tokens.iter().map(|t| u64::from(*t)).collect::<Vec<_>>());
         assert_eq!(size.as_u64(), Some(16));
     }

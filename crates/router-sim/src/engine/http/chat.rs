@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use super::Engine;
 use super::error::ApiError;
 use super::openai::{Answer, AnswerMeta};
-use crate::engine::bootstrap::{RoomInfo, RoomState};
+use crate::engine::bootstrap::{RoomGuard, RoomInfo};
 use crate::engine::output;
 use crate::engine::scheduler::{Kind, Submission};
 use crate::tokens::ChatMessage;
@@ -98,7 +98,8 @@ pub(crate) async fn chat_completions(State(engine): State<Arc<Engine>>, body: By
 }
 
 fn parse(body: &[u8]) -> Result<ChatRequest, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid request body: {e}")))
 }
 
 async fn handle(engine: &Arc<Engine>, body: &[u8]) -> Result<Answer, ApiError> {
@@ -130,28 +131,35 @@ async fn handle(engine: &Arc<Engine>, body: &[u8]) -> Result<Answer, ApiError> {
     }
     let stream = request.stream.unwrap_or(false);
     let include_usage = request.stream_options.and_then(|o| o.include_usage).unwrap_or(false);
-    let messages: Vec<ChatMessage> = request.messages.into_iter().map(RawMessage::normalise).collect();
+    let messages: Vec<ChatMessage> =
+        request.messages.into_iter().map(RawMessage::normalise).collect();
 
     let stall = engine.faults.stall();
     if !stall.is_zero() {
         tokio::time::sleep(stall).await;
     }
-    let prefill_room = match (config.role, &room) {
-        (Stage::Prefill, Some((_, _, room))) => Some(*room),
+    // A prefill engine's room fails unless this request gets as far as its first token.
+    let mut room_guard = match (&engine.rooms, &room) {
+        (Some(rooms), Some((_, _, room))) => Some(RoomGuard::new(Arc::clone(rooms), *room)),
         _ => None,
     };
     if engine.faults.roll_failure() {
-        if let (Some(rooms), Some(room)) = (&engine.rooms, prefill_room) {
-            rooms.set(room, RoomState::Failed("injected failure (--fail-rate)".into()));
+        if let Some(guard) = &mut room_guard {
+            guard.fail("injected failure (--fail-rate)");
         }
-        return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "injected failure (--fail-rate)"));
+        return Err(ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "injected failure (--fail-rate)",
+        ));
     }
 
-    let prompt = engine
-        .preprocessor
-        .prompt_ids(&messages)
-        .map_err(|e| ApiError::bad_request(format!("cannot prepare the prompt: {}", error_chain(&e))))?;
+    let prompt = engine.preprocessor.prompt_ids(&messages).map_err(|e| {
+        ApiError::bad_request(format!("cannot prepare the prompt: {}", error_chain(&e)))
+    })?;
     let prompt_hash = format!("{:016x}", output::prompt_hash(&prompt));
+    if let Some(guard) = &mut room_guard {
+        guard.describe(prompt.len(), prompt_hash.clone());
+    }
     let room_capacity = engine.scheduler.output_room(prompt.len()).ok_or_else(|| {
         ApiError::bad_request(format!(
             "prompt of {} tokens does not fit the kv capacity of {} tokens",
@@ -161,7 +169,8 @@ async fn handle(engine: &Arc<Engine>, body: &[u8]) -> Result<Answer, ApiError> {
     })?;
     let wanted = match config.role {
         Stage::Prefill => 1,
-        _ => requested.map_or(config.default_max_tokens, |n| usize::try_from(n).unwrap_or(usize::MAX)),
+        _ => requested
+            .map_or(config.default_max_tokens, |n| usize::try_from(n).unwrap_or(usize::MAX)),
     };
     let count = wanted.min(room_capacity);
     // Filler never ends by itself: an explicit limit (or the KV room) ends it as "length";
@@ -181,7 +190,10 @@ async fn handle(engine: &Arc<Engine>, body: &[u8]) -> Result<Answer, ApiError> {
                 ));
             };
             let client = engine.bootstrap.as_ref().ok_or_else(|| {
-                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "decode engine without bootstrap client")
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "decode engine without bootstrap client",
+                )
             })?;
             let RoomInfo { cached_tokens, .. } = client
                 .fetch(host, *port, *room, prompt.len(), &prompt_hash)
@@ -202,7 +214,6 @@ async fn handle(engine: &Arc<Engine>, body: &[u8]) -> Result<Answer, ApiError> {
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
 
     let id = engine.next_id.fetch_add(1, Ordering::Relaxed);
-    let ready_room = prefill_room.map(|room| (room, prompt_hash));
     Ok(Answer {
         meta: AnswerMeta {
             id: format!("chatcmpl-sim-{id}"),
@@ -214,7 +225,7 @@ async fn handle(engine: &Arc<Engine>, body: &[u8]) -> Result<Answer, ApiError> {
         rx,
         stream,
         include_usage,
-        ready_room,
+        room: room_guard,
         finish_reason,
     })
 }
@@ -229,27 +240,4 @@ pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
         source = cause.source();
     }
     text
-}
-
-impl Answer {
-    /// Marks a prefill room ready (or failed) as progress arrives.
-    pub(crate) fn room_ready(engine: &Engine, room: &(u64, String), prompt_tokens: usize, cached: usize) {
-        if let Some(rooms) = &engine.rooms {
-            rooms.set(
-                room.0,
-                RoomState::Ready(RoomInfo {
-                    room: room.0,
-                    prompt_tokens,
-                    cached_tokens: cached,
-                    prompt_hash: room.1.clone(),
-                }),
-            );
-        }
-    }
-
-    pub(crate) fn room_failed(engine: &Engine, room: &(u64, String)) {
-        if let Some(rooms) = &engine.rooms {
-            rooms.set(room.0, RoomState::Failed("prefill did not complete".into()));
-        }
-    }
 }

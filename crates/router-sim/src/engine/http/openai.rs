@@ -14,6 +14,7 @@ use tokio::sync::mpsc;
 
 use super::Engine;
 use super::error::ApiError;
+use crate::engine::bootstrap::RoomGuard;
 use crate::engine::scheduler::Progress;
 
 /// Identity of one answer.
@@ -34,8 +35,8 @@ pub(crate) struct Answer {
     pub(crate) rx: mpsc::UnboundedReceiver<Progress>,
     pub(crate) stream: bool,
     pub(crate) include_usage: bool,
-    /// A prefill engine's bootstrap room and prompt hash, marked ready at the first token.
-    pub(crate) ready_room: Option<(u64, String)>,
+    /// A prefill engine's bootstrap room, marked ready at the first token.
+    pub(crate) room: Option<RoomGuard>,
     pub(crate) finish_reason: &'static str,
 }
 
@@ -61,8 +62,8 @@ impl Answer {
                 Some(Progress::First { cached_tokens }) => {
                     cached = Some(cached_tokens);
                     generated += 1;
-                    if let Some(room) = &answer.ready_room {
-                        Answer::room_ready(&engine, room, answer.meta.prompt_tokens, cached_tokens);
+                    if let Some(room) = &mut answer.room {
+                        room.ready(cached_tokens);
                     }
                 }
                 Some(Progress::Token) => generated += 1,
@@ -72,10 +73,8 @@ impl Answer {
         };
         engine.faults.answered();
         if !completed {
-            if let Some(room) = &answer.ready_room {
-                Answer::room_failed(&engine, room);
-            }
-            return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "engine stopped").into_response();
+            return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "engine stopped")
+                .into_response();
         }
         let meta = &answer.meta;
         let body = json!({
@@ -145,8 +144,8 @@ impl StreamState {
         match progress {
             Progress::First { cached_tokens } => {
                 self.cached = cached_tokens;
-                if let Some(room) = &self.answer.ready_room {
-                    Answer::room_ready(&self.engine, room, self.answer.meta.prompt_tokens, cached_tokens);
+                if let Some(room) = &mut self.answer.room {
+                    room.ready(cached_tokens);
                 }
                 let piece = self.answer.pieces.first().cloned().unwrap_or_default();
                 self.generated = 1;
@@ -189,9 +188,6 @@ impl StreamState {
         match self.answer.rx.recv().await {
             Some(progress) => self.render(progress, &mut out),
             None => {
-                if let Some(room) = &self.answer.ready_room {
-                    Answer::room_failed(&self.engine, room);
-                }
                 self.finished = true;
                 return Some((Err(Interrupted), self));
             }

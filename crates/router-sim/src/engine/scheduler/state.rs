@@ -110,7 +110,12 @@ pub enum SubmitError {
 }
 
 impl State {
-    pub(crate) fn new(block_size: usize, capacity_tokens: usize, max_running: usize, caching: bool) -> Self {
+    pub(crate) fn new(
+        block_size: usize,
+        capacity_tokens: usize,
+        max_running: usize,
+        caching: bool,
+    ) -> Self {
         Self {
             block_size,
             capacity_blocks: capacity_tokens / block_size,
@@ -362,7 +367,13 @@ impl State {
         }
     }
 
-    fn flush_run(&mut self, request: &Running, run: &mut Vec<u64>, parent: Option<u64>, start: usize) {
+    fn flush_run(
+        &mut self,
+        request: &Running,
+        run: &mut Vec<u64>,
+        parent: Option<u64>,
+        start: usize,
+    ) {
         let first = start * self.block_size;
         let token_ids = request.seq[first..first + run.len() * self.block_size].to_vec();
         self.events.push(KvEvent::Stored { hashes: std::mem::take(run), parent, token_ids });
@@ -428,7 +439,8 @@ impl State {
             .map(|r| r.computed.saturating_sub(r.tree.len() * self.block_size))
             .sum();
         let used = (self.cache.referenced() * self.block_size + private_tokens) as u64;
-        let stale = self.window_start.is_none_or(|start| now.duration_since(start).as_secs_f64() > 2.0);
+        let stale =
+            self.window_start.is_none_or(|start| now.duration_since(start).as_secs_f64() > 2.0);
         RankLoad {
             dp_rank,
             running: self.running.len() as u64,

@@ -33,7 +33,12 @@ impl Harness {
         Self { scheduler, events, cancel }
     }
 
-    fn submit(&self, prompt: Vec<u32>, output: usize, kind: Kind) -> mpsc::UnboundedReceiver<Progress> {
+    fn submit(
+        &self,
+        prompt: Vec<u32>,
+        output: usize,
+        kind: Kind,
+    ) -> mpsc::UnboundedReceiver<Progress> {
         let (tx, rx) = mpsc::unbounded_channel();
         let output = (0..output as u32).map(|i| 1000 + i).collect();
         self.scheduler.submit(Submission { prompt, output, kind, tx }).expect("submitted");
@@ -56,7 +61,10 @@ impl Drop for Harness {
 }
 
 /// Progress of one request with the (paused) time of each step since `start`.
-async fn follow(rx: &mut mpsc::UnboundedReceiver<Progress>, start: Instant) -> Vec<(Progress, Duration)> {
+async fn follow(
+    rx: &mut mpsc::UnboundedReceiver<Progress>,
+    start: Instant,
+) -> Vec<(Progress, Duration)> {
     let mut seen = Vec::new();
     while let Some(progress) = rx.recv().await {
         seen.push((progress, start.elapsed()));
@@ -169,7 +177,9 @@ async fn stored_events_chain_prompt_and_output_blocks() {
     let stored: Vec<_> = events
         .iter()
         .filter_map(|e| match e {
-            KvEvent::Stored { hashes, parent, token_ids } => Some((hashes.clone(), *parent, token_ids.clone())),
+            KvEvent::Stored { hashes, parent, token_ids } => {
+                Some((hashes.clone(), *parent, token_ids.clone()))
+            }
             _ => None,
         })
         .collect();
@@ -262,7 +272,10 @@ fn prompts_that_cannot_fit_are_refused_and_outputs_are_cut() {
         kind: Kind::Full,
         tx: tx.clone(),
     };
-    assert_eq!(state.submit(submission(64, 1)), Err(SubmitError::TooLong { prompt: 64, capacity: 64 }));
+    assert_eq!(
+        state.submit(submission(64, 1)),
+        Err(SubmitError::TooLong { prompt: 64, capacity: 64 })
+    );
     assert_eq!(state.submit(submission(8, 0)), Err(SubmitError::NoOutput));
     assert_eq!(state.output_room(60), Some(4));
     assert!(state.submit(submission(60, 100)).is_ok());

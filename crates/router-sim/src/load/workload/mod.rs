@@ -208,7 +208,10 @@ impl TraceRequest {
         }
         while prompt.len() < self.input_length {
             // Traces whose hash ids do not cover the input: pad with request-specific text.
-            prompt.push_str(&text(seed_of(&[4, self.input_length as u64, prompt.len() as u64]), block_tokens));
+            prompt.push_str(&text(
+                seed_of(&[4, self.input_length as u64, prompt.len() as u64]),
+                block_tokens,
+            ));
         }
         prompt.truncate(self.input_length);
         prompt
@@ -230,10 +233,8 @@ pub(crate) fn read_trace(spec: &TraceSpec) -> Result<Vec<TraceRequest>, LoadErro
         if line.trim().is_empty() {
             continue;
         }
-        let parsed: TraceLine = serde_json::from_str(&line).map_err(|source| LoadError::ParseTrace {
-            path: path.to_owned(),
-            line: index + 1,
-            source,
+        let parsed: TraceLine = serde_json::from_str(&line).map_err(|source| {
+            LoadError::ParseTrace { path: path.to_owned(), line: index + 1, source }
         })?;
         let at_ms = (parsed.timestamp * spec.time_scale).max(0.0);
         requests.push(TraceRequest {

@@ -13,7 +13,12 @@ fn text_is_exactly_as_long_as_asked_and_deterministic() {
 
 #[test]
 fn sessions_share_system_prompts_round_robin() {
-    let spec = SessionSpec { sessions: 5, system_prompts: 2, system_prompt_tokens: 40, ..SessionSpec::default() };
+    let spec = SessionSpec {
+        sessions: 5,
+        system_prompts: 2,
+        system_prompt_tokens: 40,
+        ..SessionSpec::default()
+    };
     let sessions = Session::all(&spec);
     let system = |s: &Session| s.next_turn().0[0].content.clone();
     assert_eq!(system(&sessions[0]), system(&sessions[2]));
@@ -62,7 +67,8 @@ fn traces_parse_scale_and_compute_the_oracle() {
         r#"{"timestamp": 250, "input_length": 600, "output_length": 1, "hash_ids": [0, 3]}"#,
         r#"{"timestamp": 300, "input_length": 10, "output_length": 1, "hash_ids": [9]}"#,
     ]);
-    let spec = TraceSpec { path: path.clone(), time_scale: 0.5, max_requests: Some(3), block_tokens: 512 };
+    let spec =
+        TraceSpec { path: path.clone(), time_scale: 0.5, max_requests: Some(3), block_tokens: 512 };
     let requests = read_trace(&spec).expect("reads");
     assert_eq!(requests.len(), 3);
     assert_eq!(requests[1].at, Duration::from_millis(50));
@@ -74,22 +80,40 @@ fn traces_parse_scale_and_compute_the_oracle() {
 
 #[test]
 fn trace_prompts_share_text_for_shared_hash_ids() {
-    let a = TraceRequest { at: Duration::ZERO, input_length: 1000, output_length: 1, hash_ids: vec![0, 1] };
-    let b = TraceRequest { at: Duration::ZERO, input_length: 1500, output_length: 1, hash_ids: vec![0, 1, 2] };
-    let c = TraceRequest { at: Duration::ZERO, input_length: 700, output_length: 1, hash_ids: vec![0, 3] };
+    let a = TraceRequest {
+        at: Duration::ZERO,
+        input_length: 1000,
+        output_length: 1,
+        hash_ids: vec![0, 1],
+    };
+    let b = TraceRequest {
+        at: Duration::ZERO,
+        input_length: 1500,
+        output_length: 1,
+        hash_ids: vec![0, 1, 2],
+    };
+    let c = TraceRequest {
+        at: Duration::ZERO,
+        input_length: 700,
+        output_length: 1,
+        hash_ids: vec![0, 3],
+    };
     let (pa, pb, pc) = (a.prompt(512), b.prompt(512), c.prompt(512));
     assert_eq!((pa.len(), pb.len(), pc.len()), (1000, 1500, 700));
     assert_eq!(pa[..1000], pb[..1000]);
     assert_eq!(pa[..512], pc[..512]);
     assert_ne!(pa[512..700], pc[512..700]);
-    let short = TraceRequest { at: Duration::ZERO, input_length: 600, output_length: 1, hash_ids: vec![] };
+    let short =
+        TraceRequest { at: Duration::ZERO, input_length: 600, output_length: 1, hash_ids: vec![] };
     assert_eq!(short.prompt(512).len(), 600, "inputs beyond the hash ids are padded");
 }
 
 #[test]
 fn bad_trace_lines_name_the_file_and_line() {
-    let path = write_trace(&[r#"{"timestamp": 0, "input_length": 1, "output_length": 1}"#, "{oops"]);
-    let spec = TraceSpec { path: path.clone(), time_scale: 1.0, max_requests: None, block_tokens: 512 };
+    let path =
+        write_trace(&[r#"{"timestamp": 0, "input_length": 1, "output_length": 1}"#, "{oops"]);
+    let spec =
+        TraceSpec { path: path.clone(), time_scale: 1.0, max_requests: None, block_tokens: 512 };
     let err = read_trace(&spec).expect_err("line 2 is bad");
     assert!(err.to_string().contains(":2"), "{err}");
     std::fs::remove_file(path).expect("cleanup");

@@ -1,0 +1,171 @@
+//! `cargo xtask bench [--quick]`: the end-to-end benchmark against the simulated fleet.
+//!
+//! Builds the release binaries, then measures in one run, side by side:
+//! 1. router overhead: requests straight to a fast engine and through the router (router CPU
+//!    per request from `/proc`, throughput, latency), non-streaming and streaming;
+//! 2. every policy on the same 8-engine fleet and multi-turn chat workload (cache hit rate,
+//!    time to first token, per-engine share, throughput), each run on a fresh fleet.
+//!
+//! Writes `docs/benchmarks.md` and SVG plots beside it. `--quick` shrinks every run so the
+//! whole benchmark finishes in about a minute.
+
+mod overhead;
+mod policies;
+mod procs;
+mod svg;
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::Result;
+
+use crate::cargo;
+
+pub(crate) fn run(root: &Path, quick: bool) -> Result<()> {
+    cargo(root, &["build", "--release", "-p", "router-server", "-p", "router-sim"])?;
+    let bins = procs::Bins::release(root);
+    let tokenizer = root.join("crates/router-sim/assets/tokenizer.json").display().to_string();
+
+    let (requests, repeats) = if quick { (1_000, 1) } else { (10_000, 3) };
+    eprintln!("xtask bench: router overhead ({requests} requests x {repeats} per case)");
+    let overhead = overhead::measure(&bins, requests, repeats)?;
+
+    let workload = if quick { policies::Workload::quick() } else { policies::Workload::full() };
+    let mut runs = Vec::new();
+    for policy in policies::POLICIES {
+        eprintln!("xtask bench: policy {policy}");
+        match policies::run(&bins, policy, &workload, &tokenizer) {
+            Ok(run) => runs.push(Ok(run)),
+            Err(err) => runs.push(Err(((*policy).to_owned(), format!("{err:#}")))),
+        }
+    }
+
+    let docs = root.join("docs");
+    std::fs::create_dir_all(&docs)?;
+    let page = render(&overhead, &runs, &workload, quick);
+    std::fs::write(docs.join("benchmarks.md"), page)?;
+    let ok: Vec<&policies::PolicyRun> = runs.iter().filter_map(|r| r.as_ref().ok()).collect();
+    let rows = |key: &str| -> Vec<(String, f64)> {
+        ok.iter().map(|r| (r.policy.clone(), r.number(key))).collect()
+    };
+    std::fs::write(docs.join("bench-hit-rate.svg"), svg::bars("cache hit rate", "", &rows("cache_hit_rate")))?;
+    std::fs::write(docs.join("bench-ttft-p99.svg"), svg::bars("TTFT p99", "ms", &rows("ttft_p99_ms")))?;
+    std::fs::write(docs.join("bench-ttft-p50.svg"), svg::bars("TTFT p50", "ms", &rows("ttft_p50_ms")))?;
+    let overhead_rows: Vec<(String, f64)> = overhead
+        .cases
+        .iter()
+        .filter_map(|(name, run)| run.router_cpu_us.map(|us| (name.replace("router, ", ""), us)))
+        .collect();
+    std::fs::write(
+        docs.join("bench-router-cpu.svg"),
+        svg::bars("router CPU per request", "us", &overhead_rows),
+    )?;
+    eprintln!("xtask bench: wrote docs/benchmarks.md and docs/bench-*.svg");
+    Ok(())
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned()))
+        .unwrap_or_else(|| "unknown cpu".to_owned());
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!("{cores} cores, {cpu}")
+}
+
+fn render(
+    overhead: &overhead::Overhead,
+    runs: &[Result<policies::PolicyRun, (String, String)>],
+    workload: &policies::Workload,
+    quick: bool,
+) -> String {
+    let mut page = String::from("# Benchmarks\n\n");
+    let _ = writeln!(
+        page,
+        "Produced by `cargo xtask bench{}` on {} (this file is overwritten by each run; the \
+         machine is shared and noisy, so compare rows of one run, not runs).\n",
+        if quick { " --quick" } else { "" },
+        machine()
+    );
+    page.push_str("## Router overhead\n\n");
+    page.push_str(
+        "One router-sim engine that answers at once (prefill and decode at 1e9 tokens/s), 16 \
+         concurrent clients, the same requests straight to the engine and through the router \
+         (round_robin). Router CPU is the router process's user+system time over the run divided \
+         by its requests. Each case is the median (by throughput) of its repetitions, run \
+         alternately.\n\n",
+    );
+    page.push_str("| case | requests | errors | req/s | p50 ms | p99 ms | router CPU/request |\n|---|---|---|---|---|---|---|\n");
+    for (name, run) in &overhead.cases {
+        let _ = writeln!(
+            page,
+            "| {name} | {} | {} | {:.0} | {:.2} | {:.2} | {} |",
+            run.requests,
+            run.errors,
+            run.rps(),
+            run.p50_ms,
+            run.p99_ms,
+            run.router_cpu_us.map_or("-".to_owned(), |us| format!("{us:.1} us")),
+        );
+    }
+    let rps = |name: &str| overhead.cases.iter().find(|(n, _)| n == name).map(|(_, r)| r.rps());
+    if let (Some(stream), Some(plain)) =
+        (rps("router, streaming, 64 tokens"), rps("router, non-streaming, 64 tokens"))
+    {
+        let _ = writeln!(
+            page,
+            "\nStreaming through the router reaches {:.0}% of the non-streaming throughput for the \
+             same 64-token answers.\n",
+            stream / plain * 100.0
+        );
+    }
+    page.push_str("![router CPU per request](bench-router-cpu.svg)\n\n");
+
+    page.push_str("## Policies\n\n");
+    let _ = writeln!(
+        page,
+        "{} router-sim engines ({} KV tokens each, prefill {} tokens/s, decode {} tokens/s per \
+         request), byte-level tokenizer shared by router and engines, KV events over ZeroMQ and \
+         load from `/v1/loads`. Workload: `router-sim load` with {} sessions of {} turns, {} \
+         shared system prompts of {} tokens, {} tokens per user turn, {} output tokens, {} \
+         concurrent requests, at most {} s; the session id travels in `x-session-id`. Every \
+         policy gets a fresh fleet (cold caches).\n",
+        workload.engines,
+        workload.kv_capacity_tokens,
+        workload.prefill_tokens_per_sec,
+        workload.decode_tokens_per_sec,
+        workload.sessions,
+        workload.turns,
+        workload.system_prompts,
+        workload.system_prompt_tokens,
+        workload.turn_tokens,
+        workload.output_tokens,
+        workload.concurrency,
+        workload.duration_secs
+    );
+    page.push_str("| policy | requests | errors | req/s | cache hit rate | TTFT p50 ms | TTFT p99 ms | max share / mean |\n|---|---|---|---|---|---|---|---|\n");
+    for run in runs {
+        match run {
+            Ok(run) => {
+                let _ = writeln!(
+                    page,
+                    "| {} | {} | {} | {:.1} | {:.3} | {:.1} | {:.1} | {:.2} |",
+                    run.policy,
+                    run.number("requests"),
+                    run.number("errors"),
+                    run.number("throughput_rps"),
+                    run.number("cache_hit_rate"),
+                    run.number("ttft_p50_ms"),
+                    run.number("ttft_p99_ms"),
+                    run.max_share_over_mean(workload.engines),
+                );
+            }
+            Err((policy, error)) => {
+                let _ = writeln!(page, "| {policy} | failed: {} | | | | | | |", error.replace('|', "/").replace('\n', " "));
+            }
+        }
+    }
+    page.push_str("\n![cache hit rate](bench-hit-rate.svg)\n![TTFT p50](bench-ttft-p50.svg)\n![TTFT p99](bench-ttft-p99.svg)\n\n");
+    page.push_str("## Reproduce\n\n```sh\ncargo xtask bench          # full run, a few minutes\ncargo xtask bench --quick  # about a minute\n```\n");
+    page
+}

@@ -1,0 +1,156 @@
+//! Router overhead: the same requests straight to a fast engine and through the router, side
+//! by side in one run, with the router's own CPU time per request read from `/proc`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+use super::procs::{Bins, Proc, engine};
+
+/// One measured run.
+#[derive(Clone, Debug)]
+pub(crate) struct Run {
+    pub(crate) requests: usize,
+    pub(crate) errors: usize,
+    pub(crate) elapsed: Duration,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
+    /// Router CPU per request, when the run went through the router.
+    pub(crate) router_cpu_us: Option<f64>,
+}
+
+impl Run {
+    pub(crate) fn rps(&self) -> f64 {
+        self.requests as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// The medians over repetitions of each case.
+#[derive(Debug)]
+pub(crate) struct Overhead {
+    pub(crate) cases: Vec<(String, Run)>,
+}
+
+async fn blast(url: &str, body: &'static str, total: usize, concurrency: usize) -> Result<(Vec<f64>, usize, Duration)> {
+    let client: Client<HttpConnector, Full<Bytes>> =
+        Client::builder(TokioExecutor::new()).pool_max_idle_per_host(concurrency).build(HttpConnector::new());
+    let next = Arc::new(AtomicUsize::new(0));
+    let uri: http::Uri = format!("{url}/v1/chat/completions").parse()?;
+    let started = Instant::now();
+    let mut workers = Vec::new();
+    for _ in 0..concurrency {
+        let (client, next, uri) = (client.clone(), Arc::clone(&next), uri.clone());
+        workers.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            let mut errors = 0;
+            while next.fetch_add(1, Ordering::Relaxed) < total {
+                let request = http::Request::post(uri.clone())
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from_static(body.as_bytes())))
+                    .expect("request");
+                let start = Instant::now();
+                let ok = match client.request(request).await {
+                    Ok(response) => {
+                        let ok = response.status().is_success();
+                        ok && response.into_body().collect().await.is_ok()
+                    }
+                    Err(_) => false,
+                };
+                if ok {
+                    latencies.push(start.elapsed().as_secs_f64() * 1000.0);
+                } else {
+                    errors += 1;
+                }
+            }
+            (latencies, errors)
+        }));
+    }
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    for worker in workers {
+        let (l, e) = worker.await?;
+        latencies.extend(l);
+        errors += e;
+    }
+    Ok((latencies, errors, started.elapsed()))
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+const NON_STREAMING: &str =
+    r#"{"model":"m","messages":[{"role":"user","content":"ping"}],"max_tokens":1}"#;
+const NON_STREAMING_64: &str =
+    r#"{"model":"m","messages":[{"role":"user","content":"ping"}],"max_tokens":64}"#;
+const STREAMING_64: &str =
+    r#"{"model":"m","messages":[{"role":"user","content":"ping"}],"max_tokens":64,"stream":true}"#;
+
+/// Runs every case `repeats` times, alternating direct and routed runs, and keeps the median
+/// run (by throughput) of each.
+pub(crate) fn measure(bins: &Bins, requests: usize, repeats: usize) -> Result<Overhead> {
+    let fast = ["--prefill-tokens-per-sec", "1e9", "--decode-tokens-per-sec", "1e9"];
+    let (_engine, engine_url) = engine(bins, &fast)?;
+    let args: Vec<String> = ["--worker-urls", &engine_url, "--policy", "round_robin", "--port", "0"]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    let router = Proc::start(&bins.server, &args, "router listening on ")?;
+    let router_url = router.after("router listening on ")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("runtime")?;
+    let concurrency = 16;
+    let cases: [(&str, &'static str, bool); 6] = [
+        ("direct, non-streaming, 1 token", NON_STREAMING, false),
+        ("router, non-streaming, 1 token", NON_STREAMING, true),
+        ("direct, non-streaming, 64 tokens", NON_STREAMING_64, false),
+        ("router, non-streaming, 64 tokens", NON_STREAMING_64, true),
+        ("direct, streaming, 64 tokens", STREAMING_64, false),
+        ("router, streaming, 64 tokens", STREAMING_64, true),
+    ];
+    // Warm both paths (connection pools, allocator) before measuring.
+    runtime.block_on(blast(&engine_url, NON_STREAMING, 500, concurrency))?;
+    runtime.block_on(blast(&router_url, NON_STREAMING, 500, concurrency))?;
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); cases.len()];
+    for _ in 0..repeats {
+        for (i, (_, body, routed)) in cases.iter().enumerate() {
+            let url = if *routed { &router_url } else { &engine_url };
+            let cpu_before = router.cpu_time()?;
+            let (mut latencies, errors, elapsed) =
+                runtime.block_on(blast(url, body, requests, concurrency))?;
+            let cpu = router.cpu_time()? - cpu_before;
+            latencies.sort_by(f64::total_cmp);
+            runs[i].push(Run {
+                requests: latencies.len(),
+                errors,
+                elapsed,
+                p50_ms: percentile(&latencies, 50.0),
+                p99_ms: percentile(&latencies, 99.0),
+                router_cpu_us: routed.then(|| cpu.as_secs_f64() * 1e6 / requests as f64),
+            });
+        }
+    }
+    let cases = cases
+        .iter()
+        .zip(runs)
+        .map(|((name, _, _), mut runs)| {
+            runs.sort_by(|a, b| a.rps().total_cmp(&b.rps()));
+            ((*name).to_owned(), runs[runs.len() / 2].clone())
+        })
+        .collect();
+    Ok(Overhead { cases })
+}

@@ -1,0 +1,127 @@
+//! Processes of the benchmark: release binaries started on loopback, read until ready, killed
+//! on drop, with their CPU time read from `/proc`.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+/// A child process killed on drop.
+pub(crate) struct Proc {
+    child: Child,
+    pub(crate) lines: Vec<String>,
+}
+
+impl Proc {
+    /// Starts `bin args` and waits for a stdout line containing `ready`.
+    pub(crate) fn start(bin: &Path, args: &[String], ready: &str) -> Result<Self> {
+        let mut child = Command::new(bin)
+            .args(args)
+            .env("RUST_LOG", "error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let stdout = child.stdout.take().context("stdout")?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut lines = Vec::new();
+        loop {
+            match rx.recv_timeout(Duration::from_secs(30)) {
+                Ok(line) => {
+                    let done = line.contains(ready);
+                    lines.push(line);
+                    if done {
+                        break;
+                    }
+                }
+                Err(_) => {
+                    let _ = child.kill();
+                    bail!("{} {args:?} did not become ready: {lines:?}", bin.display());
+                }
+            }
+        }
+        std::thread::spawn(move || while rx.recv().is_ok() {});
+        Ok(Self { child, lines })
+    }
+
+    /// The text after `prefix` on the first line that has it.
+    pub(crate) fn after(&self, prefix: &str) -> Result<String> {
+        self.lines
+            .iter()
+            .find_map(|l| l.split_once(prefix).map(|(_, rest)| rest.trim().to_owned()))
+            .with_context(|| format!("no {prefix:?} in {:?}", self.lines))
+    }
+
+    /// User plus system CPU time consumed so far, from `/proc/<pid>/stat`.
+    pub(crate) fn cpu_time(&self) -> Result<Duration> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
+            .context("reading /proc/<pid>/stat")?;
+        // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+        let rest = stat.rsplit_once(')').map(|(_, r)| r).context("malformed stat")?;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let ticks: u64 = fields.get(11).and_then(|f| f.parse().ok()).unwrap_or(0)
+            + fields.get(12).and_then(|f| f.parse().ok()).unwrap_or(0);
+        Ok(Duration::from_secs_f64(ticks as f64 / clock_ticks_per_sec()))
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn clock_ticks_per_sec() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+/// The release binaries.
+pub(crate) struct Bins {
+    pub(crate) server: PathBuf,
+    pub(crate) sim: PathBuf,
+}
+
+impl Bins {
+    pub(crate) fn release(root: &Path) -> Self {
+        let dir = root.join("target/release");
+        Self { server: dir.join("router-server"), sim: dir.join("router-sim") }
+    }
+}
+
+/// Starts one simulated engine; returns it and its URL.
+pub(crate) fn engine(bins: &Bins, extra: &[&str]) -> Result<(Proc, String)> {
+    let mut args: Vec<String> =
+        ["engine", "--port", "0", "--model", "m"].iter().map(|s| (*s).to_owned()).collect();
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    let proc = Proc::start(&bins.sim, &args, "listening on ")?;
+    let url = proc.after("listening on ")?;
+    Ok((proc, url))
+}
+
+/// Starts the router with a configuration file written to a temporary path.
+pub(crate) fn router_with_config(bins: &Bins, yaml: &str) -> Result<(Proc, String)> {
+    let path = std::env::temp_dir().join(format!("xtask-bench-{}.yaml", std::process::id()));
+    std::fs::write(&path, yaml)?;
+    let args = vec!["--config".to_owned(), path.display().to_string()];
+    let proc = Proc::start(&bins.server, &args, "router listening on ")?;
+    let url = proc.after("router listening on ")?;
+    Ok((proc, url))
+}
