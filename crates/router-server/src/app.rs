@@ -12,7 +12,10 @@ use router_policies::{LoadHandles, PolicyHandles};
 use router_state_load::{
     Clock, EngineReportedLoadTable, Inflight, LoadSubscriptions, SubscriptionConfig, SystemClock,
 };
-use router_workers::{ModelId, WorkerRegistry};
+use router_state_kv::{
+    IndexConfig, KvIndex, KvStats, KvSubscriptions, SubscriptionConfig as KvSubscriptionConfig,
+};
+use router_workers::{ModelId, RegistryEvent, WorkerRegistry};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -27,6 +30,10 @@ pub struct AppContext {
     registry: Arc<WorkerRegistry>,
     load_table: Arc<EngineReportedLoadTable>,
     inflight: Arc<Inflight>,
+    kv_index: Arc<KvIndex>,
+    /// Taken by `start`.
+    kv_subscriptions: Mutex<Option<KvSubscriptions>>,
+    kv_counters: KvStats,
     models: HashMap<ModelId, ModelRuntime>,
     /// The model named `*`, which serves any model name.
     wildcard: Option<ModelId>,
@@ -53,8 +60,16 @@ impl AppContext {
         let load_table =
             Arc::new(EngineReportedLoadTable::new(load_settings(config), Arc::clone(&clock)));
         let inflight = Arc::new(Inflight::new(clock));
+        let kv_index = Arc::new(KvIndex::new(IndexConfig {
+            max_nodes_per_model: config.kv.max_index_nodes,
+        }));
         let handles =
             PolicyHandles::new(LoadHandles::new(Arc::clone(&load_table), Arc::clone(&inflight)));
+        let kv = KvSubscriptions::new(
+            Arc::clone(&kv_index),
+            Arc::clone(&registry),
+            KvSubscriptionConfig::default(),
+        );
         let runtimes = build_models(config, &registry, &handles)?;
         let wildcard = runtimes.iter().find(|m| m.id.as_str() == "*").map(|m| m.id.clone());
         let models = runtimes.into_iter().map(|m| (m.id.clone(), m)).collect();
@@ -76,6 +91,9 @@ impl AppContext {
             registry,
             load_table,
             inflight,
+            kv_counters: kv.stats(),
+            kv_subscriptions: Mutex::new(Some(kv)),
+            kv_index,
             models,
             wildcard,
             forwarder,
@@ -101,6 +119,24 @@ impl AppContext {
             },
         );
         tasks.spawn(subscriptions.run(self.cancel.child_token()));
+        if let Some(kv) = self.kv_subscriptions.lock().take() {
+            tasks.spawn(kv.run(self.cancel.child_token()));
+        }
+        for model in self.models.values() {
+            for store in [&model.sessions, &model.routing_keys] {
+                tasks.spawn(router_affinity::run_sweeper(Arc::clone(store), self.cancel.child_token()));
+                tasks.spawn(router_affinity::follow_registry(
+                    Arc::clone(store),
+                    Arc::clone(&self.registry),
+                    self.cancel.child_token(),
+                ));
+            }
+        }
+        tasks.spawn(forget_removed(
+            Arc::clone(&self.registry),
+            Arc::clone(&self.inflight),
+            self.cancel.child_token(),
+        ));
     }
 
     /// Stops every background task and waits for them.
@@ -145,6 +181,16 @@ impl AppContext {
     /// Router-local in-flight accounting.
     pub fn inflight(&self) -> &Arc<Inflight> {
         &self.inflight
+    }
+
+    /// The prefix index fed by KV events.
+    pub fn kv_index(&self) -> &Arc<KvIndex> {
+        &self.kv_index
+    }
+
+    /// KV-event subscription counters.
+    pub fn kv_stats(&self) -> &KvStats {
+        &self.kv_counters
     }
 
     /// The engine clients.
@@ -197,5 +243,26 @@ fn load_settings(config: &ConfigFile) -> router_state_load::TableConfig {
     router_state_load::TableConfig {
         stale_after: Duration::from_millis(config.load.stale_after_ms),
         ..Default::default()
+    }
+}
+
+/// Forgets the in-flight counters of engines that leave the registry, so an engine added later
+/// under the same id starts from zero (guards still held count into the forgotten counters).
+async fn forget_removed(
+    registry: Arc<WorkerRegistry>,
+    inflight: Arc<Inflight>,
+    cancel: CancellationToken,
+) {
+    let (_, mut feed) = registry.follow();
+    loop {
+        let event = tokio::select! {
+            () = cancel.cancelled() => return,
+            event = feed.recv() => event,
+        };
+        match event {
+            Ok(RegistryEvent::Removed(worker)) => inflight.remove(worker.id()),
+            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        }
     }
 }

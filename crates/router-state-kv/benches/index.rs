@@ -3,12 +3,14 @@
 //!
 //! `cargo bench -p router-state-kv --bench index` (about a minute). The apply fleet size can be
 //! scaled down with `KV_BENCH_BLOCKS_PER_WORKER` (default 100000).
+#![expect(missing_docs, reason = "criterion_group! generates an undocumented pub fn")]
 
 use std::hint::black_box;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::measurement::{Measurement, ValueFormatter, WallTime};
+use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use router_state_kv::hash::{Salt, block_hashes};
 use router_state_kv::wire::{BlockStored, Event};
 use router_state_kv::{Holder, IndexConfig, KvIndex};
@@ -21,6 +23,48 @@ const SYSTEM_BLOCKS: u32 = 32;
 const DOCS: u32 = 128;
 const DOC_BLOCKS: u32 = 64;
 const TAIL_BLOCKS: u32 = 64;
+
+/// On-CPU time of the benchmark thread (from `/proc/thread-self/schedstat`), so numbers
+/// taken on a shared machine are not inflated by time spent waiting for a core.
+struct CpuTime;
+
+static WALL: WallTime = WallTime;
+
+fn on_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|n| n.parse().ok()))
+        .expect("/proc/thread-self/schedstat is readable (Linux)")
+}
+
+impl Measurement for CpuTime {
+    type Intermediate = u64;
+    type Value = Duration;
+
+    fn start(&self) -> u64 {
+        on_cpu_ns()
+    }
+
+    fn end(&self, start: u64) -> Duration {
+        Duration::from_nanos(on_cpu_ns().saturating_sub(start))
+    }
+
+    fn add(&self, a: &Duration, b: &Duration) -> Duration {
+        *a + *b
+    }
+
+    fn zero(&self) -> Duration {
+        Duration::ZERO
+    }
+
+    fn to_f64(&self, value: &Duration) -> f64 {
+        value.as_nanos() as f64
+    }
+
+    fn formatter(&self) -> &dyn ValueFormatter {
+        WALL.formatter()
+    }
+}
 
 fn model() -> ModelId {
     ModelId::new("bench")
@@ -105,21 +149,22 @@ fn holder(index: &KvIndex, worker: u32) -> Holder {
 
 /// Applies every worker's events into a fresh index; returns (apply time, stored blocks).
 fn fill(index: &KvIndex, blocks: u32) -> (Duration, u64) {
+    let cpu = CpuTime;
     let mut elapsed = Duration::ZERO;
     let mut stored = 0;
     for worker in 0..WORKERS {
         let events = worker_events(worker, blocks);
         let holder = holder(index, worker);
-        let start = Instant::now();
+        let start = cpu.start();
         for batch in events.chunks(4) {
             stored += holder.apply(batch).stored;
         }
-        elapsed += start.elapsed();
+        elapsed += cpu.end(start);
     }
     (elapsed, stored)
 }
 
-fn apply(c: &mut Criterion) {
+fn apply(c: &mut Criterion<CpuTime>) {
     let blocks = blocks_per_worker();
     let config = IndexConfig { max_nodes_per_model: 1 << 24 };
     let probe = KvIndex::new(config.clone());
@@ -135,7 +180,11 @@ fn apply(c: &mut Criterion) {
     );
     drop(probe);
     let mut group = c.benchmark_group("apply");
-    group.sample_size(10).warm_up_time(Duration::from_millis(1)).measurement_time(Duration::from_secs(20));
+    group
+        .sample_size(10)
+        .sampling_mode(SamplingMode::Flat)
+        .warm_up_time(Duration::from_millis(1))
+        .measurement_time(Duration::from_secs(20));
     group.throughput(Throughput::Elements(stored));
     group.bench_function(format!("{WORKERS}x{blocks}_blocks"), |b| {
         b.iter_custom(|iters| {
@@ -159,7 +208,7 @@ fn lookup_fixture() -> (Arc<KvIndex>, Vec<u32>) {
     for worker in 0..WORKERS {
         let holder = holder(&index, worker);
         let depth = 128 + 6 * worker;
-        let hashes: Vec<u64> = (0..u64::from(depth)).collect();
+        let hashes: Vec<u64> = (0..u64::from(depth)).map(|i| (1 << 62) + i).collect();
         let tokens = request[..(depth * BS) as usize].to_vec();
         holder.apply(&[Event::Stored(BlockStored {
             block_hashes: hashes,
@@ -172,14 +221,19 @@ fn lookup_fixture() -> (Arc<KvIndex>, Vec<u32>) {
     (index, request)
 }
 
-fn lookup(c: &mut Criterion) {
+fn lookup(c: &mut Criterion<CpuTime>) {
     let (index, request) = lookup_fixture();
     let hashes = block_hashes(&request, BS, None);
     let result = index.lookup(&model(), &hashes);
     assert_eq!(result.matches.len(), 64);
     assert_eq!(result.matches[0].blocks, 128 + 6 * 63);
     let mut group = c.benchmark_group("lookup");
-    group.sample_size(50).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    // CPU time advances in scheduler ticks: flat sampling keeps every sample ~200 ms long.
+    group
+        .sample_size(20)
+        .sampling_mode(SamplingMode::Flat)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(4));
     group.bench_function("8192_tokens_64_workers_with_hashing", |b| {
         b.iter(|| index.lookup_tokens(&model(), black_box(&request), BS, Salt::default()));
     });
@@ -192,5 +246,9 @@ fn lookup(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, lookup, apply);
+criterion_group! {
+    name = benches;
+    config = Criterion::default().with_measurement(CpuTime);
+    targets = lookup, apply
+}
 criterion_main!(benches);

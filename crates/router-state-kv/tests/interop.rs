@@ -128,7 +128,13 @@ fn rank_of(index: &KvIndex, id: &str, tokens: std::ops::Range<u32>) -> Option<u3
 /// Waits until `cond` holds. While nothing changes, publishes empty heartbeat batches on
 /// `ranks`: a batch lost to the slow-joiner window then shows up as a gap and is replayed,
 /// exactly as in production. Correctness never depends on the timing, only liveness.
-async fn settle(p: &mut Publisher, stats: &KvStats, ranks: &[u32], what: &str, cond: impl Fn() -> bool) {
+async fn settle(
+    p: &mut Publisher,
+    stats: &KvStats,
+    ranks: &[u32],
+    what: &str,
+    cond: impl Fn() -> bool,
+) {
     let mut changes = stats.changes();
     let deadline = Instant::now() + Duration::from_secs(60);
     while !cond() {
@@ -252,7 +258,10 @@ async fn libzmq_publisher_with_replay_builds_the_index() {
     registry.remove(&w1).expect("remove");
     let mut changes = stats.changes();
     while !stats.worker(&w1).is_empty() {
-        timeout(Duration::from_secs(10), changes.changed()).await.expect("unsubscribed").expect("alive");
+        timeout(Duration::from_secs(10), changes.changed())
+            .await
+            .expect("unsubscribed")
+            .expect("alive");
     }
     assert_eq!(held(&index, "w1", 800..804), 0);
     assert_eq!(index.stats().nodes, 0);
@@ -288,7 +297,8 @@ async fn bound_sub_sockets_per_rank_and_worker_replacement() {
     let task = tokio::spawn(subscriptions.run(cancel.clone()));
 
     let router_sub = format!("tcp://127.0.0.1:{base}");
-    let mut p = Publisher::start(&["--ranks", "2", "--topic", "kv@w2", "--connect", &router_sub]).await;
+    let mut p =
+        Publisher::start(&["--ranks", "2", "--topic", "kv@w2", "--connect", &router_sub]).await;
     let replay = format!("tcp://127.0.0.1:{}", p.replay_port);
     registry
         .add(worker("w2", router_sub.clone(), Some(replay.clone()), 2, true))
@@ -310,7 +320,10 @@ async fn bound_sub_sockets_per_rank_and_worker_replacement() {
     assert_ne!(old, new.incarnation());
     wait_subscribed(&stats, "w2", 2).await;
     settle(&mut p, &stats, &[0, 1], "state rebuilt for the new incarnation", || {
-        stats.worker(&WorkerId::new("w2").expect("id")).iter().all(|r| r.incarnation == new.incarnation())
+        stats
+            .worker(&WorkerId::new("w2").expect("id"))
+            .iter()
+            .all(|r| r.incarnation == new.incarnation())
             && held(&index, "w2", 0..8) == 2
             && held(&index, "w2", 50..54) == 1
     })

@@ -9,8 +9,11 @@ mod file;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
 
 use router_buckets::{Bucket, BucketGroups, BucketResolver, BucketSpec, EngineGroup, TokenLimits};
+use router_affinity::AffinityStore;
 use router_policies::PolicyHandles;
 use router_workers::{ModelId, Stage, Worker, WorkerId, WorkerRegistry};
 
@@ -39,6 +42,10 @@ impl fmt::Display for Problem {
 
 /// The routing objects of one model, built from its configuration.
 pub struct ModelRuntime {
+    /// Session bindings of this model's `session_aware` groups.
+    pub sessions: Arc<AffinityStore>,
+    /// Routing-key bindings of this model's `sticky` groups.
+    pub routing_keys: Arc<AffinityStore>,
     /// The model name (`*` serves any name).
     pub id: ModelId,
     /// Its buckets.
@@ -125,9 +132,23 @@ fn build_model(
     if model.affinity.session_id_header.is_empty() || model.affinity.routing_key_header.is_empty() {
         problems.push(format!("{path}.affinity"), "header names must not be empty");
     }
-    if model.affinity.idle_timeout_secs == 0 || model.affinity.eviction_interval_secs == 0 {
-        problems.push(format!("{path}.affinity"), "idle_timeout_secs and eviction_interval_secs must be at least 1");
-    }
+
+    let store = || {
+        let config = router_affinity::AffinityConfig {
+            idle_timeout: Duration::from_secs(model.affinity.idle_timeout_secs),
+            sweep_interval: Duration::from_secs(model.affinity.eviction_interval_secs),
+            max_entries: model.affinity.max_entries,
+        };
+        AffinityStore::new(config).map(Arc::new)
+    };
+    let (sessions, routing_keys) = match (store(), store()) {
+        (Ok(sessions), Ok(routing_keys)) => (sessions, routing_keys),
+        (Err(err), _) | (_, Err(err)) => {
+            problems.push(format!("{path}.affinity"), err);
+            return None;
+        }
+    };
+    let handles = &handles.clone().with_affinity(Arc::clone(&sessions), Arc::clone(&routing_keys));
 
     let pd_model = roles.values().any(|s| s.is_pd());
     let mut buckets = Vec::new();
@@ -181,7 +202,14 @@ fn build_model(
     if problems.0.len() > before {
         return None;
     }
-    Some(ModelRuntime { id: model_id, resolver: resolver?, tokenization, affinity: model.affinity.clone() })
+    Some(ModelRuntime {
+        id: model_id,
+        resolver: resolver?,
+        tokenization,
+        affinity: model.affinity.clone(),
+        sessions,
+        routing_keys,
+    })
 }
 
 fn build_groups(

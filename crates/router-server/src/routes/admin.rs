@@ -155,8 +155,28 @@ pub async fn state(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
                 None => json!({"freshness": "missing", "age_ms": null, "kind": null}),
             };
             entry["load"] = load;
+            entry["kv"] = match ctx.kv_stats().summary(worker.id()) {
+                Some(kv) => json!({
+                    "subscribed": kv.subscribed,
+                    "last_seq": kv.last_seq,
+                    "blocks": kv.blocks,
+                    "gaps": kv.gaps,
+                    "replays": kv.replays,
+                    "clears": kv.clears,
+                    "skipped": kv.skipped,
+                }),
+                None => json!({
+                    "subscribed": false, "last_seq": null, "blocks": 0, "gaps": 0,
+                    "replays": 0, "clears": 0, "skipped": 0,
+                }),
+            };
             entry
         })
         .collect();
-    Json(json!({"models": models, "workers": workers}))
+    let index = ctx.kv_index().stats();
+    Json(json!({
+        "models": models,
+        "workers": workers,
+        "index": {"nodes": index.nodes, "bytes": index.bytes, "block_holders": index.block_holders},
+    }))
 }

@@ -66,5 +66,20 @@ fn refresh_state_gauges(ctx: &AppContext) {
             None => ("missing", None),
         };
         metrics::load_freshness(id, state, age);
+        if let Some(kv) = ctx.kv_stats().summary(worker.id()) {
+            metrics::kv_worker(
+                id,
+                &[
+                    ("blocks", kv.blocks),
+                    ("gaps", kv.gaps),
+                    ("replays", kv.replays),
+                    ("clears", kv.clears),
+                    ("skipped", kv.skipped),
+                    ("last_seq", kv.last_seq.unwrap_or(0)),
+                ],
+            );
+        }
     }
+    let index = ctx.kv_index().stats();
+    metrics::kv_index(index.nodes, index.bytes);
 }

@@ -243,18 +243,54 @@ impl KvIndex {
     ) -> Result<Holder, IndexError> {
         let index = self.model_or_insert(model);
         let mut tree = index.tree.write();
-        let (slot, generation, shared) = tree.register(worker, incarnation, rank).ok_or_else(|| {
-            IndexError::TooManyHolders { model: model.clone(), limit: MAX_HOLDERS }
-        })?;
+        let (slot, generation, shared) =
+            tree.register(worker, incarnation, rank).ok_or_else(|| IndexError::TooManyHolders {
+                model: model.clone(),
+                limit: MAX_HOLDERS,
+            })?;
         index.publish(&tree);
         drop(tree);
-        Ok(Holder { model: index, slot, generation, block_size, shared, worker: worker.clone(), rank })
+        Ok(Holder {
+            model: index,
+            slot,
+            generation,
+            block_size,
+            shared,
+            worker: worker.clone(),
+            rank,
+        })
     }
 
     /// Which workers hold how many leading blocks of a request, given its local block hashes
     /// (see [`crate::hash`]). Time is proportional to the matched depth, not to the fleet.
     pub fn lookup(&self, model: &ModelId, hashes: &[u64]) -> PrefixMatches {
-        let mut result = PrefixMatches { query_blocks: hashes.len(), matches: Vec::new() };
+        self.lookup_with(model, hashes.len(), hashes.iter().copied())
+    }
+
+    /// Hashes a request's tokens (see [`crate::hash`]) and looks them up.
+    pub fn lookup_tokens(
+        &self,
+        model: &ModelId,
+        tokens: &[u32],
+        block_size: u32,
+        salt: Salt<'_>,
+    ) -> PrefixMatches {
+        let size = usize::try_from(block_size).unwrap_or(0);
+        if size == 0 {
+            return PrefixMatches::default();
+        }
+        let mut hashes = Vec::with_capacity(tokens.len() / size);
+        Hasher::new().extend(crate::hash::root(salt), tokens, block_size, &mut hashes);
+        self.lookup(model, &hashes)
+    }
+
+    fn lookup_with(
+        &self,
+        model: &ModelId,
+        query_blocks: usize,
+        hashes: impl IntoIterator<Item = u64>,
+    ) -> PrefixMatches {
+        let mut result = PrefixMatches { query_blocks, matches: Vec::new() };
         let Some(index) = self.model(model) else { return result };
         let tree = index.tree.read();
         let mut hits: Vec<Hit> = Vec::new();
@@ -290,28 +326,15 @@ impl KvIndex {
         result
     }
 
-    /// Hashes a request's tokens (see [`crate::hash`]) and looks them up.
-    pub fn lookup_tokens(
-        &self,
-        model: &ModelId,
-        tokens: &[u32],
-        block_size: u32,
-        salt: Salt<'_>,
-    ) -> PrefixMatches {
-        let mut hashes = Vec::new();
-        Hasher::new().extend(crate::hash::root(salt), tokens, block_size, &mut hashes);
-        self.lookup(model, &hashes)
-    }
-
     fn purge_where(&self, mut matches: impl FnMut(&WorkerId, u64) -> bool) -> u64 {
         let models: Vec<Arc<ModelIndex>> = self.models.read().values().cloned().collect();
         let mut removed = 0;
         for index in models {
             let mut tree = index.tree.write();
             let slots: Vec<u32> = (0..tree.holders.len())
-                .filter_map(|slot| {
+                .filter(|&slot| {
                     let h = &tree.holders[slot];
-                    (h.live && matches(&h.worker, h.incarnation)).then_some(slot)
+                    h.live && matches(&h.worker, h.incarnation)
                 })
                 .filter_map(|slot| u32::try_from(slot).ok())
                 .collect();
@@ -427,11 +450,16 @@ impl Holder {
                 break;
             }
             match event {
-                Event::Stored(stored) => self.store(&mut tree, stored, &mut hasher, &mut ops, &mut report),
+                Event::Stored(stored) => {
+                    self.store(&mut tree, stored, &mut hasher, &mut ops, &mut report)
+                }
                 Event::Removed(removed) => match tree.plan_remove(self.slot, removed) {
                     Err(reason) => report.skipped.add(reason, 1),
                     Ok(tier_bit) => {
                         for chunk in removed.block_hashes.chunks(WRITE_CHUNK) {
+                            if !tree.holder_live(self.slot, self.generation) {
+                                break;
+                            }
                             let removal = tree.remove_blocks(self.slot, chunk, tier_bit);
                             report.removed += removal.removed;
                             report.unknown_removals += removal.unknown;

@@ -2,9 +2,9 @@
 
 use std::collections::HashMap;
 
-use super::tree::{NodeRef, TierRemoval, Tree};
-use crate::wire::{BlockRemoved, Locality, MediumField};
+use super::tree::{TierRemoval, Tree};
 use crate::SkipReason;
+use crate::wire::{BlockRemoved, Locality, MediumField};
 
 /// What a removal did, for counters.
 #[derive(Clone, Copy, Debug, Default)]
@@ -34,11 +34,11 @@ impl Tree {
     pub(crate) fn remove_blocks(&mut self, slot: u32, hashes: &[u64], tier_bit: u8) -> Removal {
         let mut out = Removal::default();
         for engine_hash in hashes {
-            let Some(r) = self.holders[slot as usize].engine.get(engine_hash).copied() else {
+            let Some(local) = self.holders[slot as usize].engine.get(engine_hash).copied() else {
                 out.unknown += 1;
                 continue;
             };
-            let Some(id) = self.resolve(r) else {
+            let Some(id) = self.find(local) else {
                 // Evicted by the index already; forget the stale link.
                 self.holders[slot as usize].engine.remove(engine_hash);
                 continue;
@@ -60,7 +60,7 @@ impl Tree {
     }
 
     /// Detaches holder `slot` from its engine-hash map and returns the links to purge.
-    pub(crate) fn take_links(&mut self, slot: u32) -> Vec<NodeRef> {
+    pub(crate) fn take_links(&mut self, slot: u32) -> Vec<u64> {
         let build = self.engine_build;
         let holder = &mut self.holders[slot as usize];
         let links = std::mem::replace(&mut holder.engine, HashMap::with_hasher(build));
@@ -68,10 +68,10 @@ impl Tree {
     }
 
     /// Removes holder `slot` from every node in `links`; returns the blocks it lost.
-    pub(crate) fn purge_links(&mut self, slot: u32, links: &[NodeRef]) -> u64 {
+    pub(crate) fn purge_links(&mut self, slot: u32, links: &[u64]) -> u64 {
         let mut removed = 0;
-        for r in links {
-            let Some(id) = self.resolve(*r) else { continue };
+        for local in links {
+            let Some(id) = self.find(*local) else { continue };
             if self.remove_tiers(id, slot, u8::MAX) == TierRemoval::Holder {
                 self.holders[slot as usize].blocks -= 1;
                 self.prune(id);

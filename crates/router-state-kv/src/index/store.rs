@@ -1,14 +1,15 @@
 //! `BlockStored`: checking an event, then adding its blocks under a holder.
 
-use super::tree::{NO_NODE, NodeRef, TierRemoval, Tree};
+use super::tree::{NO_NODE, TierRemoval, Tree};
+use crate::SkipReason;
 use crate::hash::{self, Hasher, Salt};
 use crate::wire::{BlockStored, ExtraKey, Locality, MediumField, SpecKind};
-use crate::SkipReason;
 
 /// Where a store continues: the previous block (or the chain root) and the next block index.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct StoreCursor {
-    parent: Option<NodeRef>,
+    /// Whether the chain continues from a stored block (else from the salt root).
+    has_parent: bool,
     parent_hash: u64,
     pub(crate) next: usize,
     /// Blocks usable from this event (a block with foreign extra keys ends it).
@@ -20,7 +21,9 @@ pub(crate) struct StoreCursor {
 fn extra_keys_covered(keys: Option<&Option<Vec<ExtraKey>>>, salt: Salt<'_>) -> bool {
     let Some(Some(keys)) = keys else { return true };
     keys.iter().all(|key| match key {
-        ExtraKey::Str(s) => Some(s.as_str()) == salt.lora_name || Some(s.as_str()) == salt.cache_salt,
+        ExtraKey::Str(s) => {
+            Some(s.as_str()) == salt.lora_name || Some(s.as_str()) == salt.cache_salt
+        }
         ExtraKey::Other => false,
     })
 }
@@ -58,24 +61,21 @@ impl Tree {
             cache_salt: event.cache_salt.as_deref(),
         };
         let end = (0..event.block_hashes.len())
-            .find(|&i| {
-                !extra_keys_covered(event.extra_keys.as_ref().and_then(|k| k.get(i)), salt)
-            })
+            .find(|&i| !extra_keys_covered(event.extra_keys.as_ref().and_then(|k| k.get(i)), salt))
             .unwrap_or(event.block_hashes.len());
-        let (parent, parent_hash) = match event.parent_block_hash {
-            None => (None, hash::root(salt)),
+        let (has_parent, parent_hash) = match event.parent_block_hash {
+            None => (false, hash::root(salt)),
             Some(engine_hash) => {
                 let holder = &mut self.holders[slot as usize];
-                let Some(r) = holder.engine.get(&engine_hash).copied() else {
+                let Some(local) = holder.engine.get(&engine_hash).copied() else {
                     return Err(SkipReason::UnknownParent);
                 };
-                match self.resolve(r) {
-                    Some(id) => (Some(r), self.node(id).hash),
-                    None => {
-                        self.holders[slot as usize].engine.remove(&engine_hash);
-                        return Err(SkipReason::UnknownParent);
-                    }
+                if self.find(local).is_none() {
+                    // Evicted by the index already; forget the stale link.
+                    self.holders[slot as usize].engine.remove(&engine_hash);
+                    return Err(SkipReason::UnknownParent);
                 }
+                (true, local)
             }
         };
         if let (Some(SpecKind::Full), Some(group)) = (event.kv_cache_spec_kind, event.group_idx) {
@@ -84,7 +84,7 @@ impl Tree {
                 groups.push(group);
             }
         }
-        Ok(StoreCursor { parent, parent_hash, next: 0, end, tier_bit: medium.bit() })
+        Ok(StoreCursor { has_parent, parent_hash, next: 0, end, tier_bit: medium.bit() })
     }
 
     /// Stores blocks `cursor.next .. min(to, cursor.end)` of `event` for holder `slot`.
@@ -98,11 +98,9 @@ impl Tree {
         to: usize,
         hasher: &mut Hasher,
     ) -> (u64, Option<SkipReason>) {
-        let mut stored = 0;
-        match self.store_run(slot, event, block_size, cursor, to, hasher, &mut stored) {
-            Ok(()) => (stored, None),
-            Err(reason) => (stored, Some(reason)),
-        }
+        let start = cursor.next;
+        let outcome = self.store_run(slot, event, block_size, cursor, to, hasher);
+        ((cursor.next - start) as u64, outcome.err())
     }
 
     fn store_run(
@@ -113,24 +111,24 @@ impl Tree {
         cursor: &mut StoreCursor,
         to: usize,
         hasher: &mut Hasher,
-        stored: &mut u64,
     ) -> Result<(), SkipReason> {
         let size = block_size as usize;
         let batch = (self.max_nodes / 256).clamp(1, 1024);
+        let mut parent_id = if cursor.has_parent {
+            self.find(cursor.parent_hash).ok_or(SkipReason::UnknownParent)?
+        } else {
+            NO_NODE
+        };
         while cursor.next < to.min(cursor.end) {
             let i = cursor.next;
             let tokens = &event.token_ids[i * size..(i + 1) * size];
             let hash = hasher.chain(cursor.parent_hash, tokens);
-            let parent_id = match cursor.parent {
-                None => NO_NODE,
-                Some(r) => self.resolve(r).ok_or(SkipReason::UnknownParent)?,
-            };
             let id = match self.find(hash) {
                 Some(id) => {
                     if self.node(id).parent != parent_id {
                         return Err(SkipReason::HashConflict);
                     }
-                    self.node(id).touch();
+                    self.touch(id);
                     id
                 }
                 None => {
@@ -139,9 +137,7 @@ impl Tree {
                         if self.live_nodes >= self.max_nodes {
                             return Err(SkipReason::IndexFull);
                         }
-                        if let Some(r) = cursor.parent
-                            && self.resolve(r).is_none()
-                        {
+                        if cursor.has_parent && self.find(cursor.parent_hash) != Some(parent_id) {
                             return Err(SkipReason::UnknownParent);
                         }
                     }
@@ -151,22 +147,21 @@ impl Tree {
             if self.add_holder(id, slot, cursor.tier_bit) {
                 self.holders[slot as usize].blocks += 1;
             }
-            let new_ref = self.node_ref(id);
             let engine_hash = event.block_hashes[i];
-            let previous = self.holders[slot as usize].engine.insert(engine_hash, new_ref);
+            let previous = self.holders[slot as usize].engine.insert(engine_hash, hash);
             if let Some(old) = previous
-                && old != new_ref
-                && let Some(old_id) = self.resolve(old)
+                && old != hash
+                && let Some(old_id) = self.find(old)
                 && self.remove_tiers(old_id, slot, u8::MAX) == TierRemoval::Holder
             {
                 // The engine reused this hash for other content: the old claim is gone.
                 self.holders[slot as usize].blocks -= 1;
                 self.prune(old_id);
             }
-            cursor.parent = Some(new_ref);
+            cursor.has_parent = true;
             cursor.parent_hash = hash;
+            parent_id = id;
             cursor.next = i + 1;
-            *stored += 1;
         }
         Ok(())
     }

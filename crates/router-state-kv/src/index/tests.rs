@@ -34,8 +34,12 @@ fn stored(parent: Option<u64>, hashes: &[u64], tokens: &[u32]) -> Event {
 
 fn on(event: Event, medium: Medium) -> Event {
     match event {
-        Event::Stored(s) => Event::Stored(BlockStored { medium: Some(MediumField::Known(medium)), ..s }),
-        Event::Removed(r) => Event::Removed(BlockRemoved { medium: Some(MediumField::Known(medium)), ..r }),
+        Event::Stored(s) => {
+            Event::Stored(BlockStored { medium: Some(MediumField::Known(medium)), ..s })
+        }
+        Event::Removed(r) => {
+            Event::Removed(BlockRemoved { medium: Some(MediumField::Known(medium)), ..r })
+        }
         other => other,
     }
 }
@@ -62,14 +66,18 @@ fn stores_at_the_root_and_under_known_parents_and_looks_up_leading_blocks() {
     let index = KvIndex::default();
     let a = holder(&index, "a", 0);
     let b = holder(&index, "b", 0);
-    let report = a.apply(&[stored(None, &[10, 11], &[1, 2, 3, 4]), stored(Some(11), &[12], &[5, 6])]);
+    let report =
+        a.apply(&[stored(None, &[10, 11], &[1, 2, 3, 4]), stored(Some(11), &[12], &[5, 6])]);
     assert_eq!((report.events, report.stored), (2, 3));
     b.apply(&[stored(None, &[20], &[1, 2]), stored(Some(20), &[21], &[9, 9])]);
     assert_eq!(
         matches(&index, &[1, 2, 3, 4, 5, 6, 7]),
         vec![("a".into(), 3, Medium::Gpu), ("b".into(), 1, Medium::Gpu)]
     );
-    assert_eq!(matches(&index, &[1, 2, 9, 9]), vec![("b".into(), 2, Medium::Gpu), ("a".into(), 1, Medium::Gpu)]);
+    assert_eq!(
+        matches(&index, &[1, 2, 9, 9]),
+        vec![("b".into(), 2, Medium::Gpu), ("a".into(), 1, Medium::Gpu)]
+    );
     assert!(matches(&index, &[2, 1]).is_empty());
     assert!(index.lookup(&ModelId::new("other"), &[1]).is_empty());
     assert_eq!((a.blocks(), b.blocks()), (3, 2));
@@ -194,10 +202,19 @@ fn events_the_router_cannot_use_are_skipped_by_reason() {
     let cases = [
         (BlockStored { block_size: Some(16), ..base.clone() }, SkipReason::BlockSizeMismatch),
         (BlockStored { token_ids: vec![1, 1, 1], ..base.clone() }, SkipReason::TokenCountMismatch),
-        (BlockStored { locality: Some(Locality::Remote), ..base.clone() }, SkipReason::RemoteLocality),
-        (BlockStored { kv_cache_spec_kind: Some(SpecKind::Other), ..base.clone() }, SkipReason::NotFullAttention),
+        (
+            BlockStored { locality: Some(Locality::Remote), ..base.clone() },
+            SkipReason::RemoteLocality,
+        ),
+        (
+            BlockStored { kv_cache_spec_kind: Some(SpecKind::Other), ..base.clone() },
+            SkipReason::NotFullAttention,
+        ),
         (BlockStored { group_idx: Some(1), ..base.clone() }, SkipReason::OtherGroup),
-        (BlockStored { medium: Some(MediumField::Unknown), ..base.clone() }, SkipReason::UnknownMedium),
+        (
+            BlockStored { medium: Some(MediumField::Unknown), ..base.clone() },
+            SkipReason::UnknownMedium,
+        ),
         (
             BlockStored { extra_keys: Some(vec![Some(vec![ExtraKey::Other])]), ..base.clone() },
             SkipReason::ExtraKeys,
@@ -209,14 +226,15 @@ fn events_the_router_cannot_use_are_skipped_by_reason() {
         assert_eq!(report.skipped.total(), 1, "{reason}");
     }
     assert_eq!(index.stats().nodes, 0);
-    let report = a.apply(&[Event::Unknown, Event::Invalid { event: "BlockStored", missing: "token_ids" }]);
+    let report =
+        a.apply(&[Event::Unknown, Event::Invalid { event: "BlockStored", missing: "token_ids" }]);
     assert_eq!(report.skipped.get(SkipReason::UnknownEventType), 1);
     assert_eq!(report.skipped.get(SkipReason::InvalidEvent), 1);
     // A full-attention group other than 0 is accepted, and its removals apply.
     let report = a.apply(&[Event::Stored(BlockStored {
         group_idx: Some(3),
         kv_cache_spec_kind: Some(SpecKind::Full),
-        ..base.clone()
+        ..base
     })]);
     assert_eq!(report.stored, 1);
     let report = a.apply(&[Event::Removed(BlockRemoved {
@@ -339,9 +357,20 @@ fn engine_hash(holder: usize, prefix: &[u32]) -> u64 {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Store { holder: usize, parent: Option<prop::sample::Index>, blocks: Vec<[u32; 2]>, medium: usize },
-    Remove { holder: usize, which: prop::sample::Index, medium: usize },
-    Clear { holder: usize },
+    Store {
+        holder: usize,
+        parent: Option<prop::sample::Index>,
+        blocks: Vec<[u32; 2]>,
+        medium: usize,
+    },
+    Remove {
+        holder: usize,
+        which: prop::sample::Index,
+        medium: usize,
+    },
+    Clear {
+        holder: usize,
+    },
     RemoveWorker,
 }
 
@@ -361,11 +390,18 @@ fn op() -> impl Strategy<Value = Op> {
 const MEDIA: [Medium; 3] = [Medium::Gpu, Medium::Cpu, Medium::Disk];
 
 /// Applies `op` to the index and the reference; returns false when the op was a no-op.
-fn run(op: &Op, index: &KvIndex, holders: &mut [Holder], reference: &mut Reference, incarnation: &mut u64) {
+fn run(
+    op: &Op,
+    index: &KvIndex,
+    holders: &mut [Holder],
+    reference: &mut Reference,
+    incarnation: &mut u64,
+) {
     match op {
         Op::Store { holder, parent, blocks, medium } => {
             let held: Vec<(u64, Vec<u32>)> = {
-                let mut v: Vec<_> = reference[*holder].iter().map(|(h, (p, _))| (*h, p.clone())).collect();
+                let mut v: Vec<_> =
+                    reference[*holder].iter().map(|(h, (p, _))| (*h, p.clone())).collect();
                 v.sort();
                 v
             };
@@ -386,7 +422,8 @@ fn run(op: &Op, index: &KvIndex, holders: &mut [Holder], reference: &mut Referen
                 hashes.push(h);
                 reference[*holder].entry(h).or_insert_with(|| (prefix.clone(), 0)).1 |= bit;
             }
-            let report = holders[*holder].apply(&[on(stored(parent_hash, &hashes, &tokens), MEDIA[*medium])]);
+            let report = holders[*holder]
+                .apply(&[on(stored(parent_hash, &hashes, &tokens), MEDIA[*medium])]);
             assert_eq!(report.skipped.total(), 0, "{report:?}");
         }
         Op::Remove { holder, which, medium } => {
@@ -415,7 +452,9 @@ fn run(op: &Op, index: &KvIndex, holders: &mut [Holder], reference: &mut Referen
             for (slot, (worker, rank)) in HOLDERS.iter().enumerate() {
                 if *worker == "a" {
                     reference[slot].clear();
-                    holders[slot] = index.holder(&model(), &wid(worker), *incarnation, *rank, BS).expect("register");
+                    holders[slot] = index
+                        .holder(&model(), &wid(worker), *incarnation, *rank, BS)
+                        .expect("register");
                 }
             }
         }
@@ -426,7 +465,8 @@ fn run(op: &Op, index: &KvIndex, holders: &mut [Holder], reference: &mut Referen
 fn expected(reference: &Reference, query: &[u32]) -> BTreeMap<String, (u32, Medium)> {
     let mut out: BTreeMap<String, (u32, Medium)> = BTreeMap::new();
     for (slot, held) in reference.iter().enumerate() {
-        let by_prefix: HashMap<&[u32], u8> = held.values().map(|(p, t)| (p.as_slice(), *t)).collect();
+        let by_prefix: HashMap<&[u32], u8> =
+            held.values().map(|(p, t)| (p.as_slice(), *t)).collect();
         let mut blocks = 0;
         let mut tier = Medium::Gpu;
         while (blocks + 1) * 2 <= query.len() as u32 {
@@ -518,11 +558,18 @@ proptest! {
 }
 
 /// Like `run`, but tolerates stores cut short by the node limit.
-fn run_lenient(op: &Op, index: &KvIndex, holders: &mut [Holder], reference: &mut Reference, incarnation: &mut u64) {
+fn run_lenient(
+    op: &Op,
+    index: &KvIndex,
+    holders: &mut [Holder],
+    reference: &mut Reference,
+    incarnation: &mut u64,
+) {
     match op {
         Op::Store { holder, parent, blocks, medium } => {
             let held: Vec<(u64, Vec<u32>)> = {
-                let mut v: Vec<_> = reference[*holder].iter().map(|(h, (p, _))| (*h, p.clone())).collect();
+                let mut v: Vec<_> =
+                    reference[*holder].iter().map(|(h, (p, _))| (*h, p.clone())).collect();
                 v.sort();
                 v
             };
@@ -540,7 +587,8 @@ fn run_lenient(op: &Op, index: &KvIndex, holders: &mut [Holder], reference: &mut
                 tokens.extend_from_slice(block);
                 let h = engine_hash(*holder, &prefix);
                 hashes.push(h);
-                reference[*holder].entry(h).or_insert_with(|| (prefix.clone(), 0)).1 |= MEDIA[*medium].bit();
+                reference[*holder].entry(h).or_insert_with(|| (prefix.clone(), 0)).1 |=
+                    MEDIA[*medium].bit();
             }
             holders[*holder].apply(&[on(stored(parent_hash, &hashes, &tokens), MEDIA[*medium])]);
         }

@@ -1,22 +1,32 @@
-//! The per-model radix tree: a flat arena of block nodes with `u32` ids, found by local hash.
+//! The per-model radix tree: a flat, chunked arena of 32-byte block nodes with `u32` ids,
+//! found by local hash.
 //!
 //! A node is one block. Its key is the block's local chained hash (which already identifies
 //! the whole prefix), its `parent` link makes the tree, and it records its holders as a sorted
-//! small vector of `slot << 8 | tier bits` entries. A node with no holders is kept only while it
-//! has children; everything else is freed at once, so the arena holds live data only.
+//! list of `slot << 8 | tier bits` entries: one entry inline in the node, more in a shared
+//! pool with power-of-two size classes. A node with no holders is kept only while it has
+//! children; everything else is freed at once, so the arena holds live data only.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use router_workers::WorkerId;
 
 /// "No node": the parent of a first block.
 pub(crate) const NO_NODE: u32 = u32::MAX;
 
+/// The parent of a free arena slot.
+const FREE: u32 = u32::MAX - 1;
+
 /// Holder slots are stored in the upper 24 bits of a holder entry.
 pub(crate) const MAX_HOLDERS: u32 = 1 << 24;
+
+/// Nodes per arena chunk (a power of two): growth never copies nodes, and the slack of a
+/// growing arena is at most one chunk.
+const CHUNK_BITS: u32 = 12;
+const CHUNK: usize = 1 << CHUNK_BITS;
 
 /// Identity hashing for keys that already are xxh3 outputs.
 #[derive(Default)]
@@ -88,77 +98,58 @@ impl BuildHasher for MixBuild {
     }
 }
 
-/// A node id plus the generation it had, so references outlive eviction safely.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct NodeRef {
-    pub(crate) id: u32,
-    pub(crate) generation: u32,
-}
-
-/// Sorted holder entries (`slot << 8 | tier bits`). One holder is stored inline; an empty
-/// boxed slice does not allocate.
-#[derive(Debug)]
-pub(crate) enum Holders {
-    One(u32),
-    Many(Box<[u32]>),
-}
-
-impl Holders {
-    fn empty() -> Self {
-        Holders::Many(Box::new([]))
-    }
-
-    pub(crate) fn as_slice(&self) -> &[u32] {
-        match self {
-            Holders::One(entry) => std::slice::from_ref(entry),
-            Holders::Many(entries) => entries,
-        }
-    }
-
-    fn find(&self, slot: u32) -> Result<usize, usize> {
-        self.as_slice().binary_search_by_key(&slot, |e| e >> 8)
-    }
-
-    /// Entries stored out of line (for memory accounting).
-    fn heap_len(&self) -> usize {
-        match self {
-            Holders::One(_) => 0,
-            Holders::Many(entries) => entries.len(),
-        }
-    }
-
-    fn from_vec(mut entries: Vec<u32>) -> Self {
-        if entries.len() == 1 {
-            Holders::One(entries[0])
-        } else {
-            entries.shrink_to_fit();
-            Holders::Many(entries.into_boxed_slice())
-        }
-    }
-}
-
-/// One block.
-#[derive(Debug)]
+/// One block: 32 bytes.
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Node {
     pub(crate) hash: u64,
     /// XOR of `mix(entry ^ seed)` over the holder entries: equal fingerprints mean equal holder
     /// sets (up to a 2^-64 chance), which lets lookups skip unchanged runs in O(1).
     pub(crate) fingerprint: u64,
+    /// `NO_NODE` for a first block, `FREE` for a free slot.
     pub(crate) parent: u32,
     pub(crate) children: u32,
-    pub(crate) generation: u32,
-    pub(crate) live: bool,
-    /// CLOCK reference bit: clear when the node is created, set when a lookup hits it or a
-    /// holder stores it again, cleared by the eviction hand.
-    pub(crate) referenced: AtomicBool,
-    pub(crate) holders: Holders,
+    /// The only entry when `len == 1`, else the offset of the entries in the pool.
+    word: u32,
+    len: u32,
 }
 
-impl Node {
-    pub(crate) fn touch(&self) {
-        if !self.referenced.load(Ordering::Relaxed) {
-            self.referenced.store(true, Ordering::Relaxed);
+const FREE_NODE: Node =
+    Node { hash: 0, fingerprint: 0, parent: FREE, children: 0, word: 0, len: 0 };
+
+/// Pooled holder lists: blocks of `2^class` entries, recycled per class.
+#[derive(Default)]
+struct Pool {
+    data: Vec<u32>,
+    free: Vec<Vec<u32>>,
+}
+
+fn class_of(len: u32) -> usize {
+    len.next_power_of_two().trailing_zeros() as usize
+}
+
+impl Pool {
+    fn alloc(&mut self, class: usize) -> u32 {
+        if let Some(offset) = self.free.get_mut(class).and_then(Vec::pop) {
+            return offset;
         }
+        let offset = u32::try_from(self.data.len()).expect("holder pool below 16 GiB");
+        self.data.resize(self.data.len() + (1 << class), 0);
+        offset
+    }
+
+    fn release(&mut self, offset: u32, class: usize) {
+        if self.free.len() <= class {
+            self.free.resize_with(class + 1, Vec::new);
+        }
+        self.free[class].push(offset);
+    }
+
+    fn slice(&self, offset: u32, len: u32) -> &[u32] {
+        &self.data[offset as usize..(offset + len) as usize]
+    }
+
+    fn bytes(&self) -> usize {
+        self.data.capacity() * 4 + self.free.iter().map(|f| f.capacity() * 4).sum::<usize>()
     }
 }
 
@@ -176,8 +167,8 @@ pub(crate) struct HolderEntry {
     pub(crate) worker_key: u32,
     pub(crate) incarnation: u64,
     pub(crate) rank: u32,
-    /// Engine hash -> node, for parent links and removals.
-    pub(crate) engine: HashMap<u64, NodeRef, MixBuild>,
+    /// Engine hash -> local hash of the block, for parent links and removals.
+    pub(crate) engine: HashMap<u64, u64, MixBuild>,
     /// Nodes that list this holder.
     pub(crate) blocks: u64,
     /// KV-cache groups whose stores were accepted (besides group 0).
@@ -185,12 +176,12 @@ pub(crate) struct HolderEntry {
     pub(crate) shared: Arc<HolderShared>,
 }
 
-/// Outcome of taking a tier away from a holder of a node.
+/// Outcome of taking tiers away from a holder of a node.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) enum TierRemoval {
     /// The holder was not on the node.
     Absent,
-    /// The holder is on the node, but not on that tier.
+    /// The holder is on the node, but not on those tiers.
     TierNotHeld,
     /// The holder keeps the block on another tier.
     TierOnly,
@@ -200,16 +191,21 @@ pub(crate) enum TierRemoval {
 
 /// The radix tree of one model.
 pub(crate) struct Tree {
-    pub(crate) nodes: Vec<Node>,
+    chunks: Vec<Box<[Node]>>,
+    /// CLOCK reference bits, one per node: clear when a node is created, set when a lookup
+    /// hits it or a holder stores it again, cleared by the eviction hand. Atomic so readers
+    /// holding the shared lock can set them.
+    referenced: Vec<AtomicU64>,
+    slots: usize,
     free: Vec<u32>,
+    pool: Pool,
     pub(crate) by_hash: ByHash,
     pub(crate) holders: Vec<HolderEntry>,
     free_holders: Vec<u32>,
     worker_keys: HashMap<WorkerId, u32>,
     pub(crate) live_nodes: usize,
     pub(crate) max_nodes: usize,
-    pub(crate) hand: usize,
-    heap_entries: usize,
+    hand: usize,
     fp_seed: u64,
     pub(crate) engine_build: MixBuild,
     pub(crate) evicted: u64,
@@ -218,16 +214,18 @@ pub(crate) struct Tree {
 impl Tree {
     pub(crate) fn new(max_nodes: usize) -> Self {
         Self {
-            nodes: Vec::new(),
+            chunks: Vec::new(),
+            referenced: Vec::new(),
+            slots: 0,
             free: Vec::new(),
+            pool: Pool::default(),
             by_hash: ByHash::default(),
             holders: Vec::new(),
             free_holders: Vec::new(),
             worker_keys: HashMap::new(),
             live_nodes: 0,
-            max_nodes: max_nodes.max(1),
+            max_nodes: max_nodes.clamp(1, (u32::MAX - 2) as usize),
             hand: 0,
-            heap_entries: 0,
             fp_seed: rand::random(),
             engine_build: MixBuild::random(),
             evicted: 0,
@@ -239,17 +237,51 @@ impl Tree {
     }
 
     pub(crate) fn node(&self, id: u32) -> &Node {
-        &self.nodes[id as usize]
+        &self.chunks[(id >> CHUNK_BITS) as usize][id as usize & (CHUNK - 1)]
     }
 
-    pub(crate) fn node_ref(&self, id: u32) -> NodeRef {
-        NodeRef { id, generation: self.nodes[id as usize].generation }
+    fn node_mut(&mut self, id: u32) -> &mut Node {
+        &mut self.chunks[(id >> CHUNK_BITS) as usize][id as usize & (CHUNK - 1)]
     }
 
-    /// The node a reference points to, if it is still the same node.
-    pub(crate) fn resolve(&self, r: NodeRef) -> Option<u32> {
-        let node = self.nodes.get(r.id as usize)?;
-        (node.live && node.generation == r.generation).then_some(r.id)
+    /// The holder entries of a node, sorted by slot.
+    pub(crate) fn entries<'a>(&'a self, node: &'a Node) -> &'a [u32] {
+        match node.len {
+            0 => &[],
+            1 => std::slice::from_ref(&node.word),
+            len => self.pool.slice(node.word, len),
+        }
+    }
+
+    fn entries_of(&self, id: u32) -> &[u32] {
+        self.entries(self.node(id))
+    }
+
+    fn is_live(&self, id: u32) -> bool {
+        (id as usize) < self.slots && self.node(id).parent != FREE
+    }
+
+    /// Marks a node referenced (for CLOCK); callable under the shared lock.
+    pub(crate) fn touch(&self, id: u32) {
+        let word = &self.referenced[(id / 64) as usize];
+        let bit = 1u64 << (id % 64);
+        if word.load(Ordering::Relaxed) & bit == 0 {
+            word.fetch_or(bit, Ordering::Relaxed);
+        }
+    }
+
+    /// Clears a node's reference bit; returns whether it was set.
+    fn take_reference(&self, id: u32) -> bool {
+        let bit = 1u64 << (id % 64);
+        self.referenced[(id / 64) as usize].fetch_and(!bit, Ordering::Relaxed) & bit != 0
+    }
+
+    /// Whether slot `id` exists and is the live node of `hash`.
+    pub(crate) fn holds_hash(&self, id: u32, hash: u64) -> bool {
+        (id as usize) < self.slots && {
+            let node = self.node(id);
+            node.hash == hash && node.parent != FREE
+        }
     }
 
     pub(crate) fn find(&self, hash: u64) -> Option<u32> {
@@ -259,32 +291,21 @@ impl Tree {
     /// Creates a node; the caller has made room (see `evict`).
     pub(crate) fn alloc(&mut self, hash: u64, parent: u32) -> u32 {
         let id = if let Some(id) = self.free.pop() {
-            let node = &mut self.nodes[id as usize];
-            node.hash = hash;
-            node.fingerprint = 0;
-            node.parent = parent;
-            node.children = 0;
-            node.live = true;
-            node.referenced = AtomicBool::new(false);
-            node.holders = Holders::empty();
             id
         } else {
-            let id = u32::try_from(self.nodes.len()).expect("node ids are capped by max_nodes");
-            self.nodes.push(Node {
-                hash,
-                fingerprint: 0,
-                parent,
-                children: 0,
-                generation: 0,
-                live: true,
-                referenced: AtomicBool::new(false),
-                holders: Holders::empty(),
-            });
+            let id = u32::try_from(self.slots).expect("node ids are capped by max_nodes");
+            if self.slots == self.chunks.len() * CHUNK {
+                self.chunks.push(vec![FREE_NODE; CHUNK].into_boxed_slice());
+                self.referenced.extend((0..CHUNK / 64).map(|_| AtomicU64::new(0)));
+            }
+            self.slots += 1;
             id
         };
+        *self.node_mut(id) = Node { hash, fingerprint: 0, parent, children: 0, word: 0, len: 0 };
+        self.take_reference(id);
         self.by_hash.insert(hash, id);
         if parent != NO_NODE {
-            self.nodes[parent as usize].children += 1;
+            self.node_mut(parent).children += 1;
         }
         self.live_nodes += 1;
         id
@@ -292,108 +313,132 @@ impl Tree {
 
     /// Frees a node with no holders and no children; returns its parent.
     fn free_node(&mut self, id: u32) -> u32 {
-        let node = &mut self.nodes[id as usize];
-        debug_assert!(node.live && node.children == 0 && node.holders.as_slice().is_empty());
-        node.live = false;
-        node.generation = node.generation.wrapping_add(1);
-        let parent = node.parent;
-        let hash = node.hash;
-        node.parent = NO_NODE;
-        if self.by_hash.get(&hash) == Some(&id) {
-            self.by_hash.remove(&hash);
+        let node = *self.node(id);
+        debug_assert!(node.parent != FREE && node.children == 0 && node.len == 0);
+        *self.node_mut(id) = FREE_NODE;
+        if self.by_hash.get(&node.hash) == Some(&id) {
+            self.by_hash.remove(&node.hash);
         }
-        if parent != NO_NODE {
-            self.nodes[parent as usize].children -= 1;
+        if node.parent != NO_NODE {
+            self.node_mut(node.parent).children -= 1;
         }
         self.free.push(id);
         self.live_nodes -= 1;
-        parent
+        node.parent
     }
 
     /// Frees `id` and then its ancestors while they have neither holders nor children.
     pub(crate) fn prune(&mut self, mut id: u32) {
         while id != NO_NODE {
-            let node = &self.nodes[id as usize];
-            if !node.live || node.children > 0 || !node.holders.as_slice().is_empty() {
+            let node = self.node(id);
+            if node.parent == FREE || node.children > 0 || node.len > 0 {
                 return;
             }
             id = self.free_node(id);
         }
     }
 
-    fn set_holders(&mut self, id: u32, entries: Vec<u32>) {
-        let node = &mut self.nodes[id as usize];
-        self.heap_entries -= node.holders.heap_len();
-        node.holders = Holders::from_vec(entries);
-        self.heap_entries += node.holders.heap_len();
+    /// Replaces a node's entries with `entries` (sorted), moving pool storage as needed.
+    fn store_entries(&mut self, id: u32, entries: &[u32]) {
+        let node = *self.node(id);
+        let new_len = u32::try_from(entries.len()).expect("holders are capped");
+        let old_class = (node.len >= 2).then(|| class_of(node.len));
+        let new_class = (new_len >= 2).then(|| class_of(new_len));
+        let word = match (old_class, new_class) {
+            (_, None) => {
+                if let Some(class) = old_class {
+                    self.pool.release(node.word, class);
+                }
+                entries.first().copied().unwrap_or(0)
+            }
+            (Some(old), Some(new)) if old == new => node.word,
+            (old, Some(new)) => {
+                if let Some(class) = old {
+                    self.pool.release(node.word, class);
+                }
+                self.pool.alloc(new)
+            }
+        };
+        if new_len >= 2 {
+            let start = word as usize;
+            self.pool.data[start..start + entries.len()].copy_from_slice(entries);
+        }
+        let node = self.node_mut(id);
+        node.word = word;
+        node.len = new_len;
     }
 
     /// Adds `tier_bit` for holder `slot` on node `id`; returns whether the holder is new there.
     pub(crate) fn add_holder(&mut self, id: u32, slot: u32, tier_bit: u8) -> bool {
-        let node = &self.nodes[id as usize];
-        match node.holders.find(slot) {
+        let new_entry = (slot << 8) | u32::from(tier_bit);
+        let node = *self.node(id);
+        if node.len == 0 {
+            let delta = self.fp(new_entry);
+            let node = self.node_mut(id);
+            node.word = new_entry;
+            node.len = 1;
+            node.fingerprint ^= delta;
+            return true;
+        }
+        let entries = self.entries_of(id);
+        match entries.binary_search_by_key(&slot, |e| e >> 8) {
             Ok(index) => {
-                let old = node.holders.as_slice()[index];
+                let old = entries[index];
                 let new = old | u32::from(tier_bit);
                 if new != old {
-                    let delta = self.fp(old) ^ self.fp(new);
-                    let node = &mut self.nodes[id as usize];
-                    node.fingerprint ^= delta;
-                    match &mut node.holders {
-                        Holders::One(entry) => *entry = new,
-                        Holders::Many(entries) => entries[index] = new,
-                    }
+                    self.replace_entry(id, index, old, new);
                 }
                 false
             }
             Err(index) => {
-                let entry = (slot << 8) | u32::from(tier_bit);
-                let mut entries = Vec::with_capacity(node.holders.as_slice().len() + 1);
-                entries.extend_from_slice(&node.holders.as_slice()[..index]);
-                entries.push(entry);
-                entries.extend_from_slice(&node.holders.as_slice()[index..]);
-                let delta = self.fp(entry);
-                self.nodes[id as usize].fingerprint ^= delta;
-                self.set_holders(id, entries);
+                let mut grown = Vec::with_capacity(entries.len() + 1);
+                grown.extend_from_slice(&entries[..index]);
+                grown.push(new_entry);
+                grown.extend_from_slice(&entries[index..]);
+                let delta = self.fp(new_entry);
+                self.store_entries(id, &grown);
+                self.node_mut(id).fingerprint ^= delta;
                 true
             }
         }
     }
 
+    fn replace_entry(&mut self, id: u32, index: usize, old: u32, new: u32) {
+        let delta = self.fp(old) ^ self.fp(new);
+        let node = self.node_mut(id);
+        node.fingerprint ^= delta;
+        if node.len == 1 {
+            node.word = new;
+        } else {
+            let at = node.word as usize + index;
+            self.pool.data[at] = new;
+        }
+    }
+
     /// Takes `tier_bits` away from holder `slot` on node `id` (all bits: the holder entirely).
     pub(crate) fn remove_tiers(&mut self, id: u32, slot: u32, tier_bits: u8) -> TierRemoval {
-        let node = &self.nodes[id as usize];
-        let Ok(index) = node.holders.find(slot) else { return TierRemoval::Absent };
-        let old = node.holders.as_slice()[index];
+        if !self.is_live(id) {
+            return TierRemoval::Absent;
+        }
+        let entries = self.entries_of(id);
+        let Ok(index) = entries.binary_search_by_key(&slot, |e| e >> 8) else {
+            return TierRemoval::Absent;
+        };
+        let old = entries[index];
         let remaining = (old & 0xff) & !u32::from(tier_bits);
         if (old & 0xff) == remaining {
             return TierRemoval::TierNotHeld;
         }
         if remaining != 0 {
-            let new = (old & !0xff) | remaining;
-            let delta = self.fp(old) ^ self.fp(new);
-            let node = &mut self.nodes[id as usize];
-            node.fingerprint ^= delta;
-            match &mut node.holders {
-                Holders::One(entry) => *entry = new,
-                Holders::Many(entries) => entries[index] = new,
-            }
+            self.replace_entry(id, index, old, (old & !0xff) | remaining);
             return TierRemoval::TierOnly;
         }
-        let mut entries = node.holders.as_slice().to_vec();
-        entries.remove(index);
+        let mut shrunk = entries.to_vec();
+        shrunk.remove(index);
         let delta = self.fp(old);
-        self.nodes[id as usize].fingerprint ^= delta;
-        self.set_holders(id, entries);
+        self.store_entries(id, &shrunk);
+        self.node_mut(id).fingerprint ^= delta;
         TierRemoval::Holder
-    }
-
-    /// Removes every holder of a node (eviction); returns their slots.
-    fn strip_holders(&mut self, id: u32) -> Vec<u32> {
-        let slots = self.nodes[id as usize].holders.as_slice().iter().map(|e| e >> 8).collect();
-        self.set_holders(id, Vec::new());
-        self.nodes[id as usize].fingerprint = 0;
-        slots
     }
 
     /// Registers a holder, or returns the live one with the same identity.
@@ -465,26 +510,28 @@ impl Tree {
         let target = self.max_nodes.saturating_sub(batch);
         let mut freed = 0;
         let mut scanned = 0;
-        let limit = self.nodes.len().saturating_mul(2);
-        while self.live_nodes > target && scanned < limit && !self.nodes.is_empty() {
-            if self.hand >= self.nodes.len() {
+        let limit = self.slots.saturating_mul(2);
+        while self.live_nodes > target && scanned < limit {
+            if self.hand >= self.slots {
                 self.hand = 0;
             }
             let id = u32::try_from(self.hand).expect("node ids fit in u32");
             self.hand += 1;
             scanned += 1;
-            let node = &self.nodes[id as usize];
-            if !node.live || id == pinned {
+            if !self.is_live(id) || id == pinned {
                 continue;
             }
-            if node.referenced.swap(false, Ordering::Relaxed) || node.children > 0 {
+            if self.take_reference(id) || self.node(id).children > 0 {
                 continue;
             }
-            for slot in self.strip_holders(id) {
+            let slots: Vec<u32> = self.entries_of(id).iter().map(|e| e >> 8).collect();
+            for slot in slots {
                 if let Some(holder) = self.holders.get_mut(slot as usize) {
                     holder.blocks = holder.blocks.saturating_sub(1);
                 }
             }
+            self.store_entries(id, &[]);
+            self.node_mut(id).fingerprint = 0;
             let before = self.live_nodes;
             let parent = self.free_node(id);
             self.prune(parent);
@@ -497,10 +544,10 @@ impl Tree {
     /// Approximate heap bytes held by this tree.
     pub(crate) fn approx_bytes(&self) -> u64 {
         let entry = std::mem::size_of::<(u64, u32)>() + 1;
-        let engine_entry = std::mem::size_of::<(u64, NodeRef)>() + 1;
-        let nodes = self.nodes.capacity() * std::mem::size_of::<Node>();
+        let engine_entry = std::mem::size_of::<(u64, u64)>() + 1;
+        let nodes = self.chunks.len() * CHUNK * std::mem::size_of::<Node>();
+        let bits = self.referenced.capacity() * 8;
         let table = self.by_hash.capacity() * entry;
-        let holders = self.heap_entries * 4;
         let free = self.free.capacity() * 4;
         let engine: usize = self
             .holders
@@ -511,7 +558,7 @@ impl Tree {
                     + h.groups.capacity() * 8
             })
             .sum();
-        (nodes + table + holders + free + engine) as u64
+        (nodes + bits + table + free + self.pool.bytes() + engine) as u64
     }
 
     /// Sum over holders of the nodes they hold.
@@ -519,7 +566,7 @@ impl Tree {
         self.holders.iter().map(|h| h.blocks).sum()
     }
 
-    /// Publishes each holder's block count to its lock-free view.
+    /// Publishes a holder's block count to its lock-free view.
     pub(crate) fn publish_holder(&self, slot: u32) {
         if let Some(h) = self.holders.get(slot as usize) {
             h.shared.blocks.store(h.blocks, Ordering::Relaxed);
@@ -529,33 +576,33 @@ impl Tree {
     /// Checks every structural invariant; used by tests.
     #[cfg(test)]
     pub(crate) fn check(&self) {
-        let mut children = vec![0u32; self.nodes.len()];
+        let mut children = vec![0u32; self.slots];
         let mut held = vec![0u64; self.holders.len()];
         let mut live = 0;
-        for (id, node) in self.nodes.iter().enumerate() {
-            if !node.live {
+        for id in 0..u32::try_from(self.slots).expect("fits") {
+            let node = self.node(id);
+            if node.parent == FREE {
                 continue;
             }
             live += 1;
-            let id32 = u32::try_from(id).expect("fits");
-            assert_eq!(self.by_hash.get(&node.hash), Some(&id32), "node {id} not indexed");
-            let entries = node.holders.as_slice();
+            assert_eq!(self.by_hash.get(&node.hash), Some(&id), "node {id} not indexed");
+            let entries = self.entries(node);
             assert!(entries.windows(2).all(|w| (w[0] >> 8) < (w[1] >> 8)), "holders unsorted");
             assert!(entries.iter().all(|e| e & 0xff != 0), "holder without tier");
             let fp = entries.iter().fold(0, |acc, e| acc ^ self.fp(*e));
             assert_eq!(fp, node.fingerprint, "fingerprint of node {id}");
             assert!(!entries.is_empty() || node.children > 0, "empty leaf {id} kept");
             if node.parent != NO_NODE {
-                assert!(self.nodes[node.parent as usize].live, "dead parent of {id}");
+                assert!(self.is_live(node.parent), "dead parent of {id}");
                 children[node.parent as usize] += 1;
             }
             for e in entries {
                 held[(e >> 8) as usize] += 1;
             }
         }
-        for (id, node) in self.nodes.iter().enumerate() {
-            if node.live {
-                assert_eq!(node.children, children[id], "child count of {id}");
+        for id in 0..u32::try_from(self.slots).expect("fits") {
+            if self.is_live(id) {
+                assert_eq!(self.node(id).children, children[id as usize], "children of {id}");
             }
         }
         assert_eq!(live, self.live_nodes);
@@ -563,5 +610,42 @@ impl Tree {
         for (slot, holder) in self.holders.iter().enumerate() {
             assert_eq!(holder.blocks, held[slot], "block count of holder {slot}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nodes_are_32_bytes() {
+        assert_eq!(std::mem::size_of::<Node>(), 32);
+    }
+
+    #[test]
+    fn holder_lists_move_between_pool_classes_and_back_inline() {
+        let mut tree = Tree::new(16);
+        let id = tree.alloc(7, NO_NODE);
+        for slot in [5, 1, 9, 3, 7] {
+            assert!(tree.add_holder(id, slot, 1));
+        }
+        assert!(!tree.add_holder(id, 3, 2), "a second tier of a known holder");
+        let slots: Vec<u32> = tree.entries_of(id).iter().map(|e| e >> 8).collect();
+        assert_eq!(slots, vec![1, 3, 5, 7, 9]);
+        assert_eq!(tree.entries_of(id)[1] & 0xff, 3);
+        for slot in [1, 9, 5, 7] {
+            assert_eq!(tree.remove_tiers(id, slot, u8::MAX), TierRemoval::Holder);
+        }
+        assert_eq!(tree.entries_of(id), &[(3 << 8) | 3]);
+        assert_eq!(tree.remove_tiers(id, 3, 1), TierRemoval::TierOnly);
+        assert_eq!(tree.remove_tiers(id, 3, 1), TierRemoval::TierNotHeld);
+        assert_eq!(tree.remove_tiers(id, 4, 1), TierRemoval::Absent);
+        // Pool blocks freed above are reused.
+        let other = tree.alloc(8, NO_NODE);
+        let before = tree.pool.data.len();
+        tree.add_holder(other, 1, 1);
+        tree.add_holder(other, 2, 1);
+        assert_eq!(tree.pool.data.len(), before, "a freed two-entry block is reused");
+        assert_eq!(tree.live_nodes, 2);
     }
 }

@@ -236,7 +236,81 @@ impl Applier {
 
 #[cfg(test)]
 mod tests {
+    use bytes::Bytes;
+    use rmpv::Value;
+    use router_workers::{ModelId, WorkerId};
+
     use super::*;
+    use crate::hash::Salt;
+    use crate::{KvIndex, KvStats};
+
+    fn payload(hash: u64, tokens: &[u32]) -> Bytes {
+        let event = Value::Map(vec![
+            ("type".into(), "BlockStored".into()),
+            ("block_hashes".into(), Value::Array(vec![hash.into()])),
+            ("parent_block_hash".into(), Value::Nil),
+            ("token_ids".into(), Value::Array(tokens.iter().map(|t| (*t).into()).collect())),
+            ("block_size".into(), 2.into()),
+        ]);
+        let batch = Value::Array(vec![1.0.into(), Value::Array(vec![event]), 0.into()]);
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, &batch).expect("encode");
+        out.into()
+    }
+
+    fn frame(seq: u64, payload: Bytes) -> Frame {
+        Frame { topic: Some(Bytes::new()), seq, payload }
+    }
+
+    fn applier(index: &KvIndex, stats: &KvStats) -> Applier {
+        let worker = WorkerId::new("w").expect("id");
+        let holder = index.holder(&ModelId::new("m"), &worker, 1, 0, 2).expect("register");
+        let rank_stats = stats.register(&worker, 1, 0, "tcp://127.0.0.1:1".into());
+        rank_stats.set_holders(vec![holder.view()]);
+        Applier {
+            stats: rank_stats,
+            holders: vec![holder],
+            target: Target {
+                endpoint: String::new(),
+                replay: None,
+                topic: String::new(),
+                bind: false,
+            },
+            config: Arc::new(SubscriptionConfig::default()),
+            sequence: Sequencer::default(),
+        }
+    }
+
+    fn held(index: &KvIndex, tokens: &[u32]) -> u32 {
+        let worker = WorkerId::new("w").expect("id");
+        index.lookup_tokens(&ModelId::new("m"), tokens, 2, Salt::default()).blocks(&worker)
+    }
+
+    #[tokio::test]
+    async fn without_replay_a_gap_clears_and_a_restart_starts_over() {
+        let index = KvIndex::default();
+        let stats = KvStats::default();
+        let mut applier = applier(&index, &stats);
+        let cancel = CancellationToken::new();
+        applier.on_live(frame(0, payload(1, &[1, 1])), &cancel).await;
+        assert_eq!(held(&index, &[1, 1]), 1);
+        // Batch 1 never arrives: the picture may be wrong, so it is dropped.
+        applier.on_live(frame(2, payload(2, &[2, 2])), &cancel).await;
+        assert_eq!((held(&index, &[1, 1]), held(&index, &[2, 2])), (0, 1));
+        // A malformed batch is skipped but consumes its sequence number.
+        applier.on_live(frame(3, Bytes::from_static(b"\xc1")), &cancel).await;
+        applier.on_live(frame(4, payload(4, &[4, 4])), &cancel).await;
+        assert_eq!(held(&index, &[4, 4]), 1);
+        // The publisher restarted: sequence 0 again.
+        applier.on_live(frame(0, payload(9, &[9, 9])), &cancel).await;
+        assert_eq!((held(&index, &[2, 2]), held(&index, &[9, 9])), (0, 1));
+        let snapshot = &stats.ranks()[0];
+        assert_eq!((snapshot.gaps, snapshot.lost_batches, snapshot.restarts), (1, 1, 1));
+        assert_eq!(snapshot.clears, 2);
+        assert_eq!(snapshot.skipped.get(SkipReason::Malformed), 1);
+        assert_eq!(snapshot.blocks, 1);
+        assert_eq!(applier.sequence.last(), Some(0));
+    }
 
     #[test]
     fn sequence_verdicts() {

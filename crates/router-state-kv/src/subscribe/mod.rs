@@ -207,8 +207,7 @@ impl KvSubscriptions {
                 }
             }
             stats.set_holders(holders.iter().map(crate::Holder::view).collect());
-            let target =
-                Target { endpoint, replay, topic: spec.topic.clone(), bind: spec.bind };
+            let target = Target { endpoint, replay, topic: spec.topic.clone(), bind: spec.bind };
             let (tx, rx) = mpsc::channel(self.config.queue_capacity.max(1));
             let applier = Applier {
                 holders,
@@ -226,7 +225,10 @@ impl KvSubscriptions {
                 token.clone(),
             ));
         }
-        running.insert(worker.id().clone(), Running { incarnation: worker.incarnation(), cancel: token });
+        running.insert(
+            worker.id().clone(),
+            Running { incarnation: worker.incarnation(), cancel: token },
+        );
     }
 
     fn stop(&self, worker: &Arc<Worker>, running: &mut HashMap<WorkerId, Running>) {

@@ -20,7 +20,11 @@ use crate::{EndpointError, FrameError, SkipReason};
 
 /// `tcp://host:(port + rank)` for a configured `tcp://host:port`. With `bind`, a `*` host
 /// becomes `0.0.0.0`.
-pub(crate) fn rank_endpoint(endpoint: &str, rank: u32, bind: bool) -> Result<String, EndpointError> {
+pub(crate) fn rank_endpoint(
+    endpoint: &str,
+    rank: u32,
+    bind: bool,
+) -> Result<String, EndpointError> {
     let malformed = || EndpointError::Malformed { endpoint: endpoint.to_owned() };
     let rest = endpoint.strip_prefix("tcp://").ok_or_else(malformed)?;
     let (host, port) = rest.rsplit_once(':').ok_or_else(malformed)?;
@@ -171,8 +175,14 @@ mod tests {
 
     #[test]
     fn rank_endpoints_offset_the_port() {
-        assert_eq!(rank_endpoint("tcp://10.0.0.1:5557", 0, false).as_deref(), Ok("tcp://10.0.0.1:5557"));
-        assert_eq!(rank_endpoint("tcp://10.0.0.1:5557", 3, false).as_deref(), Ok("tcp://10.0.0.1:5560"));
+        assert_eq!(
+            rank_endpoint("tcp://10.0.0.1:5557", 0, false).as_deref(),
+            Ok("tcp://10.0.0.1:5557")
+        );
+        assert_eq!(
+            rank_endpoint("tcp://10.0.0.1:5557", 3, false).as_deref(),
+            Ok("tcp://10.0.0.1:5560")
+        );
         assert_eq!(rank_endpoint("tcp://*:5557", 1, true).as_deref(), Ok("tcp://0.0.0.0:5558"));
         assert_eq!(rank_endpoint("tcp://[::1]:5557", 1, false).as_deref(), Ok("tcp://[::1]:5558"));
         assert!(matches!(

@@ -211,7 +211,8 @@ pub struct RankSnapshot {
     pub subscribed: bool,
     /// Successful connects (or binds) so far; more than one means reconnects.
     pub connects: u64,
-    /// Sequence number of the last batch applied; `None` before the first or after a clear.
+    /// Sequence number of the last batch consumed; `None` before the first batch and right
+    /// after a publisher restart.
     pub last_seq: Option<u64>,
     /// Blocks this worker-rank holds in the index, over all its models.
     pub blocks: u64,

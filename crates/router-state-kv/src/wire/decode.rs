@@ -61,7 +61,11 @@ impl Ctx<'_> {
         len: usize,
         limit: usize,
     ) -> Result<(), E> {
-        if len > limit { Err(self.fail(DecodeError::TooLarge { what, len, limit })) } else { Ok(()) }
+        if len > limit {
+            Err(self.fail(DecodeError::TooLarge { what, len, limit }))
+        } else {
+            Ok(())
+        }
     }
 }
 
@@ -782,7 +786,9 @@ impl<'de> DeserializeSeed<'de> for FieldSeed<'_, '_, '_> {
             Key::LoraName => raw.lora_name = OptStringSeed(ctx).deserialize(d)?,
             Key::ExtraKeys => raw.extra_keys = ExtraKeysSeed(ctx).deserialize(d)?,
             Key::GroupIdx => raw.group_idx = OptIntSeed.deserialize(d)?,
-            Key::KvCacheSpecKind => raw.kv_cache_spec_kind = NameSeed(spec_kind_of).deserialize(d)?,
+            Key::KvCacheSpecKind => {
+                raw.kv_cache_spec_kind = NameSeed(spec_kind_of).deserialize(d)?
+            }
             Key::KvCacheSpecSlidingWindow => {
                 raw.kv_cache_spec_sliding_window = OptIntSeed.deserialize(d)?;
             }

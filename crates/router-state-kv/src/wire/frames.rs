@@ -99,7 +99,10 @@ mod tests {
         let old = parse_replay(&[b(b""), b(&seq), b(b"p")]).expect("3 frames");
         assert_eq!(old, ReplayReply::Batch(Frame { topic: None, seq: 3, payload: b(b"p") }));
         let new = parse_replay(&[b(b""), b(b"t"), b(&seq), b(b"p")]).expect("4 frames");
-        assert_eq!(new, ReplayReply::Batch(Frame { topic: Some(b(b"t")), seq: 3, payload: b(b"p") }));
+        assert_eq!(
+            new,
+            ReplayReply::Batch(Frame { topic: Some(b(b"t")), seq: 3, payload: b(b"p") })
+        );
         let end = parse_replay(&[b(b""), b(&[0xff; 8]), b(b"")]).expect("end");
         assert_eq!(end, ReplayReply::End);
         assert_eq!(parse_replay(&[b(b"x"), b(&seq), b(b"p")]), Err(FrameError::MissingDelimiter));

@@ -61,6 +61,10 @@ pub struct EventBatch {
 
 /// One KV-cache event.
 #[derive(Clone, Debug, PartialEq)]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "almost every event is a BlockStored; boxing would add an allocation per event"
+)]
 pub enum Event {
     /// Blocks were stored (`BlockStored`).
     Stored(BlockStored),

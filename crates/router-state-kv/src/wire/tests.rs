@@ -242,7 +242,8 @@ fn token_pairs_reduce_to_their_first_element() {
 
 #[test]
 fn batches_of_two_or_more_elements_and_odd_events_are_accepted() {
-    let two = Value::Array(vec![Value::from(3), Value::Array(vec![s("AllBlocksCleared").into_array()])]);
+    let two =
+        Value::Array(vec![Value::from(3), Value::Array(vec![s("AllBlocksCleared").into_array()])]);
     let decoded = decode(&two).expect("a two-element batch");
     assert_eq!(decoded.events, vec![Event::AllCleared]);
     assert_eq!(decoded.ts, 3.0);
@@ -286,14 +287,20 @@ fn malformed_input_is_an_error_never_a_panic() {
     let limits = DecodeLimits::default();
     let good = enc(&batch(vec![s("AllBlocksCleared").into_array()], Value::from(0)));
     assert!(matches!(decode_batch(&good[..good.len() - 1], &limits), Err(DecodeError::Msgpack(_))));
-    let mut trailing = good.clone();
+    let mut trailing = good;
     trailing.push(0xc0);
-    assert!(matches!(decode_batch(&trailing, &limits), Err(DecodeError::TrailingBytes { extra: 1 })));
+    assert!(matches!(
+        decode_batch(&trailing, &limits),
+        Err(DecodeError::TrailingBytes { extra: 1 })
+    ));
     assert!(matches!(decode(&Value::Array(vec![Value::F64(1.0)])), Err(DecodeError::ShortBatch)));
     assert!(decode(&map(vec![("ts", Value::from(1))])).is_err(), "a map is not a batch");
     assert!(decode_batch(&[], &limits).is_err());
     assert!(decode_batch(&[0xc1], &limits).is_err(), "reserved marker");
-    let float_hash = map(vec![("type", s("BlockRemoved")), ("block_hashes", Value::Array(vec![Value::F64(1.0)]))]);
+    let float_hash = map(vec![
+        ("type", s("BlockRemoved")),
+        ("block_hashes", Value::Array(vec![Value::F64(1.0)])),
+    ]);
     assert!(decode(&batch(vec![float_hash], Value::Nil)).is_err());
     let big_token = map(vec![
         ("type", s("BlockStored")),
