@@ -132,7 +132,8 @@ pub struct Engine {
 impl Engine {
     /// `router-sim engine --port 0 --model MODEL EXTRA...`.
     pub fn start(model: &str, extra: &[&str]) -> Self {
-        let mut args = vec!["engine".into(), "--port".into(), "0".into(), "--model".into(), model.into()];
+        let mut args =
+            vec!["engine".into(), "--port".into(), "0".into(), "--model".into(), model.into()];
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let process = Process::spawn("router-sim", &args, "listening on ");
         let url = process.url_after("listening on ");
@@ -286,7 +287,12 @@ impl Http {
     }
 
     /// POSTs a chat completion.
-    pub async fn chat(&self, base: &str, body: &serde_json::Value, headers: &[(&str, &str)]) -> Reply {
+    pub async fn chat(
+        &self,
+        base: &str,
+        body: &serde_json::Value,
+        headers: &[(&str, &str)],
+    ) -> Reply {
         let mut all = vec![("content-type", "application/json")];
         all.extend_from_slice(headers);
         self.send("POST", &format!("{base}/v1/chat/completions"), &all, body.to_string()).await

@@ -75,7 +75,9 @@ async fn exhausted_buckets_report_rejections_or_the_empty_stage() {
     assert!(message.contains('a') && message.contains('b'), "both engines named: {message}");
 
     let (_a, _b, yaml) = config("{type: random}", "{type: random}", "100000");
-    let yaml = yaml.replace("worker_ids: [b]", "worker_ids: []").replace("worker_ids: [a]", "worker_ids: []");
+    let yaml = yaml
+        .replace("worker_ids: [b]", "worker_ids: []")
+        .replace("worker_ids: [a]", "worker_ids: []");
     let router = Router::with_config(&yaml);
     let reply = Http::default().chat(&router.url, &chat_body("m", "hi", 8), &[]).await;
     assert_eq!(reply.status, 503, "{}", reply.body);

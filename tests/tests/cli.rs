@@ -65,7 +65,10 @@ fn check_config_reports_every_problem_with_its_path() {
     let file = TempPath::write("router.yaml", &two);
     let (code, _, stderr) = run(&["check-config", &file.display()]);
     assert_eq!(code, 1);
-    assert!(stderr.contains("duplicate field") || stderr.contains("max_context_tokens"), "{stderr}");
+    assert!(
+        stderr.contains("duplicate field") || stderr.contains("max_context_tokens"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -15,13 +15,18 @@ fn config(engine: &Engine) -> String {
 }
 
 async fn inflight(http: &Http, router: &Router) -> u64 {
-    let state = http.get(&router.url, "/admin/state", &[("authorization", "Bearer t")]).await.json();
+    let state =
+        http.get(&router.url, "/admin/state", &[("authorization", "Bearer t")]).await.json();
     state["workers"][0]["inflight"].as_u64().expect("inflight count")
 }
 
 async fn engine_running(http: &Http, engine: &Engine) -> u64 {
     let loads = http.get(&engine.url, "/v1/loads", &[]).await.json();
-    let ranks = loads.as_array().cloned().or_else(|| loads["loads"].as_array().cloned()).unwrap_or_default();
+    let ranks = loads
+        .as_array()
+        .cloned()
+        .or_else(|| loads["loads"].as_array().cloned())
+        .unwrap_or_default();
     ranks.iter().filter_map(|r| r["num_running_reqs"].as_u64()).sum()
 }
 
@@ -50,14 +55,18 @@ async fn a_client_that_disconnects_cancels_the_engine_request() {
     let response = http.client().request(request).await.expect("response");
     assert_eq!(response.status(), 200);
     let mut stream = response.into_body();
-    let first = tokio::time::timeout(Duration::from_secs(5), stream.frame()).await.expect("first event");
+    let first =
+        tokio::time::timeout(Duration::from_secs(5), stream.frame()).await.expect("first event");
     assert!(first.is_some());
     assert_eq!(inflight(&http, &router).await, 1);
     assert_eq!(engine_running(&http, &engine).await, 1);
 
     drop(stream);
     assert!(eventually(async || inflight(&http, &router).await == 0).await, "guard released");
-    assert!(eventually(async || engine_running(&http, &engine).await == 0).await, "engine request cancelled");
+    assert!(
+        eventually(async || engine_running(&http, &engine).await == 0).await,
+        "engine request cancelled"
+    );
 }
 
 #[tokio::test]
@@ -81,8 +90,9 @@ async fn sigterm_drains_in_flight_requests_then_exits() {
     assert_eq!(refused.status, 503, "new requests are refused while draining");
     let reply = slow.await.expect("task");
     assert_eq!(reply.status, 200, "the in-flight request finished: {}", reply.body);
-    let code = tokio::task::spawn_blocking(move || router.process.wait_exit(Duration::from_secs(10)))
-        .await
-        .expect("join");
+    let code =
+        tokio::task::spawn_blocking(move || router.process.wait_exit(Duration::from_secs(10)))
+            .await
+            .expect("join");
     assert_eq!(code, Some(0));
 }

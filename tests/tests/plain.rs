@@ -22,7 +22,9 @@ async fn round_robin_alternates_and_sets_router_headers() {
     let http = Http::default();
     let mut engines = Vec::new();
     for _ in 0..4 {
-        let reply = http.chat(&router.url, &chat_body("m", "hello", 4), &[("x-request-id", "req-42")]).await;
+        let reply = http
+            .chat(&router.url, &chat_body("m", "hello", 4), &[("x-request-id", "req-42")])
+            .await;
         assert_eq!(reply.status, 200, "{}", reply.body);
         assert_eq!(reply.header("x-router-bucket"), Some("all"));
         assert_eq!(reply.header("x-request-id"), Some("req-42"));
@@ -56,9 +58,8 @@ async fn client_errors_are_openai_shaped() {
     assert_eq!(reply.status, 404);
     assert_eq!(reply.json()["error"]["code"], "model_not_found");
 
-    let reply = http
-        .send("POST", &format!("{}/v1/chat/completions", router.url), &[], "{not json")
-        .await;
+    let reply =
+        http.send("POST", &format!("{}/v1/chat/completions", router.url), &[], "{not json").await;
     assert_eq!(reply.status, 400);
     assert_eq!(reply.json()["error"]["type"], "invalid_request_error");
 
@@ -118,7 +119,8 @@ async fn admin_api_needs_the_token_and_manages_workers() {
     let auth = [("authorization", "Bearer t0ken"), ("content-type", "application/json")];
 
     let worker = format!(r#"{{"id": "e2", "url": "{}", "model": "m"}}"#, b.url);
-    let reply = http.send("POST", &format!("{}/admin/workers", router.url), &auth, worker.clone()).await;
+    let reply =
+        http.send("POST", &format!("{}/admin/workers", router.url), &auth, worker.clone()).await;
     assert_eq!(reply.status, 201, "{}", reply.body);
     let reply = http.send("POST", &format!("{}/admin/workers", router.url), &auth, worker).await;
     assert_eq!(reply.status, 409, "duplicate id");

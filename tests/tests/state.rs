@@ -7,7 +7,10 @@ use router_e2e::{Engine, Http, Router, chat_body};
 
 #[tokio::test]
 async fn kv_events_and_load_reports_reach_the_router() {
-    let engine = Engine::start("m", &["--kv-events", "tcp://127.0.0.1:0", "--kv-replay", "tcp://127.0.0.1:0"]);
+    let engine = Engine::start(
+        "m",
+        &["--kv-events", "tcp://127.0.0.1:0", "--kv-replay", "tcp://127.0.0.1:0"],
+    );
     let yaml = format!(
         r#"server: {{port: 0, admin_token: t}}
 models:
@@ -32,7 +35,9 @@ models:
     let mut state = serde_json::Value::Null;
     for _ in 0..100 {
         state = http.get(&router.url, "/admin/state", &auth).await.json();
-        if state["workers"][0]["kv"]["subscribed"] == true && state["workers"][0]["load"]["freshness"] == "fresh" {
+        if state["workers"][0]["kv"]["subscribed"] == true
+            && state["workers"][0]["load"]["freshness"] == "fresh"
+        {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -58,5 +63,8 @@ models:
 
     let metrics = http.get(&router.url, "/metrics", &[]).await.body;
     assert!(metrics.contains("router_kv_index_nodes"), "{metrics}");
-    assert!(metrics.contains(r#"router_load_report_state{worker="e1",state="fresh"} 1"#), "{metrics}");
+    assert!(
+        metrics.contains(r#"router_load_report_state{worker="e1",state="fresh"} 1"#),
+        "{metrics}"
+    );
 }

@@ -125,7 +125,8 @@ fn read_dir_files(dir: &Path) -> Result<BTreeMap<String, String>> {
     for entry in entries {
         let path = entry?.path();
         if path.is_file() {
-            let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+            let name =
+                path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
             files.insert(name, std::fs::read_to_string(&path)?);
         }
     }

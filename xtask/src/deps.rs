@@ -28,8 +28,8 @@ pub(crate) struct Graph {
 
 /// Checks the real workspace against the root `ARCHITECTURE.md`.
 pub(crate) fn check_workspace(root: &Path) -> Result<()> {
-    let doc = std::fs::read_to_string(root.join("ARCHITECTURE.md"))
-        .context("reading ARCHITECTURE.md")?;
+    let doc =
+        std::fs::read_to_string(root.join("ARCHITECTURE.md")).context("reading ARCHITECTURE.md")?;
     let allowed = parse_table(&doc)?;
     let graph = workspace_graph(root)?;
     let problems = violations(&allowed, &graph);
@@ -84,7 +84,7 @@ pub(crate) fn parse_table(doc: &str) -> Result<BTreeMap<String, BTreeSet<String>
             continue;
         }
         let deps = allowed
-            .split(|c| c == ',' || c == ';')
+            .split([',', ';'])
             .map(|d| d.trim().trim_matches('`'))
             .filter(|d| d.starts_with("router-"))
             .map(|d| d.split_whitespace().next().unwrap_or(d).to_owned())
@@ -98,7 +98,10 @@ pub(crate) fn parse_table(doc: &str) -> Result<BTreeMap<String, BTreeSet<String>
 }
 
 /// Every edge or member the table does not allow, as a readable line.
-pub(crate) fn violations(allowed: &BTreeMap<String, BTreeSet<String>>, graph: &Graph) -> Vec<String> {
+pub(crate) fn violations(
+    allowed: &BTreeMap<String, BTreeSet<String>>,
+    graph: &Graph,
+) -> Vec<String> {
     let mut problems = Vec::new();
     for (krate, deps) in &graph.internal {
         let Some(ok) = allowed.get(krate) else {

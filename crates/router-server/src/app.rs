@@ -9,11 +9,11 @@ use std::time::Duration;
 use metrics_exporter_prometheus::PrometheusHandle;
 use parking_lot::Mutex;
 use router_policies::{LoadHandles, PolicyHandles};
-use router_state_load::{
-    Clock, EngineReportedLoadTable, Inflight, LoadSubscriptions, SubscriptionConfig, SystemClock,
-};
 use router_state_kv::{
     IndexConfig, KvIndex, KvStats, KvSubscriptions, SubscriptionConfig as KvSubscriptionConfig,
+};
+use router_state_load::{
+    Clock, EngineReportedLoadTable, Inflight, LoadSubscriptions, SubscriptionConfig, SystemClock,
 };
 use router_workers::{ModelId, RegistryEvent, WorkerRegistry};
 use tokio::task::JoinSet;
@@ -60,9 +60,8 @@ impl AppContext {
         let load_table =
             Arc::new(EngineReportedLoadTable::new(load_settings(config), Arc::clone(&clock)));
         let inflight = Arc::new(Inflight::new(clock));
-        let kv_index = Arc::new(KvIndex::new(IndexConfig {
-            max_nodes_per_model: config.kv.max_index_nodes,
-        }));
+        let kv_index =
+            Arc::new(KvIndex::new(IndexConfig { max_nodes_per_model: config.kv.max_index_nodes }));
         let handles =
             PolicyHandles::new(LoadHandles::new(Arc::clone(&load_table), Arc::clone(&inflight)));
         let kv = KvSubscriptions::new(
@@ -124,7 +123,10 @@ impl AppContext {
         }
         for model in self.models.values() {
             for store in [&model.sessions, &model.routing_keys] {
-                tasks.spawn(router_affinity::run_sweeper(Arc::clone(store), self.cancel.child_token()));
+                tasks.spawn(router_affinity::run_sweeper(
+                    Arc::clone(store),
+                    self.cancel.child_token(),
+                ));
                 tasks.spawn(router_affinity::follow_registry(
                     Arc::clone(store),
                     Arc::clone(&self.registry),
@@ -235,7 +237,8 @@ impl AppContext {
 
     /// Whether every model can make a complete selection in at least one bucket.
     pub fn ready(&self) -> bool {
-        !self.is_draining() && self.models.values().all(|m| m.resolver.has_candidates(&self.registry))
+        !self.is_draining()
+            && self.models.values().all(|m| m.resolver.has_candidates(&self.registry))
     }
 }
 

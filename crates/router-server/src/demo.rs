@@ -10,7 +10,9 @@ use router_sim::engine::{EngineConfig, RunningEngine, serve};
 use router_workers::{KvEventsSpec, Stage, WorkerSpec};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{BucketConfig, ConfigFile, GroupConfig, GroupsConfig, ModelConfig, PdGroupsConfig};
+use crate::config::{
+    BucketConfig, ConfigFile, GroupConfig, GroupsConfig, ModelConfig, PdGroupsConfig,
+};
 
 /// Plain engines of the `demo` model.
 const PLAIN_ENGINES: usize = 4;
@@ -77,8 +79,9 @@ fn worker(id: String, engine: &RunningEngine, role: Stage, block_size: u32) -> W
 }
 
 fn group(policy: &str) -> GroupConfig {
-    let policy = serde_json::from_value(serde_json::json!({"type": policy}))
-        .unwrap_or_else(|_| router_policies::PolicyConfig::new(router_policies::PolicyKind::RoundRobin));
+    let policy = serde_json::from_value(serde_json::json!({"type": policy})).unwrap_or_else(|_| {
+        router_policies::PolicyConfig::new(router_policies::PolicyKind::RoundRobin)
+    });
     GroupConfig { worker_ids: None, policy }
 }
 

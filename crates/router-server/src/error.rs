@@ -149,9 +149,10 @@ impl From<crate::prepare::PrepareError> for ApiError {
     fn from(err: crate::prepare::PrepareError) -> Self {
         match err {
             crate::prepare::PrepareError::Invalid(invalid) => invalid.into(),
-            crate::prepare::PrepareError::Tokenize(err) => {
-                ApiError::InvalidRequest { message: err.to_string(), param: Some("messages".into()) }
-            }
+            crate::prepare::PrepareError::Tokenize(err) => ApiError::InvalidRequest {
+                message: err.to_string(),
+                param: Some("messages".into()),
+            },
         }
     }
 }

@@ -168,11 +168,16 @@ impl Forwarder {
     }
 
     /// GETs `path` on `worker` with a timeout, returning the status (health checks).
-    pub async fn probe(&self, worker: &Worker, path: &str, timeout: Duration) -> Option<StatusCode> {
-        let request = Request::get(format!("{}{path}", worker.url()))
-            .body(Full::new(Bytes::new()))
-            .ok()?;
-        let response = tokio::time::timeout(timeout, self.client.request(request)).await.ok()?.ok()?;
+    pub async fn probe(
+        &self,
+        worker: &Worker,
+        path: &str,
+        timeout: Duration,
+    ) -> Option<StatusCode> {
+        let request =
+            Request::get(format!("{}{path}", worker.url())).body(Full::new(Bytes::new())).ok()?;
+        let response =
+            tokio::time::timeout(timeout, self.client.request(request)).await.ok()?.ok()?;
         let status = response.status();
         // Drain so the connection returns to the pool.
         let _ = tokio::time::timeout(timeout, response.into_body().collect()).await;
@@ -204,7 +209,10 @@ pub fn with_bootstrap(
 ) -> Bytes {
     let mut body = body.clone();
     body.insert("bootstrap_host".into(), prefill.host().into());
-    body.insert("bootstrap_port".into(), prefill.bootstrap_port().unwrap_or(DEFAULT_BOOTSTRAP_PORT).into());
+    body.insert(
+        "bootstrap_port".into(),
+        prefill.bootstrap_port().unwrap_or(DEFAULT_BOOTSTRAP_PORT).into(),
+    );
     body.insert("bootstrap_room".into(), room.into());
     Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
 }
@@ -306,7 +314,6 @@ impl Drop for GuardedBody {
         self.finish(Outcome::Success);
     }
 }
-
 
 /// Copies the engine's response headers that make sense end to end (content type, caching),
 /// never hop-by-hop ones.

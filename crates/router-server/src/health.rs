@@ -147,7 +147,8 @@ impl HealthBook {
             };
             if engine.probe_healthy && -engine.probe_streak >= i64::from(config.unhealthy_after) {
                 engine.probe_healthy = false;
-            } else if !engine.probe_healthy && engine.probe_streak >= i64::from(config.healthy_after)
+            } else if !engine.probe_healthy
+                && engine.probe_streak >= i64::from(config.healthy_after)
             {
                 engine.probe_healthy = true;
             }
@@ -177,9 +178,9 @@ impl HealthBook {
     /// Forgets engines that left the registry.
     pub fn retain_registered(&self) {
         let registry = &self.registry;
-        self.engines.lock().retain(|id, e| {
-            registry.get(id).is_some_and(|w| w.incarnation() == e.incarnation)
-        });
+        self.engines
+            .lock()
+            .retain(|id, e| registry.get(id).is_some_and(|w| w.incarnation() == e.incarnation));
     }
 
     /// Probes every engine once, concurrently.

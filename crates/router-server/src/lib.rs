@@ -9,14 +9,14 @@
 //! Does not own: selection (router-policies, router-buckets) or state ingestion (the state
 //! crates).
 
-pub mod prepare;
 pub mod app;
 pub mod config;
+pub mod demo;
 pub mod error;
 pub mod forward;
 pub mod health;
+pub mod logging;
 pub mod metrics;
+pub mod prepare;
 pub mod routes;
 pub mod server;
-pub mod logging;
-pub mod demo;

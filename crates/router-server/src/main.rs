@@ -79,7 +79,9 @@ async fn serve(args: router_server::config::ServeArgs) -> Result<ExitCode> {
         demo = Some(fleet);
         config
     } else {
-        anyhow::bail!("nothing to serve: give --config FILE, --worker-urls, --pd-disaggregation or --demo")
+        anyhow::bail!(
+            "nothing to serve: give --config FILE, --worker-urls, --pd-disaggregation or --demo"
+        )
     };
     if let Some(host) = &args.host {
         config.server.host.clone_from(host);
@@ -119,13 +121,14 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(term) => term,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

@@ -10,9 +10,8 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
 /// Latency buckets in seconds: from sub-millisecond router work to long generations.
-const LATENCY_BUCKETS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
-];
+const LATENCY_BUCKETS: &[f64] =
+    &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
 
 /// Installs the process-wide recorder once and returns its handle.
 pub fn install() -> PrometheusHandle {
@@ -37,8 +36,7 @@ pub fn install() -> PrometheusHandle {
 
 /// A finished chat request.
 pub fn request(model: &str, bucket: &str, status: u16, elapsed: Duration) {
-    let status = status.to_string();
-    counter!("router_requests_total", "model" => model.to_owned(), "bucket" => bucket.to_owned(), "status" => status.clone())
+    counter!("router_requests_total", "model" => model.to_owned(), "bucket" => bucket.to_owned(), "status" => status.to_string())
         .increment(1);
     histogram!("router_request_duration_seconds", "model" => model.to_owned(), "bucket" => bucket.to_owned())
         .record(elapsed.as_secs_f64());
@@ -46,17 +44,20 @@ pub fn request(model: &str, bucket: &str, status: u16, elapsed: Duration) {
 
 /// Time from receiving the request to the engine's response head.
 pub fn time_to_response_head(model: &str, elapsed: Duration) {
-    histogram!("router_upstream_head_seconds", "model" => model.to_owned()).record(elapsed.as_secs_f64());
+    histogram!("router_upstream_head_seconds", "model" => model.to_owned())
+        .record(elapsed.as_secs_f64());
 }
 
 /// Time the router spent preparing and selecting, before dispatch.
 pub fn selection(model: &str, elapsed: Duration) {
-    histogram!("router_selection_seconds", "model" => model.to_owned()).record(elapsed.as_secs_f64());
+    histogram!("router_selection_seconds", "model" => model.to_owned())
+        .record(elapsed.as_secs_f64());
 }
 
 /// A successful pick by a policy.
 pub fn pick(policy: &'static str, stage: &'static str, reason: &'static str) {
-    counter!("router_picks_total", "policy" => policy, "stage" => stage, "reason" => reason).increment(1);
+    counter!("router_picks_total", "policy" => policy, "stage" => stage, "reason" => reason)
+        .increment(1);
 }
 
 /// An admission rejection met while selecting.
@@ -72,7 +73,8 @@ pub fn bucket_fallback(model: &str, bucket: &str, reason: &'static str) {
 
 /// A dispatch to an engine that failed.
 pub fn engine_failure(worker: &str, kind: &'static str) {
-    counter!("router_engine_failures_total", "worker" => worker.to_owned(), "kind" => kind).increment(1);
+    counter!("router_engine_failures_total", "worker" => worker.to_owned(), "kind" => kind)
+        .increment(1);
 }
 
 /// Router-local in-flight requests of an engine (set at scrape time).
@@ -82,7 +84,11 @@ pub fn inflight(worker: &str, count: u64) {
 
 /// Engine health as the router sees it (set at scrape time).
 pub fn engine_healthy(worker: &str, healthy: bool) {
-    gauge!("router_engine_healthy", "worker" => worker.to_owned()).set(if healthy { 1.0 } else { 0.0 });
+    gauge!("router_engine_healthy", "worker" => worker.to_owned()).set(if healthy {
+        1.0
+    } else {
+        0.0
+    });
 }
 
 /// Load-report freshness of an engine: 1 for the state it is in, 0 for the others.
@@ -92,14 +98,16 @@ pub fn load_freshness(worker: &str, state: &'static str, age_ms: Option<u64>) {
             .set(if candidate == state { 1.0 } else { 0.0 });
     }
     if let Some(age) = age_ms {
-        gauge!("router_load_report_age_seconds", "worker" => worker.to_owned()).set(age as f64 / 1000.0);
+        gauge!("router_load_report_age_seconds", "worker" => worker.to_owned())
+            .set(age as f64 / 1000.0);
     }
 }
 
 /// KV-event counters of one engine rank (absolute values, set at scrape time).
 pub fn kv_worker(worker: &str, counters: &[(&'static str, u64)]) {
     for (name, value) in counters {
-        gauge!("router_kv_events", "worker" => worker.to_owned(), "counter" => *name).set(*value as f64);
+        gauge!("router_kv_events", "worker" => worker.to_owned(), "counter" => *name)
+            .set(*value as f64);
     }
 }
 

@@ -48,9 +48,18 @@ pub(crate) fn run(root: &Path, quick: bool) -> Result<()> {
     let rows = |key: &str| -> Vec<(String, f64)> {
         ok.iter().map(|r| (r.policy.clone(), r.number(key))).collect()
     };
-    std::fs::write(docs.join("bench-hit-rate.svg"), svg::bars("cache hit rate", "", &rows("cache_hit_rate")))?;
-    std::fs::write(docs.join("bench-ttft-p99.svg"), svg::bars("TTFT p99", "ms", &rows("ttft_p99_ms")))?;
-    std::fs::write(docs.join("bench-ttft-p50.svg"), svg::bars("TTFT p50", "ms", &rows("ttft_p50_ms")))?;
+    std::fs::write(
+        docs.join("bench-hit-rate.svg"),
+        svg::bars("cache hit rate", "", &rows("cache_hit_rate")),
+    )?;
+    std::fs::write(
+        docs.join("bench-ttft-p99.svg"),
+        svg::bars("TTFT p99", "ms", &rows("ttft_p99_ms")),
+    )?;
+    std::fs::write(
+        docs.join("bench-ttft-p50.svg"),
+        svg::bars("TTFT p50", "ms", &rows("ttft_p50_ms")),
+    )?;
     let overhead_rows: Vec<(String, f64)> = overhead
         .cases
         .iter()
@@ -67,7 +76,11 @@ pub(crate) fn run(root: &Path, quick: bool) -> Result<()> {
 fn machine() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|c| c.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned()))
+        .and_then(|c| {
+            c.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_owned())
+        })
         .unwrap_or_else(|| "unknown cpu".to_owned());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     format!("{cores} cores, {cpu}")
@@ -161,7 +174,11 @@ fn render(
                 );
             }
             Err((policy, error)) => {
-                let _ = writeln!(page, "| {policy} | failed: {} | | | | | | |", error.replace('|', "/").replace('\n', " "));
+                let _ = writeln!(
+                    page,
+                    "| {policy} | failed: {} | | | | | | |",
+                    error.replace('|', "/").replace('\n', " ")
+                );
             }
         }
     }

@@ -38,9 +38,15 @@ pub(crate) struct Overhead {
     pub(crate) cases: Vec<(String, Run)>,
 }
 
-async fn blast(url: &str, body: &'static str, total: usize, concurrency: usize) -> Result<(Vec<f64>, usize, Duration)> {
-    let client: Client<HttpConnector, Full<Bytes>> =
-        Client::builder(TokioExecutor::new()).pool_max_idle_per_host(concurrency).build(HttpConnector::new());
+async fn blast(
+    url: &str,
+    body: &'static str,
+    total: usize,
+    concurrency: usize,
+) -> Result<(Vec<f64>, usize, Duration)> {
+    let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .pool_max_idle_per_host(concurrency)
+        .build(HttpConnector::new());
     let next = Arc::new(AtomicUsize::new(0));
     let uri: http::Uri = format!("{url}/v1/chat/completions").parse()?;
     let started = Instant::now();
@@ -102,10 +108,11 @@ const STREAMING_64: &str =
 pub(crate) fn measure(bins: &Bins, requests: usize, repeats: usize) -> Result<Overhead> {
     let fast = ["--prefill-tokens-per-sec", "1e9", "--decode-tokens-per-sec", "1e9"];
     let (_engine, engine_url) = engine(bins, &fast)?;
-    let args: Vec<String> = ["--worker-urls", &engine_url, "--policy", "round_robin", "--port", "0"]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
+    let args: Vec<String> =
+        ["--worker-urls", &engine_url, "--policy", "round_robin", "--port", "0"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
     let router = Proc::start(&bins.server, &args, "router listening on ")?;
     let router_url = router.after("router listening on ")?;
     let runtime = tokio::runtime::Builder::new_multi_thread()

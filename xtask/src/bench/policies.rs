@@ -98,7 +98,12 @@ fn router_yaml(policy: &str, workers: &[(String, String, String)], tokenizer: &s
 }
 
 /// Runs the workload through `policy` on a fresh fleet.
-pub(crate) fn run(bins: &Bins, policy: &str, workload: &Workload, tokenizer: &str) -> Result<PolicyRun> {
+pub(crate) fn run(
+    bins: &Bins,
+    policy: &str,
+    workload: &Workload,
+    tokenizer: &str,
+) -> Result<PolicyRun> {
     let capacity = workload.kv_capacity_tokens.to_string();
     let prefill = workload.prefill_tokens_per_sec.to_string();
     let decode = workload.decode_tokens_per_sec.to_string();
@@ -108,34 +113,53 @@ pub(crate) fn run(bins: &Bins, policy: &str, workload: &Workload, tokenizer: &st
         let (proc, url) = engine(
             bins,
             &[
-                "--tokenizer", tokenizer,
-                "--kv-capacity-tokens", &capacity,
-                "--prefill-tokens-per-sec", &prefill,
-                "--decode-tokens-per-sec", &decode,
-                "--kv-events", "tcp://127.0.0.1:0",
-                "--kv-replay", "tcp://127.0.0.1:0",
+                "--tokenizer",
+                tokenizer,
+                "--kv-capacity-tokens",
+                &capacity,
+                "--prefill-tokens-per-sec",
+                &prefill,
+                "--decode-tokens-per-sec",
+                &decode,
+                "--kv-events",
+                "tcp://127.0.0.1:0",
+                "--kv-replay",
+                "tcp://127.0.0.1:0",
             ],
         )?;
         workers.push((url, proc.after("kv events on ")?, proc.after("kv replay on ")?));
         engines.push(proc);
     }
-    let (_router, router_url) = router_with_config(bins, &router_yaml(policy, &workers, tokenizer))?;
+    let (_router, router_url) =
+        router_with_config(bins, &router_yaml(policy, &workers, tokenizer))?;
     // Let subscriptions connect before traffic starts.
     std::thread::sleep(std::time::Duration::from_millis(500));
     let args = [
         "load".to_owned(),
-        "--target".into(), router_url,
-        "--model".into(), "m".into(),
-        "--sessions".into(), workload.sessions.to_string(),
-        "--turns".into(), workload.turns.to_string(),
-        "--system-prompts".into(), workload.system_prompts.to_string(),
-        "--system-prompt-tokens".into(), workload.system_prompt_tokens.to_string(),
-        "--turn-tokens".into(), workload.turn_tokens.to_string(),
-        "--output-tokens".into(), workload.output_tokens.to_string(),
-        "--concurrency".into(), workload.concurrency.to_string(),
-        "--duration".into(), workload.duration_secs.to_string(),
-        "--session-header".into(), "x-session-id".into(),
-        "--seed".into(), "7".into(),
+        "--target".into(),
+        router_url,
+        "--model".into(),
+        "m".into(),
+        "--sessions".into(),
+        workload.sessions.to_string(),
+        "--turns".into(),
+        workload.turns.to_string(),
+        "--system-prompts".into(),
+        workload.system_prompts.to_string(),
+        "--system-prompt-tokens".into(),
+        workload.system_prompt_tokens.to_string(),
+        "--turn-tokens".into(),
+        workload.turn_tokens.to_string(),
+        "--output-tokens".into(),
+        workload.output_tokens.to_string(),
+        "--concurrency".into(),
+        workload.concurrency.to_string(),
+        "--duration".into(),
+        workload.duration_secs.to_string(),
+        "--session-header".into(),
+        "x-session-id".into(),
+        "--seed".into(),
+        "7".into(),
         "--json".into(),
     ];
     let output = Command::new(&bins.sim).args(&args).output().context("running router-sim load")?;

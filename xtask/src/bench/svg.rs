@@ -55,7 +55,8 @@ mod tests {
 
     #[test]
     fn bars_scale_to_the_largest_value_and_escape_labels() {
-        let svg = bars("t <1>", "ms", &[("a&b".into(), 2.0), ("c".into(), 1.0), ("d".into(), f64::NAN)]);
+        let svg =
+            bars("t <1>", "ms", &[("a&b".into(), 2.0), ("c".into(), 1.0), ("d".into(), f64::NAN)]);
         assert!(svg.contains("t &lt;1&gt;"));
         assert!(svg.contains("a&amp;b"));
         assert!(svg.contains("n/a"));

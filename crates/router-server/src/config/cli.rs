@@ -7,7 +7,9 @@ use clap::{Args, Parser, Subcommand};
 use router_workers::{Stage, WorkerSpec};
 use serde_json::{Map, Value, json};
 
-use super::file::{BucketConfig, ConfigFile, GroupConfig, GroupsConfig, ModelConfig, PdGroupsConfig};
+use super::file::{
+    BucketConfig, ConfigFile, GroupConfig, GroupsConfig, ModelConfig, PdGroupsConfig,
+};
 
 /// The router's command line.
 #[derive(Debug, Parser)]
@@ -111,9 +113,9 @@ const DEFAULT_OVERLOAD_INFLIGHT: u64 = 256;
 pub fn reject_dropped_options(args: &[String]) -> Result<(), String> {
     let value_after = |flag: &str| {
         args.iter().enumerate().find_map(|(i, a)| {
-            a.strip_prefix(&format!("{flag}=")).map(str::to_owned).or_else(|| {
-                (a == flag).then(|| args.get(i + 1).cloned().unwrap_or_default())
-            })
+            a.strip_prefix(&format!("{flag}="))
+                .map(str::to_owned)
+                .or_else(|| (a == flag).then(|| args.get(i + 1).cloned().unwrap_or_default()))
         })
     };
     for arg in args {
@@ -211,7 +213,9 @@ impl ServeArgs {
                 return Err("--worker-urls and --pd-disaggregation exclude each other".into());
             }
             if self.prefill.is_empty() || self.decode.is_empty() {
-                return Err("--pd-disaggregation needs at least one --prefill and one --decode".into());
+                return Err(
+                    "--pd-disaggregation needs at least one --prefill and one --decode".into()
+                );
             }
             let mut prefill = self.prefill.iter().peekable();
             let mut index = 0;
@@ -310,7 +314,8 @@ mod tests {
 
     #[test]
     fn worker_urls_build_one_plain_bucket() {
-        let cli = parse("--worker-urls http://a:1 http://b:2 --policy load_based --max-in-flight 7");
+        let cli =
+            parse("--worker-urls http://a:1 http://b:2 --policy load_based --max-in-flight 7");
         let config = cli.serve.quick_start_config().expect("config");
         let model = &config.models[0];
         assert_eq!(model.workers.len(), 2);

@@ -249,10 +249,8 @@ impl ConfigFile {
     pub fn load(path: &Path) -> Result<Self, ParseError> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| ParseError::Read { path: path.display().to_string(), source })?;
-        Self::parse(&text).map_err(|message| ParseError::Syntax {
-            path: path.display().to_string(),
-            message,
-        })
+        Self::parse(&text)
+            .map_err(|message| ParseError::Syntax { path: path.display().to_string(), message })
     }
 
     /// Parses YAML (or JSON) text; the error names the field path.

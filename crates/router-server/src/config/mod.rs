@@ -12,8 +12,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use router_buckets::{Bucket, BucketGroups, BucketResolver, BucketSpec, EngineGroup, TokenLimits};
 use router_affinity::AffinityStore;
+use router_buckets::{Bucket, BucketGroups, BucketResolver, BucketSpec, EngineGroup, TokenLimits};
 use router_policies::PolicyHandles;
 use router_workers::{ModelId, Stage, Worker, WorkerId, WorkerRegistry};
 
@@ -119,7 +119,10 @@ fn build_model(
         if let Some(named) = &spec.model
             && named != &model.id
         {
-            problems.push(format!("{wpath}.model"), format!("{named:?} differs from the enclosing model {:?}", model.id));
+            problems.push(
+                format!("{wpath}.model"),
+                format!("{named:?} differs from the enclosing model {:?}", model.id),
+            );
             continue;
         }
         match Worker::from_spec(spec, vec![model_id.clone()]).and_then(|w| registry.add(w)) {
@@ -154,10 +157,15 @@ fn build_model(
     let mut buckets = Vec::new();
     for (b, bucket) in model.buckets.iter().enumerate() {
         let bpath = format!("{path}.buckets[{b}]");
-        let Some(groups) = build_groups(&bpath, &bucket.groups, handles, problems) else { continue };
+        let Some(groups) = build_groups(&bpath, &bucket.groups, handles, problems) else {
+            continue;
+        };
         if !roles.is_empty() && groups.is_pd() != pd_model {
             let (has, wants) = if pd_model { ("plain", "prefill/decode") } else { ("pd", "plain") };
-            problems.push(format!("{bpath}.groups"), format!("a {has} bucket in a model served by {wants} engines"));
+            problems.push(
+                format!("{bpath}.groups"),
+                format!("a {has} bucket in a model served by {wants} engines"),
+            );
             continue;
         }
         let spec = BucketSpec {
@@ -248,12 +256,13 @@ fn build_groups(
         }
     };
     match (&groups.plain, &groups.pd) {
-        (Some(plain), None) => {
-            group(format!("{path}.groups.plain"), Stage::Plain, plain, problems).map(BucketGroups::Plain)
-        }
+        (Some(plain), None) => group(format!("{path}.groups.plain"), Stage::Plain, plain, problems)
+            .map(BucketGroups::Plain),
         (None, Some(pd)) => {
-            let prefill = group(format!("{path}.groups.pd.prefill"), Stage::Prefill, &pd.prefill, problems);
-            let decode = group(format!("{path}.groups.pd.decode"), Stage::Decode, &pd.decode, problems);
+            let prefill =
+                group(format!("{path}.groups.pd.prefill"), Stage::Prefill, &pd.prefill, problems);
+            let decode =
+                group(format!("{path}.groups.pd.decode"), Stage::Decode, &pd.decode, problems);
             Some(BucketGroups::Pd { prefill: prefill?, decode: decode? })
         }
         _ => {
@@ -293,7 +302,12 @@ pub fn summary<'a>(
                 let members = group.members().map_or("all".to_owned(), |m| {
                     m.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
                 });
-                out.push_str(&format!(" {} [{}] {}", group.stage(), members, group.policy().name()));
+                out.push_str(&format!(
+                    " {} [{}] {}",
+                    group.stage(),
+                    members,
+                    group.policy().name()
+                ));
             }
             out.push('\n');
         }

@@ -177,8 +177,9 @@ mod tests {
 
     #[test]
     fn estimate_and_peak_without_tokenizer() {
-        let (raw, chat) =
-            chat(r#"{"model":"m","messages":[{"role":"user","content":"abcdefgh"}],"max_tokens":10}"#);
+        let (raw, chat) = chat(
+            r#"{"model":"m","messages":[{"role":"user","content":"abcdefgh"}],"max_tokens":10}"#,
+        );
         let prepared = prepare(raw.clone(), chat, None, Some("s1"), Some("")).expect("prepared");
         assert_eq!(prepared.input_tokens, 2 + 4);
         assert_eq!(prepared.expected_peak_tokens, Some(16));

@@ -46,7 +46,11 @@ pub struct ChatTemplate {
 
 impl ChatTemplate {
     /// Compiles `source` with the given special tokens.
-    pub fn new(source: String, bos_token: String, eos_token: String) -> Result<Self, TemplateError> {
+    pub fn new(
+        source: String,
+        bos_token: String,
+        eos_token: String,
+    ) -> Result<Self, TemplateError> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
@@ -94,7 +98,10 @@ impl ChatTemplate {
 
     /// Loads a template file, taking special tokens from the `tokenizer_config.json` beside
     /// `tokenizer_dir` when there is one.
-    pub fn from_file(path: &Path, special_tokens_from: Option<&Path>) -> Result<Self, TemplateError> {
+    pub fn from_file(
+        path: &Path,
+        special_tokens_from: Option<&Path>,
+    ) -> Result<Self, TemplateError> {
         let source = read(path)?;
         let (bos, eos) = special_tokens_from
             .and_then(|config| Self::from_tokenizer_config(config).ok())
@@ -142,8 +149,18 @@ fn strftime(unix_secs: u64, format: &str) -> String {
     const MONTHS: [&str; 12] =
         ["Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"];
     const FULL_MONTHS: [&str; 12] = [
-        "January", "February", "March", "April", "May", "June", "July", "August", "September",
-        "October", "November", "December",
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
     ];
     let days = unix_secs / 86_400;
     let secs_of_day = unix_secs % 86_400;
@@ -202,7 +219,12 @@ fn tojson(value: Value, kwargs: minijinja::value::Kwargs) -> Result<Value, Error
     Ok(Value::from_safe_string(out))
 }
 
-fn write_python_json(out: &mut String, value: &serde_json::Value, indent: Option<usize>, depth: usize) {
+fn write_python_json(
+    out: &mut String,
+    value: &serde_json::Value,
+    indent: Option<usize>,
+    depth: usize,
+) {
     use serde_json::Value as J;
     let newline = |out: &mut String, depth: usize| {
         if let Some(width) = indent {
@@ -259,8 +281,8 @@ mod tests {
 
     #[test]
     fn renders_chatml_with_generation_prompt() {
-        let template = ChatTemplate::new(CHATML.to_owned(), String::new(), String::new())
-            .expect("compiles");
+        let template =
+            ChatTemplate::new(CHATML.to_owned(), String::new(), String::new()).expect("compiles");
         let text = template.render(&messages(), None).expect("renders");
         assert_eq!(
             text,
@@ -273,11 +295,14 @@ mod tests {
     fn python_methods_tojson_and_exceptions_work() {
         let source = "{{ bos_token }}{% for m in messages %}{{ m.content.strip() }}|{% endfor %}\
             {{ tools | tojson }}{% if messages | length > 5 %}{{ raise_exception('too many') }}{% endif %}";
-        let template = ChatTemplate::new(source.to_owned(), "<s>".into(), "</s>".into())
-            .expect("compiles");
+        let template =
+            ChatTemplate::new(source.to_owned(), "<s>".into(), "</s>".into()).expect("compiles");
         let tools = serde_json::json!([{"name": "f", "params": {"a": [1, 2], "ü": null}}]);
         let text = template.render(&messages(), Some(&tools)).expect("renders");
-        assert_eq!(text, r#"<s>be brief|héllo|[{"name": "f", "params": {"a": [1, 2], "ü": null}}]"#);
+        assert_eq!(
+            text,
+            r#"<s>be brief|héllo|[{"name": "f", "params": {"a": [1, 2], "ü": null}}]"#
+        );
 
         let many: Vec<_> = std::iter::repeat_n(messages()[1].clone(), 6).collect();
         let err = template.render(&many, None).expect_err("raises");
@@ -287,8 +312,8 @@ mod tests {
     #[test]
     fn tojson_indent_matches_python() {
         let source = "{{ tools | tojson(indent=2) }}";
-        let template = ChatTemplate::new(source.into(), String::new(), String::new())
-            .expect("compiles");
+        let template =
+            ChatTemplate::new(source.into(), String::new(), String::new()).expect("compiles");
         let tools = serde_json::json!({"a": [1], "b": {}});
         let text = template.render(&messages(), Some(&tools)).expect("renders");
         assert_eq!(text, "{\n  \"a\": [\n    1\n  ],\n  \"b\": {}\n}");

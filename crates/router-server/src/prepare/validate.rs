@@ -224,7 +224,10 @@ mod tests {
             (r#"{"model":"m","messages":[]}"#, Some("messages")),
             (r#"{"model":"m","messages":[1]}"#, Some("messages[0]")),
             (r#"{"model":"m","messages":[{"content":"x"}]}"#, Some("messages[0].role")),
-            (r#"{"model":"m","messages":[{"role":"user","content":5}]}"#, Some("messages[0].content")),
+            (
+                r#"{"model":"m","messages":[{"role":"user","content":5}]}"#,
+                Some("messages[0].content"),
+            ),
             (&format!(r#"{{{m},"stream":"yes"}}"#), Some("stream")),
             (&format!(r#"{{{m},"n":-1}}"#), Some("n")),
             (&format!(r#"{{{m},"n":0}}"#), Some("n")),

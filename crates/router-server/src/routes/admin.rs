@@ -65,9 +65,8 @@ pub async fn add_worker(
     State(ctx): State<Arc<AppContext>>,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    let spec: WorkerSpec = serde_json::from_slice(&body).map_err(|err| ApiError::InvalidRequest {
-        message: format!("invalid worker: {err}"),
-        param: None,
+    let spec: WorkerSpec = serde_json::from_slice(&body).map_err(|err| {
+        ApiError::InvalidRequest { message: format!("invalid worker: {err}"), param: None }
     })?;
     let Some(model) = spec.model.clone() else {
         return Err(ApiError::InvalidRequest {
@@ -77,13 +76,17 @@ pub async fn add_worker(
     };
     let served = ctx.model(&model).ok_or_else(|| ApiError::UnknownModel(model.clone()))?;
     let model_id: ModelId = served.id.clone();
-    let invalid = |err: WorkerError| ApiError::InvalidRequest { message: err.to_string(), param: None };
+    let invalid =
+        |err: WorkerError| ApiError::InvalidRequest { message: err.to_string(), param: None };
     let worker = Worker::from_spec(&spec, vec![model_id]).map_err(invalid)?;
     match ctx.registry().add(worker) {
         Ok(worker) => Ok((StatusCode::CREATED, Json(worker_json(&ctx, &worker))).into_response()),
         Err(err @ WorkerError::Duplicate { .. }) => Ok((
             StatusCode::CONFLICT,
-            Json(ApiError::InvalidRequest { message: err.to_string(), param: Some("id".into()) }.body()),
+            Json(
+                ApiError::InvalidRequest { message: err.to_string(), param: Some("id".into()) }
+                    .body(),
+            ),
         )
             .into_response()),
         Err(err) => Err(invalid(err)),
@@ -139,7 +142,12 @@ pub async fn state(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
         })
         .collect();
     models.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
-    let load = ctx.load_table().status().into_iter().map(|s| (s.worker.clone(), s)).collect::<std::collections::HashMap<_, _>>();
+    let load = ctx
+        .load_table()
+        .status()
+        .into_iter()
+        .map(|s| (s.worker.clone(), s))
+        .collect::<std::collections::HashMap<_, _>>();
     let workers: Vec<Value> = ctx
         .registry()
         .workers()

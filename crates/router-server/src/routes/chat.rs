@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
+use axum::extract::rejection::BytesRejection;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -19,7 +19,10 @@ use tracing::{Instrument, info, warn};
 
 use crate::app::AppContext;
 use crate::error::ApiError;
-use crate::forward::{GuardedBody, Outcome, OutcomeSink, SendError, bootstrap_room, passthrough_headers, with_bootstrap};
+use crate::forward::{
+    GuardedBody, Outcome, OutcomeSink, SendError, bootstrap_room, passthrough_headers,
+    with_bootstrap,
+};
 use crate::metrics;
 use crate::prepare::{PreparedRequest, parse_chat_request, prepare};
 
@@ -35,7 +38,8 @@ pub async fn chat_completions(
     let (result, model, bucket) = async {
         let mut model = String::new();
         let mut bucket = String::new();
-        let result = handle(&ctx, &headers, body, &request_id, &mut model, &mut bucket, started).await;
+        let result =
+            handle(&ctx, &headers, body, &request_id, &mut model, &mut bucket, started).await;
         (result, model, bucket)
     }
     .instrument(span.clone())
@@ -63,9 +67,7 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
         .get("x-request-id")
         .filter(|v| {
             let bytes = v.as_bytes();
-            !bytes.is_empty()
-                && bytes.len() <= 128
-                && bytes.iter().all(|b| b.is_ascii_graphic())
+            !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(|b| b.is_ascii_graphic())
         })
         .cloned()
         .unwrap_or_else(|| {
@@ -132,7 +134,16 @@ async fn handle(
                     metrics::pick(policy, stage.as_str(), one.reason.as_str());
                 }
                 metrics::selection(model_label, started.elapsed());
-                return dispatch(ctx, &prepared, bucket.id(), pick, request_id, model_label, started).await;
+                return dispatch(
+                    ctx,
+                    &prepared,
+                    bucket.id(),
+                    pick,
+                    request_id,
+                    model_label,
+                    started,
+                )
+                .await;
             }
             Err(failure) if failure.advances_bucket() => {
                 let reason = match &failure.error {
@@ -183,7 +194,9 @@ async fn dispatch(
             response
         }
         BucketPick::Pd { prefill, decode } => {
-            let response = dispatch_pd(ctx, prepared, &prefill.worker, &decode.worker, request_id, sse).await?;
+            let response =
+                dispatch_pd(ctx, prepared, &prefill.worker, &decode.worker, request_id, sse)
+                    .await?;
             metrics::time_to_response_head(model, started.elapsed());
             let mut response = response;
             let headers = response.headers_mut();
@@ -237,7 +250,8 @@ async fn relay(
     }
     let sink: Arc<dyn OutcomeSink> = ctx.health_sink();
     let stream_sse = sse && parts.status.is_success();
-    let body = GuardedBody::new(body, guards, Arc::clone(worker), sink, stream_sse, partner_failure);
+    let body =
+        GuardedBody::new(body, guards, Arc::clone(worker), sink, stream_sse, partner_failure);
     let mut response = Response::new(Body::new(body));
     *response.status_mut() = parts.status;
     passthrough_headers(&parts.headers, response.headers_mut());
@@ -290,7 +304,10 @@ async fn dispatch_pd(
                     Ok(response) if !response.status().is_success() => {
                         let status = response.status().as_u16();
                         let text = read_snippet(response.into_body()).await;
-                        Some(format!("prefill engine {} refused the request ({status}): {text}", prefill.id()))
+                        Some(format!(
+                            "prefill engine {} refused the request ({status}): {text}",
+                            prefill.id()
+                        ))
                     }
                     Ok(response) => match response.into_body().collect().await {
                         Ok(_) => {
@@ -299,7 +316,10 @@ async fn dispatch_pd(
                         }
                         Err(err) => {
                             ctx.health().record(&prefill, Outcome::Failure);
-                            Some(format!("prefill engine {} failed mid-response: {err}", prefill.id()))
+                            Some(format!(
+                                "prefill engine {} failed mid-response: {err}",
+                                prefill.id()
+                            ))
                         }
                     },
                 };

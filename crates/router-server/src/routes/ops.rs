@@ -40,7 +40,10 @@ pub async fn readiness(State(ctx): State<Arc<AppContext>>) -> Response {
     if unready.is_empty() {
         (StatusCode::OK, "ready").into_response()
     } else {
-        (StatusCode::SERVICE_UNAVAILABLE, format!("no complete selection for {}", unready.join(", ")))
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("no complete selection for {}", unready.join(", ")),
+        )
             .into_response()
     }
 }
@@ -48,15 +51,16 @@ pub async fn readiness(State(ctx): State<Arc<AppContext>>) -> Response {
 /// `GET /metrics`: Prometheus text, with the state gauges refreshed first.
 pub async fn prometheus(State(ctx): State<Arc<AppContext>>) -> Response {
     refresh_state_gauges(&ctx);
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        ctx.metrics().render(),
-    )
-        .into_response()
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], ctx.metrics().render()).into_response()
 }
 
 fn refresh_state_gauges(ctx: &AppContext) {
-    let snapshot = ctx.load_table().status().into_iter().map(|s| (s.worker.clone(), s)).collect::<std::collections::HashMap<_, _>>();
+    let snapshot = ctx
+        .load_table()
+        .status()
+        .into_iter()
+        .map(|s| (s.worker.clone(), s))
+        .collect::<std::collections::HashMap<_, _>>();
     for worker in ctx.registry().workers() {
         let id = worker.id().as_str();
         metrics::inflight(id, ctx.inflight().count(worker.id()));

@@ -180,7 +180,9 @@ impl RemoteIndexClient {
                         endpoint: address.clone(),
                         source,
                     })?
-                    .connect_timeout(config.query_timeout)
+                    // The query timeout bounds every lookup; this only bounds a background
+                    // connection attempt to a silent host, so that it is retried.
+                    .connect_timeout(config.query_timeout + Duration::from_secs(1))
                     .tcp_nodelay(true);
                 Ok(Remote { address: address.clone(), endpoint, channel: OnceLock::new() })
             })
@@ -282,6 +284,11 @@ impl RemoteIndexClient {
                 Err(status) => RemoteError::Unavailable { endpoint: endpoint(), source: status },
             };
             tracing::debug!(endpoint = %remote.address, error = &error as &dyn std::error::Error, "kv indexer lookup failed");
+            if Instant::now() >= deadline {
+                // Whatever the last call failed with, it ran out of time (the gRPC deadline
+                // of the call is the query's own).
+                return Err(RemoteError::Timeout { after: self.config.query_timeout });
+            }
             last = Some(error);
         }
         Err(last.expect("a client has at least one endpoint"))
