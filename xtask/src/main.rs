@@ -18,7 +18,7 @@ commands:
   codegen [--check]   regenerate crates/router-proto from proto/*.proto (--check: fail if stale)
   deps                check internal dependency edges against ARCHITECTURE.md
   lint                cargo fmt --check, clippy -D warnings, rustdoc -D warnings
-  bench [--quick]     end-to-end benchmark against the simulated fleet; writes docs/benchmarks.md
+  bench [--quick] [--only overhead|policies] [--no-build]\n                      end-to-end benchmark against the simulated fleet; writes docs/benchmarks.md
   ci                  lint, deps, codegen --check, then every test";
 
 fn main() -> ExitCode {
@@ -44,8 +44,16 @@ fn run(args: &[&str]) -> Result<()> {
             Ok(())
         }
         ["lint"] => lint::run(&root),
-        ["bench"] => bench::run(&root, false),
-        ["bench", "--quick"] => bench::run(&root, true),
+        ["bench", rest @ ..] => {
+            let quick = rest.contains(&"--quick");
+            let only = match rest.iter().position(|a| *a == "--only").and_then(|i| rest.get(i + 1)) {
+                None => bench::Only::All,
+                Some(&"overhead") => bench::Only::Overhead,
+                Some(&"policies") => bench::Only::Policies,
+                Some(other) => bail!("--only {other}: expected overhead or policies"),
+            };
+            bench::run(&root, quick, only, !rest.contains(&"--no-build"))
+        }
         ["ci"] => ci(&root),
         _ => bail!("{USAGE}"),
     }

@@ -230,8 +230,15 @@ pub struct GuardedBody {
     sink: Arc<dyn OutcomeSink>,
     sse: bool,
     partner_failure: Option<oneshot::Receiver<String>>,
+    /// A frame or error polled while coalescing, delivered on the next poll.
+    stashed: Option<Result<Frame<Bytes>, hyper::Error>>,
+    /// The engine's body ended while coalescing.
+    ended: bool,
     finished: bool,
 }
+
+/// Most bytes of already-arrived data frames merged into one write.
+const COALESCE_LIMIT: usize = 64 * 1024;
 
 impl GuardedBody {
     /// Wraps an engine's response body.
@@ -243,7 +250,17 @@ impl GuardedBody {
         sse: bool,
         partner_failure: Option<oneshot::Receiver<String>>,
     ) -> Self {
-        Self { inner, guards, worker, sink, sse, partner_failure, finished: false }
+        Self {
+            inner,
+            guards,
+            worker,
+            sink,
+            sse,
+            partner_failure,
+            stashed: None,
+            ended: false,
+            finished: false,
+        }
     }
 
     fn finish(&mut self, outcome: Outcome) {
@@ -252,6 +269,26 @@ impl GuardedBody {
             self.sink.record(&self.worker, outcome);
             self.guards.clear();
             self.partner_failure = None;
+        }
+    }
+
+    /// Passes one polled result on, finishing the dispatch at the end or on an error.
+    fn deliver(
+        &mut self,
+        polled: Poll<Option<Result<Frame<Bytes>, hyper::Error>>>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        match polled {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => {
+                self.finish(Outcome::Success);
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+            Poll::Ready(Some(Err(err))) => {
+                let message = format!("engine {} failed mid-response: {err}", self.worker.id());
+                self.finish(Outcome::Failure);
+                Poll::Ready(self.error_frame(&message))
+            }
         }
     }
 
@@ -288,21 +325,48 @@ impl Body for GuardedBody {
                 return Poll::Ready(this.error_frame(&message));
             }
         }
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Pending => Poll::Pending,
-            Poll::Ready(None) => {
-                this.finish(Outcome::Success);
-                Poll::Ready(None)
-            }
-            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
-            Poll::Ready(Some(Err(err))) => {
-                let message = format!("engine {} failed mid-response: {err}", this.worker.id());
-                this.finish(Outcome::Failure);
-                Poll::Ready(this.error_frame(&message))
+        if let Some(stashed) = this.stashed.take() {
+            return this.deliver(Poll::Ready(Some(stashed)));
+        }
+        if this.ended {
+            return this.deliver(Poll::Ready(None));
+        }
+        let first = Pin::new(&mut this.inner).poll_frame(cx);
+        let Poll::Ready(Some(Ok(frame))) = first else {
+            return this.deliver(first);
+        };
+        let data = match frame.into_data() {
+            Ok(data) => data,
+            Err(frame) => return Poll::Ready(Some(Ok(frame))),
+        };
+        // Coalesce data frames that are already here (a burst of SSE events) into one write;
+        // never wait for more, so the first byte goes out as soon as it arrives.
+        let mut batch: Option<bytes::BytesMut> = None;
+        while batch.as_ref().map_or(data.len(), bytes::BytesMut::len) < COALESCE_LIMIT {
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(next))) => match next.into_data() {
+                    Ok(more) => {
+                        batch.get_or_insert_with(|| bytes::BytesMut::from(&data[..])).extend_from_slice(&more);
+                    }
+                    Err(trailers) => {
+                        this.stashed = Some(Ok(trailers));
+                        break;
+                    }
+                },
+                Poll::Ready(Some(Err(err))) => {
+                    this.stashed = Some(Err(err));
+                    break;
+                }
+                Poll::Ready(None) => {
+                    this.ended = true;
+                    break;
+                }
+                Poll::Pending => break,
             }
         }
+        let data = batch.map_or(data, bytes::BytesMut::freeze);
+        Poll::Ready(Some(Ok(Frame::data(data))))
     }
-
     fn is_end_stream(&self) -> bool {
         self.finished
     }

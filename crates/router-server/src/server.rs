@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::serve::ListenerExt;
 use axum::routing::{delete, get, post};
 use tokio::net::TcpListener;
 use tracing::info;
@@ -48,6 +49,11 @@ impl Serving {
         let (shutdown, mut stop) = tokio::sync::watch::channel(false);
         let app = routes(Arc::clone(&ctx));
         let task = tokio::spawn(async move {
+            // Streamed tokens are small writes: without TCP_NODELAY, Nagle's algorithm holds
+            // each one until the client's delayed ACK (about 40 ms).
+            let listener = listener.tap_io(|tcp| {
+                let _ = tcp.set_nodelay(true);
+            });
             axum::serve(listener, app)
                 .with_graceful_shutdown(async move {
                     let _ = stop.wait_for(|stop| *stop).await;

@@ -21,14 +21,40 @@ use anyhow::Result;
 
 use crate::cargo;
 
-pub(crate) fn run(root: &Path, quick: bool) -> Result<()> {
-    cargo(root, &["build", "--release", "-p", "router-server", "-p", "router-sim"])?;
+/// Which sections to run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Only {
+    All,
+    Overhead,
+    Policies,
+}
+
+pub(crate) fn run(root: &Path, quick: bool, only: Only, build: bool) -> Result<()> {
+    if build {
+        cargo(root, &["build", "--release", "-p", "router-server", "-p", "router-sim"])?;
+    }
     let bins = procs::Bins::release(root);
     let tokenizer = root.join("crates/router-sim/assets/tokenizer.json").display().to_string();
 
-    let (requests, repeats) = if quick { (1_000, 1) } else { (10_000, 3) };
-    eprintln!("xtask bench: router overhead ({requests} requests x {repeats} per case)");
-    let overhead = overhead::measure(&bins, requests, repeats)?;
+    let (requests, repeats) = if quick { (2_000, 1) } else { (10_000, 3) };
+    let overhead = if only == Only::Policies {
+        overhead::Overhead { cases: Vec::new() }
+    } else {
+        eprintln!("xtask bench: router overhead ({requests} requests x {repeats} per case)");
+        let overhead = overhead::measure(&bins, requests, repeats)?;
+        for (name, run) in &overhead.cases {
+            eprintln!(
+                "  {name}: {:.0} req/s, p50 {:.2} ms, router CPU {}",
+                run.rps(),
+                run.p50_ms,
+                run.router_cpu_us.map_or("-".to_owned(), |us| format!("{us:.1} us/request"))
+            );
+        }
+        if only == Only::Overhead {
+            return Ok(());
+        }
+        overhead
+    };
 
     let workload = if quick { policies::Workload::quick() } else { policies::Workload::full() };
     let mut runs = Vec::new();

@@ -63,16 +63,19 @@ impl Proc {
             .with_context(|| format!("no {prefix:?} in {:?}", self.lines))
     }
 
-    /// User plus system CPU time consumed so far, from `/proc/<pid>/stat`.
+    /// CPU time consumed so far by every thread, in nanoseconds of run time from
+    /// `/proc/<pid>/task/*/schedstat` (precise, unlike the 10 ms ticks of `/proc/<pid>/stat`).
     pub(crate) fn cpu_time(&self) -> Result<Duration> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id()))
-            .context("reading /proc/<pid>/stat")?;
-        // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-        let rest = stat.rsplit_once(')').map(|(_, r)| r).context("malformed stat")?;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: u64 = fields.get(11).and_then(|f| f.parse().ok()).unwrap_or(0)
-            + fields.get(12).and_then(|f| f.parse().ok()).unwrap_or(0);
-        Ok(Duration::from_secs_f64(ticks as f64 / clock_ticks_per_sec()))
+        let tasks = format!("/proc/{}/task", self.child.id());
+        let mut total = 0u64;
+        for entry in std::fs::read_dir(&tasks).with_context(|| format!("reading {tasks}"))? {
+            let path = entry?.path().join("schedstat");
+            // A thread may exit between listing and reading.
+            if let Ok(text) = std::fs::read_to_string(&path) {
+                total += text.split_whitespace().next().and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+            }
+        }
+        Ok(Duration::from_nanos(total))
     }
 }
 
@@ -81,16 +84,6 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-fn clock_ticks_per_sec() -> f64 {
-    Command::new("getconf")
-        .arg("CLK_TCK")
-        .output()
-        .ok()
-        .and_then(|o| String::from_utf8(o.stdout).ok())
-        .and_then(|s| s.trim().parse().ok())
-        .unwrap_or(100.0)
 }
 
 /// The release binaries.

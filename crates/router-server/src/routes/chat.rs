@@ -70,10 +70,19 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
             !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(|b| b.is_ascii_graphic())
         })
         .cloned()
-        .unwrap_or_else(|| {
-            HeaderValue::from_str(&uuid::Uuid::new_v4().simple().to_string())
-                .unwrap_or_else(|_| HeaderValue::from_static("unknown"))
-        })
+        .unwrap_or_else(new_request_id)
+}
+
+/// A fresh request id: a random per-process prefix and a counter, as 32 hex digits. Unique
+/// across restarts without a random-number syscall per request.
+fn new_request_id() -> HeaderValue {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static PREFIX: OnceLock<u64> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let prefix = *PREFIX.get_or_init(rand::random::<u64>);
+    let id = format!("{prefix:016x}{:016x}", COUNTER.fetch_add(1, Ordering::Relaxed));
+    HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
 
 async fn handle(
