@@ -96,3 +96,27 @@ async fn sigterm_drains_in_flight_requests_then_exits() {
             .expect("join");
     assert_eq!(code, Some(0));
 }
+
+#[tokio::test]
+async fn a_flood_beyond_the_concurrency_limit_gets_503_with_retry_after() {
+    let engine = Engine::start("m", &["--decode-tokens-per-sec", "30"]);
+    let yaml = config(&engine).replace(
+        "server: {port: 0, admin_token: t}",
+        "server: {port: 0, admin_token: t, max_concurrent_requests: 1}",
+    );
+    let router = Router::with_config(&yaml);
+    let http = Http::default();
+    let url = router.url.clone();
+    let slow = tokio::spawn({
+        let http = http.clone();
+        async move { http.chat(&url, &chat_body("m", "slow", 30), &[]).await }
+    });
+    assert!(eventually(async || inflight(&http, &router).await == 1).await);
+    let refused = http.chat(&router.url, &chat_body("m", "one too many", 1), &[]).await;
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    assert_eq!(refused.json()["error"]["code"], "overloaded");
+    assert_eq!(refused.header("retry-after"), Some("1"));
+    assert_eq!(slow.await.expect("task").status, 200);
+    let after = http.chat(&router.url, &chat_body("m", "room again", 1), &[]).await;
+    assert_eq!(after.status, 200, "the permit is released with the response body");
+}

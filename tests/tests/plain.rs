@@ -147,3 +147,21 @@ async fn admin_api_needs_the_token_and_manages_workers() {
         assert_eq!(reply.header("x-router-engine"), Some("e2"));
     }
 }
+
+#[tokio::test]
+async fn h2c_to_engines_works_streamed_and_not() {
+    let a = Engine::start("m", &[]);
+    let yaml = plain_config(&[&a], "round_robin").replace(
+        "server: {port: 0, admin_token: t0ken}",
+        "server: {port: 0, upstream_http2: true}",
+    );
+    let router = Router::with_config(&yaml);
+    let http = Http::default();
+    let reply = http.chat(&router.url, &chat_body("m", "over h2c", 3), &[]).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.json()["usage"]["completion_tokens"], 3);
+    let mut body = chat_body("m", "over h2c, streamed", 3);
+    body["stream"] = true.into();
+    let reply = http.chat(&router.url, &body, &[]).await;
+    assert!(reply.body.trim_end().ends_with("data: [DONE]"), "{}", reply.body);
+}

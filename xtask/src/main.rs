@@ -46,7 +46,8 @@ fn run(args: &[&str]) -> Result<()> {
         ["lint"] => lint::run(&root),
         ["bench", rest @ ..] => {
             let quick = rest.contains(&"--quick");
-            let only = match rest.iter().position(|a| *a == "--only").and_then(|i| rest.get(i + 1)) {
+            let only = match rest.iter().position(|a| *a == "--only").and_then(|i| rest.get(i + 1))
+            {
                 None => bench::Only::All,
                 Some(&"overhead") => bench::Only::Overhead,
                 Some(&"policies") => bench::Only::Policies,

@@ -42,6 +42,7 @@ pub struct AppContext {
     metrics: PrometheusHandle,
     admin_token: Option<String>,
     draining: AtomicBool,
+    request_slots: Arc<tokio::sync::Semaphore>,
     cancel: CancellationToken,
     tasks: Mutex<JoinSet<()>>,
 }
@@ -99,6 +100,9 @@ impl AppContext {
             metrics: crate::metrics::install(),
             admin_token,
             draining: AtomicBool::new(false),
+            request_slots: Arc::new(tokio::sync::Semaphore::new(
+                config.server.max_concurrent_requests,
+            )),
             cancel: CancellationToken::new(),
             tasks: Mutex::new(JoinSet::new()),
         })
@@ -223,6 +227,11 @@ impl AppContext {
     /// The server settings.
     pub fn server(&self) -> &ServerConfig {
         &self.server
+    }
+
+    /// Permits for concurrent chat requests.
+    pub fn request_slots(&self) -> &Arc<tokio::sync::Semaphore> {
+        &self.request_slots
     }
 
     /// Largest accepted body.

@@ -60,6 +60,9 @@ pub enum ApiError {
     /// Missing or wrong admin token.
     #[error("missing or invalid bearer token")]
     Unauthorized,
+    /// Too many requests are in flight at the router.
+    #[error("the router is at its concurrent request limit; retry shortly")]
+    Overloaded,
     /// The router is shutting down.
     #[error("the router is shutting down")]
     ShuttingDown,
@@ -79,6 +82,7 @@ impl ApiError {
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::NoAdmissibleEngine { .. }
             | ApiError::NoCandidates { .. }
+            | ApiError::Overloaded
             | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Upstream(_) => StatusCode::BAD_GATEWAY,
@@ -97,6 +101,7 @@ impl ApiError {
             ApiError::NoAdmissibleEngine { .. } => ("service_unavailable", "no_admissible_engine"),
             ApiError::NoCandidates { .. } => ("service_unavailable", "no_candidates"),
             ApiError::ShuttingDown => ("service_unavailable", "shutting_down"),
+            ApiError::Overloaded => ("service_unavailable", "overloaded"),
             ApiError::Internal(_) => ("internal_error", "internal_error"),
             ApiError::Upstream(_) => ("upstream_error", "engine_failed"),
             ApiError::UpstreamTimeout(_) => ("upstream_error", "engine_timeout"),

@@ -346,7 +346,9 @@ impl Body for GuardedBody {
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Ready(Some(Ok(next))) => match next.into_data() {
                     Ok(more) => {
-                        batch.get_or_insert_with(|| bytes::BytesMut::from(&data[..])).extend_from_slice(&more);
+                        batch
+                            .get_or_insert_with(|| bytes::BytesMut::from(&data[..]))
+                            .extend_from_slice(&more);
                     }
                     Err(trailers) => {
                         this.stashed = Some(Ok(trailers));

@@ -15,6 +15,7 @@ pub mod demo;
 pub mod error;
 pub mod forward;
 pub mod health;
+pub mod limit;
 pub mod logging;
 pub mod metrics;
 pub mod prepare;

@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::serve::ListenerExt;
 use axum::routing::{delete, get, post};
+use axum::serve::ListenerExt;
 use tokio::net::TcpListener;
 use tracing::info;
 
 use crate::app::AppContext;
+use crate::limit;
 use crate::routes::{admin, chat, ops};
 
 /// The router's HTTP routes over `ctx`.
@@ -22,7 +23,11 @@ pub fn routes(ctx: Arc<AppContext>) -> Router {
         .route("/admin/state", get(admin::state))
         .route_layer(axum::middleware::from_fn_with_state(Arc::clone(&ctx), admin::require_token));
     Router::new()
-        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route(
+            "/v1/chat/completions",
+            post(chat::chat_completions)
+                .layer(axum::middleware::from_fn_with_state(Arc::clone(&ctx), limit::concurrency)),
+        )
         .route("/v1/models", get(ops::models))
         .route("/health", get(ops::health))
         .route("/readiness", get(ops::readiness))

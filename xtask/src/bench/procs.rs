@@ -72,7 +72,8 @@ impl Proc {
             let path = entry?.path().join("schedstat");
             // A thread may exit between listing and reading.
             if let Ok(text) = std::fs::read_to_string(&path) {
-                total += text.split_whitespace().next().and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+                total +=
+                    text.split_whitespace().next().and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
             }
         }
         Ok(Duration::from_nanos(total))

@@ -45,6 +45,8 @@ pub struct ServerConfig {
     pub admin_token: Option<String>,
     /// Largest accepted request body, in bytes.
     pub max_body_bytes: usize,
+    /// Chat requests in flight at once; beyond it the router answers 503 with `Retry-After`.
+    pub max_concurrent_requests: usize,
     /// Timeout of a whole engine request, response body included, in seconds.
     pub request_timeout_secs: u64,
     /// How long shutdown waits for in-flight requests, in seconds.
@@ -62,6 +64,7 @@ impl Default for ServerConfig {
             port: 8080,
             admin_token: None,
             max_body_bytes: 32 * 1024 * 1024,
+            max_concurrent_requests: 16_384,
             request_timeout_secs: 1800,
             shutdown_drain_secs: 30,
             upstream_http2: false,

@@ -85,6 +85,9 @@ pub fn build_models(
     if config.server.max_body_bytes == 0 {
         problems.push("server.max_body_bytes", "must be at least 1");
     }
+    if config.server.max_concurrent_requests == 0 {
+        problems.push("server.max_concurrent_requests", "must be at least 1");
+    }
     let mut model_ids = HashSet::new();
     let mut runtimes = Vec::new();
     for (m, model) in config.models.iter().enumerate() {
