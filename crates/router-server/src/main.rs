@@ -37,9 +37,7 @@ fn main() -> ExitCode {
 async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Some(Command::CheckConfig { file }) => Ok(check_config(&file)),
-        Some(Command::KvIndexer { .. }) => {
-            anyhow::bail!("kv-indexer is not available in this build yet")
-        }
+        Some(Command::KvIndexer { config, listen }) => kv_indexer(&config, &listen).await,
         None => serve(cli.serve).await,
     }
 }
@@ -114,6 +112,46 @@ async fn serve(args: router_server::config::ServeArgs) -> Result<ExitCode> {
     if let Some(fleet) = demo {
         fleet.stop();
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs only the KV-event subscriptions and the prefix index of the configured engines, and
+/// serves the remote-indexer gRPC API for routers whose cache-aware groups use
+/// `cache_prefix_provider: indexer`.
+async fn kv_indexer(file: &std::path::Path, listen: &str) -> Result<ExitCode> {
+    let config = ConfigFile::load(file)?;
+    router_server::logging::init(config.server.log_json);
+    let registry = Arc::new(router_workers::WorkerRegistry::new());
+    for (m, model) in config.models.iter().enumerate() {
+        let id = router_workers::ModelId::new(&model.id);
+        for (w, spec) in model.workers.iter().enumerate() {
+            router_workers::Worker::from_spec(spec, vec![id.clone()])
+                .and_then(|worker| registry.add(worker))
+                .with_context(|| format!("models[{m}].workers[{w}]"))?;
+        }
+    }
+    let index = Arc::new(router_state_kv::KvIndex::new(router_state_kv::IndexConfig {
+        max_nodes_per_model: config.kv.max_index_nodes,
+    }));
+    let subscriptions = router_state_kv::KvSubscriptions::new(
+        Arc::clone(&index),
+        Arc::clone(&registry),
+        router_state_kv::SubscriptionConfig::default(),
+    );
+    let listener =
+        tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+    let addr = listener.local_addr()?;
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let subscribed = tokio::spawn(subscriptions.run(cancel.child_token()));
+    let service = router_state_kv::remote::KvIndexService::new(index);
+    let served =
+        tokio::spawn(router_state_kv::remote::serve_with(listener, service, cancel.child_token()));
+    println!("kv indexer listening on {addr}");
+    tracing::info!(%addr, workers = registry.workers().len(), "kv indexer listening");
+    shutdown_signal().await;
+    cancel.cancel();
+    let _ = subscribed.await;
+    served.await?.context("serving the remote indexer")?;
     Ok(ExitCode::SUCCESS)
 }
 
