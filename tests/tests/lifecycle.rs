@@ -120,3 +120,27 @@ async fn a_flood_beyond_the_concurrency_limit_gets_503_with_retry_after() {
     let after = http.chat(&router.url, &chat_body("m", "room again", 1), &[]).await;
     assert_eq!(after.status, 200, "the permit is released with the response body");
 }
+
+#[tokio::test]
+async fn an_engine_dying_mid_stream_ends_the_stream_with_an_error_event() {
+    let engine = Engine::start("m", &["--decode-tokens-per-sec", "20", "--die-after", "1"]);
+    let router = Router::with_config(&config(&engine));
+    let http = Http::default();
+    let url = router.url.clone();
+    let mut body = chat_body("m", "a long answer", 100);
+    body["stream"] = true.into();
+    let long = tokio::spawn({
+        let http = http.clone();
+        async move { http.chat(&url, &body, &[]).await }
+    });
+    assert!(eventually(async || inflight(&http, &router).await == 1).await);
+    // The engine answers this one, then exits and cuts the stream above.
+    let short = http.chat(&router.url, &chat_body("m", "quick", 1), &[]).await;
+    assert_eq!(short.status, 200);
+    let reply = long.await.expect("task");
+    assert_eq!(reply.status, 200, "the stream had started");
+    let last = reply.body.lines().filter(|l| l.starts_with("data: ")).last().unwrap_or_default().to_owned();
+    assert!(last.contains("\"error\""), "the stream ends with an error event: {}", reply.body);
+    assert!(!reply.body.contains("[DONE]"), "{}", reply.body);
+    assert!(eventually(async || inflight(&http, &router).await == 0).await);
+}
