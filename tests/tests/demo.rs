@@ -13,4 +13,18 @@ async fn the_demo_serves_plain_and_pd_models() {
     assert_eq!(reply.status, 200, "{}", reply.body);
     assert_eq!(reply.header("x-router-prefill-engine"), Some("prefill-1"));
     assert_eq!(reply.header("x-router-decode-engine"), Some("decode-1"));
+
+    // Every engine streams load reports over gRPC and publishes KV events.
+    let fresh = r#"router_load_report_state{worker="engine-1",state="fresh"} 1"#;
+    let mut metrics = String::new();
+    for _ in 0..100 {
+        metrics = http.get(&router.url, "/metrics", &[]).await.body;
+        if metrics.contains(fresh)
+            && metrics.contains(r#"router_kv_events{worker="engine-1",counter="blocks"}"#)
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(metrics.contains(fresh), "{metrics}");
 }

@@ -4,7 +4,7 @@
 //! Two models, because a model is served by plain engines or by PD pairs, never both:
 //! `demo` on four plain engines, and `demo-pd` on one prefill and one decode engine. Every
 //! engine is a real router-sim engine in this process, on its own loopback ports, publishing KV
-//! events and load like a real one.
+//! events over ZeroMQ and streaming load reports over gRPC like a real one.
 
 use router_sim::engine::{EngineConfig, RunningEngine, serve};
 use router_workers::{KvEventsSpec, Stage, WorkerSpec};
@@ -52,6 +52,7 @@ fn engine_config(role: Stage) -> EngineConfig {
     config.kv_capacity_tokens = 32_768;
     config.kv_events = Some("tcp://127.0.0.1:0".to_owned());
     config.kv_replay = Some("tcp://127.0.0.1:0".to_owned());
+    config.load_reporter = Some(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
     if role == Stage::Prefill {
         config.bootstrap_port = Some(0);
     }
@@ -73,8 +74,8 @@ fn worker(id: String, engine: &RunningEngine, role: Stage, block_size: u32) -> W
             block_size,
             bind: false,
         }),
-        load_reporter: None,
-        load_poll: Some(router_workers::LoadPollSpec { interval_ms: 250 }),
+        load_reporter: engine.load_reporter_addr().map(|addr| addr.to_string()),
+        load_poll: None,
     }
 }
 

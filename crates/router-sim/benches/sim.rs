@@ -1,6 +1,7 @@
-//! Benchmarks of the simulator's own costs: KV-event encoding, prompt preparation, and a
-//! whole non-streamed request through an in-process engine (HTTP, scheduling, answer) with
-//! simulated time made negligible.
+//! Benchmarks of the simulator's own costs: KV-event encoding, prompt preparation, a whole
+//! non-streamed request through an in-process engine (HTTP, scheduling, answer) with
+//! simulated time made negligible, and the preparation of a trace replay (text, tokenization
+//! and oracles).
 
 use std::hint::black_box;
 
@@ -11,6 +12,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use router_sim::engine::events::encode_batch;
 use router_sim::engine::{EngineConfig, KvEvent, KvFormat, serve};
+use router_sim::load::{TraceSpec, trace_oracle};
 use router_sim::tokens::{ChatMessage, Preprocessor};
 
 fn encoding(c: &mut Criterion) {
@@ -77,6 +79,18 @@ fn round_trip(c: &mut Criterion) {
     runtime.block_on(engine.wait());
 }
 
+fn trace(c: &mut Criterion) {
+    // 200 Mooncake conversation requests at an eighth of their length: 358k prompt tokens.
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/conversation_trace_head200.jsonl");
+    let mut spec = TraceSpec::new(path);
+    spec.length_scale = 0.125;
+    spec.fleet_capacity_tokens = Some(16_384);
+    c.bench_function("trace_oracle/conversation_head200/scale_0.125", |b| {
+        b.iter(|| trace_oracle(black_box(&spec)).expect("oracle"))
+    });
+}
+
 /// Private, so that the function `criterion_group!` generates needs no docs.
 mod group {
     use super::*;
@@ -84,7 +98,7 @@ mod group {
     criterion_group! {
         name = benches;
         config = Criterion::default().sample_size(30).measurement_time(std::time::Duration::from_secs(3));
-        targets = encoding, preparation, round_trip
+        targets = encoding, preparation, round_trip, trace
     }
 }
 

@@ -1,13 +1,16 @@
 #![doc = include_str!("../README.md")]
 //!
 //! # Crate map
-//! - [`engine`]: one simulated engine ([`engine::serve`] with an [`engine::EngineConfig`]).
-//! - [`load`]: the workload generator ([`load::run`] with a [`load::LoadConfig`]).
+//! - [`engine`]: one simulated engine ([`engine::serve`] with an [`engine::EngineConfig`]), with
+//!   its optional gRPC load reporter (router-state-load's engine-side service).
+//! - [`load`]: the workload generator ([`load::run`] with a [`load::LoadConfig`]), including
+//!   trace replay and its oracles ([`load::trace_oracle`]).
 //! - [`tokens`]: chat-template rendering and tokenization shared with routers.
 //! - [`assets`]: paths of the shipped byte-level tokenizer and ChatML template.
 //!
 //! It encodes KV events with its own code, never router-state-kv's, so that a wire bug cannot
-//! hide on both sides. Does not own: anything the router does.
+//! hide on both sides; from router-state-load it uses only the engine-side load reporter. Does not
+//! own: anything the router does.
 
 #![forbid(unsafe_code)]
 

@@ -2,7 +2,7 @@
 //! (`router-sim load`). See the crate README for flags, printed lines and the timing model.
 
 use std::io::Write as _;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -91,6 +91,9 @@ struct EngineArgs {
     /// Bootstrap server port of a prefill engine (0: any free port).
     #[arg(long)]
     bootstrap_port: Option<u16>,
+    /// Serve the gRPC load reporter (NATIVE reports) on this IP:PORT (port 0: any free port).
+    #[arg(long, value_name = "HOST:PORT")]
+    load_reporter: Option<SocketAddr>,
     /// How long a decode engine waits for its bootstrap room, in ms [default: 30000].
     #[arg(long)]
     bootstrap_timeout_ms: Option<u64>,
@@ -134,6 +137,7 @@ impl EngineArgs {
         config.kv_topic = self.kv_topic;
         config.kv_replay_buffer = self.kv_replay_buffer.unwrap_or(config.kv_replay_buffer);
         config.bootstrap_port = self.bootstrap_port;
+        config.load_reporter = self.load_reporter;
         if let Some(ms) = self.bootstrap_timeout_ms {
             config.bootstrap_timeout = Duration::from_millis(ms);
         }
@@ -193,12 +197,30 @@ struct LoadArgs {
     /// Replay this request trace (Mooncake JSONL) instead of sessions.
     #[arg(long, conflicts_with_all = ["sessions", "turns", "system_prompts", "system_prompt_tokens", "turn_tokens", "output_tokens", "concurrency", "rate"])]
     trace: Option<PathBuf>,
-    /// Multiply trace arrival times by this factor [default: 1].
+    /// Divide trace arrival times by this factor: 10 replays ten times faster [default: 1].
     #[arg(long, requires = "trace")]
     time_scale: Option<f64>,
     /// Replay only the first N trace requests.
     #[arg(long, requires = "trace")]
     max_requests: Option<usize>,
+    /// Tokens per trace hash id [default: 512, as in the Mooncake traces].
+    #[arg(long, requires = "trace")]
+    trace_block_tokens: Option<usize>,
+    /// Scale block tokens, input and output lengths together (0.125: 512-token blocks become
+    /// 64-token ones; the prefix structure is kept) [default: 1].
+    #[arg(long, requires = "trace")]
+    trace_length_scale: Option<f64>,
+    /// The engines' tokenizer.json (chat template beside it), for the trace text and the
+    /// oracles [default: the built-in byte-level tokenizer and ChatML].
+    #[arg(long, requires = "trace")]
+    tokenizer: Option<PathBuf>,
+    /// The engines' KV block size, the unit of the oracle hit rates [default: 16].
+    #[arg(long, requires = "trace")]
+    block_size: Option<usize>,
+    /// The fleet's total KV capacity in tokens: adds the hit rate of one LRU cache that size
+    /// (oracle_fleet_hit_rate).
+    #[arg(long, requires = "trace")]
+    fleet_capacity_tokens: Option<usize>,
     /// Bound on requests in flight for --rate and --trace [default: 1024].
     #[arg(long)]
     max_in_flight: Option<usize>,
@@ -225,12 +247,17 @@ impl LoadArgs {
             (None, None) => config.arrival,
         };
         config.workload = match &self.trace {
-            Some(path) => Workload::Trace(TraceSpec {
-                path: path.clone(),
-                time_scale: self.time_scale.unwrap_or(1.0),
-                max_requests: self.max_requests,
-                block_tokens: 512,
-            }),
+            Some(path) => {
+                let mut spec = TraceSpec::new(path);
+                spec.time_scale = self.time_scale.unwrap_or(spec.time_scale);
+                spec.max_requests = self.max_requests;
+                spec.block_tokens = self.trace_block_tokens.unwrap_or(spec.block_tokens);
+                spec.length_scale = self.trace_length_scale.unwrap_or(spec.length_scale);
+                spec.tokenizer = self.tokenizer.clone();
+                spec.engine_block_size = self.block_size.unwrap_or(spec.engine_block_size);
+                spec.fleet_capacity_tokens = self.fleet_capacity_tokens;
+                Workload::Trace(spec)
+            }
             None => {
                 let d = SessionSpec::default();
                 Workload::Sessions(SessionSpec {

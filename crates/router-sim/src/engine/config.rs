@@ -1,6 +1,6 @@
 //! The engine's configuration, with the defaults of the command line.
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -49,6 +49,9 @@ pub struct EngineConfig {
     /// Bootstrap server port of a prefill engine; 0 lets the system choose
     /// (`--bootstrap-port`).
     pub bootstrap_port: Option<u16>,
+    /// Address of the gRPC load reporter (router-state-load's `LoadReporter` service streaming
+    /// NATIVE reports); port 0 lets the system choose (`--load-reporter`). `None`: no reporter.
+    pub load_reporter: Option<SocketAddr>,
     /// How long a decode engine waits for its bootstrap room (`--bootstrap-timeout-ms`,
     /// default 30 s).
     pub bootstrap_timeout: Duration,
@@ -81,6 +84,7 @@ impl EngineConfig {
             kv_topic: String::new(),
             kv_replay_buffer: 10_000,
             bootstrap_port: None,
+            load_reporter: None,
             bootstrap_timeout: Duration::from_secs(30),
             default_max_tokens: 16,
             faults: Faults::default(),

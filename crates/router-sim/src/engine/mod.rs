@@ -18,13 +18,14 @@
 //! ```
 
 mod bootstrap;
-mod cache;
+pub(crate) mod cache;
 mod config;
 pub mod events;
 mod faults;
 mod http;
 mod load;
 mod output;
+mod reporter;
 mod scheduler;
 
 use std::net::SocketAddr;
@@ -107,6 +108,7 @@ pub struct RunningEngine {
     kv_events: Option<String>,
     kv_replay: Option<String>,
     bootstrap_addr: Option<SocketAddr>,
+    load_reporter_addr: Option<SocketAddr>,
     loads: LoadSource,
     stop: CancellationToken,
     tracker: TaskTracker,
@@ -140,14 +142,19 @@ impl RunningEngine {
         self.bootstrap_addr
     }
 
+    /// The bound address of the gRPC load reporter (`--load-reporter`).
+    pub fn load_reporter_addr(&self) -> Option<SocketAddr> {
+        self.load_reporter_addr
+    }
+
     /// A handle taking load snapshots of this engine.
     pub fn load_source(&self) -> LoadSource {
         self.loads.clone()
     }
 
     /// The lines the binary prints once the engine is ready, in order: `kv events on
-    /// tcp://...`, `kv replay on tcp://...`, `bootstrap on http://...` (each only when
-    /// configured), and last `listening on http://...`.
+    /// tcp://...`, `kv replay on tcp://...`, `bootstrap on http://...`, `load reporter on
+    /// HOST:PORT` (each only when configured), and last `listening on http://...`.
     pub fn ready_lines(&self) -> Vec<String> {
         let mut lines = Vec::new();
         if let Some(endpoint) = &self.kv_events {
@@ -158,6 +165,9 @@ impl RunningEngine {
         }
         if let Some(addr) = self.bootstrap_addr {
             lines.push(format!("bootstrap on http://{addr}"));
+        }
+        if let Some(addr) = self.load_reporter_addr {
+            lines.push(format!("load reporter on {addr}"));
         }
         lines.push(format!("listening on {}", self.url()));
         lines
@@ -246,6 +256,19 @@ pub async fn serve(
         rooms = Some(room_registry);
     }
 
+    let reporter_listener = match config.load_reporter {
+        Some(addr) => {
+            let listener = bind("load reporter", addr).await?;
+            let bound = listener.local_addr().map_err(|source| EngineError::Bind {
+                what: "load reporter",
+                addr: addr.to_string(),
+                source,
+            })?;
+            Some((listener, bound))
+        }
+        None => None,
+    };
+
     let listener = bind("http server", SocketAddr::new(config.host, config.port)).await?;
     let http_addr = listener.local_addr().map_err(|source| EngineError::Bind {
         what: "http server",
@@ -269,6 +292,13 @@ pub async fn serve(
         tracker.clone(),
     ));
 
+    let loads = LoadSource::new(scheduler);
+    let load_reporter_addr = reporter_listener.map(|(listener, addr)| {
+        let dying = engine.faults.dying().clone();
+        reporter::start(listener, addr, loads.clone(), dying, stop.clone(), &tracker);
+        addr
+    });
+
     let died = Arc::new(AtomicBool::new(false));
     {
         let (stop, died, dying) = (stop.clone(), Arc::clone(&died), engine.faults.dying().clone());
@@ -291,7 +321,8 @@ pub async fn serve(
         kv_events: endpoints.events,
         kv_replay: endpoints.replay,
         bootstrap_addr,
-        loads: LoadSource::new(scheduler),
+        load_reporter_addr,
+        loads,
         stop,
         tracker,
         died,

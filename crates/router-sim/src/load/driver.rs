@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -13,9 +14,8 @@ use tokio::time::Instant;
 
 use super::client::{Client, Outcome};
 use super::report::Report;
-use super::workload::{
-    Message, Session, SessionSpec, SplitMix, TraceRequest, TraceSpec, oracle_hit_rate,
-};
+use super::trace::Replay;
+use super::workload::{Message, Session, SessionSpec, SplitMix};
 use super::{Arrival, LoadConfig};
 
 /// Sessions ready for their next turn, and how many still have turns to play.
@@ -59,24 +59,46 @@ impl Pool {
     }
 }
 
+/// What the requests of a run produced: every outcome, and how many requests were sent.
+#[derive(Debug, Default)]
+struct Results {
+    outcomes: Mutex<Vec<Outcome>>,
+    sent: AtomicU64,
+}
+
+impl Results {
+    fn push(&self, outcome: Outcome) {
+        self.outcomes.lock().push(outcome);
+    }
+
+    fn sent(&self) {
+        self.sent.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn take(&self) -> (Vec<Outcome>, u64) {
+        (std::mem::take(&mut *self.outcomes.lock()), self.sent.load(Ordering::Relaxed))
+    }
+}
+
 /// Plays one turn of `session`, recording the outcome.
 async fn play(
     client: &Client,
     spec: &SessionSpec,
     mut session: Session,
-    results: &Mutex<Vec<Outcome>>,
+    results: &Results,
 ) -> Session {
     let (messages, user) = session.next_turn();
+    results.sent();
     let outcome = client.chat(&messages, spec.output_tokens, Some(&session.name)).await;
     let answer = outcome.error.is_none().then(|| outcome.content.clone());
     session.record(user, answer);
-    results.lock().push(outcome);
+    results.push(outcome);
     session
 }
 
 pub(crate) async fn sessions(config: &LoadConfig, spec: &SessionSpec, client: Client) -> Report {
     let pool = Arc::new(Pool::new(Session::all(spec)));
-    let results = Arc::new(Mutex::new(Vec::new()));
+    let results = Arc::new(Results::default());
     let start = Instant::now();
     let deadline = start + config.duration;
     let spec = Arc::new(spec.clone());
@@ -133,40 +155,50 @@ pub(crate) async fn sessions(config: &LoadConfig, spec: &SessionSpec, client: Cl
         tasks.abort_all();
     }
     let elapsed = start.elapsed().min(config.duration);
-    let outcomes = std::mem::take(&mut *results.lock());
-    Report::new(&outcomes, elapsed, None)
+    let (outcomes, sent) = results.take();
+    Report::new(&outcomes, elapsed, sent, None)
 }
 
-pub(crate) async fn trace(
-    config: &LoadConfig,
-    spec: &TraceSpec,
-    requests: Vec<TraceRequest>,
-    client: Client,
-) -> Report {
-    let oracle = oracle_hit_rate(&requests);
-    let results = Arc::new(Mutex::new(Vec::new()));
+/// Replays a prepared trace on its own clock: each request at its time (once fewer than
+/// `max_in_flight` are in flight), its prompt text made in its own task.
+pub(crate) async fn trace(config: &LoadConfig, replay: Replay, client: Client) -> Report {
+    let replay = Arc::new(replay);
+    let results = Arc::new(Results::default());
     let start = Instant::now();
     let deadline = start + config.duration;
     let in_flight = Arc::new(Semaphore::new(config.max_in_flight));
-    let block_tokens = spec.block_tokens;
     let mut tasks = JoinSet::new();
-    let replay = async {
-        for request in requests {
-            tokio::time::sleep_until(start + request.at).await;
+    let send_all = async {
+        for index in 0..replay.requests.len() {
+            // A send time beyond the clock's range is never reached.
+            let Some(due) = start.checked_add(replay.requests[index].at) else { break };
+            tokio::time::sleep_until(due).await;
             let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else { break };
-            let (client, results) = (client.clone(), Arc::clone(&results));
+            results.sent();
+            let (client, results, replay) =
+                (client.clone(), Arc::clone(&results), Arc::clone(&replay));
             tasks.spawn(async move {
-                let messages = [Message { role: "user", content: request.prompt(block_tokens) }];
-                let outcome = client.chat(&messages, request.output_length.max(1), None).await;
-                results.lock().push(outcome);
+                let request = &replay.requests[index];
+                let ids = replay.text.content_ids(request);
+                let outcome = match replay.text.text(&ids) {
+                    Ok(content) => {
+                        let messages = [Message { role: "user", content }];
+                        client.chat(&messages, request.output_length, None).await
+                    }
+                    Err(_) => {
+                        Outcome { error: Some("prompt_text".to_owned()), ..Outcome::default() }
+                    }
+                };
+                results.push(outcome);
                 drop(permit);
             });
             while tasks.try_join_next().is_some() {}
         }
         while tasks.join_next().await.is_some() {}
     };
-    let _ = tokio::time::timeout_at(deadline, replay).await;
+    let _ = tokio::time::timeout_at(deadline, send_all).await;
     let elapsed = start.elapsed().min(config.duration);
-    let outcomes = std::mem::take(&mut *results.lock());
-    Report::new(&outcomes, elapsed, oracle)
+    let (outcomes, sent) = results.take();
+    let oracle = replay.oracle_over(usize::try_from(sent).unwrap_or(usize::MAX));
+    Report::new(&outcomes, elapsed, sent, Some(oracle))
 }

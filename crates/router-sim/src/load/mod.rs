@@ -1,21 +1,25 @@
 //! The workload generator: multi-turn chat sessions that share system prompts (or a
-//! Mooncake-style trace replay), sent as streamed chat requests with
+//! Mooncake-style trace replay with its oracle hit rates), sent as streamed chat requests with
 //! `stream_options.include_usage`, measured into a [`Report`].
 //!
 //! Bounded: a run stops when every session has played its turns (or every trace request has
 //! been answered) or when `duration` has passed, whichever comes first; requests still in
-//! flight then are dropped and not counted.
+//! flight then are dropped and not counted (the report's `sent` still counts them).
 
 mod client;
 mod driver;
 mod report;
+mod trace;
 mod workload;
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 pub use report::Report;
-pub use workload::{SessionSpec, TraceSpec};
+pub use trace::{FleetOracle, OracleReport, TraceSpec};
+pub use workload::SessionSpec;
+
+use crate::tokens::PrepareError;
 
 /// How requests arrive.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -113,6 +117,27 @@ pub enum LoadError {
         #[source]
         source: std::io::Error,
     },
+    /// The tokenizer of `--tokenizer` could not be loaded or used.
+    #[error("tokenizer failed")]
+    Tokenizer(#[source] PrepareError),
+    /// The tokenizer's vocabulary has no tokens trace text can be made of.
+    #[error("tokenizer {tokenizer} has no word or letter tokens to make trace text of")]
+    NoTraceTokens {
+        /// The tokenizer file.
+        tokenizer: PathBuf,
+    },
+    /// A trace prompt's text does not tokenize back to its tokens.
+    #[error(
+        "the text of trace request {request} does not tokenize back to its tokens with {tokenizer} (first difference at token {at})"
+    )]
+    TraceText {
+        /// 0-based index of the request in the trace.
+        request: usize,
+        /// The tokenizer file.
+        tokenizer: PathBuf,
+        /// Index of the first differing token.
+        at: usize,
+    },
     /// A trace line is not a valid request.
     #[error("invalid trace line {path}:{line}")]
     ParseTrace {
@@ -147,19 +172,16 @@ fn validate(config: &LoadConfig) -> Result<(), LoadError> {
                 return bad("--turn-tokens", "must be at least 1".into());
             }
         }
-        Workload::Trace(spec) => {
-            if !(spec.time_scale.is_finite() && spec.time_scale >= 0.0) {
-                return bad(
-                    "--time-scale",
-                    format!("{} is not a non-negative factor", spec.time_scale),
-                );
-            }
-            if spec.block_tokens == 0 {
-                return bad("block_tokens", "must be at least 1".into());
-            }
-        }
+        Workload::Trace(spec) => spec.validate()?,
     }
     Ok(())
+}
+
+/// The oracles of a whole trace (every request of `spec`, as if all were sent), computed as a
+/// replay prepares them, without sending anything.
+pub fn trace_oracle(spec: &TraceSpec) -> Result<OracleReport, LoadError> {
+    let replay = trace::Replay::prepare(spec)?;
+    Ok(replay.oracle_over(replay.requests.len()))
 }
 
 /// Runs the workload against `config.target` and reports what it measured.
@@ -170,8 +192,8 @@ pub async fn run(config: &LoadConfig) -> Result<Report, LoadError> {
     match &config.workload {
         Workload::Sessions(spec) => Ok(driver::sessions(config, spec, client).await),
         Workload::Trace(spec) => {
-            let requests = workload::read_trace(spec)?;
-            Ok(driver::trace(config, spec, requests, client).await)
+            let replay = trace::Replay::prepare(spec)?;
+            Ok(driver::trace(config, replay, client).await)
         }
     }
 }

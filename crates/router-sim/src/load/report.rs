@@ -1,5 +1,6 @@
 //! The generator's measurements: counts, throughput, time to first token, cache hit rate
-//! from usage, per-engine share; as text and as one JSON object.
+//! from usage, per-engine share, and for trace replays the oracle hit rates beside the
+//! measured one; as text and as one JSON object.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -8,10 +9,13 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::client::Outcome;
+use super::trace::OracleReport;
 
 /// What a run measured.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Report {
+    /// Requests sent (finished or still in flight when the run ended).
+    pub sent: u64,
     /// Requests that finished, successfully or not.
     pub requests: u64,
     /// Requests answered completely.
@@ -47,8 +51,8 @@ pub struct Report {
     pub engine_share: BTreeMap<String, f64>,
     /// Engine id -> number of those requests.
     pub engine_requests: BTreeMap<String, u64>,
-    /// Trace replays: the hit rate of one unlimited cache over the replayed requests.
-    pub oracle_hit_rate: Option<f64>,
+    /// Trace replays: the oracle hit rates over the requests sent.
+    pub oracle: Option<OracleReport>,
 }
 
 /// Nearest-rank percentile of sorted values.
@@ -65,13 +69,14 @@ fn ms(d: Duration) -> f64 {
 }
 
 impl Report {
-    /// Builds the report of `outcomes` over `elapsed`.
+    /// Builds the report of `outcomes` over `elapsed`, of `sent` requests.
     pub(crate) fn new(
         outcomes: &[Outcome],
         elapsed: Duration,
-        oracle_hit_rate: Option<f64>,
+        sent: u64,
+        oracle: Option<OracleReport>,
     ) -> Self {
-        let mut report = Report { elapsed, oracle_hit_rate, ..Report::default() };
+        let mut report = Report { elapsed, sent, oracle, ..Report::default() };
         let mut ttfts = Vec::new();
         let mut latencies = Vec::new();
         for outcome in outcomes {
@@ -117,12 +122,14 @@ impl Report {
         report
     }
 
-    /// The JSON object `--json` prints last. Its keys `requests`, `errors`,
+    /// The JSON object `--json` prints last. Its keys `sent`, `requests`, `errors`,
     /// `throughput_rps`, `ttft_p50_ms`, `ttft_p99_ms`, `cache_hit_rate`, `engine_share` (and
-    /// `oracle_hit_rate` for a trace replay) are a contract; latencies without any sample are
-    /// `null`.
+    /// for a trace replay `oracle_hit_rate`, `oracle_fleet_hit_rate`, `oracle_prompt_tokens`)
+    /// are a contract; latencies without any sample are `null`, and so is
+    /// `oracle_fleet_hit_rate` without `--fleet-capacity-tokens`.
     pub fn to_json(&self) -> Value {
         let mut value = json!({
+            "sent": self.sent,
             "requests": self.requests,
             "errors": self.errors,
             "ok": self.ok,
@@ -141,8 +148,13 @@ impl Report {
             "engine_requests": self.engine_requests,
             "error_kinds": self.error_kinds,
         });
-        if let Some(oracle) = self.oracle_hit_rate {
-            value["oracle_hit_rate"] = json!(oracle);
+        if let Some(oracle) = &self.oracle {
+            value["oracle_hit_rate"] = json!(oracle.hit_rate());
+            value["oracle_fleet_hit_rate"] = json!(oracle.fleet_hit_rate());
+            value["oracle_prompt_tokens"] = json!(oracle.prompt_tokens);
+            value["oracle_cached_tokens"] = json!(oracle.hit_tokens);
+            value["fleet_capacity_tokens"] =
+                json!(oracle.fleet.as_ref().map(|f| f.capacity_tokens));
         }
         value
     }
@@ -153,10 +165,11 @@ impl Report {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            "requests {} (ok {}, errors {}) in {:.2} s: {:.2} req/s",
+            "requests {} (ok {}, errors {}) of {} sent in {:.2} s: {:.2} req/s",
             self.requests,
             self.ok,
             self.errors,
+            self.sent,
             self.elapsed.as_secs_f64(),
             self.throughput_rps
         );
@@ -174,8 +187,22 @@ impl Report {
             "cache hit rate {:.3} ({} cached of {} prompt tokens), {} completion tokens",
             self.cache_hit_rate, self.cached_tokens, self.prompt_tokens, self.completion_tokens
         );
-        if let Some(oracle) = self.oracle_hit_rate {
-            let _ = writeln!(out, "oracle hit rate {oracle:.3} (one unlimited cache)");
+        if let Some(oracle) = &self.oracle {
+            let rate = |r: Option<f64>| r.map_or_else(|| "n/a".to_owned(), |r| format!("{r:.3}"));
+            let fleet = match &oracle.fleet {
+                Some(fleet) => format!(
+                    ", fleet oracle {} (one LRU cache of {} tokens)",
+                    rate(oracle.fleet_hit_rate()),
+                    fleet.capacity_tokens
+                ),
+                None => String::new(),
+            };
+            let _ = writeln!(
+                out,
+                "oracle hit rate {} (one unlimited cache){fleet}, over {} prompt tokens sent",
+                rate(oracle.hit_rate()),
+                oracle.prompt_tokens
+            );
         }
         if self.engine_share.is_empty() {
             let _ = writeln!(out, "engine share: no x-router-engine header seen");
@@ -233,8 +260,8 @@ mod tests {
                 ..Outcome::default()
             },
         ];
-        let report = Report::new(&outcomes, Duration::from_secs(2), None);
-        assert_eq!((report.requests, report.ok, report.errors), (4, 3, 1));
+        let report = Report::new(&outcomes, Duration::from_secs(2), 5, None);
+        assert_eq!((report.sent, report.requests, report.ok, report.errors), (5, 4, 3, 1));
         assert_eq!(report.throughput_rps, 1.5);
         assert_eq!(report.cache_hit_rate, 200.0 / 400.0);
         assert_eq!(report.ttft_p50_ms, Some(20.0));
@@ -243,6 +270,7 @@ mod tests {
         assert_eq!(report.engine_share["e2"], 0.5);
         let json = report.to_json();
         for key in [
+            "sent",
             "requests",
             "errors",
             "throughput_rps",
@@ -253,16 +281,39 @@ mod tests {
         ] {
             assert!(json.get(key).is_some(), "{key}");
         }
-        assert!(json.get("oracle_hit_rate").is_none());
+        assert!(json.get("oracle_hit_rate").is_none(), "sessions have no oracle");
+        assert!(json.get("oracle_fleet_hit_rate").is_none());
         assert_eq!(json["error_kinds"]["status_500"], 1);
         assert!(report.summary().contains("errors: status_500 x1"));
+        assert!(report.summary().contains("of 5 sent"));
     }
 
     #[test]
     fn no_header_means_empty_share() {
-        let report = Report::new(&[ok(1, 10, 0, None)], Duration::from_secs(1), Some(0.25));
+        let report = Report::new(&[ok(1, 10, 0, None)], Duration::from_secs(1), 1, None);
         assert!(report.engine_share.is_empty());
         assert_eq!(report.to_json()["engine_share"], json!({}));
-        assert_eq!(report.to_json()["oracle_hit_rate"], json!(0.25));
+    }
+
+    #[test]
+    fn trace_replays_print_the_oracles_beside_the_measured_rate() {
+        let oracle = OracleReport { prompt_tokens: 40, hit_tokens: 10, fleet: None };
+        let report =
+            Report::new(&[ok(1, 40, 8, None)], Duration::from_secs(1), 1, Some(oracle.clone()));
+        let json = report.to_json();
+        assert_eq!(json["cache_hit_rate"], json!(0.2));
+        assert_eq!(json["oracle_hit_rate"], json!(0.25));
+        assert_eq!(json["oracle_fleet_hit_rate"], Value::Null, "null without a fleet capacity");
+        assert_eq!(json["oracle_prompt_tokens"], json!(40));
+        let summary = report.summary();
+        assert!(summary.contains("cache hit rate 0.200"), "{summary}");
+        assert!(summary.contains("oracle hit rate 0.250 (one unlimited cache), over 40"));
+
+        let fleet = crate::load::FleetOracle { capacity_tokens: 4096, hit_tokens: 6 };
+        let oracle = OracleReport { fleet: Some(fleet), ..oracle };
+        let report = Report::new(&[ok(1, 40, 8, None)], Duration::from_secs(1), 1, Some(oracle));
+        assert_eq!(report.to_json()["oracle_fleet_hit_rate"], json!(0.15));
+        assert_eq!(report.to_json()["fleet_capacity_tokens"], json!(4096));
+        assert!(report.summary().contains("fleet oracle 0.150 (one LRU cache of 4096 tokens)"));
     }
 }

@@ -91,6 +91,9 @@ pub enum PrepareError {
     /// Tokenizing the rendered prompt failed.
     #[error("tokenization failed")]
     Encode(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// Turning token ids back into text failed.
+    #[error("detokenization failed")]
+    Decode(#[source] Box<dyn std::error::Error + Send + Sync>),
 }
 
 enum Template {
@@ -162,6 +165,28 @@ impl Preprocessor {
     /// Renders and tokenizes: the token ids the engine computes and caches.
     pub fn prompt_ids(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, PrepareError> {
         self.encode(&self.render(messages)?)
+    }
+
+    /// The text of a run of tokens, special tokens kept. The built-in tokenizer turns bytes
+    /// that are not valid UTF-8 into replacement characters.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, PrepareError> {
+        match &self.tokens {
+            Tokens::Bytes => {
+                let bytes: Vec<u8> = ids.iter().filter_map(|id| u8::try_from(*id).ok()).collect();
+                Ok(String::from_utf8_lossy(&bytes).into_owned())
+            }
+            Tokens::HuggingFace(tokenizer) => {
+                tokenizer.decode(ids, false).map_err(PrepareError::Decode)
+            }
+        }
+    }
+
+    /// The Hugging Face tokenizer, when loaded from a file.
+    pub(crate) fn hugging_face(&self) -> Option<&tokenizers::Tokenizer> {
+        match &self.tokens {
+            Tokens::Bytes => None,
+            Tokens::HuggingFace(tokenizer) => Some(tokenizer),
+        }
     }
 
     /// The text of one token, for streaming. Token ids that do not decode to valid UTF-8 on

@@ -135,3 +135,25 @@ pub fn chatml_user(content: &str) -> Vec<u32> {
         .map(u32::from)
         .collect()
 }
+
+/// Runs `router-sim load ARGS` to its end; returns its stdout lines and the JSON last line.
+pub async fn run_load(args: &[&str]) -> (Vec<String>, Value) {
+    let output = tokio::time::timeout(
+        Duration::from_secs(60),
+        Command::new(BIN)
+            .arg("load")
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .output(),
+    )
+    .await
+    .expect("load finishes in time")
+    .expect("load runs");
+    assert!(output.status.success(), "exit {:?}", output.status);
+    let stdout = String::from_utf8(output.stdout).expect("utf-8");
+    let lines: Vec<String> = stdout.lines().map(str::to_owned).collect();
+    let json =
+        serde_json::from_str(lines.last().expect("a last line")).expect("the last line is JSON");
+    (lines, json)
+}

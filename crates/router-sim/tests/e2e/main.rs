@@ -1,5 +1,5 @@
 //! End-to-end tests of the `router-sim` binary: real processes on loopback ports, spoken to
-//! over HTTP and ZeroMQ.
+//! over HTTP, ZeroMQ and gRPC.
 
 mod chat;
 mod common;
@@ -7,3 +7,5 @@ mod faults;
 mod kv;
 mod loadgen;
 mod pd;
+mod reporter;
+mod trace;

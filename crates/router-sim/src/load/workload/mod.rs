@@ -1,14 +1,6 @@
-//! What the generator sends: multi-turn chat sessions over shared system prompts, or the
-//! requests of a Mooncake-style trace, with deterministic text (one token per byte with the
-//! simulator's byte-level tokenizer).
-
-use std::collections::HashSet;
-use std::io::BufRead;
-use std::time::Duration;
-
-use serde::Deserialize;
-
-use super::LoadError;
+//! What the generator sends in a session workload: multi-turn chat sessions over shared system
+//! prompts, with deterministic text (one token per byte with the simulator's byte-level
+//! tokenizer). Trace replays are in [`super::trace`].
 
 const WORDS: [&str; 24] = [
     "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india", "juliet",
@@ -163,105 +155,6 @@ impl Session {
         }
         self.turn += 1;
     }
-}
-
-/// A trace to replay (`--trace`).
-#[derive(Clone, Debug, PartialEq)]
-pub struct TraceSpec {
-    /// The JSONL file: `timestamp` (ms), `input_length`, `output_length`, `hash_ids`.
-    pub path: std::path::PathBuf,
-    /// Multiplies every arrival time (`--time-scale`, default 1).
-    pub time_scale: f64,
-    /// Replays only the first N requests (`--max-requests`).
-    pub max_requests: Option<usize>,
-    /// Tokens per trace hash id (512 for the Mooncake traces).
-    pub block_tokens: usize,
-}
-
-#[derive(Debug, Deserialize)]
-struct TraceLine {
-    timestamp: f64,
-    input_length: usize,
-    output_length: usize,
-    #[serde(default)]
-    hash_ids: Vec<u64>,
-}
-
-/// One request of a trace.
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct TraceRequest {
-    pub(crate) at: Duration,
-    pub(crate) input_length: usize,
-    pub(crate) output_length: usize,
-    pub(crate) hash_ids: Vec<u64>,
-}
-
-impl TraceRequest {
-    /// The prompt: `block_tokens` deterministic bytes per hash id, cut at `input_length`.
-    pub(crate) fn prompt(&self, block_tokens: usize) -> String {
-        let mut prompt = String::with_capacity(self.input_length + block_tokens);
-        for id in &self.hash_ids {
-            if prompt.len() >= self.input_length {
-                break;
-            }
-            prompt.push_str(&text(seed_of(&[3, *id]), block_tokens));
-        }
-        while prompt.len() < self.input_length {
-            // Traces whose hash ids do not cover the input: pad with request-specific text.
-            prompt.push_str(&text(
-                seed_of(&[4, self.input_length as u64, prompt.len() as u64]),
-                block_tokens,
-            ));
-        }
-        prompt.truncate(self.input_length);
-        prompt
-    }
-}
-
-/// Reads a trace, keeping at most `spec.max_requests` requests.
-pub(crate) fn read_trace(spec: &TraceSpec) -> Result<Vec<TraceRequest>, LoadError> {
-    let path = spec.path.as_path();
-    let file = std::fs::File::open(path)
-        .map_err(|source| LoadError::ReadTrace { path: path.to_owned(), source })?;
-    let limit = spec.max_requests.unwrap_or(usize::MAX);
-    let mut requests = Vec::new();
-    for (index, line) in std::io::BufReader::new(file).lines().enumerate() {
-        if requests.len() >= limit {
-            break;
-        }
-        let line = line.map_err(|source| LoadError::ReadTrace { path: path.to_owned(), source })?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let parsed: TraceLine = serde_json::from_str(&line).map_err(|source| {
-            LoadError::ParseTrace { path: path.to_owned(), line: index + 1, source }
-        })?;
-        let at_ms = (parsed.timestamp * spec.time_scale).max(0.0);
-        requests.push(TraceRequest {
-            at: Duration::from_secs_f64(at_ms / 1000.0),
-            input_length: parsed.input_length,
-            output_length: parsed.output_length,
-            hash_ids: parsed.hash_ids,
-        });
-    }
-    Ok(requests)
-}
-
-/// The best hit rate any router could reach: the fraction of hash blocks that one cache of
-/// unlimited size already holds when each request arrives, in trace order.
-pub(crate) fn oracle_hit_rate(requests: &[TraceRequest]) -> Option<f64> {
-    let mut seen = HashSet::new();
-    let (mut hits, mut total) = (0u64, 0u64);
-    for request in requests {
-        for id in &request.hash_ids {
-            total += 1;
-            if seen.contains(id) {
-                hits += 1;
-            }
-        }
-        seen.extend(request.hash_ids.iter().copied());
-    }
-    (total > 0).then(|| hits as f64 / total as f64)
 }
 
 #[cfg(test)]

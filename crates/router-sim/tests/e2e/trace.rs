@@ -1,0 +1,165 @@
+//! Trace replay (`router-sim load --trace`) against one real engine: the accounting (sent =
+//! answered + errors), the oracle counting what the engine counts, and the measured hit rate
+//! never above the oracle's.
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use crate::common::*;
+
+fn data(file: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(file)
+        .to_str()
+        .expect("utf-8 path")
+        .to_owned()
+}
+
+fn shipped_tokenizer() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("assets/tokenizer.json")
+        .to_str()
+        .expect("utf-8 path")
+        .to_owned()
+}
+
+fn u64_of(json: &Value, key: &str) -> u64 {
+    json[key].as_u64().unwrap_or_else(|| panic!("{key} in {json}"))
+}
+
+fn f64_of(json: &Value, key: &str) -> f64 {
+    json[key].as_f64().unwrap_or_else(|| panic!("{key} in {json}"))
+}
+
+/// Checks a replay whose every request was answered, against one engine that never evicts.
+fn check_replay(json: &Value, requests: u64) {
+    assert_eq!(u64_of(json, "sent"), requests, "{json}");
+    assert_eq!(u64_of(json, "requests"), requests, "every request sent finished: {json}");
+    assert_eq!(u64_of(json, "ok") + u64_of(json, "errors"), u64_of(json, "sent"));
+    assert_eq!(u64_of(json, "errors"), 0, "{json}");
+    // The oracle tokenizes each prompt exactly as the engine did.
+    assert_eq!(u64_of(json, "prompt_tokens"), u64_of(json, "oracle_prompt_tokens"), "{json}");
+    // So the rates share their denominator and compare as token counts.
+    let (cached, oracle) = (u64_of(json, "cached_tokens"), u64_of(json, "oracle_cached_tokens"));
+    assert!(cached <= oracle, "measured {cached} cached tokens above the oracle's {oracle}");
+    assert!(f64_of(json, "cache_hit_rate") <= f64_of(json, "oracle_hit_rate"), "{json}");
+    assert!(cached > 0, "the engine reused shared prefixes: {json}");
+}
+
+#[tokio::test]
+async fn replays_of_mooncake_slices_never_beat_the_oracle() {
+    for (file, requests) in
+        [("conversation_trace_head200.jsonl", 150), ("synthetic_trace_head200.jsonl", 120)]
+    {
+        // A KV capacity far above the slice's tokens: the engine never evicts.
+        let sim = Sim::start(&["--kv-capacity-tokens", "100000000", "--max-running", "256"]).await;
+        let max_requests = requests.to_string();
+        let (lines, json) = run_load(&[
+            "--target",
+            sim.url(),
+            "--model",
+            "m",
+            "--trace",
+            &data(file),
+            "--trace-length-scale",
+            "0.125",
+            "--time-scale",
+            "25",
+            "--max-requests",
+            &max_requests,
+            "--fleet-capacity-tokens",
+            "16384",
+            "--duration",
+            "50",
+            "--json",
+        ])
+        .await;
+        check_replay(&json, requests);
+        let fleet = f64_of(&json, "oracle_fleet_hit_rate");
+        assert!(fleet <= f64_of(&json, "oracle_hit_rate"), "{json}");
+        assert_eq!(u64_of(&json, "fleet_capacity_tokens"), 16384);
+        assert!(
+            lines.iter().any(|l| l.starts_with("oracle hit rate ")
+                && l.contains("fleet oracle")
+                && l.contains("one LRU cache of 16384 tokens")),
+            "{lines:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn replays_with_a_tokenizer_file_count_its_tokens() {
+    let tokenizer = shipped_tokenizer();
+    let sim = Sim::start(&["--kv-capacity-tokens", "100000000", "--tokenizer", &tokenizer]).await;
+    let (_, json) = run_load(&[
+        "--target",
+        sim.url(),
+        "--model",
+        "m",
+        "--trace",
+        &data("conversation_trace_head200.jsonl"),
+        "--trace-length-scale",
+        "0.0625",
+        "--time-scale",
+        "25",
+        "--max-requests",
+        "40",
+        "--tokenizer",
+        &tokenizer,
+        "--json",
+    ])
+    .await;
+    check_replay(&json, 40);
+    assert_eq!(json["oracle_fleet_hit_rate"], Value::Null, "no fleet capacity given");
+}
+
+#[tokio::test]
+async fn the_oracle_counts_the_chat_template_framing_and_times_are_divided() {
+    let path =
+        std::env::temp_dir().join(format!("router-sim-e2e-trace-{}.jsonl", std::process::id()));
+    let trace = [
+        r#"{"timestamp": 0, "input_length": 100, "output_length": 3, "hash_ids": [0, 1]}"#,
+        r#"{"timestamp": 1000, "input_length": 150, "output_length": 3, "hash_ids": [0, 1, 2]}"#,
+        r#"{"timestamp": 2000, "input_length": 10, "output_length": 3, "hash_ids": [5]}"#,
+        r#"{"timestamp": 3000, "input_length": 10, "output_length": 3, "hash_ids": [6]}"#,
+    ];
+    std::fs::write(&path, trace.join("\n")).expect("write trace");
+    let sim = Sim::start(&[]).await;
+    // Divided by 10, the last request goes at 200 ms; multiplied, it would miss the 10 s limit.
+    let (lines, json) = run_load(&[
+        "--target",
+        sim.url(),
+        "--model",
+        "m",
+        "--trace",
+        path.to_str().expect("utf-8"),
+        "--trace-block-tokens",
+        "64",
+        "--time-scale",
+        "10",
+        "--max-requests",
+        "3",
+        "--duration",
+        "10",
+        "--json",
+    ])
+    .await;
+    std::fs::remove_file(&path).expect("cleanup");
+    assert_eq!((u64_of(&json, "sent"), u64_of(&json, "ok")), (3, 3), "{json}");
+    assert!(f64_of(&json, "duration_s") >= 0.2, "the last request waited for its time");
+    // Prompts of 150, 200 and 60 tokens. The second reuses the first's framing and whole
+    // text (7 blocks of 16); the third shares only `<|im_start|>user`, the first block of
+    // every prompt, which an id-based count would miss.
+    assert_eq!(u64_of(&json, "oracle_prompt_tokens"), 410);
+    assert_eq!(u64_of(&json, "prompt_tokens"), 410);
+    assert_eq!(u64_of(&json, "oracle_cached_tokens"), 128);
+    assert!(u64_of(&json, "cached_tokens") <= 128, "{json}");
+    assert!(
+        lines.iter().any(
+            |l| l == "oracle hit rate 0.312 (one unlimited cache), over 410 prompt tokens sent"
+        ),
+        "{lines:?}"
+    );
+}
