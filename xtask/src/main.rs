@@ -18,7 +18,7 @@ commands:
   codegen [--check]   regenerate crates/router-proto from proto/*.proto (--check: fail if stale)
   deps                check internal dependency edges against ARCHITECTURE.md
   lint                cargo fmt --check, clippy -D warnings, rustdoc -D warnings
-  bench [--quick] [--only overhead|policies] [--no-build]\n                      end-to-end benchmark against the simulated fleet; writes docs/benchmarks.md
+  bench [--quick] [--only overhead|policies|trace] [--no-build]\n                      end-to-end benchmark against the simulated fleet; writes docs/benchmarks.md
   ci                  lint, deps, codegen --check, then every test";
 
 fn main() -> ExitCode {
@@ -51,7 +51,8 @@ fn run(args: &[&str]) -> Result<()> {
                 None => bench::Only::All,
                 Some(&"overhead") => bench::Only::Overhead,
                 Some(&"policies") => bench::Only::Policies,
-                Some(other) => bail!("--only {other}: expected overhead or policies"),
+                Some(&"trace") => bench::Only::Trace,
+                Some(other) => bail!("--only {other}: expected overhead, policies or trace"),
             };
             bench::run(&root, quick, only, !rest.contains(&"--no-build"))
         }

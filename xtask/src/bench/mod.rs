@@ -13,6 +13,7 @@ mod overhead;
 mod policies;
 mod procs;
 mod svg;
+mod trace;
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -27,6 +28,7 @@ pub(crate) enum Only {
     All,
     Overhead,
     Policies,
+    Trace,
 }
 
 pub(crate) fn run(root: &Path, quick: bool, only: Only, build: bool) -> Result<()> {
@@ -58,17 +60,34 @@ pub(crate) fn run(root: &Path, quick: bool, only: Only, build: bool) -> Result<(
 
     let workload = if quick { policies::Workload::quick() } else { policies::Workload::full() };
     let mut runs = Vec::new();
-    for policy in policies::POLICIES {
-        eprintln!("xtask bench: policy {policy}");
-        match policies::run(&bins, policy, &workload, &tokenizer) {
-            Ok(run) => runs.push(Ok(run)),
-            Err(err) => runs.push(Err(((*policy).to_owned(), format!("{err:#}")))),
+    if only != Only::Trace {
+        for policy in policies::POLICIES {
+            eprintln!("xtask bench: policy {policy}");
+            match policies::run(&bins, policy, &workload, &tokenizer) {
+                Ok(run) => runs.push(Ok(run)),
+                Err(err) => runs.push(Err(((*policy).to_owned(), format!("{err:#}")))),
+            }
+        }
+    }
+    let replay = if quick { trace::Replay::quick() } else { trace::Replay::full() };
+    let mut trace_runs = Vec::new();
+    if only != Only::Policies {
+        for trace_file in trace::traces(root) {
+            for policy in policies::POLICIES {
+                eprintln!("xtask bench: trace {} policy {policy}", trace_file.0);
+                match trace::run(&bins, &trace_file, policy, &replay, &tokenizer) {
+                    Ok(run) => trace_runs.push(Ok(run)),
+                    Err(err) => trace_runs
+                        .push(Err((format!("{} {policy}", trace_file.0), format!("{err:#}")))),
+                }
+            }
         }
     }
 
     let docs = root.join("docs");
     std::fs::create_dir_all(&docs)?;
-    let page = render(&overhead, &runs, &workload, quick);
+    let mut page = render(&overhead, &runs, &workload, quick);
+    page.push_str(&render_trace(&trace_runs, &replay));
     std::fs::write(docs.join("benchmarks.md"), page)?;
     let ok: Vec<&policies::PolicyRun> = runs.iter().filter_map(|r| r.as_ref().ok()).collect();
     let rows = |key: &str| -> Vec<(String, f64)> {
@@ -95,6 +114,22 @@ pub(crate) fn run(root: &Path, quick: bool, only: Only, build: bool) -> Result<(
         docs.join("bench-router-cpu.svg"),
         svg::bars("router CPU per request", "us", &overhead_rows),
     )?;
+    for name in ["conversation", "synthetic"] {
+        let rows: Vec<(String, f64)> = trace_runs
+            .iter()
+            .filter_map(|r| r.as_ref().ok())
+            .filter(|r| r.trace == name)
+            .map(|r| {
+                (r.policy.clone(), r.number("cache_hit_rate") / r.number("oracle_fleet_hit_rate"))
+            })
+            .collect();
+        if !rows.is_empty() {
+            std::fs::write(
+                docs.join(format!("bench-trace-{name}.svg")),
+                svg::bars(&format!("{name} trace: hit rate / fleet oracle"), "", &rows),
+            )?;
+        }
+    }
     eprintln!("xtask bench: wrote docs/benchmarks.md and docs/bench-*.svg");
     Ok(())
 }
@@ -209,6 +244,68 @@ fn render(
         }
     }
     page.push_str("\n![cache hit rate](bench-hit-rate.svg)\n![TTFT p50](bench-ttft-p50.svg)\n![TTFT p99](bench-ttft-p99.svg)\n\n");
-    page.push_str("## Reproduce\n\n```sh\ncargo xtask bench          # full run, a few minutes\ncargo xtask bench --quick  # about a minute\n```\n");
+    page
+}
+
+fn render_trace(
+    runs: &[Result<trace::TraceRun, (String, String)>],
+    replay: &trace::Replay,
+) -> String {
+    let fleet = trace::fleet();
+    let mut page = String::from("## Mooncake traces\n\n");
+    let _ = writeln!(
+        page,
+        "The first {} requests of each Mooncake FAST'25 trace (`../shared/data/mooncake/`), replayed \
+         {}x faster with every length scaled by {} (512-token blocks become {}-token ones; the \
+         prefix structure is kept), on {} engines of {} KV tokens each (prefill {} tokens/s, decode \
+         {} tokens/s per request), fresh for every policy. `oracle` is the hit rate one unlimited \
+         cache would reach on the replayed prompts, `fleet oracle` that of one LRU cache of the \
+         fleet's total capacity; both are computed by `router-sim load` from the trace itself, in \
+         the engines' 16-token blocks over the prompts as the engines tokenize them.\n",
+        replay.max_requests,
+        replay.time_scale,
+        replay.length_scale,
+        (512.0 * replay.length_scale) as u64,
+        fleet.engines,
+        fleet.kv_capacity_tokens,
+        fleet.prefill_tokens_per_sec,
+        fleet.decode_tokens_per_sec,
+    );
+    page.push_str("| trace | policy | requests | errors | hit rate | oracle | fleet oracle | hit / fleet oracle | TTFT p50 ms | TTFT p99 ms | max share / mean |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for run in runs {
+        match run {
+            Ok(run) => {
+                let shares: Vec<f64> = run.report["engine_share"]
+                    .as_object()
+                    .map(|m| m.values().filter_map(serde_json::Value::as_f64).collect())
+                    .unwrap_or_default();
+                let max_share = shares.iter().copied().fold(0.0, f64::max) * fleet.engines as f64;
+                let _ = writeln!(
+                    page,
+                    "| {} | {} | {} | {} | {:.3} | {:.3} | {:.3} | {:.2} | {:.1} | {:.1} | {:.2} |",
+                    run.trace,
+                    run.policy,
+                    run.number("requests"),
+                    run.number("errors"),
+                    run.number("cache_hit_rate"),
+                    run.number("oracle_hit_rate"),
+                    run.number("oracle_fleet_hit_rate"),
+                    run.number("cache_hit_rate") / run.number("oracle_fleet_hit_rate"),
+                    run.number("ttft_p50_ms"),
+                    run.number("ttft_p99_ms"),
+                    max_share,
+                );
+            }
+            Err((name, error)) => {
+                let _ = writeln!(
+                    page,
+                    "| {name} | failed: {} | | | | | | | | | |",
+                    error.replace('|', "/").replace('\n', " ")
+                );
+            }
+        }
+    }
+    page.push_str("\n![conversation trace](bench-trace-conversation.svg)\n![synthetic trace](bench-trace-synthetic.svg)\n\n");
+    page.push_str("## Reproduce\n\n```sh\ncargo xtask bench                   # everything, about half an hour on 2 cores\ncargo xtask bench --quick           # every section, small\ncargo xtask bench --only overhead   # or policies, or trace\n```\n");
     page
 }

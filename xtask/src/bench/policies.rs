@@ -75,7 +75,15 @@ impl PolicyRun {
     }
 }
 
-fn router_yaml(policy: &str, workers: &[(String, String, String)], tokenizer: &str) -> String {
+/// Where one engine listens.
+struct EngineEndpoints {
+    url: String,
+    events: String,
+    replay: String,
+    reporter: String,
+}
+
+fn router_yaml(policy: &str, workers: &[EngineEndpoints], tokenizer: &str) -> String {
     let tuning = match policy {
         // The workload's prompts are short next to the production default of 1024 matched
         // tokens; a hit is any shared system prompt (a full block or more).
@@ -83,18 +91,89 @@ fn router_yaml(policy: &str, workers: &[(String, String, String)], tokenizer: &s
         _ => "",
     };
     let mut yaml = format!(
-        "server: {{port: 0}}\nload: {{stale_after_ms: 2000}}\nmodels:\n  - id: m\n    tokenizer: \"{tokenizer}\"\n    workers:\n"
+        "server: {{port: 0}}\nload: {{report_interval_ms: 100}}\nmodels:\n  - id: m\n    tokenizer: \"{tokenizer}\"\n    workers:\n"
     );
-    for (i, (url, events, replay)) in workers.iter().enumerate() {
+    for (i, engine) in workers.iter().enumerate() {
         yaml.push_str(&format!(
-            "      - {{id: e{}, url: \"{url}\", load_poll: {{interval_ms: 100}}, kv_events: {{endpoint: \"{events}\", replay_endpoint: \"{replay}\", block_size: 16}}}}\n",
-            i + 1
+            "      - {{id: e{}, url: \"{}\", load_reporter: \"{}\", kv_events: {{endpoint: \"{}\", replay_endpoint: \"{}\", block_size: 16}}}}\n",
+            i + 1,
+            engine.url,
+            engine.reporter,
+            engine.events,
+            engine.replay,
         ));
     }
     yaml.push_str(&format!(
         "    buckets:\n      - id: all\n        groups: {{plain: {{policy: {{type: {policy}{tuning}}}}}}}\n"
     ));
     yaml
+}
+
+/// A fresh fleet of simulated engines behind a router running one policy.
+pub(crate) struct Fleet {
+    _engines: Vec<Proc>,
+    _router: Proc,
+    pub(crate) url: String,
+}
+
+impl Fleet {
+    /// Starts `workload.engines` engines (KV events over ZeroMQ, load over gRPC) and a router
+    /// with `policy` in front of them.
+    pub(crate) fn start(
+        bins: &Bins,
+        policy: &str,
+        workload: &Workload,
+        tokenizer: &str,
+    ) -> Result<Self> {
+        let capacity = workload.kv_capacity_tokens.to_string();
+        let prefill = workload.prefill_tokens_per_sec.to_string();
+        let decode = workload.decode_tokens_per_sec.to_string();
+        let mut engines: Vec<Proc> = Vec::new();
+        let mut workers = Vec::new();
+        for _ in 0..workload.engines {
+            let (proc, url) = engine(
+                bins,
+                &[
+                    "--tokenizer",
+                    tokenizer,
+                    "--kv-capacity-tokens",
+                    &capacity,
+                    "--prefill-tokens-per-sec",
+                    &prefill,
+                    "--decode-tokens-per-sec",
+                    &decode,
+                    "--kv-events",
+                    "tcp://127.0.0.1:0",
+                    "--kv-replay",
+                    "tcp://127.0.0.1:0",
+                    "--load-reporter",
+                    "127.0.0.1:0",
+                ],
+            )?;
+            workers.push(EngineEndpoints {
+                url,
+                events: proc.after("kv events on ")?,
+                replay: proc.after("kv replay on ")?,
+                reporter: proc.after("load reporter on ")?,
+            });
+            engines.push(proc);
+        }
+        let (router, url) = router_with_config(bins, &router_yaml(policy, &workers, tokenizer))?;
+        // Let subscriptions connect before traffic starts.
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        Ok(Self { _engines: engines, _router: router, url })
+    }
+}
+
+/// Runs `router-sim load ARGS` (which must include `--json`) and returns its last line.
+pub(crate) fn load_json(bins: &Bins, args: &[String]) -> Result<Value> {
+    let output = Command::new(&bins.sim).args(args).output().context("running router-sim load")?;
+    if !output.status.success() {
+        bail!("router-sim load failed: {}", String::from_utf8_lossy(&output.stderr));
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let last = stdout.lines().last().context("router-sim load printed nothing")?;
+    serde_json::from_str(last).context("parsing the load report")
 }
 
 /// Runs the workload through `policy` on a fresh fleet.
@@ -104,36 +183,8 @@ pub(crate) fn run(
     workload: &Workload,
     tokenizer: &str,
 ) -> Result<PolicyRun> {
-    let capacity = workload.kv_capacity_tokens.to_string();
-    let prefill = workload.prefill_tokens_per_sec.to_string();
-    let decode = workload.decode_tokens_per_sec.to_string();
-    let mut engines: Vec<Proc> = Vec::new();
-    let mut workers = Vec::new();
-    for _ in 0..workload.engines {
-        let (proc, url) = engine(
-            bins,
-            &[
-                "--tokenizer",
-                tokenizer,
-                "--kv-capacity-tokens",
-                &capacity,
-                "--prefill-tokens-per-sec",
-                &prefill,
-                "--decode-tokens-per-sec",
-                &decode,
-                "--kv-events",
-                "tcp://127.0.0.1:0",
-                "--kv-replay",
-                "tcp://127.0.0.1:0",
-            ],
-        )?;
-        workers.push((url, proc.after("kv events on ")?, proc.after("kv replay on ")?));
-        engines.push(proc);
-    }
-    let (_router, router_url) =
-        router_with_config(bins, &router_yaml(policy, &workers, tokenizer))?;
-    // Let subscriptions connect before traffic starts.
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    let fleet = Fleet::start(bins, policy, workload, tokenizer)?;
+    let router_url = fleet.url.clone();
     let args = [
         "load".to_owned(),
         "--target".into(),
@@ -162,13 +213,7 @@ pub(crate) fn run(
         "7".into(),
         "--json".into(),
     ];
-    let output = Command::new(&bins.sim).args(&args).output().context("running router-sim load")?;
-    if !output.status.success() {
-        bail!("router-sim load failed: {}", String::from_utf8_lossy(&output.stderr));
-    }
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let last = stdout.lines().last().context("router-sim load printed nothing")?;
-    let report: Value = serde_json::from_str(last).context("parsing the load report")?;
-    drop(engines);
+    let report = load_json(bins, &args)?;
+    drop(fleet);
     Ok(PolicyRun { policy: policy.to_owned(), report })
 }
