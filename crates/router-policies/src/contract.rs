@@ -7,6 +7,7 @@ use futures::future::BoxFuture;
 use router_workers::{ModelId, Stage, Worker, WorkerId};
 
 use crate::admission::Rejection;
+use crate::cache::PrefixMemo;
 
 /// Chooses one engine among the candidates of an engine group.
 ///
@@ -81,17 +82,23 @@ pub struct PickRequest<'a> {
 #[derive(Debug, Default)]
 pub struct RequestTokens {
     ids: Vec<u32>,
+    memo: PrefixMemo,
 }
 
 impl RequestTokens {
     /// Wraps the prompt's token ids.
     pub fn new(ids: Vec<u32>) -> Self {
-        Self { ids }
+        Self { ids, memo: PrefixMemo::default() }
     }
 
     /// The token ids.
     pub fn ids(&self) -> &[u32] {
         &self.ids
+    }
+
+    /// The prefix lookups made for these tokens so far (one per cache source and block size).
+    pub fn memo(&self) -> &PrefixMemo {
+        &self.memo
     }
 }
 

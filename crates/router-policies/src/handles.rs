@@ -7,7 +7,10 @@ use std::fmt;
 use std::sync::Arc;
 
 use router_affinity::{AffinityConfig, AffinityStore};
+use router_state_kv::KvIndex;
 use router_state_load::{EngineReportedLoadTable, Inflight};
+
+use crate::CacheSources;
 
 /// The load state: the engine-reported load table and the router-local in-flight accounting.
 #[derive(Clone)]
@@ -44,6 +47,9 @@ pub struct PolicyHandles {
     /// scope has no policy-kind part, so a session id equal to a routing key would share a
     /// binding, and the two idle timeouts are configured separately.
     pub routing_keys: Arc<AffinityStore>,
+    /// Prefix sources for `cache_aware` policies: the local KV index (set with
+    /// [`Self::with_kv`]) and the shared remote-indexer clients, created on demand.
+    pub cache: CacheSources,
 }
 
 impl PolicyHandles {
@@ -58,7 +64,7 @@ impl PolicyHandles {
                     .expect("the default affinity configuration is valid"),
             )
         };
-        Self { load, sessions: store(), routing_keys: store() }
+        Self { load, sessions: store(), routing_keys: store(), cache: CacheSources::new() }
     }
 
     /// These handles with the given session and routing-key stores (one pair per model, each
@@ -70,6 +76,15 @@ impl PolicyHandles {
     ) -> Self {
         self.sessions = sessions;
         self.routing_keys = routing_keys;
+        self
+    }
+
+    /// These handles with the application's local KV prefix index, which `cache_aware`
+    /// policies with the `radix_tree` provider read (all of them through one shared
+    /// [`crate::CacheSource`]). Without it such policies cannot be built. The remote sources
+    /// are kept.
+    pub fn with_kv(mut self, index: Arc<KvIndex>) -> Self {
+        self.cache = self.cache.with_local(index);
         self
     }
 }

@@ -18,6 +18,10 @@
 //! - [`StickyPolicy`] (`sticky`): the same rules for routing keys, with the configured
 //!   fallback ([`StickyFallback`]).
 //!
+//! Cache-aware selection ([`CacheAwarePolicy`], `cache_aware`) reads prefixes through a
+//! [`CacheSource`] (the local index or a remote indexer) once per prepared request
+//! ([`PrefixMemo`], carried by [`RequestTokens`]), and falls back to power-of-k on a miss.
+//!
 //! Construction from configuration is [`PolicyConfig::build`], which takes the shared state
 //! handles ([`PolicyHandles`]); policies never create their own subscriptions.
 //!
@@ -26,6 +30,7 @@
 
 pub mod admission;
 mod affinity;
+mod cache;
 pub mod config;
 mod contract;
 mod handles;
@@ -42,6 +47,10 @@ pub use admission::{
     Admission, AdmissionCheck, AdmissionLimits, EngineAdmission, EngineMetrics, Limit, Rejection,
 };
 pub use affinity::MAX_BIND_ATTEMPTS;
+pub use cache::{
+    BlockSize, CacheAwarePolicy, CacheSource, CacheSources, CachedPrefix, CachedPrefixes,
+    LookupError, PrefixMemo, PrefixOutcome, SourceStats, Unavailable,
+};
 pub use config::{
     CacheAwareSettings, CachePrefixProvider, ConfigError, PolicyConfig, PolicyKind, PolicyType,
     StickyFallback, StickySettings, removed_policy_type, removed_setting,

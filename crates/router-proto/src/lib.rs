@@ -5,7 +5,12 @@
 //! (also a test in xtask) fails when it is stale. Modules follow the protobuf package path, for
 //! example `router_proto::router::load::v1`. Does not own any behaviour around the messages.
 
-#[allow(missing_docs, clippy::all, clippy::pedantic, reason = "generated code: whether a lint fires depends on the protos")]
+#[allow(
+    missing_docs,
+    clippy::all,
+    clippy::pedantic,
+    reason = "generated code: whether a lint fires depends on the protos"
+)]
 mod generated {
     include!("gen/mod.rs");
 }

@@ -64,7 +64,8 @@ impl AppContext {
         let kv_index =
             Arc::new(KvIndex::new(IndexConfig { max_nodes_per_model: config.kv.max_index_nodes }));
         let handles =
-            PolicyHandles::new(LoadHandles::new(Arc::clone(&load_table), Arc::clone(&inflight)));
+            PolicyHandles::new(LoadHandles::new(Arc::clone(&load_table), Arc::clone(&inflight)))
+                .with_kv(Arc::clone(&kv_index));
         let kv = KvSubscriptions::new(
             Arc::clone(&kv_index),
             Arc::clone(&registry),

@@ -35,11 +35,19 @@ impl DemoFleet {
 
 /// Why the demo could not start.
 #[derive(Debug, thiserror::Error)]
-#[error("starting simulated engine {index}: {source}")]
-pub struct DemoError {
-    index: usize,
-    #[source]
-    source: router_sim::engine::EngineError,
+pub enum DemoError {
+    /// A simulated engine did not start.
+    #[error("starting simulated engine {index}")]
+    Engine {
+        /// Which engine.
+        index: usize,
+        /// Why.
+        #[source]
+        source: router_sim::engine::EngineError,
+    },
+    /// The demo's own policy settings were refused.
+    #[error("demo policy configuration")]
+    Policy(#[source] serde_json::Error),
 }
 
 fn engine_config(role: Stage) -> EngineConfig {
@@ -79,11 +87,14 @@ fn worker(id: String, engine: &RunningEngine, role: Stage, block_size: u32) -> W
     }
 }
 
-fn group(policy: &str) -> GroupConfig {
-    let policy = serde_json::from_value(serde_json::json!({"type": policy})).unwrap_or_else(|_| {
-        router_policies::PolicyConfig::new(router_policies::PolicyKind::RoundRobin)
-    });
-    GroupConfig { worker_ids: None, policy }
+fn group(policy: &str) -> Result<GroupConfig, DemoError> {
+    let mut spec = serde_json::json!({"type": policy});
+    if policy == "cache_aware" {
+        // Demo prompts are short: a shared prefix of a few blocks already counts as a hit.
+        spec["cache_affinity_min_matched_tokens"] = 64.into();
+    }
+    let policy = serde_json::from_value(spec).map_err(DemoError::Policy)?;
+    Ok(GroupConfig { worker_ids: None, policy })
 }
 
 /// Starts the engines and returns the router configuration that fronts them.
@@ -100,7 +111,7 @@ pub async fn start(port: u16) -> Result<(DemoFleet, ConfigFile), DemoError> {
         }
         let engine = serve(config, cancel.child_token())
             .await
-            .map_err(|source| DemoError { index, source })?;
+            .map_err(|source| DemoError::Engine { index, source })?;
         engines.push(engine);
     }
     let block_size = 16;
@@ -127,7 +138,7 @@ pub async fn start(port: u16) -> Result<(DemoFleet, ConfigFile), DemoError> {
             rank: 0,
             limits: Default::default(),
             max_context_tokens: None,
-            groups: GroupsConfig { plain: Some(group("power_of_two")), pd: None },
+            groups: GroupsConfig { plain: Some(group("cache_aware")?), pd: None },
         }],
     });
     config.models.push(ModelConfig {
@@ -144,8 +155,8 @@ pub async fn start(port: u16) -> Result<(DemoFleet, ConfigFile), DemoError> {
             groups: GroupsConfig {
                 plain: None,
                 pd: Some(PdGroupsConfig {
-                    prefill: group("power_of_two"),
-                    decode: group("power_of_two"),
+                    prefill: group("cache_aware")?,
+                    decode: group("power_of_two")?,
                 }),
             },
         }],

@@ -7,11 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use router_state_kv::hash::{Salt, block_hashes};
-use router_state_kv::remote::{ClientConfig, KvIndexService, RemoteError, RemoteIndexClient, serve_with};
+use router_state_kv::remote::{
+    ClientConfig, KvIndexService, RemoteError, RemoteIndexClient, serve_with,
+};
 use router_state_kv::wire::{BlockStored, Event};
 use router_state_kv::{KvIndex, Medium, PrefixMatch};
 use router_workers::{ModelId, WorkerId};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -70,19 +72,31 @@ impl Indexer {
         self.cancel.cancel();
         self.task.await.expect("server task ends cleanly");
     }
+
+    /// Stops the server and keeps its port bound without listening, so that it refuses
+    /// connections instead of being reused by another test's server.
+    async fn stop_and_hold(self) -> TcpSocket {
+        let addr = self.addr;
+        self.stop().await;
+        let socket = TcpSocket::new_v4().expect("socket");
+        socket.set_reuseaddr(true).expect("reuseaddr");
+        socket.bind(addr).expect("the stopped server's port is still free");
+        socket
+    }
 }
 
 fn client(endpoints: &[String], timeout: Duration, max_inflight: usize) -> RemoteIndexClient {
-    let config = ClientConfig { endpoints: endpoints.to_vec(), query_timeout: timeout, max_inflight };
+    let config =
+        ClientConfig { endpoints: endpoints.to_vec(), query_timeout: timeout, max_inflight };
     RemoteIndexClient::new(config).expect("valid config")
 }
 
-/// A port where nothing listens any more.
-async fn closed_port() -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    drop(listener);
-    addr.to_string()
+/// A port that refuses connections: bound (so no other test can take it) but not listening.
+fn refusing() -> (TcpSocket, String) {
+    let socket = TcpSocket::new_v4().expect("socket");
+    socket.bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
+    let addr = socket.local_addr().expect("addr").to_string();
+    (socket, addr)
 }
 
 const PATIENT: Duration = Duration::from_secs(10);
@@ -121,10 +135,13 @@ async fn a_hit_and_a_miss_read_exactly_as_the_local_index() {
 
 #[tokio::test]
 async fn a_server_that_is_down_is_unavailable_not_a_miss() {
-    let down = closed_port().await;
+    let (_held, down) = refusing();
     let remote = client(std::slice::from_ref(&down), PATIENT, 4);
     let err = remote.lookup(&model(), &[1, 2]).await.expect_err("nothing listens");
-    assert!(matches!(&err, RemoteError::Unavailable { endpoint, .. } if *endpoint == down), "{err}");
+    assert!(
+        matches!(&err, RemoteError::Unavailable { endpoint, .. } if *endpoint == down),
+        "{err}"
+    );
     assert!(err.is_unavailable());
     assert_eq!(remote.inflight(), 0, "the permit is released");
 }
@@ -135,7 +152,7 @@ async fn a_stopped_server_turns_unavailable() {
     let remote = client(&[indexer.addr.to_string()], PATIENT, 4);
     let hashes = block_hashes(&prompt(), BS, None);
     assert!(remote.lookup(&model(), &hashes).await.is_ok());
-    indexer.stop().await;
+    let _held = indexer.stop_and_hold().await;
     let err = remote.lookup(&model(), &hashes).await.expect_err("server gone");
     assert!(err.is_unavailable(), "{err}");
 }
@@ -143,14 +160,14 @@ async fn a_stopped_server_turns_unavailable() {
 #[tokio::test]
 async fn failover_reaches_a_live_replica_and_reports_the_last_failure() {
     let indexer = Indexer::start(index()).await;
-    let down = closed_port().await;
-    let remote = client(&[down.clone(), indexer.addr.to_string()], PATIENT, 4);
+    let (_held, down) = refusing();
+    let remote = client(&[down, indexer.addr.to_string()], PATIENT, 4);
     let hashes = block_hashes(&prompt(), BS, None);
     for _ in 0..3 {
         let found = remote.lookup(&model(), &hashes).await.expect("the replica answers");
         assert_eq!(found.blocks(&wid("a")), 3);
     }
-    indexer.stop().await;
+    let _held_too = indexer.stop_and_hold().await;
     let err = remote.lookup(&model(), &hashes).await.expect_err("both down");
     assert!(matches!(err, RemoteError::Unavailable { .. }), "{err}");
 }

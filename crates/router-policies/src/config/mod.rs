@@ -14,9 +14,12 @@ use std::sync::Arc;
 use router_workers::Stage;
 use serde::{Deserialize, Serialize};
 
+use router_state_kv::remote::{ClientConfig, RemoteIndexClient};
+
 use crate::{
-    AdmissionCheck, AdmissionLimits, EngineAdmission, LeastLoadPolicy, Policy, PolicyHandles,
-    PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy, SessionAwarePolicy, StickyPolicy,
+    AdmissionCheck, AdmissionLimits, CacheAwarePolicy, EngineAdmission, LeastLoadPolicy, Policy,
+    PolicyHandles, PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy, SessionAwarePolicy,
+    StickyPolicy,
 };
 
 /// Why a policy configuration was refused. Fields are named by their path from `policy`.
@@ -81,6 +84,14 @@ pub enum ConfigError {
     NotAvailable {
         /// The configured type.
         policy: PolicyType,
+    },
+    /// The policy needs shared state the application did not provide.
+    #[error("policy type {policy} needs {state}, which the router does not provide")]
+    MissingState {
+        /// The configured type.
+        policy: PolicyType,
+        /// What is missing.
+        state: &'static str,
     },
 }
 
@@ -310,6 +321,16 @@ fn invalid(field: &str, reason: impl Into<String>) -> ConfigError {
 }
 
 impl CacheAwareSettings {
+    /// The remote-indexer client configuration these settings describe (meaningful for the
+    /// `indexer` provider).
+    pub fn indexer_client(&self) -> ClientConfig {
+        ClientConfig {
+            endpoints: self.kv_indexer_endpoint.clone(),
+            query_timeout: std::time::Duration::from_millis(self.kv_indexer_query_timeout_ms),
+            max_inflight: self.kv_indexer_query_max_inflight,
+        }
+    }
+
     /// Checks ranges and combinations.
     pub fn validate(&self) -> Result<(), ConfigError> {
         if let Some(ratio) = self.cache_affinity_min_matched_ratio
@@ -381,6 +402,16 @@ impl CacheAwareSettings {
                 }
                 if let Some(empty) = self.kv_indexer_endpoint.iter().find(|e| e.trim().is_empty()) {
                     return Err(invalid("kv_indexer_endpoint", format!("empty address {empty:?}")));
+                }
+                for endpoint in &self.kv_indexer_endpoint {
+                    // Parses the address only; nothing connects.
+                    let config = ClientConfig::new(vec![endpoint.clone()]);
+                    if RemoteIndexClient::new(config).is_err() {
+                        return Err(invalid(
+                            "kv_indexer_endpoint",
+                            format!("invalid address {endpoint:?}"),
+                        ));
+                    }
                 }
             }
             CachePrefixProvider::RadixTree => {
@@ -467,8 +498,10 @@ impl PolicyConfig {
     /// Constructs the policy over the application's shared state.
     ///
     /// `session_aware` binds in `handles.sessions` and `sticky` in `handles.routing_keys`.
-    /// Fails with [`ConfigError::NotAvailable`] for `cache_aware`, which this build does not
-    /// construct yet.
+    /// `cache_aware` reads `handles.cache`: the local index's source for the `radix_tree`
+    /// provider (missing: [`ConfigError::MissingState`]), or the shared source of its indexer
+    /// configuration for `indexer` (every policy with the same endpoints, timeout and
+    /// in-flight limit shares one client).
     pub fn build(&self, handles: &PolicyHandles) -> Result<Arc<dyn Policy>, ConfigError> {
         self.validate()?;
         let admission: Option<Arc<dyn EngineAdmission>> =
@@ -508,7 +541,25 @@ impl PolicyConfig {
                     Some(a) => Arc::new(policy.with_admission(checked(a))),
                 }
             }
-            other => return Err(ConfigError::NotAvailable { policy: other.policy_type() }),
+            PolicyKind::CacheAware(settings) => {
+                let source = match settings.cache_prefix_provider {
+                    CachePrefixProvider::RadixTree => {
+                        Arc::clone(handles.cache.local().ok_or(ConfigError::MissingState {
+                            policy: PolicyType::CacheAware,
+                            state: "a local KV index (cache_prefix_provider: radix_tree)",
+                        })?)
+                    }
+                    CachePrefixProvider::Indexer => handles
+                        .cache
+                        .remote(&settings.indexer_client())
+                        .map_err(|error| invalid("kv_indexer_endpoint", error.to_string()))?,
+                };
+                let policy = CacheAwarePolicy::new(source, load, (**settings).clone())?;
+                match admission {
+                    None => Arc::new(policy),
+                    Some(a) => Arc::new(policy.with_admission(a)),
+                }
+            }
         })
     }
 }

@@ -151,7 +151,7 @@ fn admission_errors_stop_the_pick() {
 }
 
 #[test]
-fn construction_covers_the_load_policies_and_defers_cache_aware() {
+fn construction_covers_the_load_policies_and_cache_aware() {
     let fleet = Fleet::new(Stage::Plain, &[engine("a", Load::Missing)]);
     let handles = fleet.handles();
     for (kind, name) in [
@@ -168,11 +168,19 @@ fn construction_covers_the_load_policies_and_defers_cache_aware() {
         let pick = fleet.pick(policy.as_ref(), 1).expect(name);
         assert_eq!(pick.reason, PickReason::OnlyCandidate);
     }
-    // Cache-aware is a valid configuration that this build cannot construct yet.
+    // Cache-aware with the local provider needs the application's KV index.
     let config: PolicyConfig = serde_yaml_ng::from_str("type: cache_aware").expect("valid");
-    let err = config.build(&handles).map(|_| ()).expect_err("not built yet");
-    assert_eq!(err, ConfigError::NotAvailable { policy: PolicyType::CacheAware });
-    assert!(err.to_string().contains("is not available yet"), "{err}");
+    let err = config.build(&handles).map(|_| ()).expect_err("no local index");
+    assert!(
+        matches!(err, ConfigError::MissingState { policy: PolicyType::CacheAware, .. }),
+        "{err}"
+    );
+    assert!(err.to_string().contains("needs a local KV index"), "{err}");
+    let handles = handles.with_kv(Arc::new(router_state_kv::KvIndex::default()));
+    let policy = config.build(&handles).expect("built over the local index");
+    assert_eq!(policy.name(), "cache_aware");
+    assert!(policy.supports_stage(Stage::Plain) && policy.supports_stage(Stage::Prefill));
+    assert!(!policy.supports_stage(Stage::Decode));
 }
 
 #[test]

@@ -231,7 +231,8 @@ impl RemoteIndexClient {
             lora_name: salt.lora_name.unwrap_or_default().to_owned(),
             cache_salt: salt.cache_salt.unwrap_or_default().to_owned(),
         });
-        let expected = usize::try_from(block_size).ok().filter(|&b| b > 0).map(|b| tokens.len() / b);
+        let expected =
+            usize::try_from(block_size).ok().filter(|&b| b > 0).map(|b| tokens.len() / b);
         self.query(model, query, expected).await
     }
 

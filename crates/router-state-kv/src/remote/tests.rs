@@ -190,7 +190,10 @@ fn client_configurations_are_checked_without_connecting() {
         (ClientConfig::new(vec![]), "no kv indexer endpoint"),
         (ClientConfig::new(vec!["http://[bad".into()]), "invalid kv indexer endpoint"),
         (
-            ClientConfig { query_timeout: std::time::Duration::ZERO, ..ClientConfig::new(vec!["h:1".into()]) },
+            ClientConfig {
+                query_timeout: std::time::Duration::ZERO,
+                ..ClientConfig::new(vec!["h:1".into()])
+            },
             "timeout must be above zero",
         ),
         (ClientConfig { max_inflight: 0, ..ClientConfig::new(vec!["h:1".into()]) }, "at least 1"),

@@ -1,0 +1,26 @@
+//! Cache-aware selection and its cache state adapter.
+//!
+//! - [`CacheSource`] (`source.rs`): the local prefix index or a remote indexer, normalised into
+//!   per-worker prefix results ([`CachedPrefixes`]: blocks, tokens, tier), converting blocks to
+//!   tokens only through a valid [`BlockSize`]. A confirmed miss ([`PrefixOutcome::Found`] and
+//!   empty) and an unavailable backend ([`PrefixOutcome::Unavailable`]) are told apart and
+//!   counted apart ([`SourceStats`]); only an invalid query is an error ([`LookupError`]).
+//!   [`CacheSources`] hands out one shared source per backend, so policies never duplicate a
+//!   remote client or its in-flight limit.
+//! - [`PrefixMemo`] (`memo.rs`): one lookup per prepared request per source and block size,
+//!   carried by [`RequestTokens`](crate::RequestTokens) across bucket attempts and stages.
+//! - [`CacheAwarePolicy`] (`policy.rs`): the selection algorithm of POLICY_REFERENCE.md.
+
+mod memo;
+mod policy;
+mod source;
+
+pub use memo::PrefixMemo;
+pub use policy::CacheAwarePolicy;
+pub use source::{
+    BlockSize, CacheSource, CacheSources, CachedPrefix, CachedPrefixes, LookupError, PrefixOutcome,
+    SourceStats, Unavailable,
+};
+
+#[cfg(test)]
+mod tests;

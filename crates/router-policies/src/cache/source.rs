@@ -1,0 +1,406 @@
+//! `CacheSource`: the local index or a remote indexer, normalised into per-worker prefix results.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use router_state_kv::hash::{Salt, salted_block_hashes};
+use router_state_kv::remote::{ClientConfig, ClientConfigError, RemoteError, RemoteIndexClient};
+use router_state_kv::{KvIndex, Medium, PrefixMatches};
+use router_workers::{ModelId, Worker, WorkerId};
+
+/// Tokens per KV block of an engine: never zero, so blocks convert to tokens only through it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockSize(NonZeroU32);
+
+impl BlockSize {
+    /// `tokens` per block; `None` for zero.
+    pub fn new(tokens: u32) -> Option<Self> {
+        NonZeroU32::new(tokens).map(Self)
+    }
+
+    /// The block size of `worker`'s KV events; `None` when it publishes none (it then cannot
+    /// be known to hold cached blocks).
+    pub fn of(worker: &Worker) -> Option<Self> {
+        worker.kv_events().and_then(|kv| Self::new(kv.block_size))
+    }
+
+    /// Tokens per block.
+    pub fn get(self) -> u32 {
+        self.0.get()
+    }
+
+    /// Tokens in `blocks` blocks.
+    pub fn tokens(self, blocks: u32) -> u64 {
+        u64::from(blocks) * u64::from(self.get())
+    }
+}
+
+impl fmt::Display for BlockSize {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+/// The cached prefix of a request on one worker.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CachedPrefix {
+    /// The worker.
+    pub worker: WorkerId,
+    /// The data-parallel rank holding it (the longest; the lowest on ties).
+    pub rank: u32,
+    /// Leading blocks held.
+    pub blocks: u32,
+    /// Leading tokens held: `blocks x block size`, capped at the tokens looked up.
+    pub tokens: u64,
+    /// The slowest tier among those blocks (each at its fastest copy).
+    pub tier: Medium,
+}
+
+/// FNV-1a: worker ids are short strings looked up once per candidate per pick, where SipHash
+/// would cost more than the rest of the lookup. Ids come from configuration, not from clients.
+#[derive(Clone, Copy)]
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Self(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.0 = (self.0 ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+/// Every worker holding at least the first block of a request, for one block size.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CachedPrefixes {
+    block_size: BlockSize,
+    query_blocks: usize,
+    /// In the backend's order: longest first, then fastest tier.
+    prefixes: Vec<CachedPrefix>,
+    /// Worker to position in `prefixes`.
+    by_worker: HashMap<WorkerId, usize, BuildHasherDefault<Fnv>>,
+}
+
+impl CachedPrefixes {
+    /// Normalises a lookup result for a query of `query_tokens` tokens hashed in blocks of
+    /// `block_size`.
+    pub fn new(matches: PrefixMatches, block_size: BlockSize, query_tokens: u64) -> Self {
+        let prefixes: Vec<CachedPrefix> = matches
+            .matches
+            .into_iter()
+            .map(|m| CachedPrefix {
+                tokens: block_size.tokens(m.blocks).min(query_tokens),
+                worker: m.worker,
+                rank: m.rank,
+                blocks: m.blocks,
+                tier: m.tier,
+            })
+            .collect();
+        let by_worker = prefixes.iter().enumerate().map(|(at, p)| (p.worker.clone(), at)).collect();
+        Self { block_size, query_blocks: matches.query_blocks, prefixes, by_worker }
+    }
+
+    /// The block size the request was hashed with.
+    pub fn block_size(&self) -> BlockSize {
+        self.block_size
+    }
+
+    /// Full blocks in the query.
+    pub fn query_blocks(&self) -> usize {
+        self.query_blocks
+    }
+
+    /// The prefix `worker` holds, if it holds the first block.
+    pub fn get(&self, worker: &WorkerId) -> Option<&CachedPrefix> {
+        self.by_worker.get(worker).map(|&at| &self.prefixes[at])
+    }
+
+    /// Every holder, longest match first (the backend's order).
+    pub fn iter(&self) -> impl Iterator<Item = &CachedPrefix> {
+        self.prefixes.iter()
+    }
+
+    /// Whether nobody holds even the first block (a confirmed miss).
+    pub fn is_empty(&self) -> bool {
+        self.prefixes.is_empty()
+    }
+}
+
+/// Why a source could not say what is cached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Unavailable {
+    /// The remote client's in-flight limit was reached.
+    Busy,
+    /// The remote indexer did not answer within the query timeout.
+    Timeout,
+    /// The remote indexer could not be reached or failed the call.
+    Unreachable,
+    /// The remote indexer answered something that is not a lookup result.
+    Malformed,
+    /// The request has no token ids to look up (it was not tokenized).
+    NoTokens,
+}
+
+impl Unavailable {
+    /// A stable `snake_case` name for metrics labels and traces.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Unavailable::Busy => "busy",
+            Unavailable::Timeout => "timeout",
+            Unavailable::Unreachable => "unreachable",
+            Unavailable::Malformed => "malformed",
+            Unavailable::NoTokens => "no_tokens",
+        }
+    }
+}
+
+impl fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a lookup established: the cached prefixes (possibly none: a confirmed miss), or that
+/// the backend could not tell. Cheap to clone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PrefixOutcome {
+    /// The backend answered; empty means a confirmed miss.
+    Found(Arc<CachedPrefixes>),
+    /// The backend could not answer; selection falls back, without calling it a miss.
+    Unavailable(Unavailable),
+}
+
+/// A lookup that is an explicit error rather than a fallback: the query itself is invalid.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LookupError {
+    /// The remote indexer refused the query.
+    #[error("the kv indexer refused the prefix lookup")]
+    Refused(#[source] RemoteError),
+}
+
+/// Lookup counters of one source, counted apart by outcome.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SourceStats {
+    /// Lookups performed (each memoised request counts once per block size).
+    pub lookups: u64,
+    /// Lookups where some worker held at least the first block.
+    pub found: u64,
+    /// Confirmed misses: the backend answered and nobody held the first block.
+    pub empty: u64,
+    /// Unavailable: the remote in-flight limit was reached.
+    pub busy: u64,
+    /// Unavailable: the remote query timed out.
+    pub timeouts: u64,
+    /// Unavailable: the remote indexer was unreachable or failed.
+    pub unreachable: u64,
+    /// Unavailable: the remote answer was malformed.
+    pub malformed: u64,
+    /// Refused as invalid queries.
+    pub refused: u64,
+}
+
+impl SourceStats {
+    /// All unavailable outcomes.
+    pub fn unavailable(&self) -> u64 {
+        self.busy + self.timeouts + self.unreachable + self.malformed
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    lookups: AtomicU64,
+    found: AtomicU64,
+    empty: AtomicU64,
+    busy: AtomicU64,
+    timeouts: AtomicU64,
+    unreachable: AtomicU64,
+    malformed: AtomicU64,
+    refused: AtomicU64,
+}
+
+enum Backend {
+    Local(Arc<KvIndex>),
+    Remote(RemoteIndexClient),
+}
+
+/// Where cache-aware selection learns which engine holds which prefix: the local index fed by
+/// KV events, or a remote indexer. Shared as `Arc<CacheSource>`; the [`PrefixMemo`] of a
+/// request keys its entries by that `Arc`.
+///
+/// [`PrefixMemo`]: crate::PrefixMemo
+pub struct CacheSource {
+    backend: Backend,
+    counters: Counters,
+}
+
+impl fmt::Debug for CacheSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("CacheSource");
+        match &self.backend {
+            Backend::Local(_) => d.field("backend", &"local"),
+            Backend::Remote(client) => d.field("backend", client),
+        };
+        d.field("stats", &self.stats()).finish()
+    }
+}
+
+impl CacheSource {
+    /// The local prefix index.
+    pub fn local(index: Arc<KvIndex>) -> Self {
+        Self { backend: Backend::Local(index), counters: Counters::default() }
+    }
+
+    /// A remote indexer.
+    pub fn remote(client: RemoteIndexClient) -> Self {
+        Self { backend: Backend::Remote(client), counters: Counters::default() }
+    }
+
+    /// `local` or `remote`, for traces.
+    pub fn kind(&self) -> &'static str {
+        match self.backend {
+            Backend::Local(_) => "local",
+            Backend::Remote(_) => "remote",
+        }
+    }
+
+    /// The remote client, for a remote source.
+    pub fn remote_client(&self) -> Option<&RemoteIndexClient> {
+        match &self.backend {
+            Backend::Remote(client) => Some(client),
+            Backend::Local(_) => None,
+        }
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> SourceStats {
+        let c = &self.counters;
+        let get = |n: &AtomicU64| n.load(Ordering::Relaxed);
+        SourceStats {
+            lookups: get(&c.lookups),
+            found: get(&c.found),
+            empty: get(&c.empty),
+            busy: get(&c.busy),
+            timeouts: get(&c.timeouts),
+            unreachable: get(&c.unreachable),
+            malformed: get(&c.malformed),
+            refused: get(&c.refused),
+        }
+    }
+
+    /// Which workers of `model` hold how much of `tokens`, hashed in blocks of `block_size`
+    /// (with no LoRA name or cache salt: requests carry neither yet). Matched tokens are
+    /// `blocks x block_size`, capped at `tokens.len()`.
+    ///
+    /// A remote backend that times out, is busy, unreachable or malformed gives
+    /// [`PrefixOutcome::Unavailable`]; only a query the indexer refuses is an error.
+    pub async fn lookup(
+        &self,
+        model: &ModelId,
+        tokens: &[u32],
+        block_size: BlockSize,
+    ) -> Result<PrefixOutcome, LookupError> {
+        let c = &self.counters;
+        c.lookups.fetch_add(1, Ordering::Relaxed);
+        let matches = match &self.backend {
+            Backend::Local(index) => {
+                index.lookup_tokens(model, tokens, block_size.get(), Salt::default())
+            }
+            Backend::Remote(client) => {
+                let hashes = salted_block_hashes(tokens, block_size.get(), Salt::default());
+                match client.lookup(model, &hashes).await {
+                    Ok(matches) => matches,
+                    Err(error) => {
+                        let (counter, outcome) = match &error {
+                            RemoteError::Busy { .. } => (&c.busy, Unavailable::Busy),
+                            RemoteError::Timeout { .. } => (&c.timeouts, Unavailable::Timeout),
+                            RemoteError::Malformed { .. } => (&c.malformed, Unavailable::Malformed),
+                            RemoteError::InvalidQuery { .. } => {
+                                c.refused.fetch_add(1, Ordering::Relaxed);
+                                return Err(LookupError::Refused(error));
+                            }
+                            _ => (&c.unreachable, Unavailable::Unreachable),
+                        };
+                        counter.fetch_add(1, Ordering::Relaxed);
+                        tracing::debug!(
+                            error = &error as &dyn std::error::Error,
+                            "prefix lookup unavailable"
+                        );
+                        return Ok(PrefixOutcome::Unavailable(outcome));
+                    }
+                }
+            }
+        };
+        let prefixes = CachedPrefixes::new(matches, block_size, tokens.len() as u64);
+        let counter = if prefixes.is_empty() { &c.empty } else { &c.found };
+        counter.fetch_add(1, Ordering::Relaxed);
+        Ok(PrefixOutcome::Found(Arc::new(prefixes)))
+    }
+}
+
+/// The cache sources of an application, handed to policy construction: the local index's
+/// source, and one shared remote source per distinct indexer configuration, so that every
+/// policy querying the same indexer shares one client and its in-flight limit. Cheap to clone;
+/// clones share the remote sources.
+#[derive(Clone, Default)]
+pub struct CacheSources {
+    local: Option<Arc<CacheSource>>,
+    remote: Arc<Mutex<Vec<Arc<CacheSource>>>>,
+}
+
+impl fmt::Debug for CacheSources {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CacheSources")
+            .field("local", &self.local.is_some())
+            .field("remote", &self.remote.lock().len())
+            .finish()
+    }
+}
+
+impl CacheSources {
+    /// Sources with no local index (remote sources are created on demand).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// These sources with `index` as the local one.
+    pub fn with_local(mut self, index: Arc<KvIndex>) -> Self {
+        self.local = Some(Arc::new(CacheSource::local(index)));
+        self
+    }
+
+    /// The local index's source, when the application keeps a local index.
+    pub fn local(&self) -> Option<&Arc<CacheSource>> {
+        self.local.as_ref()
+    }
+
+    /// The shared source for a remote indexer configuration, created on first request.
+    /// Connects to nothing.
+    pub fn remote(&self, config: &ClientConfig) -> Result<Arc<CacheSource>, ClientConfigError> {
+        let mut remote = self.remote.lock();
+        let existing = remote
+            .iter()
+            .find(|source| source.remote_client().is_some_and(|client| client.config() == config));
+        if let Some(source) = existing {
+            return Ok(Arc::clone(source));
+        }
+        let source = Arc::new(CacheSource::remote(RemoteIndexClient::new(config.clone())?));
+        remote.push(Arc::clone(&source));
+        Ok(source)
+    }
+}

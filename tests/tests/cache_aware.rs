@@ -1,0 +1,123 @@
+//! Cache-aware selection end to end: engines publish the blocks they cache over ZeroMQ, the
+//! router (or a separate kv-indexer process) indexes them, and requests sharing a prefix go
+//! where it is cached.
+
+use std::time::Duration;
+
+use router_e2e::tempfile_path::TempPath;
+use router_e2e::{Engine, Http, Process, Router, chat_body};
+
+fn engines(n: usize, tokenizer: &str) -> Vec<Engine> {
+    (0..n)
+        .map(|_| {
+            Engine::start(
+                "m",
+                &[
+                    "--tokenizer",
+                    tokenizer,
+                    "--kv-events",
+                    "tcp://127.0.0.1:0",
+                    "--load-reporter",
+                    "127.0.0.1:0",
+                ],
+            )
+        })
+        .collect()
+}
+
+fn workers_yaml(engines: &[Engine]) -> String {
+    engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            format!(
+                "      - {{id: e{}, url: \"{}\", load_reporter: \"{}\", kv_events: {{endpoint: \"{}\"}}}}\n",
+                i + 1,
+                e.url,
+                e.process.url_after("load reporter on "),
+                e.kv_events()
+            )
+        })
+        .collect()
+}
+
+fn router_yaml(engines: &[Engine], tokenizer: &str, policy_extra: &str) -> String {
+    format!(
+        "server: {{port: 0}}\nmodels:\n  - id: m\n    tokenizer: \"{tokenizer}\"\n    workers:\n{}    buckets:\n      \
+         - id: all\n        groups: {{plain: {{policy: {{type: cache_aware, cache_affinity_min_matched_tokens: 64{policy_extra}}}}}}}\n",
+        workers_yaml(engines)
+    )
+}
+
+/// Sends one request with a long shared prefix, then more with the same prefix, and returns
+/// the engines that served them.
+async fn follow_ups(router: &str) -> (String, Vec<String>) {
+    let http = Http::default();
+    let prefix = "You are a careful assistant. Here is a long shared document. ".repeat(20);
+    let first =
+        http.chat(router, &chat_body("m", &format!("{prefix} Question zero?"), 1), &[]).await;
+    assert_eq!(first.status, 200, "{}", first.body);
+    let home = first.header("x-router-engine").expect("engine").to_owned();
+    // Give the engine's BlockStored events time to reach the index.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut served = Vec::new();
+    for i in 1..=6 {
+        let reply =
+            http.chat(router, &chat_body("m", &format!("{prefix} Question {i}?"), 1), &[]).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        let cached =
+            reply.json()["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap_or(0);
+        assert!(cached > 500, "the prefix was served from cache: {}", reply.body);
+        served.push(reply.header("x-router-engine").expect("engine").to_owned());
+    }
+    (home, served)
+}
+
+#[tokio::test]
+async fn requests_sharing_a_prefix_go_where_it_is_cached() {
+    let tokenizer = router_sim::assets::tokenizer_path().display().to_string();
+    let fleet = engines(4, &tokenizer);
+    let router = Router::with_config(&router_yaml(&fleet, &tokenizer, ""));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (home, served) = follow_ups(&router.url).await;
+    assert!(served.iter().all(|e| *e == home), "all follow-ups on {home}: {served:?}");
+    let metrics = Http::default().get(&router.url, "/metrics", &[]).await.body;
+    let hits = metrics
+        .lines()
+        .find(|l| l.starts_with("router_picks_total") && l.contains("reason=\"cache_hit\""))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    assert!(hits >= 6.0, "cache hits counted: {metrics}");
+}
+
+#[tokio::test]
+async fn a_remote_indexer_process_serves_the_same_decisions() {
+    let tokenizer = router_sim::assets::tokenizer_path().display().to_string();
+    let fleet = engines(4, &tokenizer);
+    let indexer_config = TempPath::write(
+        "indexer.yaml",
+        &format!(
+            "models:\n  - id: m\n    workers:\n{}    buckets:\n      - id: all\n        groups: {{plain: {{}}}}\n",
+            workers_yaml(&fleet)
+        ),
+    );
+    let indexer = Process::spawn(
+        "router-server",
+        &[
+            "kv-indexer".into(),
+            "--config".into(),
+            indexer_config.display(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+        ],
+        "kv indexer listening on ",
+    );
+    let addr = indexer.url_after("kv indexer listening on ");
+    let extra = format!(
+        ", cache_prefix_provider: indexer, kv_indexer_endpoint: \"{addr}\", kv_indexer_query_timeout_ms: 1000"
+    );
+    let router = Router::with_config(&router_yaml(&fleet, &tokenizer, &extra));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (home, served) = follow_ups(&router.url).await;
+    assert!(served.iter().all(|e| *e == home), "all follow-ups on {home}: {served:?}");
+}
