@@ -139,13 +139,7 @@ async fn an_engine_dying_mid_stream_ends_the_stream_with_an_error_event() {
     assert_eq!(short.status, 200);
     let reply = long.await.expect("task");
     assert_eq!(reply.status, 200, "the stream had started");
-    let last = reply
-        .body
-        .lines()
-        .filter(|l| l.starts_with("data: "))
-        .last()
-        .unwrap_or_default()
-        .to_owned();
+    let last = reply.body.lines().rfind(|l| l.starts_with("data: ")).unwrap_or_default().to_owned();
     assert!(last.contains("\"error\""), "the stream ends with an error event: {}", reply.body);
     assert!(!reply.body.contains("[DONE]"), "{}", reply.body);
     assert!(eventually(async || inflight(&http, &router).await == 0).await);
