@@ -40,7 +40,7 @@ const ENGINES: usize = 64;
 const TOKENS: usize = 8192;
 
 fn prompt() -> Vec<u32> {
-    (0..TOKENS as u32).map(|i| (i * 2_654_435_761) >> 15).collect()
+    (0..TOKENS as u32).map(|i| i.wrapping_mul(2_654_435_761) >> 15).collect()
 }
 
 struct Fleet {

@@ -38,7 +38,7 @@ pub(crate) fn run(root: &Path, quick: bool, only: Only, build: bool) -> Result<(
     let bins = procs::Bins::release(root);
     let tokenizer = root.join("crates/router-sim/assets/tokenizer.json").display().to_string();
 
-    let (requests, repeats) = if quick { (2_000, 1) } else { (10_000, 3) };
+    let (requests, repeats) = if quick { (1_000, 1) } else { (10_000, 3) };
     let overhead = if only == Only::Policies {
         overhead::Overhead { cases: Vec::new() }
     } else {
@@ -72,8 +72,17 @@ pub(crate) fn run(root: &Path, quick: bool, only: Only, build: bool) -> Result<(
     let replay = if quick { trace::Replay::quick() } else { trace::Replay::full() };
     let mut trace_runs = Vec::new();
     if only != Only::Policies {
-        for trace_file in trace::traces(root) {
-            for policy in policies::POLICIES {
+        // Quick mode replays one trace through the baseline and the two affinity policies.
+        let (traces, trace_policies): (Vec<_>, &[&str]) = if quick {
+            (
+                trace::traces(root).into_iter().take(1).collect(),
+                &["round_robin", "session_aware", "cache_aware"],
+            )
+        } else {
+            (trace::traces(root), policies::POLICIES)
+        };
+        for trace_file in traces {
+            for policy in trace_policies {
                 eprintln!("xtask bench: trace {} policy {policy}", trace_file.0);
                 match trace::run(&bins, &trace_file, policy, &replay, &tokenizer) {
                     Ok(run) => trace_runs.push(Ok(run)),

@@ -48,7 +48,7 @@ impl Workload {
     }
 
     pub(crate) fn quick() -> Self {
-        Self { sessions: 24, turns: 4, duration_secs: 8, ..Self::full() }
+        Self { sessions: 16, turns: 3, duration_secs: 4, ..Self::full() }
     }
 }
 

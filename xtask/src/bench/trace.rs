@@ -24,7 +24,7 @@ impl Replay {
     }
 
     pub(crate) fn quick() -> Self {
-        Self { max_requests: 100, time_scale: 20.0, length_scale: 0.0625 }
+        Self { max_requests: 60, time_scale: 40.0, length_scale: 0.0625 }
     }
 }
 

@@ -355,6 +355,16 @@ async fn dispatch_pd(
             },
         }
     };
+    // A decode engine told by the bootstrap server that its prefill failed answers 5xx too,
+    // possibly before the prefill answer reaches us: report the prefill engine as the cause,
+    // and do not count the decode engine as failing.
+    if upstream.status().is_server_error() && !prefill_succeeded {
+        let wait = std::time::Duration::from_secs(2);
+        if let Ok(Ok(message)) = tokio::time::timeout(wait, &mut failed_rx).await {
+            return Err(ApiError::Upstream(message));
+        }
+        prefill_succeeded = true;
+    }
     let partner = (!prefill_succeeded).then_some(failed_rx);
     let response = relay(ctx, upstream, vec![decode_guard], decode, sse, partner).await?;
     // The decode stream is under way: the prefill request runs to its end on its own.
