@@ -181,8 +181,9 @@ mod tests {
             r#"{"model":"m","messages":[{"role":"user","content":"abcdefgh"}],"max_tokens":10}"#,
         );
         let prepared = prepare(raw.clone(), chat, None, Some("s1"), Some("")).expect("prepared");
-        assert_eq!(prepared.input_tokens, 2 + 4);
-        assert_eq!(prepared.expected_peak_tokens, Some(16));
+        // "user" and "abcdefgh": 12 bytes, 3 tokens, plus 4 of framing.
+        assert_eq!(prepared.input_tokens, 3 + 4);
+        assert_eq!(prepared.expected_peak_tokens, Some(17));
         assert_eq!(prepared.session_key.as_deref(), Some("s1"));
         assert_eq!(prepared.routing_key, None, "empty keys never become keys");
         assert_eq!(prepared.body, raw, "an untouched body is forwarded byte for byte");
