@@ -2,6 +2,7 @@
 //!
 //! Owns the checks that keep the workspace honest (layering, generated code, lints) and the
 //! commands CI and contributors run. Owns no product behaviour.
+#![expect(clippy::print_stdout, reason = "test output and the suite's summary go to stdout")]
 
 mod bench;
 mod codegen;
@@ -67,8 +68,59 @@ fn ci(root: &std::path::Path) -> Result<()> {
     codegen::check(root)?;
     // Binaries first: the end-to-end tests run router-server and router-sim as processes.
     cargo(root, &["build", "--workspace", "--bins"])?;
-    cargo(root, &["test", "--workspace", "--all-targets"])?;
-    cargo(root, &["test", "--workspace", "--doc"])
+    let mut totals = TestTotals::default();
+    let all =
+        cargo_test(root, &["test", "--workspace", "--all-targets", "--no-fail-fast"], &mut totals);
+    let doc = cargo_test(root, &["test", "--workspace", "--doc", "--no-fail-fast"], &mut totals);
+    // One closing line for the whole suite, whatever the last test binary printed.
+    println!("ci: {} passed, {} failed", totals.passed, totals.failed);
+    all.and(doc)
+}
+
+/// Passed and failed tests summed over every `test result:` line.
+#[derive(Default)]
+struct TestTotals {
+    passed: u64,
+    failed: u64,
+}
+
+impl TestTotals {
+    /// Adds a libtest summary line (`test result: ok. 12 passed; 0 failed; ...`).
+    fn add(&mut self, line: &str) {
+        let Some(rest) = line.trim().strip_prefix("test result: ") else { return };
+        let count = |word: &str| {
+            rest.split(';')
+                .find_map(|part| {
+                    part.trim().strip_suffix(word)?.trim().rsplit(' ').next()?.parse().ok()
+                })
+                .unwrap_or(0)
+        };
+        self.passed += count("passed");
+        self.failed += count("failed");
+    }
+}
+
+/// Runs a cargo test command, echoing its output and summing its results.
+fn cargo_test(root: &std::path::Path, args: &[&str], totals: &mut TestTotals) -> Result<()> {
+    use std::io::{BufRead, BufReader};
+    eprintln!("xtask: cargo {}", args.join(" "));
+    let mut child = Command::new(env_cargo())
+        .args(args)
+        .current_dir(root)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("running cargo {}", args.join(" ")))?;
+    if let Some(stdout) = child.stdout.take() {
+        for line in BufReader::new(stdout).lines().map_while(std::result::Result::ok) {
+            println!("{line}");
+            totals.add(&line);
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("cargo {} failed ({status})", args.join(" "));
+    }
+    Ok(())
 }
 
 /// Runs cargo with `args` in the workspace root, failing on a non-zero exit.
@@ -93,4 +145,19 @@ fn env_cargo() -> String {
 pub(crate) fn workspace_root() -> std::path::PathBuf {
     let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     manifest.parent().map_or_else(|| manifest.to_path_buf(), std::path::Path::to_path_buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::TestTotals;
+
+    #[test]
+    fn sums_libtest_summaries() {
+        let mut totals = TestTotals::default();
+        totals.add("test result: ok. 12 passed; 0 failed; 0 ignored; 0 measured; 0 filtered out");
+        totals
+            .add("test result: FAILED. 3 passed; 2 failed; 1 ignored; 0 measured; 0 filtered out");
+        totals.add("running 3 tests");
+        assert_eq!((totals.passed, totals.failed), (15, 2));
+    }
 }
