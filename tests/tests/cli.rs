@@ -93,3 +93,52 @@ fn dropped_options_name_their_replacement() {
         assert!(stderr.contains(replacement), "{args:?}: {stderr}");
     }
 }
+
+#[test]
+fn check_config_refuses_https_engines_it_cannot_reach() {
+    let https = VALID.replace("http://127.0.0.1:30001", "https://127.0.0.1:30001");
+    let file = TempPath::write("router.yaml", &https);
+    let (code, _, stderr) = run(&["check-config", &file.display()]);
+    assert_eq!(code, 1);
+    assert!(stderr.contains("models[0].workers[1].url"), "{stderr}");
+    assert!(stderr.contains("https engines are not supported"), "{stderr}");
+}
+
+#[test]
+fn the_architecture_example_validates() {
+    let example = r#"
+server:
+  host: 127.0.0.1
+  port: 8080
+  admin_token: "s3cret"
+  max_body_bytes: 33554432
+models:
+  - id: llama
+    affinity: {session_id_header: x-session-id, routing_key_header: x-routing-key}
+    workers:
+      - id: P1
+        url: http://10.0.0.1:30000
+        role: prefill
+        bootstrap_port: 8998
+        kv_events: {endpoint: "tcp://10.0.0.1:5557", replay_endpoint: "tcp://10.0.0.1:5558", block_size: 16}
+        load_reporter: "10.0.0.1:50051"
+      - {id: D1, url: "http://10.0.0.2:30000", role: decode}
+    buckets:
+      - id: short-context
+        rank: 10
+        limits: {min: 0, max: 4096}
+        max_context_tokens: 8192
+        groups:
+          pd:
+            prefill:
+              worker_ids: [P1]
+              policy: {type: cache_aware, admission: {max_running_requests: 64}}
+            decode:
+              worker_ids: [D1]
+              policy: {type: power_of_two}
+"#;
+    let file = TempPath::write("router.yaml", example);
+    let (code, stdout, stderr) = run(&["check-config", &file.display()]);
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stdout.contains("cache_aware"), "{stdout}");
+}

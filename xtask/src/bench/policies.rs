@@ -41,7 +41,7 @@ impl Workload {
             output_tokens: 32,
             concurrency: 16,
             duration_secs: 60,
-            kv_capacity_tokens: 24_576,
+            kv_capacity_tokens: 12_288,
             prefill_tokens_per_sec: 40_000,
             decode_tokens_per_sec: 400,
         }

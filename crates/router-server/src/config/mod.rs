@@ -128,6 +128,13 @@ fn build_model(
             );
             continue;
         }
+        if spec.url.starts_with("https://") {
+            problems.push(
+                format!("{wpath}.url"),
+                "https engines are not supported by this build (plain HTTP/1.1 or h2c only)",
+            );
+            continue;
+        }
         match Worker::from_spec(spec, vec![model_id.clone()]).and_then(|w| registry.add(w)) {
             Ok(worker) => {
                 roles.insert(worker.id().clone(), worker.stage());
