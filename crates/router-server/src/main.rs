@@ -122,14 +122,10 @@ async fn kv_indexer(file: &std::path::Path, listen: &str) -> Result<ExitCode> {
     let config = ConfigFile::load(file)?;
     router_server::logging::init(config.server.log_json);
     let registry = Arc::new(router_workers::WorkerRegistry::new());
-    for (m, model) in config.models.iter().enumerate() {
-        let id = router_workers::ModelId::new(&model.id);
-        for (w, spec) in model.workers.iter().enumerate() {
-            router_workers::Worker::from_spec(spec, vec![id.clone()])
-                .and_then(|worker| registry.add(worker))
-                .with_context(|| format!("models[{m}].workers[{w}]"))?;
-        }
-    }
+    router_server::config::register_all_workers(&config, &registry).map_err(|problems| {
+        let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        anyhow::anyhow!("invalid configuration:\n  {}", lines.join("\n  "))
+    })?;
     let index = Arc::new(router_state_kv::KvIndex::new(router_state_kv::IndexConfig {
         max_nodes_per_model: config.kv.max_index_nodes,
     }));

@@ -107,16 +107,28 @@ pub fn build_models(
     if problems.0.is_empty() { Ok(runtimes) } else { Err(problems.0) }
 }
 
-fn build_model(
+/// Registers every configured worker in `registry` (what the `kv-indexer` process needs),
+/// with the same checks and field paths as [`build_models`].
+pub fn register_all_workers(
+    config: &ConfigFile,
+    registry: &WorkerRegistry,
+) -> Result<(), Vec<Problem>> {
+    let mut problems = Problems::default();
+    for (m, model) in config.models.iter().enumerate() {
+        register_workers(&format!("models[{m}]"), model, registry, &mut problems);
+    }
+    if problems.0.is_empty() { Ok(()) } else { Err(problems.0) }
+}
+
+/// Registers one model's workers; returns the role of each one registered.
+fn register_workers(
     path: &str,
     model: &ModelConfig,
     registry: &WorkerRegistry,
-    handles: &PolicyHandles,
     problems: &mut Problems,
-) -> Option<ModelRuntime> {
+) -> HashMap<WorkerId, Stage> {
     let model_id = ModelId::new(&model.id);
-    let before = problems.0.len();
-    let mut roles: HashMap<WorkerId, Stage> = HashMap::new();
+    let mut roles = HashMap::new();
     for (w, spec) in model.workers.iter().enumerate() {
         let wpath = format!("{path}.workers[{w}]");
         if let Some(named) = &spec.model
@@ -142,6 +154,19 @@ fn build_model(
             Err(err) => problems.push(wpath, err),
         }
     }
+    roles
+}
+
+fn build_model(
+    path: &str,
+    model: &ModelConfig,
+    registry: &WorkerRegistry,
+    handles: &PolicyHandles,
+    problems: &mut Problems,
+) -> Option<ModelRuntime> {
+    let model_id = ModelId::new(&model.id);
+    let before = problems.0.len();
+    let roles = register_workers(path, model, registry, problems);
     if model.affinity.session_id_header.is_empty() || model.affinity.routing_key_header.is_empty() {
         problems.push(format!("{path}.affinity"), "header names must not be empty");
     }

@@ -149,19 +149,13 @@ pub async fn state(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
         })
         .collect();
     models.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
-    let load = ctx
-        .load_table()
-        .status()
-        .into_iter()
-        .map(|s| (s.worker.clone(), s))
-        .collect::<std::collections::HashMap<_, _>>();
     let workers: Vec<Value> = ctx
         .registry()
         .workers()
         .iter()
         .map(|worker| {
             let mut entry = worker_json(&ctx, worker);
-            let load = match load.get(worker.id()) {
+            let load = match ctx.load_table().status_of(worker.id()) {
                 Some(status) => json!({
                     "freshness": status.freshness.as_str(),
                     "age_ms": status.age_ms,

@@ -248,14 +248,7 @@ async fn relay(
 ) -> Result<Response, ApiError> {
     let (parts, body) = upstream.into_parts();
     if parts.status.is_server_error() {
-        ctx.health().record(worker, Outcome::Failure);
-        metrics::engine_failure(worker.id().as_str(), "status");
-        let text = read_snippet(body).await;
-        return Err(ApiError::Upstream(format!(
-            "engine {} answered {}: {text}",
-            worker.id(),
-            parts.status.as_u16()
-        )));
+        return Err(ApiError::Upstream(engine_failed(ctx, worker, parts.status, body).await));
     }
     let sink: Arc<dyn OutcomeSink> = ctx.health_sink();
     let stream_sse = sse && parts.status.is_success();
@@ -265,6 +258,20 @@ async fn relay(
     *response.status_mut() = parts.status;
     passthrough_headers(&parts.headers, response.headers_mut());
     Ok(response)
+}
+
+/// Records a 5xx answer against the engine (circuit breaker, metrics) and describes it with
+/// the engine's own words.
+async fn engine_failed(
+    ctx: &AppContext,
+    worker: &Worker,
+    status: StatusCode,
+    body: hyper::body::Incoming,
+) -> String {
+    ctx.health().record(worker, Outcome::Failure);
+    metrics::engine_failure(worker.id().as_str(), "status");
+    let text = read_snippet(body).await;
+    format!("engine {} answered {}: {text}", worker.id(), status.as_u16())
 }
 
 /// At most 1 KiB of an engine's error body, as text.
@@ -305,10 +312,11 @@ async fn dispatch_pd(
                 let failure = match send(&ctx, &prefill, body, &request_id).await {
                     Err(err) => Some(format!("prefill engine {} failed: {err}", prefill.id())),
                     Ok(response) if response.status().is_server_error() => {
-                        let status = response.status().as_u16();
-                        ctx.health().record(&prefill, Outcome::Failure);
-                        let text = read_snippet(response.into_body()).await;
-                        Some(format!("prefill engine {} answered {status}: {text}", prefill.id()))
+                        let (parts, body) = response.into_parts();
+                        Some(format!(
+                            "prefill {}",
+                            engine_failed(&ctx, &prefill, parts.status, body).await
+                        ))
                     }
                     Ok(response) if !response.status().is_success() => {
                         let status = response.status().as_u16();

@@ -55,17 +55,11 @@ pub async fn prometheus(State(ctx): State<Arc<AppContext>>) -> Response {
 }
 
 fn refresh_state_gauges(ctx: &AppContext) {
-    let snapshot = ctx
-        .load_table()
-        .status()
-        .into_iter()
-        .map(|s| (s.worker.clone(), s))
-        .collect::<std::collections::HashMap<_, _>>();
     for worker in ctx.registry().workers() {
         let id = worker.id().as_str();
         metrics::inflight(id, ctx.inflight().count(worker.id()));
         metrics::engine_healthy(id, worker.is_healthy());
-        let (state, age) = match snapshot.get(worker.id()) {
+        let (state, age) = match ctx.load_table().status_of(worker.id()) {
             Some(status) => (status.freshness.as_str(), status.age_ms),
             None => ("missing", None),
         };
