@@ -19,7 +19,7 @@ commands:
   codegen [--check]   regenerate crates/router-proto from proto/*.proto (--check: fail if stale)
   deps                check internal dependency edges against ARCHITECTURE.md
   lint                cargo fmt --check, clippy -D warnings, rustdoc -D warnings
-  bench [--quick] [--only overhead|policies|trace] [--no-build]\n                      end-to-end benchmark against the simulated fleet; writes docs/benchmarks.md
+  bench [--quick] [--only overhead|policies|trace] [--no-build] [--case TEXT]\n                      end-to-end benchmark against the simulated fleet; writes docs/benchmarks.md\n                      (--case: only the overhead cases whose name contains TEXT, nothing written)
   ci                  lint, deps, codegen --check, then every test";
 
 fn main() -> ExitCode {
@@ -55,7 +55,16 @@ fn run(args: &[&str]) -> Result<()> {
                 Some(&"trace") => bench::Only::Trace,
                 Some(other) => bail!("--only {other}: expected overhead, policies or trace"),
             };
-            bench::run(&root, quick, only, !rest.contains(&"--no-build"))
+            let case = match rest.iter().position(|a| *a == "--case") {
+                None => None,
+                Some(i) => {
+                    Some(rest.get(i + 1).map(|c| (*c).to_owned()).context("--case needs a text")?)
+                }
+            };
+            bench::run(
+                &root,
+                bench::Options { quick, only, build: !rest.contains(&"--no-build"), case },
+            )
         }
         ["ci"] => ci(&root),
         _ => bail!("{USAGE}"),

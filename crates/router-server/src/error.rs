@@ -36,6 +36,12 @@ pub enum ApiError {
         /// The limit in bytes.
         limit: usize,
     },
+    /// The client did not send the whole body in time.
+    #[error("the request body did not arrive within {secs} s")]
+    BodyTimeout {
+        /// The limit in seconds.
+        secs: u64,
+    },
     /// Every compatible bucket was tried and admission rejected every engine it could use.
     #[error("no admissible engine: {}", rejections.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     NoAdmissibleEngine {
@@ -80,6 +86,7 @@ impl ApiError {
             }
             ApiError::UnknownModel(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::NoAdmissibleEngine { .. }
             | ApiError::NoCandidates { .. }
             | ApiError::Overloaded
@@ -98,6 +105,7 @@ impl ApiError {
             ApiError::NoMatchingBucket { .. } => ("invalid_request_error", "no_matching_bucket"),
             ApiError::UnknownModel(_) => ("invalid_request_error", "model_not_found"),
             ApiError::BodyTooLarge { .. } => ("invalid_request_error", "body_too_large"),
+            ApiError::BodyTimeout { .. } => ("invalid_request_error", "body_timeout"),
             ApiError::NoAdmissibleEngine { .. } => ("service_unavailable", "no_admissible_engine"),
             ApiError::NoCandidates { .. } => ("service_unavailable", "no_candidates"),
             ApiError::ShuttingDown => ("service_unavailable", "shutting_down"),

@@ -7,11 +7,16 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{delete, get, post};
-use axum::serve::ListenerExt;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tracing::info;
+use tokio_io_timeout::TimeoutStream;
+use tracing::{debug, info, warn};
 
 use crate::app::AppContext;
+use crate::config::ServerConfig;
 use crate::limit;
 use crate::routes::{admin, chat, ops};
 
@@ -37,6 +42,73 @@ pub fn routes(ctx: Arc<AppContext>) -> Router {
         .with_state(ctx)
 }
 
+/// The per-connection limits that protect the router from slow clients.
+#[derive(Clone, Copy, Debug)]
+struct ConnectionTimeouts {
+    /// Whole request head (slowloris).
+    header_read: Duration,
+    /// A response write that makes no progress (a client that stops reading).
+    write: Duration,
+}
+
+impl From<&ServerConfig> for ConnectionTimeouts {
+    fn from(server: &ServerConfig) -> Self {
+        Self {
+            header_read: Duration::from_secs(server.header_read_timeout_secs),
+            write: Duration::from_secs(server.client_write_timeout_secs),
+        }
+    }
+}
+
+/// Accepts connections until `stop`, then lets every open connection finish its request and
+/// close (graceful shutdown of HTTP/1.1 keep-alive and HTTP/2 alike).
+async fn accept_loop(
+    listener: TcpListener,
+    app: Router,
+    timeouts: ConnectionTimeouts,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<()> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(timeouts.header_read);
+    builder.http2().timer(TokioTimer::new());
+    let graceful = GracefulShutdown::new();
+    let service = TowerToHyperService::new(app);
+    let stopped = async move {
+        let _ = stop.wait_for(|stop| *stop).await;
+    };
+    tokio::pin!(stopped);
+    loop {
+        let (tcp, peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    // Out of file descriptors and the like: back off instead of spinning.
+                    warn!(error = %err, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut stopped => break,
+        };
+        // Streamed tokens are small writes: without TCP_NODELAY, Nagle's algorithm holds each
+        // one until the client's delayed ACK (about 40 ms).
+        let _ = tcp.set_nodelay(true);
+        let mut io = TimeoutStream::new(tcp);
+        io.set_write_timeout(Some(timeouts.write));
+        let connection =
+            builder.serve_connection(TokioIo::new(Box::pin(io)), service.clone()).into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                debug!(%peer, error = %err, "client connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
+
 /// A running router: its address and the handle that stops it.
 pub struct Serving {
     /// The bound address.
@@ -51,20 +123,10 @@ impl Serving {
     pub fn start(ctx: Arc<AppContext>, listener: TcpListener) -> std::io::Result<Self> {
         let addr = listener.local_addr()?;
         ctx.start();
-        let (shutdown, mut stop) = tokio::sync::watch::channel(false);
+        let (shutdown, stop) = tokio::sync::watch::channel(false);
+        let timeouts = ConnectionTimeouts::from(ctx.server());
         let app = routes(Arc::clone(&ctx));
-        let task = tokio::spawn(async move {
-            // Streamed tokens are small writes: without TCP_NODELAY, Nagle's algorithm holds
-            // each one until the client's delayed ACK (about 40 ms).
-            let listener = listener.tap_io(|tcp| {
-                let _ = tcp.set_nodelay(true);
-            });
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stop.wait_for(|stop| *stop).await;
-                })
-                .await
-        });
+        let task = tokio::spawn(accept_loop(listener, app, timeouts, stop));
         Ok(Self { addr, ctx, shutdown, task })
     }
 

@@ -31,7 +31,20 @@ pub(crate) enum Only {
     Trace,
 }
 
-pub(crate) fn run(root: &Path, quick: bool, only: Only, build: bool) -> Result<()> {
+/// What `cargo xtask bench` was asked for.
+#[derive(Debug)]
+pub(crate) struct Options {
+    pub(crate) quick: bool,
+    pub(crate) only: Only,
+    /// Build the release binaries first.
+    pub(crate) build: bool,
+    /// Run only the overhead cases whose name contains this, and write nothing: for profiling.
+    pub(crate) case: Option<String>,
+}
+
+pub(crate) fn run(root: &Path, options: Options) -> Result<()> {
+    let Options { quick, only, build, case } = options;
+    let only = if case.is_some() { Only::Overhead } else { only };
     if build {
         cargo(root, &["build", "--release", "-p", "router-server", "-p", "router-sim"])?;
     }
@@ -43,7 +56,7 @@ pub(crate) fn run(root: &Path, quick: bool, only: Only, build: bool) -> Result<(
         overhead::Overhead { cases: Vec::new() }
     } else {
         eprintln!("xtask bench: router overhead ({requests} requests x {repeats} per case)");
-        let overhead = overhead::measure(&bins, requests, repeats)?;
+        let overhead = overhead::measure(&bins, requests, repeats, case.as_deref())?;
         for (name, run) in &overhead.cases {
             eprintln!(
                 "  {name}: {:.0} req/s, p50 {:.2} ms, router CPU {}",

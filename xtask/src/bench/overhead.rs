@@ -105,41 +105,71 @@ const STREAMING_64: &str =
 
 /// Runs every case `repeats` times, alternating direct and routed runs, and keeps the median
 /// run (by throughput) of each.
-pub(crate) fn measure(bins: &Bins, requests: usize, repeats: usize) -> Result<Overhead> {
+/// With `only`, just the cases whose name contains it.
+pub(crate) fn measure(
+    bins: &Bins,
+    requests: usize,
+    repeats: usize,
+    only: Option<&str>,
+) -> Result<Overhead> {
     let fast = ["--prefill-tokens-per-sec", "1e9", "--decode-tokens-per-sec", "1e9"];
     let (_engine, engine_url) = engine(bins, &fast)?;
-    let args: Vec<String> =
-        ["--worker-urls", &engine_url, "--policy", "round_robin", "--port", "0"]
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect();
-    let router = Proc::start(&bins.server, &args, "router listening on ")?;
-    let router_url = router.after("router listening on ")?;
+    // The router's runtime gets one thread: this machine's cores are shared with the engine and
+    // the client, and a second router thread mostly adds cross-thread wake-ups. The default
+    // (one thread per core) runs once too, for comparison.
+    let start_router = |threads: Option<&str>| -> Result<(Proc, String)> {
+        let mut args: Vec<String> =
+            ["--worker-urls", &engine_url, "--policy", "round_robin", "--port", "0"]
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect();
+        if let Some(threads) = threads {
+            args.extend(["--worker-threads".to_owned(), threads.to_owned()]);
+        }
+        let router = Proc::start(&bins.server, &args, "router listening on ")?;
+        let url = router.after("router listening on ")?;
+        Ok((router, url))
+    };
+    let routers = [start_router(Some("1"))?, start_router(None)?];
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .context("runtime")?;
     let concurrency = 16;
-    let cases: [(&str, &'static str, bool); 6] = [
-        ("direct, non-streaming, 1 token", NON_STREAMING, false),
-        ("router, non-streaming, 1 token", NON_STREAMING, true),
-        ("direct, non-streaming, 64 tokens", NON_STREAMING_64, false),
-        ("router, non-streaming, 64 tokens", NON_STREAMING_64, true),
-        ("direct, streaming, 64 tokens", STREAMING_64, false),
-        ("router, streaming, 64 tokens", STREAMING_64, true),
+    // (name, body, router: None = straight to the engine, Some(i) = through routers[i])
+    let all: [(&str, &'static str, Option<usize>); 7] = [
+        ("direct, non-streaming, 1 token", NON_STREAMING, None),
+        ("router, non-streaming, 1 token", NON_STREAMING, Some(0)),
+        ("router (threads = cores), non-streaming, 1 token", NON_STREAMING, Some(1)),
+        ("direct, non-streaming, 64 tokens", NON_STREAMING_64, None),
+        ("router, non-streaming, 64 tokens", NON_STREAMING_64, Some(0)),
+        ("direct, streaming, 64 tokens", STREAMING_64, None),
+        ("router, streaming, 64 tokens", STREAMING_64, Some(0)),
     ];
+    let cases: Vec<_> = all
+        .into_iter()
+        .filter(|(name, _, _)| only.is_none_or(|text| name.contains(text)))
+        .collect();
     // Warm both paths (connection pools, allocator) before measuring.
     runtime.block_on(blast(&engine_url, NON_STREAMING, 500, concurrency))?;
-    runtime.block_on(blast(&router_url, NON_STREAMING, 500, concurrency))?;
+    for (_, router_url) in &routers {
+        runtime.block_on(blast(router_url, NON_STREAMING, 500, concurrency))?;
+    }
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); cases.len()];
     for _ in 0..repeats {
         for (i, (_, body, routed)) in cases.iter().enumerate() {
-            let url = if *routed { &router_url } else { &engine_url };
-            let cpu_before = router.cpu_time()?;
+            let (router, url) = match routed {
+                Some(r) => (Some(&routers[*r].0), &routers[*r].1),
+                None => (None, &engine_url),
+            };
+            let cpu_before = router.map(Proc::cpu_time).transpose()?;
             let (mut latencies, errors, elapsed) =
                 runtime.block_on(blast(url, body, requests, concurrency))?;
-            let cpu = router.cpu_time()? - cpu_before;
+            let cpu = match (router, cpu_before) {
+                (Some(router), Some(before)) => Some(router.cpu_time()? - before),
+                _ => None,
+            };
             latencies.sort_by(f64::total_cmp);
             runs[i].push(Run {
                 requests: latencies.len(),
@@ -147,7 +177,7 @@ pub(crate) fn measure(bins: &Bins, requests: usize, repeats: usize) -> Result<Ov
                 elapsed,
                 p50_ms: percentile(&latencies, 50.0),
                 p99_ms: percentile(&latencies, 99.0),
-                router_cpu_us: routed.then(|| cpu.as_secs_f64() * 1e6 / requests as f64),
+                router_cpu_us: cpu.map(|cpu| cpu.as_secs_f64() * 1e6 / requests as f64),
             });
         }
     }

@@ -51,6 +51,15 @@ pub struct ServerConfig {
     pub request_timeout_secs: u64,
     /// How long shutdown waits for in-flight requests, in seconds.
     pub shutdown_drain_secs: u64,
+    /// A client must send a request's whole head within this many seconds of starting it (or
+    /// of going idle on a kept-alive connection); slower clients are disconnected.
+    pub header_read_timeout_secs: u64,
+    /// A client must send a request's whole body within this many seconds of its head; a
+    /// slower one gets 408.
+    pub body_read_timeout_secs: u64,
+    /// A response write that cannot make progress for this many seconds (a client that stops
+    /// reading its stream) closes the connection, which cancels the engine request.
+    pub client_write_timeout_secs: u64,
     /// Speak HTTP/2 with prior knowledge (h2c) to engines instead of HTTP/1.1.
     pub upstream_http2: bool,
     /// Emit logs as JSON lines.
@@ -67,6 +76,9 @@ impl Default for ServerConfig {
             max_concurrent_requests: 16_384,
             request_timeout_secs: 1800,
             shutdown_drain_secs: 30,
+            header_read_timeout_secs: 30,
+            body_read_timeout_secs: 60,
+            client_write_timeout_secs: 60,
             upstream_http2: false,
             log_json: false,
         }

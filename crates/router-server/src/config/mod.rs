@@ -85,6 +85,15 @@ pub fn build_models(
     if config.server.max_body_bytes == 0 {
         problems.push("server.max_body_bytes", "must be at least 1");
     }
+    for (path, secs) in [
+        ("server.header_read_timeout_secs", config.server.header_read_timeout_secs),
+        ("server.body_read_timeout_secs", config.server.body_read_timeout_secs),
+        ("server.client_write_timeout_secs", config.server.client_write_timeout_secs),
+    ] {
+        if secs == 0 {
+            problems.push(path, "must be at least 1");
+        }
+    }
     if config.server.max_concurrent_requests == 0 {
         problems.push("server.max_concurrent_requests", "must be at least 1");
     }

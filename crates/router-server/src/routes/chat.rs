@@ -2,15 +2,14 @@
 //! selection, stream the answer back.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::extract::rejection::BytesRejection;
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use http_body_util::BodyExt;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use router_buckets::{BucketPick, BucketRequest};
 use router_policies::{Pick, PickError, Rejection};
 use router_workers::{Stage, Worker};
@@ -30,7 +29,7 @@ use crate::prepare::{PreparedRequest, parse_chat_request, prepare};
 pub async fn chat_completions(
     State(ctx): State<Arc<AppContext>>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Response {
     let request_id = request_id(&headers);
     let span = tracing::info_span!("request", id = %request_id.to_str().unwrap_or_default());
@@ -73,6 +72,32 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
         .unwrap_or_else(new_request_id)
 }
 
+/// Reads the whole body: at most `max_body_bytes` (413 as soon as a declared length or the
+/// bytes received exceed it) and within `body_read_timeout_secs` (408).
+async fn read_body(ctx: &AppContext, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+    let limit = ctx.max_body_bytes();
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        return Err(ApiError::BodyTooLarge { limit });
+    }
+    let secs = ctx.server().body_read_timeout_secs;
+    let collected =
+        tokio::time::timeout(Duration::from_secs(secs), Limited::new(body, limit).collect())
+            .await
+            .map_err(|_| ApiError::BodyTimeout { secs })?;
+    match collected {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(err) if err.is::<LengthLimitError>() => Err(ApiError::BodyTooLarge { limit }),
+        Err(err) => Err(ApiError::InvalidRequest {
+            message: format!("reading the request body failed: {err}"),
+            param: None,
+        }),
+    }
+}
+
 /// A fresh request id: a random per-process prefix and a counter, as 32 hex digits. Unique
 /// across restarts without a random-number syscall per request.
 fn new_request_id() -> HeaderValue {
@@ -88,7 +113,7 @@ fn new_request_id() -> HeaderValue {
 async fn handle(
     ctx: &Arc<AppContext>,
     headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
     request_id: &HeaderValue,
     model_label: &mut String,
     bucket_label: &mut String,
@@ -97,10 +122,7 @@ async fn handle(
     if ctx.is_draining() {
         return Err(ApiError::ShuttingDown);
     }
-    let body = body.map_err(|rejection| match rejection.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => ApiError::BodyTooLarge { limit: ctx.max_body_bytes() },
-        _ => ApiError::InvalidRequest { message: rejection.body_text(), param: None },
-    })?;
+    let body = read_body(ctx, headers, body).await?;
     let chat = parse_chat_request(&body)?;
     let model = ctx.model(&chat.model).ok_or_else(|| ApiError::UnknownModel(chat.model.clone()))?;
     model_label.clone_from(&chat.model);
