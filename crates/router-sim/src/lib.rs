@@ -2,7 +2,8 @@
 //!
 //! # Crate map
 //! - [`engine`]: one simulated engine ([`engine::serve`] with an [`engine::EngineConfig`]), with
-//!   its optional gRPC load reporter (router-state-load's engine-side service).
+//!   its optional gRPC load reporter (router-state-load's engine-side service), API key
+//!   ([`engine::ApiKey`]) and TLS ([`engine::TlsError`] for unusable files).
 //! - [`load`]: the workload generator ([`load::run`] with a [`load::LoadConfig`]), including
 //!   trace replay and its oracles ([`load::trace_oracle`]).
 //! - [`tokens`]: chat-template rendering and tokenization shared with routers.

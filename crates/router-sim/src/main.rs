@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use router_sim::engine::{self, EngineConfig, Exit, Faults, KvFormat};
+use router_sim::engine::{self, ApiKey, EngineConfig, Exit, Faults, KvFormat};
 use router_sim::load::{self, Arrival, LoadConfig, SessionSpec, TraceSpec, Workload};
 use router_workers::Stage;
 use tokio_util::sync::CancellationToken;
@@ -115,6 +115,15 @@ struct EngineArgs {
     /// Seed of the fault draws.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Require `Authorization: Bearer KEY` on every request under /v1/ (401 otherwise).
+    #[arg(long, value_name = "KEY")]
+    api_key: Option<ApiKey>,
+    /// PEM certificate chain: serve HTTPS on --port (needs --tls-key).
+    #[arg(long, value_name = "PATH")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, value_name = "PATH")]
+    tls_key: Option<PathBuf>,
 }
 
 impl EngineArgs {
@@ -149,6 +158,9 @@ impl EngineArgs {
             no_kv_events: self.no_kv_events,
         };
         config.seed = self.seed;
+        config.api_key = self.api_key;
+        config.tls_cert = self.tls_cert;
+        config.tls_key = self.tls_key;
         config
     }
 }

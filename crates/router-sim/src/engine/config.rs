@@ -7,6 +7,7 @@ use std::time::Duration;
 use router_workers::Stage;
 
 use super::EngineError;
+use super::api_key::ApiKey;
 use super::events::KvFormat;
 use super::faults::Faults;
 
@@ -62,6 +63,14 @@ pub struct EngineConfig {
     pub faults: Faults,
     /// Seed of the fault draws (`--seed`, default 0).
     pub seed: u64,
+    /// Bearer token every request under `/v1/` must carry (`--api-key`); `None` leaves the
+    /// engine open. Never printed: its `Debug` is `<redacted>`.
+    pub api_key: Option<ApiKey>,
+    /// PEM certificate chain, leaf first: with [`EngineConfig::tls_key`] the HTTP port serves
+    /// HTTPS (`--tls-cert`).
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of [`EngineConfig::tls_cert`] (`--tls-key`).
+    pub tls_key: Option<PathBuf>,
 }
 
 impl EngineConfig {
@@ -89,6 +98,9 @@ impl EngineConfig {
             default_max_tokens: 16,
             faults: Faults::default(),
             seed: 0,
+            api_key: None,
+            tls_cert: None,
+            tls_key: None,
         }
     }
 
@@ -148,6 +160,75 @@ impl EngineConfig {
             }
             _ => {}
         }
+        if self.api_key.as_ref().is_some_and(ApiKey::is_empty) {
+            return bad("--api-key", "must not be empty".into());
+        }
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), None) => {
+                return bad("--tls-key", format!("required with --tls-cert {}", cert.display()));
+            }
+            (None, Some(key)) => {
+                return bad("--tls-cert", format!("required with --tls-key {}", key.display()));
+            }
+            _ => {}
+        }
         Ok(())
+    }
+
+    /// Whether the HTTP port serves HTTPS (both `--tls-cert` and `--tls-key` given).
+    pub fn tls(&self) -> bool {
+        self.tls_cert.is_some() && self.tls_key.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rejection(config: &EngineConfig) -> (&'static str, String) {
+        match config.validate() {
+            Err(EngineError::Config { flag, reason }) => (flag, reason),
+            other => panic!("expected a config error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn tls_needs_both_files() {
+        let mut config = EngineConfig::new("m");
+        config.tls_cert = Some("cert.pem".into());
+        let (flag, reason) = rejection(&config);
+        assert_eq!(flag, "--tls-key");
+        assert_eq!(reason, "required with --tls-cert cert.pem");
+        assert_eq!(
+            config.validate().map_err(|e| e.to_string()),
+            Err("invalid --tls-key: required with --tls-cert cert.pem".into())
+        );
+
+        config.tls_cert = None;
+        config.tls_key = Some("key.pem".into());
+        assert_eq!(rejection(&config).0, "--tls-cert");
+        assert!(!config.tls());
+
+        config.tls_cert = Some("cert.pem".into());
+        assert!(config.validate().is_ok());
+        assert!(config.tls());
+    }
+
+    #[test]
+    fn an_empty_api_key_is_refused() {
+        let mut config = EngineConfig::new("m");
+        config.api_key = Some(ApiKey::new(""));
+        assert_eq!(rejection(&config), ("--api-key", "must not be empty".into()));
+        config.api_key = Some(ApiKey::new("k"));
+        assert!(config.validate().is_ok());
+    }
+
+    #[test]
+    fn debug_redacts_the_api_key() {
+        let mut config = EngineConfig::new("m");
+        config.api_key = Some(ApiKey::new("very-secret-key"));
+        let printed = format!("{config:?}");
+        assert!(!printed.contains("very-secret-key"), "{printed}");
+        assert!(printed.contains("api_key: Some(<redacted>)"), "{printed}");
     }
 }

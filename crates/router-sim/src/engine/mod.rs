@@ -1,7 +1,7 @@
-//! The simulated engine: one [`serve`] call is one engine (an OpenAI HTTP server, a prefix
-//! cache with a timing model, KV events over ZeroMQ, a PD bootstrap server for prefill
-//! engines, and fault injection), running until its cancellation token fires or a
-//! `die_after` fault ends it.
+//! The simulated engine: one [`serve`] call is one engine (an OpenAI HTTP server, optionally
+//! behind an API key and over TLS, a prefix cache with a timing model, KV events over ZeroMQ, a
+//! PD bootstrap server for prefill engines, and fault injection), running until its
+//! cancellation token fires or a `die_after` fault ends it.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), router_sim::engine::EngineError> {
@@ -17,6 +17,7 @@
 //! # }
 //! ```
 
+mod api_key;
 mod bootstrap;
 pub(crate) mod cache;
 mod config;
@@ -27,6 +28,7 @@ mod load;
 mod output;
 mod reporter;
 mod scheduler;
+mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -38,11 +40,13 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub use api_key::ApiKey;
 pub use config::EngineConfig;
 pub use events::{KvEvent, KvFormat, UnknownKvFormat};
 pub use faults::Faults;
 pub use load::{LoadSnapshot, LoadSource, RankLoad};
 pub use scheduler::SubmitError;
+pub use tls::TlsError;
 
 use crate::tokens::{PrepareError, Preprocessor};
 
@@ -87,6 +91,9 @@ pub enum EngineError {
     /// The tokenizer or chat template could not be loaded.
     #[error("cannot load the tokenizer")]
     Tokenizer(#[source] PrepareError),
+    /// The TLS certificate or key (`--tls-cert`, `--tls-key`) could not be used.
+    #[error("cannot set up TLS")]
+    Tls(#[source] TlsError),
 }
 
 /// How an engine ended.
@@ -105,6 +112,8 @@ pub enum Exit {
 #[derive(Debug)]
 pub struct RunningEngine {
     http_addr: SocketAddr,
+    /// `https` with TLS, else `http`.
+    scheme: &'static str,
     kv_events: Option<String>,
     kv_replay: Option<String>,
     bootstrap_addr: Option<SocketAddr>,
@@ -122,9 +131,9 @@ impl RunningEngine {
         self.http_addr
     }
 
-    /// `http://HOST:PORT` of the OpenAI server.
+    /// `http://HOST:PORT` of the OpenAI server, `https://HOST:PORT` with TLS.
     pub fn url(&self) -> String {
-        format!("http://{}", self.http_addr)
+        format!("{}://{}", self.scheme, self.http_addr)
     }
 
     /// The bound KV-event PUB endpoint, `tcp://HOST:PORT`.
@@ -154,7 +163,8 @@ impl RunningEngine {
 
     /// The lines the binary prints once the engine is ready, in order: `kv events on
     /// tcp://...`, `kv replay on tcp://...`, `bootstrap on http://...`, `load reporter on
-    /// HOST:PORT` (each only when configured), and last `listening on http://...`.
+    /// HOST:PORT` (each only when configured), and last `listening on http://...` (`https://`
+    /// with TLS).
     pub fn ready_lines(&self) -> Vec<String> {
         let mut lines = Vec::new();
         if let Some(endpoint) = &self.kv_events {
@@ -204,6 +214,12 @@ pub async fn serve(
     cancel: CancellationToken,
 ) -> Result<RunningEngine, EngineError> {
     config.validate()?;
+    // The API key prints as `<redacted>`.
+    tracing::debug!(?config, "engine starting");
+    let tls = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => Some(tls::acceptor(cert, key).map_err(EngineError::Tls)?),
+        _ => None,
+    };
     let preprocessor = match &config.tokenizer {
         Some(path) => Preprocessor::from_tokenizer_file(path).map_err(EngineError::Tokenizer)?,
         None => Preprocessor::builtin(),
@@ -252,7 +268,7 @@ pub async fn serve(
         config.bootstrap_port = bootstrap_addr.map(|addr| addr.port());
         let room_registry = Arc::new(bootstrap::Rooms::default());
         let router = bootstrap::router(Arc::clone(&room_registry));
-        tracker.spawn(http::accept_loop(listener, router, stop.clone(), tracker.clone()));
+        tracker.spawn(http::accept_loop(listener, router, None, stop.clone(), tracker.clone()));
         rooms = Some(room_registry);
     }
 
@@ -275,6 +291,7 @@ pub async fn serve(
         addr: format!("{}:{}", config.host, config.port),
         source,
     })?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
     let bootstrap_client = (config.role == Stage::Decode)
         .then(|| bootstrap::BootstrapClient::new(config.bootstrap_timeout));
     let engine = Arc::new(http::Engine::new(
@@ -288,6 +305,7 @@ pub async fn serve(
     tracker.spawn(http::accept_loop(
         listener,
         http::router(Arc::clone(&engine)),
+        tls,
         stop.clone(),
         tracker.clone(),
     ));
@@ -318,6 +336,7 @@ pub async fn serve(
     tracker.close();
     Ok(RunningEngine {
         http_addr,
+        scheme,
         kv_events: endpoints.events,
         kv_replay: endpoints.replay,
         bootstrap_addr,

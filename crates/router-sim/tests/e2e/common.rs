@@ -27,14 +27,22 @@ pub struct Sim {
 impl Sim {
     /// Starts `router-sim engine --port 0 --model m <args>` and reads its ready lines.
     pub async fn start(args: &[&str]) -> Sim {
-        let mut child = Command::new(BIN)
-            .args(["engine", "--port", "0", "--model", "m"])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("router-sim starts");
+        let mut command = Sim::command(args);
+        command.stderr(Stdio::inherit());
+        Sim::spawn(command).await
+    }
+
+    /// The command `start` runs, for a test that needs to add to it (stderr is up to the test).
+    pub fn command(args: &[&str]) -> Command {
+        let mut command = Command::new(BIN);
+        command.args(["engine", "--port", "0", "--model", "m"]).args(args);
+        command
+    }
+
+    /// Spawns `command` and reads its ready lines.
+    pub async fn spawn(mut command: Command) -> Sim {
+        let mut child =
+            command.stdout(Stdio::piped()).kill_on_drop(true).spawn().expect("router-sim starts");
         let stdout = child.stdout.take().expect("stdout piped");
         let mut lines = BufReader::new(stdout).lines();
         let mut endpoints = HashMap::new();
@@ -94,13 +102,23 @@ impl Reply {
 }
 
 pub async fn send(method: Method, url: &str, body: Option<&Value>) -> Result<Reply, String> {
+    send_with_headers(method, url, body, &[]).await
+}
+
+/// `send` with extra request headers.
+pub async fn send_with_headers(
+    method: Method,
+    url: &str,
+    body: Option<&Value>,
+    headers: &[(&str, &str)],
+) -> Result<Reply, String> {
     let body = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
-    let request = Request::builder()
-        .method(method)
-        .uri(url)
-        .header("content-type", "application/json")
-        .body(Full::new(body))
-        .expect("request");
+    let mut request =
+        Request::builder().method(method).uri(url).header("content-type", "application/json");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let request = request.body(Full::new(body)).expect("request");
     let response = client().request(request).await.map_err(|e| format!("request failed: {e:?}"))?;
     let status = response.status();
     let headers = response.headers().clone();

@@ -1,6 +1,7 @@
 //! End-to-end tests of the `router-sim` binary: real processes on loopback ports, spoken to
 //! over HTTP, ZeroMQ and gRPC.
 
+mod api_key;
 mod chat;
 mod common;
 mod faults;
@@ -8,4 +9,5 @@ mod kv;
 mod loadgen;
 mod pd;
 mod reporter;
+mod tls;
 mod trace;

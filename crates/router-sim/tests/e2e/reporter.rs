@@ -76,6 +76,7 @@ async fn load_reporter_streams_native_reports_that_follow_the_engine() {
         kv_events: None,
         load_reporter: Some(reporter),
         load_poll: None,
+        api_key: None,
     };
     registry.add(Worker::from_spec(&spec, vec![ModelId::new("m")]).expect("worker")).expect("add");
     let config =

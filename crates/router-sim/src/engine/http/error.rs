@@ -19,11 +19,16 @@ impl ApiError {
     pub(crate) fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, message)
     }
+
+    pub(crate) fn unauthorized(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, message)
+    }
 }
 
 fn error_type(status: StatusCode) -> &'static str {
     match status {
         StatusCode::BAD_REQUEST => "BadRequestError",
+        StatusCode::UNAUTHORIZED => "AuthenticationError",
         StatusCode::NOT_FOUND => "NotFoundError",
         StatusCode::CONFLICT => "ConflictError",
         s if s.is_server_error() => "InternalServerError",

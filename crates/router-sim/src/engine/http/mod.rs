@@ -1,7 +1,10 @@
-//! The engine's HTTP face: the OpenAI chat endpoint and the probes other routers use, served
-//! by an accept loop whose connections drop at once when the engine stops (so a dying engine
-//! cuts its streams like a killed process would).
+//! The engine's HTTP face: the OpenAI chat endpoint and the probes other routers use, behind
+//! the `--api-key` check for `/v1/`, served (over TLS with `--tls-cert`) by an accept loop whose
+//! connections drop at once when the engine stops (so a dying engine cuts its streams like a
+//! killed process would).
 
+mod accept;
+mod auth;
 mod chat;
 mod error;
 mod info;
@@ -13,19 +16,17 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::middleware;
 use axum::routing::{get, post};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 
 use super::EngineConfig;
 use super::bootstrap::{BootstrapClient, Rooms};
 use super::faults::FaultState;
 use super::scheduler::Scheduler;
 use crate::tokens::Preprocessor;
+
+pub(crate) use accept::accept_loop;
 
 /// Largest request body accepted.
 const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
@@ -83,9 +84,11 @@ pub(crate) fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-/// The engine's routes.
+/// The engine's routes; with an API key configured, every request under `/v1/` (unknown paths
+/// included) must carry it.
 pub(crate) fn router(engine: Arc<Engine>) -> Router {
-    Router::new()
+    let api_key = engine.config.api_key.clone();
+    let routes = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/models", get(info::models))
         .route("/health", get(info::health))
@@ -96,42 +99,9 @@ pub(crate) fn router(engine: Arc<Engine>) -> Router {
         .route("/get_load", get(info::legacy_load))
         .route("/flush_cache", post(info::flush_cache))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
-        .with_state(engine)
-}
-
-/// Serves `router` on `listener` until `stop`, dropping every open connection then.
-pub(crate) async fn accept_loop(
-    listener: TcpListener,
-    router: Router,
-    stop: CancellationToken,
-    tracker: TaskTracker,
-) {
-    loop {
-        let accepted = tokio::select! {
-            () = stop.cancelled() => return,
-            accepted = listener.accept() => accepted,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
-            Err(error) => {
-                tracing::warn!(%error, "accept failed");
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let service = TowerToHyperService::new(router.clone());
-        let stop = stop.clone();
-        tracker.spawn(async move {
-            let builder = auto::Builder::new(TokioExecutor::new());
-            let connection = builder.serve_connection(TokioIo::new(stream), service);
-            tokio::select! {
-                () = stop.cancelled() => {}
-                result = connection => {
-                    if let Err(error) = result {
-                        tracing::debug!(%error, "connection ended with an error");
-                    }
-                }
-            }
-        });
+        .with_state(engine);
+    match api_key {
+        Some(key) => routes.layer(middleware::from_fn_with_state(key, auth::require_api_key)),
+        None => routes,
     }
 }
