@@ -44,8 +44,19 @@ pub struct Process {
 impl Process {
     /// Spawns `binary args` and waits (up to 20 s) for a stdout line containing `ready`.
     pub fn spawn(binary_name: &str, args: &[String], ready: &str) -> Self {
+        Self::spawn_with_env(binary_name, args, &[], ready)
+    }
+
+    /// [`Process::spawn`] with extra environment variables.
+    pub fn spawn_with_env(
+        binary_name: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+        ready: &str,
+    ) -> Self {
         let mut child = Command::new(binary(binary_name))
             .args(args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -172,6 +183,15 @@ impl Router {
         let path = tempfile_path::TempPath::write("router.yaml", yaml);
         let args = vec!["--config".to_owned(), path.display()];
         let process = Process::spawn("router-server", &args, "router listening on ");
+        let url = process.url_after("router listening on ");
+        Self { process, url, _config: Some(path) }
+    }
+
+    /// [`Router::with_config`] with extra environment variables.
+    pub fn with_config_and_env(yaml: &str, env: &[(&str, &str)]) -> Self {
+        let path = tempfile_path::TempPath::write("router.yaml", yaml);
+        let args = vec!["--config".to_owned(), path.display()];
+        let process = Process::spawn_with_env("router-server", &args, env, "router listening on ");
         let url = process.url_after("router listening on ");
         Self { process, url, _config: Some(path) }
     }

@@ -76,6 +76,7 @@ fn fleet() -> Fleet {
             }),
             load_reporter: None,
             load_poll: None,
+            api_key: None,
         };
         let worker = Arc::new(Worker::from_spec(&spec, vec![model.clone()]).expect("valid"));
         table.register(&worker);

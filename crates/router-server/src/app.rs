@@ -19,6 +19,7 @@ use router_workers::{ModelId, RegistryEvent, WorkerRegistry};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
+use crate::auth::Credentials;
 use crate::config::{ConfigFile, ModelRuntime, Problem, ServerConfig, build_models};
 use crate::forward::{ForwardConfig, Forwarder, OutcomeSink};
 use crate::health::HealthBook;
@@ -40,7 +41,7 @@ pub struct AppContext {
     forwarder: Forwarder,
     health: Arc<HealthBook>,
     metrics: PrometheusHandle,
-    admin_token: Option<String>,
+    credentials: Credentials,
     draining: AtomicBool,
     request_slots: Arc<tokio::sync::Semaphore>,
     cancel: CancellationToken,
@@ -71,15 +72,12 @@ impl AppContext {
             Arc::clone(&registry),
             KvSubscriptionConfig::default(),
         );
-        let runtimes = build_models(config, &registry, &handles)?;
+        let credentials = Credentials::resolve(&config.server)
+            .map_err(|(path, why)| vec![Problem { path, message: why.to_owned() }])?;
+        let runtimes =
+            build_models(config, &registry, &handles, credentials.engine_default.as_ref())?;
         let wildcard = runtimes.iter().find(|m| m.id.as_str() == "*").map(|m| m.id.clone());
         let models = runtimes.into_iter().map(|m| (m.id.clone(), m)).collect();
-        let admin_token = config
-            .server
-            .admin_token
-            .clone()
-            .or_else(|| std::env::var("ROUTER_ADMIN_TOKEN").ok())
-            .filter(|t| !t.is_empty());
         let forwarder = Forwarder::new(ForwardConfig {
             http2: config.server.upstream_http2,
             request_timeout: Duration::from_secs(config.server.request_timeout_secs),
@@ -99,7 +97,7 @@ impl AppContext {
             wildcard,
             forwarder,
             metrics: crate::metrics::install(),
-            admin_token,
+            credentials,
             draining: AtomicBool::new(false),
             request_slots: Arc::new(tokio::sync::Semaphore::new(
                 config.server.max_concurrent_requests,
@@ -220,9 +218,9 @@ impl AppContext {
         &self.metrics
     }
 
-    /// The admin bearer token, when the admin API is on.
-    pub fn admin_token(&self) -> Option<&str> {
-        self.admin_token.as_deref()
+    /// The client, engine and admin credentials in force.
+    pub fn credentials(&self) -> &Credentials {
+        &self.credentials
     }
 
     /// The server settings.

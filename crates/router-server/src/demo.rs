@@ -84,6 +84,7 @@ fn worker(id: String, engine: &RunningEngine, role: Stage, block_size: u32) -> W
         }),
         load_reporter: engine.load_reporter_addr().map(|addr| addr.to_string()),
         load_poll: None,
+        api_key: None,
     }
 }
 

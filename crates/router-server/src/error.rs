@@ -63,9 +63,10 @@ pub enum ApiError {
     /// The engine did not answer in time.
     #[error("{0}")]
     UpstreamTimeout(String),
-    /// Missing or wrong admin token.
-    #[error("missing or invalid bearer token")]
-    Unauthorized,
+    /// A missing or wrong credential (client API key or admin token); says which, never the
+    /// key.
+    #[error("{0}")]
+    Unauthorized(&'static str),
     /// Too many requests are in flight at the router.
     #[error("the router is at its concurrent request limit; retry shortly")]
     Overloaded,
@@ -94,7 +95,7 @@ impl ApiError {
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Upstream(_) => StatusCode::BAD_GATEWAY,
             ApiError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
-            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
         }
     }
 
@@ -113,7 +114,7 @@ impl ApiError {
             ApiError::Internal(_) => ("internal_error", "internal_error"),
             ApiError::Upstream(_) => ("upstream_error", "engine_failed"),
             ApiError::UpstreamTimeout(_) => ("upstream_error", "engine_timeout"),
-            ApiError::Unauthorized => ("authentication_error", "unauthorized"),
+            ApiError::Unauthorized(_) => ("authentication_error", "unauthorized"),
             ApiError::NotFound(_) => ("invalid_request_error", "not_found"),
         }
     }

@@ -139,13 +139,14 @@ impl Forwarder {
         request_id: &HeaderValue,
     ) -> Result<Response<Incoming>, SendError> {
         let url = format!("{}/v1/chat/completions", worker.url());
-        let request = Request::builder()
+        let mut request = Request::builder()
             .method(Method::POST)
             .uri(&url)
             .header(header::CONTENT_TYPE, "application/json")
             .header("x-request-id", request_id)
             .body(Full::new(body))
             .map_err(|err| SendError::Failed(format!("building request to {url}: {err}")))?;
+        authorize(&mut request, worker);
         match tokio::time::timeout(self.config.request_timeout, self.client.request(request)).await
         {
             Ok(Ok(response)) => Ok(response),
@@ -174,14 +175,23 @@ impl Forwarder {
         path: &str,
         timeout: Duration,
     ) -> Option<StatusCode> {
-        let request =
+        let mut request =
             Request::get(format!("{}{path}", worker.url())).body(Full::new(Bytes::new())).ok()?;
+        authorize(&mut request, worker);
         let response =
             tokio::time::timeout(timeout, self.client.request(request)).await.ok()?.ok()?;
         let status = response.status();
         // Drain so the connection returns to the pool.
         let _ = tokio::time::timeout(timeout, response.into_body().collect()).await;
         Some(status)
+    }
+}
+
+/// Adds the engine's own credential; the client's `Authorization` never travels further than
+/// the router.
+fn authorize<B>(request: &mut Request<B>, worker: &Worker) {
+    if let Some(value) = worker.api_key().and_then(crate::auth::engine_authorization) {
+        request.headers_mut().insert(header::AUTHORIZATION, value);
     }
 }
 

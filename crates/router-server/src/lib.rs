@@ -10,6 +10,7 @@
 //! crates).
 
 pub mod app;
+pub mod auth;
 pub mod config;
 pub mod demo;
 pub mod error;

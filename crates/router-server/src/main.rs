@@ -131,7 +131,8 @@ async fn kv_indexer(file: &std::path::Path, listen: &str) -> Result<ExitCode> {
     let config = ConfigFile::load(file)?;
     router_server::logging::init(config.server.log_json);
     let registry = Arc::new(router_workers::WorkerRegistry::new());
-    router_server::config::register_all_workers(&config, &registry).map_err(|problems| {
+    // The indexer never calls an engine's HTTP API, so it needs no engine key.
+    router_server::config::register_all_workers(&config, &registry, None).map_err(|problems| {
         let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
         anyhow::anyhow!("invalid configuration:\n  {}", lines.join("\n  "))
     })?;

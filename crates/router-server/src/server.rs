@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::middleware::from_fn_with_state;
 use axum::routing::{delete, get, post};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -17,8 +18,8 @@ use tracing::{debug, info, warn};
 
 use crate::app::AppContext;
 use crate::config::ServerConfig;
-use crate::limit;
 use crate::routes::{admin, chat, ops};
+use crate::{auth, limit};
 
 /// The router's HTTP routes over `ctx`.
 pub fn routes(ctx: Arc<AppContext>) -> Router {
@@ -26,14 +27,17 @@ pub fn routes(ctx: Arc<AppContext>) -> Router {
         .route("/admin/workers", get(admin::list_workers).post(admin::add_worker))
         .route("/admin/workers/{id}", delete(admin::remove_worker))
         .route("/admin/state", get(admin::state))
-        .route_layer(axum::middleware::from_fn_with_state(Arc::clone(&ctx), admin::require_token));
-    Router::new()
+        .route_layer(from_fn_with_state(Arc::clone(&ctx), auth::require_admin_token));
+    let client_routes = Router::new()
         .route(
             "/v1/chat/completions",
             post(chat::chat_completions)
-                .layer(axum::middleware::from_fn_with_state(Arc::clone(&ctx), limit::concurrency)),
+                .layer(from_fn_with_state(Arc::clone(&ctx), limit::concurrency)),
         )
         .route("/v1/models", get(ops::models))
+        .route_layer(from_fn_with_state(Arc::clone(&ctx), auth::require_api_key));
+    Router::new()
+        .merge(client_routes)
         .route("/health", get(ops::health))
         .route("/readiness", get(ops::readiness))
         .route("/metrics", get(ops::prometheus))

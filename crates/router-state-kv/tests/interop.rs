@@ -109,6 +109,7 @@ fn worker(id: &str, endpoint: String, replay: Option<String>, dp_size: u32, bind
         }),
         load_reporter: None,
         load_poll: None,
+        api_key: None,
     };
     Worker::from_spec(&spec, vec![model()]).expect("valid worker")
 }

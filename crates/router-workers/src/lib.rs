@@ -14,7 +14,7 @@ mod worker;
 pub use error::WorkerError;
 pub use registry::{ModelKind, RegistryEvent, WorkerRegistry};
 pub use worker::{
-    KvEventsSpec, LoadPollSpec, ModelId, Stage, Worker, WorkerId, WorkerSpec, validate_url,
+    ApiKey, KvEventsSpec, LoadPollSpec, ModelId, Stage, Worker, WorkerId, WorkerSpec, validate_url,
 };
 
 #[cfg(test)]

@@ -71,6 +71,7 @@ fn rejects_urls_that_are_not_http_or_carry_credentials() {
         kv_events: None,
         load_reporter: None,
         load_poll: None,
+        api_key: None,
     };
     for url in ["ftp://h:1", "file:///etc/passwd", "h:1", "http://", "unix:/tmp/s"] {
         let err = Worker::from_spec(&spec(url), vec![model()]).expect_err(url);

@@ -184,6 +184,49 @@ pub struct WorkerSpec {
     /// Poll SGLang's `/v1/loads` instead of (or without) a gRPC reporter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_poll: Option<LoadPollSpec>,
+    /// The engine's API key (its `--api-key`), sent as `Authorization: Bearer` on every HTTP
+    /// request to it. Never serialized: listings and dumps cannot leak it.
+    #[serde(default, skip_serializing)]
+    pub api_key: Option<ApiKey>,
+}
+
+/// A credential: readable on purpose with [`ApiKey::expose`], never printed by `Debug` and
+/// never serialized.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct ApiKey(String);
+
+impl ApiKey {
+    /// A key of visible ASCII characters (it travels in an HTTP header).
+    pub fn new(key: impl Into<String>) -> Result<Self, &'static str> {
+        let key = key.into();
+        if key.is_empty() {
+            return Err("an API key must not be empty");
+        }
+        if !key.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err("an API key must be visible ASCII characters without spaces");
+        }
+        Ok(Self(key))
+    }
+
+    /// The secret itself, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for ApiKey {
+    type Error = &'static str;
+
+    fn try_from(key: String) -> Result<Self, Self::Error> {
+        Self::new(key)
+    }
+}
+
+impl std::fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ApiKey(<redacted>)")
+    }
 }
 
 fn default_role() -> Stage {
@@ -205,6 +248,7 @@ pub struct Worker {
     kv_events: Option<KvEventsSpec>,
     load_reporter: Option<String>,
     load_poll: Option<LoadPollSpec>,
+    api_key: Option<ApiKey>,
     incarnation: u64,
     healthy: AtomicBool,
 }
@@ -242,6 +286,7 @@ impl Worker {
             kv_events: spec.kv_events.clone(),
             load_reporter: spec.load_reporter.clone(),
             load_poll: spec.load_poll.clone(),
+            api_key: spec.api_key.clone(),
             incarnation: NEXT_INCARNATION.fetch_add(1, Ordering::Relaxed),
             healthy: AtomicBool::new(true),
         })
@@ -269,6 +314,7 @@ impl Worker {
             kv_events: None,
             load_reporter: None,
             load_poll: None,
+            api_key: None,
         };
         Self::from_spec(&spec, vec![model.clone()])
     }
@@ -291,6 +337,11 @@ impl Worker {
     /// Whether this engine serves `model`.
     pub fn serves(&self, model: &ModelId) -> bool {
         self.models.contains(model)
+    }
+
+    /// The engine's API key, when it has one.
+    pub fn api_key(&self) -> Option<&ApiKey> {
+        self.api_key.as_ref()
     }
 
     /// The engine's role.

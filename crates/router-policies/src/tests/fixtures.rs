@@ -150,6 +150,7 @@ impl Fleet {
                 kv_events: None,
                 load_reporter: None,
                 load_poll: None,
+                api_key: None,
             };
             let worker =
                 Arc::new(Worker::from_spec(&spec, vec![fleet.model.clone()]).expect("valid spec"));

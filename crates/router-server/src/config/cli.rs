@@ -281,6 +281,7 @@ fn spec(id: String, url: &str, role: Stage, bootstrap_port: Option<u16>) -> Work
         kv_events: None,
         load_reporter: None,
         load_poll: None,
+        api_key: None,
     }
 }
 

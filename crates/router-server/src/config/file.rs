@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use router_policies::PolicyConfig;
-use router_workers::WorkerSpec;
+use router_workers::{ApiKey, WorkerSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::health::HealthConfig;
@@ -43,6 +43,13 @@ pub struct ServerConfig {
     /// Bearer token of the admin API (or `ROUTER_ADMIN_TOKEN`); neither = admin API off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admin_token: Option<String>,
+    /// Keys clients must send as `Authorization: Bearer` on `/v1/` (or `ROUTER_API_KEY`);
+    /// none = the client API is open. Several allow rotation.
+    #[serde(skip_serializing)]
+    pub api_keys: Vec<ApiKey>,
+    /// Key sent to engines whose worker entry has no `api_key` (or `ROUTER_ENGINE_API_KEY`).
+    #[serde(skip_serializing)]
+    pub engine_api_key: Option<ApiKey>,
     /// Largest accepted request body, in bytes.
     pub max_body_bytes: usize,
     /// Chat requests in flight at once; beyond it the router answers 503 with `Retry-After`.
@@ -72,6 +79,8 @@ impl Default for ServerConfig {
             host: "127.0.0.1".to_owned(),
             port: 8080,
             admin_token: None,
+            api_keys: Vec::new(),
+            engine_api_key: None,
             max_body_bytes: 32 * 1024 * 1024,
             max_concurrent_requests: 16_384,
             request_timeout_secs: 1800,

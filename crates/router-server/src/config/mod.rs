@@ -7,6 +7,7 @@
 mod cli;
 mod file;
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::Arc;
@@ -15,7 +16,7 @@ use std::time::Duration;
 use router_affinity::AffinityStore;
 use router_buckets::{Bucket, BucketGroups, BucketResolver, BucketSpec, EngineGroup, TokenLimits};
 use router_policies::PolicyHandles;
-use router_workers::{ModelId, Stage, Worker, WorkerId, WorkerRegistry};
+use router_workers::{ApiKey, ModelId, Stage, Worker, WorkerId, WorkerRegistry, WorkerSpec};
 
 pub use cli::{Cli, Command, ServeArgs, reject_dropped_options};
 pub use file::{
@@ -71,12 +72,14 @@ impl Problems {
     }
 }
 
-/// Builds every model's routing objects and registers its workers in `registry`. Returns every
-/// problem found, not just the first.
+/// Builds every model's routing objects and registers its workers in `registry`, giving
+/// `engine_key` to workers configured without an `api_key`. Returns every problem found, not
+/// just the first.
 pub fn build_models(
     config: &ConfigFile,
     registry: &WorkerRegistry,
     handles: &PolicyHandles,
+    engine_key: Option<&ApiKey>,
 ) -> Result<Vec<ModelRuntime>, Vec<Problem>> {
     let mut problems = Problems::default();
     if config.models.is_empty() {
@@ -109,7 +112,9 @@ pub fn build_models(
             problems.push(format!("{path}.id"), format!("duplicate model id {:?}", model.id));
             continue;
         }
-        if let Some(runtime) = build_model(&path, model, registry, handles, &mut problems) {
+        if let Some(runtime) =
+            build_model(&path, model, registry, handles, engine_key, &mut problems)
+        {
             runtimes.push(runtime);
         }
     }
@@ -121,10 +126,11 @@ pub fn build_models(
 pub fn register_all_workers(
     config: &ConfigFile,
     registry: &WorkerRegistry,
+    engine_key: Option<&ApiKey>,
 ) -> Result<(), Vec<Problem>> {
     let mut problems = Problems::default();
     for (m, model) in config.models.iter().enumerate() {
-        register_workers(&format!("models[{m}]"), model, registry, &mut problems);
+        register_workers(&format!("models[{m}]"), model, registry, engine_key, &mut problems);
     }
     if problems.0.is_empty() { Ok(()) } else { Err(problems.0) }
 }
@@ -134,6 +140,7 @@ fn register_workers(
     path: &str,
     model: &ModelConfig,
     registry: &WorkerRegistry,
+    engine_key: Option<&ApiKey>,
     problems: &mut Problems,
 ) -> HashMap<WorkerId, Stage> {
     let model_id = ModelId::new(&model.id);
@@ -156,7 +163,8 @@ fn register_workers(
             );
             continue;
         }
-        match Worker::from_spec(spec, vec![model_id.clone()]).and_then(|w| registry.add(w)) {
+        let spec = with_engine_key(spec, engine_key);
+        match Worker::from_spec(&spec, vec![model_id.clone()]).and_then(|w| registry.add(w)) {
             Ok(worker) => {
                 roles.insert(worker.id().clone(), worker.stage());
             }
@@ -166,16 +174,27 @@ fn register_workers(
     roles
 }
 
+/// `spec`, with `default` as its API key when it has none of its own.
+pub fn with_engine_key<'a>(spec: &'a WorkerSpec, default: Option<&ApiKey>) -> Cow<'a, WorkerSpec> {
+    match default {
+        Some(key) if spec.api_key.is_none() => {
+            Cow::Owned(WorkerSpec { api_key: Some(key.clone()), ..spec.clone() })
+        }
+        _ => Cow::Borrowed(spec),
+    }
+}
+
 fn build_model(
     path: &str,
     model: &ModelConfig,
     registry: &WorkerRegistry,
     handles: &PolicyHandles,
+    engine_key: Option<&ApiKey>,
     problems: &mut Problems,
 ) -> Option<ModelRuntime> {
     let model_id = ModelId::new(&model.id);
     let before = problems.0.len();
-    let roles = register_workers(path, model, registry, problems);
+    let roles = register_workers(path, model, registry, engine_key, problems);
     if model.affinity.session_id_header.is_empty() || model.affinity.routing_key_header.is_empty() {
         problems.push(format!("{path}.affinity"), "header names must not be empty");
     }

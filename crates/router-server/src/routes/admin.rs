@@ -4,39 +4,15 @@
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::{Path, Request, State};
-use axum::http::{StatusCode, header};
-use axum::middleware::Next;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use router_workers::{ModelId, Worker, WorkerError, WorkerId, WorkerSpec};
 use serde_json::{Value, json};
-use subtle::ConstantTimeEq;
 
 use crate::app::AppContext;
+use crate::config::with_engine_key;
 use crate::error::ApiError;
-
-/// Rejects requests without the configured bearer token.
-pub async fn require_token(
-    State(ctx): State<Arc<AppContext>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let Some(expected) = ctx.admin_token() else {
-        return ApiError::NotFound("the admin API is off (no admin token configured)".into())
-            .into_response();
-    };
-    let given = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or_default();
-    let ok: bool = given.as_bytes().ct_eq(expected.as_bytes()).into();
-    if !ok {
-        return ApiError::Unauthorized.into_response();
-    }
-    next.run(request).await
-}
 
 fn worker_json(ctx: &AppContext, worker: &Worker) -> Value {
     json!({
@@ -85,6 +61,7 @@ pub async fn add_worker(
     let model_id: ModelId = served.id.clone();
     let invalid =
         |err: WorkerError| ApiError::InvalidRequest { message: err.to_string(), param: None };
+    let spec = with_engine_key(&spec, ctx.credentials().engine_default.as_ref());
     let worker = Worker::from_spec(&spec, vec![model_id]).map_err(invalid)?;
     match ctx.registry().add(worker) {
         Ok(worker) => Ok((StatusCode::CREATED, Json(worker_json(&ctx, &worker))).into_response()),

@@ -9,7 +9,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use http_body_util::BodyExt;
 use router_buckets::{BucketPick, BucketRequest};
 use router_policies::{Pick, PickError, Rejection};
 use router_workers::{Stage, Worker};
@@ -74,28 +74,61 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
 
 /// Reads the whole body: at most `max_body_bytes` (413 as soon as a declared length or the
 /// bytes received exceed it) and within `body_read_timeout_secs` (408).
-async fn read_body(ctx: &AppContext, headers: &HeaderMap, body: Body) -> Result<Bytes, ApiError> {
+async fn read_body(
+    ctx: &AppContext,
+    headers: &HeaderMap,
+    mut body: Body,
+) -> Result<Bytes, ApiError> {
     let limit = ctx.max_body_bytes();
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|length| length > limit as u64) {
+        discard_in_background(body);
         return Err(ApiError::BodyTooLarge { limit });
     }
     let secs = ctx.server().body_read_timeout_secs;
-    let collected =
-        tokio::time::timeout(Duration::from_secs(secs), Limited::new(body, limit).collect())
-            .await
-            .map_err(|_| ApiError::BodyTimeout { secs })?;
-    match collected {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(err) if err.is::<LengthLimitError>() => Err(ApiError::BodyTooLarge { limit }),
-        Err(err) => Err(ApiError::InvalidRequest {
-            message: format!("reading the request body failed: {err}"),
-            param: None,
-        }),
+    let read = async {
+        let mut chunks: Vec<Bytes> = Vec::new();
+        let mut total = 0usize;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|err| ApiError::InvalidRequest {
+                message: format!("reading the request body failed: {err}"),
+                param: None,
+            })?;
+            if let Ok(data) = frame.into_data() {
+                total += data.len();
+                if total > limit {
+                    return Err(ApiError::BodyTooLarge { limit });
+                }
+                chunks.push(data);
+            }
+        }
+        Ok(match chunks.len() {
+            // The usual case, one frame: no copy.
+            1 => chunks.pop().unwrap_or_default(),
+            _ => chunks.concat().into(),
+        })
+    };
+    let read = tokio::time::timeout(Duration::from_secs(secs), read)
+        .await
+        .map_err(|_| ApiError::BodyTimeout { secs })?;
+    if matches!(read, Err(ApiError::BodyTooLarge { .. })) {
+        discard_in_background(body);
     }
+    read
+}
+
+/// Reads and drops the rest of a refused body for a few seconds, so that a client still
+/// sending it gets to read the 413 instead of a connection reset (NGINX's lingering close).
+/// Nothing is kept: memory stays bounded whatever the client sends.
+fn discard_in_background(mut body: Body) {
+    const LINGER: Duration = Duration::from_secs(5);
+    tokio::spawn(async move {
+        let drain = async { while let Some(Ok(_)) = body.frame().await {} };
+        let _ = tokio::time::timeout(LINGER, drain).await;
+    });
 }
 
 /// A fresh request id: a random per-process prefix and a counter, as 32 hex digits. Unique
@@ -271,6 +304,16 @@ async fn relay(
     let (parts, body) = upstream.into_parts();
     if parts.status.is_server_error() {
         return Err(ApiError::Upstream(engine_failed(ctx, worker, parts.status, body).await));
+    }
+    if matches!(parts.status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
+        // The engine refused the router's credential, not the client's: passing the 401 on
+        // would tell the client its own key is wrong.
+        metrics::engine_failure(worker.id().as_str(), "credentials");
+        return Err(ApiError::Upstream(format!(
+            "engine {} refused the router's credentials ({}); check the worker's api_key",
+            worker.id(),
+            parts.status.as_u16()
+        )));
     }
     let sink: Arc<dyn OutcomeSink> = ctx.health_sink();
     let stream_sse = sse && parts.status.is_success();

@@ -55,6 +55,11 @@ pub(crate) async fn run(ctx: TaskContext, interval: Duration, cancel: Cancellati
         }
     };
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let authorization = ctx.worker.api_key().and_then(|key| {
+        let mut value = http::HeaderValue::try_from(format!("Bearer {}", key.expose())).ok()?;
+        value.set_sensitive(true);
+        Some(value)
+    });
     let timeout = ctx.config.poll_timeout.min(interval).max(Duration::from_millis(1));
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -68,7 +73,7 @@ pub(crate) async fn run(ctx: TaskContext, interval: Duration, cancel: Cancellati
         }
         let fetched = tokio::select! {
             () = cancel.cancelled() => return,
-            fetched = tokio::time::timeout(timeout, fetch(&client, uri.clone(), ctx.config.max_report_bytes)) => {
+            fetched = tokio::time::timeout(timeout, fetch(&client, uri.clone(), authorization.as_ref(), ctx.config.max_report_bytes)) => {
                 fetched.unwrap_or(Err(PollError::Timeout(timeout)))
             }
         };
@@ -107,11 +112,20 @@ pub(crate) async fn run(ctx: TaskContext, interval: Duration, cancel: Cancellati
     }
 }
 
-async fn fetch(client: &HttpClient, uri: http::Uri, max_bytes: usize) -> Result<Bytes, PollError> {
-    let request = http::Request::get(uri)
+/// GETs `uri`, with the engine's `authorization` when it has an API key.
+async fn fetch(
+    client: &HttpClient,
+    uri: http::Uri,
+    authorization: Option<&http::HeaderValue>,
+    max_bytes: usize,
+) -> Result<Bytes, PollError> {
+    let mut request = http::Request::get(uri)
         .header(http::header::ACCEPT, "application/json")
         .body(Empty::new())
         .map_err(|e| PollError::Body(Box::new(e)))?;
+    if let Some(value) = authorization {
+        request.headers_mut().insert(http::header::AUTHORIZATION, value.clone());
+    }
     let response = client.request(request).await.map_err(PollError::Request)?;
     if response.status() != http::StatusCode::OK {
         return Err(PollError::Status(response.status()));

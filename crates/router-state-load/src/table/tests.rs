@@ -18,6 +18,7 @@ fn worker(id: &str, dp_size: u32) -> Worker {
         kv_events: None,
         load_reporter: None,
         load_poll: None,
+        api_key: None,
     };
     Worker::from_spec(&spec, vec![ModelId::new("m")]).expect("valid worker")
 }

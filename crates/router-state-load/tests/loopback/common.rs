@@ -207,6 +207,7 @@ pub fn spec(id: &str, dp_size: u32) -> WorkerSpec {
         kv_events: None,
         load_reporter: None,
         load_poll: None,
+        api_key: None,
     }
 }
 

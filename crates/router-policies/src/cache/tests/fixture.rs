@@ -171,6 +171,7 @@ impl World {
                 }),
                 load_reporter: None,
                 load_poll: None,
+                api_key: None,
             };
             let worker = Arc::new(Worker::from_spec(&spec, vec![model.clone()]).expect("valid"));
             table.register(&worker);
