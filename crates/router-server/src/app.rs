@@ -78,11 +78,18 @@ impl AppContext {
             build_models(config, &registry, &handles, credentials.engine_default.as_ref())?;
         let wildcard = runtimes.iter().find(|m| m.id.as_str() == "*").map(|m| m.id.clone());
         let models = runtimes.into_iter().map(|m| (m.id.clone(), m)).collect();
+        let engine_problem = |path: &str, err: &dyn std::fmt::Display| {
+            vec![Problem { path: path.to_owned(), message: err.to_string() }]
+        };
+        let tls = crate::tls::engine_client_config(config.server.engine_ca_file.as_deref())
+            .map_err(|err| engine_problem("server.engine_ca_file", &err))?;
         let forwarder = Forwarder::new(ForwardConfig {
             http2: config.server.upstream_http2,
             request_timeout: Duration::from_secs(config.server.request_timeout_secs),
+            tls: Some(Arc::clone(&tls)),
             ..ForwardConfig::default()
-        });
+        })
+        .map_err(|err| engine_problem("server.engine_ca_file", &err))?;
         Ok(Self {
             server: config.server.clone(),
             load_report_interval: Duration::from_millis(config.load.report_interval_ms),
@@ -117,6 +124,7 @@ impl AppContext {
             Arc::clone(&self.registry),
             SubscriptionConfig {
                 report_interval: self.load_report_interval,
+                tls: self.forwarder.tls(),
                 ..SubscriptionConfig::default()
             },
         );

@@ -1,5 +1,6 @@
-//! Forwarding to engines: pooled HTTP/1.1 and h2c clients, streaming passthrough with no
-//! buffering, and the SGLang bootstrap protocol for prefill/decode pairs.
+//! Forwarding to engines: pooled HTTP/1.1 and HTTP/2 clients (h2c, or TLS with ALPN for
+//! `https://` engines), streaming passthrough with no buffering, and the SGLang bootstrap
+//! protocol for prefill/decode pairs.
 //!
 //! The in-flight guards of the engines dispatched to travel with the response body and are
 //! released when it ends, fails, or is dropped because the client went away; dropping the body
@@ -16,6 +17,7 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header
 use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -26,6 +28,11 @@ use std::future::Future as _;
 use tokio::sync::oneshot;
 
 use crate::error::ApiError;
+use crate::tls::TlsConfigError;
+use rustls::ClientConfig;
+
+/// The engine connector: plain TCP for `http://`, rustls for `https://`.
+type EngineConnector = HttpsConnector<HttpConnector>;
 
 /// Connection and timeout settings of the engine clients.
 #[derive(Clone, Debug)]
@@ -38,6 +45,8 @@ pub struct ForwardConfig {
     pub request_timeout: Duration,
     /// Idle pooled connections kept per engine.
     pub pool_max_idle_per_host: usize,
+    /// TLS for `https://` engines; `None` = system roots only.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Default for ForwardConfig {
@@ -47,6 +56,7 @@ impl Default for ForwardConfig {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(1800),
             pool_max_idle_per_host: 1024,
+            tls: None,
         }
     }
 }
@@ -107,23 +117,41 @@ pub trait OutcomeSink: Send + Sync + 'static {
 /// The engine clients, shared by every request.
 #[derive(Clone, Debug)]
 pub struct Forwarder {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<EngineConnector, Full<Bytes>>,
     config: ForwardConfig,
 }
 
 impl Forwarder {
-    /// Builds the pooled client.
-    pub fn new(config: ForwardConfig) -> Self {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(config.connect_timeout));
-        connector.enforce_http(true);
+    /// Builds the pooled client. HTTP/2 is prior knowledge (h2c) for `http://` engines and
+    /// negotiated by ALPN for `https://` ones.
+    pub fn new(mut config: ForwardConfig) -> Result<Self, TlsConfigError> {
+        let mut tcp = HttpConnector::new();
+        tcp.set_nodelay(true);
+        tcp.set_connect_timeout(Some(config.connect_timeout));
+        tcp.enforce_http(false);
+        let tls = match &config.tls {
+            Some(tls) => Arc::clone(tls),
+            None => crate::tls::engine_client_config(None)?,
+        };
+        config.tls = Some(Arc::clone(&tls));
+        let https =
+            HttpsConnectorBuilder::new().with_tls_config(ClientConfig::clone(&tls)).https_or_http();
+        let connector = if config.http2 {
+            https.enable_http2().wrap_connector(tcp)
+        } else {
+            https.enable_http1().wrap_connector(tcp)
+        };
         let mut builder = Client::builder(TokioExecutor::new());
         builder
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(config.pool_max_idle_per_host)
             .http2_only(config.http2);
-        Self { client: builder.build(connector), config }
+        Ok(Self { client: builder.build(connector), config })
+    }
+
+    /// The TLS settings for `https://` engines, to share with other engine clients.
+    pub fn tls(&self) -> Option<Arc<ClientConfig>> {
+        self.config.tls.clone()
     }
 
     /// The request timeout.

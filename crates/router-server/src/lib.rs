@@ -3,8 +3,9 @@
 //! Owns the assembly of every other crate into the `router-server` binary: the configuration
 //! file and command line, the `AppContext` that starts shared services once and stops them on
 //! shutdown, request preparation (validation, chat template, tokenizer), the ordered bucket
-//! loop, forwarding and PD dispatch, health checking and circuit breaking, metrics and the admin
-//! API. Domain errors are mapped to HTTP statuses in one place ([`error`]).
+//! loop, forwarding (plain, h2c or TLS) and PD dispatch, the client/engine/admin credentials,
+//! slow-client timeouts, health checking and circuit breaking, metrics and the admin API.
+//! Domain errors are mapped to HTTP statuses in one place ([`error`]).
 //!
 //! Does not own: selection (router-policies, router-buckets) or state ingestion (the state
 //! crates).
@@ -22,3 +23,4 @@ pub mod metrics;
 pub mod prepare;
 pub mod routes;
 pub mod server;
+pub mod tls;

@@ -50,6 +50,9 @@ pub struct ServerConfig {
     /// Key sent to engines whose worker entry has no `api_key` (or `ROUTER_ENGINE_API_KEY`).
     #[serde(skip_serializing)]
     pub engine_api_key: Option<ApiKey>,
+    /// PEM bundle of CA certificates trusted for `https://` engines, besides the system's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_ca_file: Option<PathBuf>,
     /// Largest accepted request body, in bytes.
     pub max_body_bytes: usize,
     /// Chat requests in flight at once; beyond it the router answers 503 with `Retry-After`.
@@ -81,6 +84,7 @@ impl Default for ServerConfig {
             admin_token: None,
             api_keys: Vec::new(),
             engine_api_key: None,
+            engine_ca_file: None,
             max_body_bytes: 32 * 1024 * 1024,
             max_concurrent_requests: 16_384,
             request_timeout_secs: 1800,

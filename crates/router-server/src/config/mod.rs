@@ -156,13 +156,6 @@ fn register_workers(
             );
             continue;
         }
-        if spec.url.starts_with("https://") {
-            problems.push(
-                format!("{wpath}.url"),
-                "https engines are not supported by this build (plain HTTP/1.1 or h2c only)",
-            );
-            continue;
-        }
         let spec = with_engine_key(spec, engine_key);
         match Worker::from_spec(&spec, vec![model_id.clone()]).and_then(|w| registry.add(w)) {
             Ok(worker) => {

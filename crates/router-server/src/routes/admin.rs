@@ -50,13 +50,6 @@ pub async fn add_worker(
             param: Some("model".into()),
         });
     };
-    if spec.url.starts_with("https://") {
-        return Err(ApiError::InvalidRequest {
-            message: "https engines are not supported by this build (plain HTTP/1.1 or h2c only)"
-                .into(),
-            param: Some("url".into()),
-        });
-    }
     let served = ctx.model(&model).ok_or_else(|| ApiError::UnknownModel(model.clone()))?;
     let model_id: ModelId = served.id.clone();
     let invalid =

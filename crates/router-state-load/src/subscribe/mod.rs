@@ -27,7 +27,7 @@ use crate::{EngineReportedLoadTable, MissingReason};
 pub use poll::parse_v1_loads;
 
 /// Settings of the subscriptions.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct SubscriptionConfig {
     /// Interval requested from gRPC reporters; changeable at run time through
     /// [`ReportIntervalControl`].
@@ -46,6 +46,8 @@ pub struct SubscriptionConfig {
     pub poll_timeout: Duration,
     /// Name sent to engines in `Register.subscriber`, for their logs.
     pub subscriber_name: String,
+    /// TLS for polling `https://` engines; `None` = such polls fail (reported as missing).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl Default for SubscriptionConfig {
@@ -59,6 +61,7 @@ impl Default for SubscriptionConfig {
             max_report_bytes: 256 * 1024,
             poll_timeout: Duration::from_secs(2),
             subscriber_name: "router".to_owned(),
+            tls: None,
         }
     }
 }

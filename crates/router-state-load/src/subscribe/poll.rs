@@ -9,10 +9,12 @@
 //! Other fields are ignored. Polled reports have instance id 0 and a local sequence; the
 //! engine's timestamps are not used (the numbers count as captured on receipt).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -22,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use super::TaskContext;
 use crate::{EngineStatus, MissingReason, RankSample, RejectReason, Report, ReportKind};
 
-type HttpClient = Client<HttpConnector, Empty<Bytes>>;
+type HttpClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
 
 /// Why one poll produced no report.
 #[derive(Debug, thiserror::Error)]
@@ -54,7 +56,7 @@ pub(crate) async fn run(ctx: TaskContext, interval: Duration, cancel: Cancellati
             return;
         }
     };
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
+    let client = http_client(ctx.config.tls.as_deref());
     let authorization = ctx.worker.api_key().and_then(|key| {
         let mut value = http::HeaderValue::try_from(format!("Bearer {}", key.expose())).ok()?;
         value.set_sensitive(true);
@@ -110,6 +112,28 @@ pub(crate) async fn run(ctx: TaskContext, interval: Duration, cancel: Cancellati
             }
         }
     }
+}
+
+/// A client for `http://` engines, and for `https://` ones when `tls` is given.
+fn http_client(tls: Option<&rustls::ClientConfig>) -> HttpClient {
+    let mut tcp = HttpConnector::new();
+    tcp.enforce_http(false);
+    let https = match tls {
+        Some(tls) => HttpsConnectorBuilder::new().with_tls_config(tls.clone()).https_or_http(),
+        // No TLS configured: https polls fail at the handshake, visibly.
+        None => HttpsConnectorBuilder::new()
+            .with_tls_config(
+                rustls::ClientConfig::builder_with_provider(Arc::new(
+                    rustls::crypto::ring::default_provider(),
+                ))
+                .with_safe_default_protocol_versions()
+                .expect("ring supports the default protocol versions")
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth(),
+            )
+            .https_or_http(),
+    };
+    Client::builder(TokioExecutor::new()).build(https.enable_http1().wrap_connector(tcp))
 }
 
 /// GETs `uri`, with the engine's `authorization` when it has an API key.
