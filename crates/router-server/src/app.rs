@@ -23,6 +23,7 @@ use crate::auth::Credentials;
 use crate::config::{ConfigFile, ModelRuntime, Problem, ServerConfig, build_models};
 use crate::forward::{ForwardConfig, Forwarder, OutcomeSink};
 use crate::health::HealthBook;
+use crate::retry::RetryBudget;
 
 /// Everything a request handler needs, shared by all of them.
 pub struct AppContext {
@@ -42,6 +43,7 @@ pub struct AppContext {
     health: Arc<HealthBook>,
     metrics: PrometheusHandle,
     credentials: Credentials,
+    retry_budget: RetryBudget,
     draining: AtomicBool,
     request_slots: Arc<tokio::sync::Semaphore>,
     cancel: CancellationToken,
@@ -105,6 +107,7 @@ impl AppContext {
             forwarder,
             metrics: crate::metrics::install(),
             credentials,
+            retry_budget: RetryBudget::new(&config.server.retry),
             draining: AtomicBool::new(false),
             request_slots: Arc::new(tokio::sync::Semaphore::new(
                 config.server.max_concurrent_requests,
@@ -224,6 +227,11 @@ impl AppContext {
     /// The Prometheus handle.
     pub fn metrics(&self) -> &PrometheusHandle {
         &self.metrics
+    }
+
+    /// The budget shared by every retry.
+    pub fn retry_budget(&self) -> &RetryBudget {
+        &self.retry_budget
     }
 
     /// The client, engine and admin credentials in force.

@@ -57,9 +57,12 @@ pub enum ApiError {
     /// The router or its configuration is at fault (invalid signal, configuration, foreign pick).
     #[error("{0}")]
     Internal(String),
-    /// The engine failed or could not be reached.
+    /// The engine failed.
     #[error("{0}")]
     Upstream(String),
+    /// The engine could not be reached: it received nothing (the one retryable failure).
+    #[error("{0}")]
+    EngineUnreachable(String),
     /// The engine did not answer in time.
     #[error("{0}")]
     UpstreamTimeout(String),
@@ -93,7 +96,7 @@ impl ApiError {
             | ApiError::Overloaded
             | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            ApiError::Upstream(_) => StatusCode::BAD_GATEWAY,
+            ApiError::Upstream(_) | ApiError::EngineUnreachable(_) => StatusCode::BAD_GATEWAY,
             ApiError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
         }
@@ -113,6 +116,7 @@ impl ApiError {
             ApiError::Overloaded => ("service_unavailable", "overloaded"),
             ApiError::Internal(_) => ("internal_error", "internal_error"),
             ApiError::Upstream(_) => ("upstream_error", "engine_failed"),
+            ApiError::EngineUnreachable(_) => ("upstream_error", "engine_unreachable"),
             ApiError::UpstreamTimeout(_) => ("upstream_error", "engine_timeout"),
             ApiError::Unauthorized(_) => ("authentication_error", "unauthorized"),
             ApiError::NotFound(_) => ("invalid_request_error", "not_found"),

@@ -90,9 +90,8 @@ impl From<SendError> for ApiError {
     fn from(err: SendError) -> Self {
         match err {
             SendError::Timeout(message) => ApiError::UpstreamTimeout(message),
-            SendError::Unreachable(message) | SendError::Failed(message) => {
-                ApiError::Upstream(message)
-            }
+            SendError::Unreachable(message) => ApiError::EngineUnreachable(message),
+            SendError::Failed(message) => ApiError::Upstream(message),
         }
     }
 }

@@ -21,6 +21,7 @@ pub mod limit;
 pub mod logging;
 pub mod metrics;
 pub mod prepare;
+pub mod retry;
 pub mod routes;
 pub mod server;
 pub mod tls;

@@ -116,3 +116,13 @@ pub fn kv_index(nodes: u64, bytes: u64) {
     gauge!("router_kv_index_nodes").set(nodes as f64);
     gauge!("router_kv_index_bytes").set(bytes as f64);
 }
+
+/// A dispatch retried after an engine could not be reached.
+pub fn retry(model: &str) {
+    counter!("router_retries_total", "model" => model.to_owned()).increment(1);
+}
+
+/// A retry refused because the retry budget was spent.
+pub fn retry_budget_exhausted(model: &str) {
+    counter!("router_retry_budget_exhausted_total", "model" => model.to_owned()).increment(1);
+}

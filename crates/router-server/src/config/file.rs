@@ -10,6 +10,7 @@ use router_workers::{ApiKey, WorkerSpec};
 use serde::{Deserialize, Serialize};
 
 use crate::health::HealthConfig;
+use crate::retry::RetryConfig;
 
 /// The whole configuration file.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -33,7 +34,7 @@ pub struct ConfigFile {
 }
 
 /// `server`: listener, limits and operations.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     /// Listen address (`--host` overrides).
@@ -70,6 +71,8 @@ pub struct ServerConfig {
     /// A response write that cannot make progress for this many seconds (a client that stops
     /// reading its stream) closes the connection, which cancels the engine request.
     pub client_write_timeout_secs: u64,
+    /// Retries of dispatches to engines that could not be reached.
+    pub retry: RetryConfig,
     /// Speak HTTP/2 with prior knowledge (h2c) to engines instead of HTTP/1.1.
     pub upstream_http2: bool,
     /// Emit logs as JSON lines.
@@ -92,6 +95,7 @@ impl Default for ServerConfig {
             header_read_timeout_secs: 30,
             body_read_timeout_secs: 60,
             client_write_timeout_secs: 60,
+            retry: RetryConfig::default(),
             upstream_http2: false,
             log_json: false,
         }

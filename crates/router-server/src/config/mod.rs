@@ -97,6 +97,9 @@ pub fn build_models(
             problems.push(path, "must be at least 1");
         }
     }
+    for (field, message) in config.server.retry.problems() {
+        problems.push(format!("server.retry.{field}"), message);
+    }
     if config.server.max_concurrent_requests == 0 {
         problems.push("server.max_concurrent_requests", "must be at least 1");
     }

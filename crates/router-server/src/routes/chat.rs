@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use router_buckets::{BucketPick, BucketRequest};
+use router_buckets::{Bucket, BucketPick, BucketRequest};
 use router_policies::{Pick, PickError, Rejection};
 use router_workers::{Stage, Worker};
 use tokio::sync::oneshot;
@@ -183,12 +183,55 @@ async fn handle(
         routing_key: prepared.routing_key.as_deref(),
     };
 
+    ctx.retry_budget().deposit();
+    let retry = &ctx.server().retry;
+    let mut retries = 0;
+    let mut failure: Option<ApiError> = None;
+    loop {
+        let (bucket, pick) = match select(&buckets, ctx, &request, model_label, started).await {
+            Ok(selected) => selected,
+            // A retry that finds nothing left to try reports the failure that caused it.
+            Err(err) => return Err(failure.unwrap_or(err)),
+        };
+        bucket_label.clear();
+        bucket_label.push_str(bucket.id());
+        match dispatch(ctx, &prepared, bucket.id(), pick, request_id, model_label, started).await {
+            Ok(mut response) => {
+                if retries > 0 {
+                    response.headers_mut().insert("x-router-retries", HeaderValue::from(retries));
+                }
+                return Ok(response);
+            }
+            Err(err @ ApiError::EngineUnreachable(_)) if retries < retry.max_retries => {
+                if !ctx.retry_budget().withdraw() {
+                    metrics::retry_budget_exhausted(model_label);
+                    return Err(err);
+                }
+                retries += 1;
+                metrics::retry(model_label);
+                warn!(error = %err, retry = retries, "engine unreachable; selecting again");
+                tokio::time::sleep(retry.backoff(retries)).await;
+                failure = Some(err);
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// The ordered bucket loop of POLICY_DESIGN.md §3: the first bucket where every stage has an
+/// admissible engine wins; admission rejections and empty groups advance to the next bucket.
+async fn select<'a>(
+    buckets: &[&'a Bucket],
+    ctx: &AppContext,
+    request: &BucketRequest<'_>,
+    model_label: &str,
+    started: Instant,
+) -> Result<(&'a Bucket, BucketPick), ApiError> {
     let mut rejections: Vec<Rejection> = Vec::new();
     let mut last_stage = None;
-    for bucket in buckets {
-        match bucket.pick_engines(ctx.registry(), &request).await {
+    for &bucket in buckets {
+        match bucket.pick_engines(ctx.registry(), request).await {
             Ok(pick) => {
-                bucket_label.push_str(bucket.id());
                 for (stage, one) in pick.iter() {
                     let policy = bucket
                         .groups()
@@ -198,16 +241,7 @@ async fn handle(
                     metrics::pick(policy, stage.as_str(), one.reason.as_str());
                 }
                 metrics::selection(model_label, started.elapsed());
-                return dispatch(
-                    ctx,
-                    &prepared,
-                    bucket.id(),
-                    pick,
-                    request_id,
-                    model_label,
-                    started,
-                )
-                .await;
+                return Ok((bucket, pick));
             }
             Err(failure) if failure.advances_bucket() => {
                 let reason = match &failure.error {
