@@ -95,13 +95,18 @@ fn dropped_options_name_their_replacement() {
 }
 
 #[test]
-fn check_config_refuses_https_engines_it_cannot_reach() {
+fn check_config_accepts_https_engines_and_refuses_credentials_in_urls() {
     let https = VALID.replace("http://127.0.0.1:30001", "https://127.0.0.1:30001");
     let file = TempPath::write("router.yaml", &https);
     let (code, _, stderr) = run(&["check-config", &file.display()]);
+    assert_eq!(code, 0, "{stderr}");
+
+    let with_user = VALID.replace("http://127.0.0.1:30001", "https://user:pw@127.0.0.1:30001");
+    let file = TempPath::write("router.yaml", &with_user);
+    let (code, _, stderr) = run(&["check-config", &file.display()]);
     assert_eq!(code, 1);
-    assert!(stderr.contains("models[0].workers[1].url"), "{stderr}");
-    assert!(stderr.contains("https engines are not supported"), "{stderr}");
+    assert!(stderr.contains("models[0].workers[1]"), "{stderr}");
+    assert!(!stderr.contains("pw@"), "the password was echoed: {stderr}");
 }
 
 #[test]

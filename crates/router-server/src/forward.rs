@@ -406,8 +406,19 @@ impl Body for GuardedBody {
         let data = batch.map_or(data, bytes::BytesMut::freeze);
         Poll::Ready(Some(Ok(Frame::data(data))))
     }
+
     fn is_end_stream(&self) -> bool {
         self.finished
+    }
+
+    /// The engine's own length, so a non-streamed answer keeps its `content-length`. A stream
+    /// may gain an error event, so its length is never promised.
+    fn size_hint(&self) -> http_body::SizeHint {
+        if self.sse || self.partner_failure.is_some() {
+            http_body::SizeHint::default()
+        } else {
+            self.inner.size_hint()
+        }
     }
 }
 

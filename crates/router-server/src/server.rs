@@ -46,13 +46,15 @@ pub fn routes(ctx: Arc<AppContext>) -> Router {
         .with_state(ctx)
 }
 
-/// The per-connection limits that protect the router from slow clients.
+/// The per-connection limits that protect the router from slow clients and huge heads.
 #[derive(Clone, Copy, Debug)]
 struct ConnectionTimeouts {
     /// Whole request head (slowloris).
     header_read: Duration,
     /// A response write that makes no progress (a client that stops reading).
     write: Duration,
+    /// Largest request head.
+    max_header_bytes: usize,
 }
 
 impl From<&ServerConfig> for ConnectionTimeouts {
@@ -60,6 +62,7 @@ impl From<&ServerConfig> for ConnectionTimeouts {
         Self {
             header_read: Duration::from_secs(server.header_read_timeout_secs),
             write: Duration::from_secs(server.client_write_timeout_secs),
+            max_header_bytes: server.max_header_bytes,
         }
     }
 }
@@ -73,7 +76,14 @@ async fn accept_loop(
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(timeouts.header_read);
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(timeouts.header_read)
+        .max_buf_size(timeouts.max_header_bytes);
+    builder
+        .http2()
+        .max_header_list_size(u32::try_from(timeouts.max_header_bytes).unwrap_or(u32::MAX));
     builder.http2().timer(TokioTimer::new());
     let graceful = GracefulShutdown::new();
     let service = TowerToHyperService::new(app);

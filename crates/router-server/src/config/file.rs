@@ -56,6 +56,8 @@ pub struct ServerConfig {
     pub engine_ca_file: Option<PathBuf>,
     /// Largest accepted request body, in bytes.
     pub max_body_bytes: usize,
+    /// Largest accepted request head (request line and headers), in bytes; beyond it 431.
+    pub max_header_bytes: usize,
     /// Chat requests in flight at once; beyond it the router answers 503 with `Retry-After`.
     pub max_concurrent_requests: usize,
     /// Timeout of a whole engine request, response body included, in seconds.
@@ -89,6 +91,7 @@ impl Default for ServerConfig {
             engine_api_key: None,
             engine_ca_file: None,
             max_body_bytes: 32 * 1024 * 1024,
+            max_header_bytes: 64 * 1024,
             max_concurrent_requests: 16_384,
             request_timeout_secs: 1800,
             shutdown_drain_secs: 30,

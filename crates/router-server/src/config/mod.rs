@@ -100,6 +100,9 @@ pub fn build_models(
     for (field, message) in config.server.retry.problems() {
         problems.push(format!("server.retry.{field}"), message);
     }
+    if config.server.max_header_bytes < 8192 {
+        problems.push("server.max_header_bytes", "must be at least 8192");
+    }
     if config.server.max_concurrent_requests == 0 {
         problems.push("server.max_concurrent_requests", "must be at least 1");
     }
