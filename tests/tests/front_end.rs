@@ -71,6 +71,12 @@ async fn oversized_heads_and_header_floods_get_431() {
     );
     assert_eq!(raw_status(&router, &broken, &body).await, "HTTP/1.1 400 Bad Request");
 
+    // A client that waits for `100 Continue` before uploading an oversized body is told 413
+    // instead, and never invited to send it.
+    let expecting = "POST /v1/chat/completions HTTP/1.1\r\nhost: r\r\ncontent-type: application/json\r\n\
+                     expect: 100-continue\r\ncontent-length: 100000000\r\n\r\n";
+    assert_eq!(raw_status(&router, expecting, "").await, "HTTP/1.1 413 Payload Too Large");
+
     // The router is unharmed.
     let reply = Http::default().chat(&router.url, &chat_body("m", "hello", 4), &[]).await;
     assert_eq!(reply.status, 200, "{}", reply.body);

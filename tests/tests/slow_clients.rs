@@ -91,6 +91,20 @@ async fn a_request_head_trickled_slowly_is_cut_off_at_the_header_timeout() {
 }
 
 #[tokio::test]
+async fn a_connection_that_sends_nothing_is_closed_at_the_header_timeout() {
+    let engine = Engine::start("m", &[]);
+    let router = Router::with_config(&config(&engine));
+    let mut silent = TcpStream::connect(address(&router)).await.expect("connect");
+    let received = read_until_closed(&mut silent, Duration::from_secs(10)).await;
+    assert!(!received.contains("200 OK"), "{received}");
+    // Likewise a client that goes quiet on a kept-alive connection after a request.
+    let mut idle = TcpStream::connect(address(&router)).await.expect("connect");
+    idle.write_all(b"GET /health HTTP/1.1\r\nhost: router\r\n\r\n").await.expect("write");
+    let received = read_until_closed(&mut idle, Duration::from_secs(10)).await;
+    assert!(received.starts_with("HTTP/1.1 200"), "{received}");
+}
+
+#[tokio::test]
 async fn a_body_that_never_finishes_gets_408_and_holds_nothing() {
     let engine = Engine::start("m", &[]);
     let router = Router::with_config(&config(&engine));

@@ -74,8 +74,9 @@ impl AppContext {
             Arc::clone(&registry),
             KvSubscriptionConfig::default(),
         );
-        let credentials = Credentials::resolve(&config.server)
-            .map_err(|(path, why)| vec![Problem { path, message: why.to_owned() }])?;
+        let credentials = Credentials::resolve(&config.server).map_err(|err| {
+            vec![Problem { path: err.variable.to_owned(), message: err.reason.to_owned() }]
+        })?;
         let runtimes =
             build_models(config, &registry, &handles, credentials.engine_default.as_ref())?;
         let wildcard = runtimes.iter().find(|m| m.id.as_str() == "*").map(|m| m.id.clone());

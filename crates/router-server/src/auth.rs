@@ -38,17 +38,24 @@ pub struct Credentials {
     pub admin_token: Option<ApiKey>,
 }
 
+/// An unusable credential from the environment.
+#[derive(Debug, thiserror::Error)]
+#[error("{variable}: {reason}")]
+pub struct CredentialError {
+    /// The environment variable.
+    pub variable: &'static str,
+    /// What is wrong with its value (never the value).
+    pub reason: &'static str,
+}
+
 impl Credentials {
-    /// Reads `server` and, for what it leaves unset, the environment. An unusable value is an
-    /// error naming where it came from.
-    pub fn resolve(server: &ServerConfig) -> Result<Self, (String, &'static str)> {
-        let from_env = |var: &'static str| -> Result<Option<ApiKey>, (String, &'static str)> {
-            match std::env::var(var) {
-                Ok(value) if !value.is_empty() => {
-                    ApiKey::new(value).map(Some).map_err(|why| (var.to_owned(), why))
-                }
-                _ => Ok(None),
+    /// Reads `server` and, for what it leaves unset, the environment.
+    pub fn resolve(server: &ServerConfig) -> Result<Self, CredentialError> {
+        let from_env = |variable: &'static str| match std::env::var(variable) {
+            Ok(value) if !value.is_empty() => {
+                ApiKey::new(value).map(Some).map_err(|reason| CredentialError { variable, reason })
             }
+            _ => Ok(None),
         };
         let client_keys = if server.api_keys.is_empty() {
             from_env(CLIENT_KEY_ENV)?.into_iter().collect()
@@ -59,11 +66,9 @@ impl Credentials {
             Some(key) => Some(key.clone()),
             None => from_env(ENGINE_KEY_ENV)?,
         };
-        let admin_token = match server.admin_token.as_deref() {
-            Some("") | None => from_env(ADMIN_TOKEN_ENV)?,
-            Some(token) => {
-                Some(ApiKey::new(token).map_err(|why| ("server.admin_token".to_owned(), why))?)
-            }
+        let admin_token = match &server.admin_token {
+            Some(token) => Some(token.clone()),
+            None => from_env(ADMIN_TOKEN_ENV)?,
         };
         Ok(Self { client_keys, engine_default, admin_token })
     }
@@ -76,10 +81,13 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
-/// Whether `given` equals one of `keys`, in time independent of where they differ.
+/// Whether `given` equals one of `keys`, in time independent of where they differ and of their
+/// lengths: the SHA-256 digests are compared, in constant time, and every key is compared.
 pub fn matches_any(given: &str, keys: &[ApiKey]) -> bool {
+    let digest = |bytes: &[u8]| ring::digest::digest(&ring::digest::SHA256, bytes);
+    let given = digest(given.as_bytes());
     keys.iter().fold(false, |found, key| {
-        found | bool::from(given.as_bytes().ct_eq(key.expose().as_bytes()))
+        found | bool::from(given.as_ref().ct_eq(digest(key.expose().as_bytes()).as_ref()))
     })
 }
 

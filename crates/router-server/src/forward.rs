@@ -31,8 +31,44 @@ use crate::error::ApiError;
 use crate::tls::TlsConfigError;
 use rustls::ClientConfig;
 
-/// The engine connector: plain TCP for `http://`, rustls for `https://`.
-type EngineConnector = HttpsConnector<HttpConnector>;
+/// The engine connector: plain TCP for `http://`, rustls for `https://`, the whole connection
+/// setup (TCP and TLS handshake) under the connect timeout.
+type EngineConnector = ConnectTimeout<HttpsConnector<HttpConnector>>;
+
+/// Bounds a connector's whole connection setup: `HttpConnector`'s own timeout covers only the
+/// TCP handshake, and an engine that accepts TCP but stalls its TLS handshake must still count
+/// as unreachable within `connect_timeout`.
+#[derive(Clone, Debug)]
+pub struct ConnectTimeout<C> {
+    inner: C,
+    timeout: Duration,
+}
+
+impl<C> tower::Service<http::Uri> for ConnectTimeout<C>
+where
+    C: tower::Service<http::Uri> + Send + 'static,
+    C::Future: Send + 'static,
+    C::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Response = C::Response;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<C::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let (connecting, timeout) = (self.inner.call(uri), self.timeout);
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, connecting).await {
+                Ok(connected) => connected.map_err(Into::into),
+                Err(_) => Err(format!("connection setup took longer than {timeout:?}").into()),
+            }
+        })
+    }
+}
 
 /// Connection and timeout settings of the engine clients.
 #[derive(Clone, Debug)]
@@ -140,6 +176,7 @@ impl Forwarder {
         } else {
             https.enable_http1().wrap_connector(tcp)
         };
+        let connector = ConnectTimeout { inner: connector, timeout: config.connect_timeout };
         let mut builder = Client::builder(TokioExecutor::new());
         builder
             .pool_idle_timeout(Duration::from_secs(90))

@@ -7,8 +7,9 @@
 //! retried once an engine has answered, and never after a byte went to the client.
 //!
 //! The budget is Linkerd's: retries may add `budget_ratio` of the requests of the last
-//! `budget_window_secs`, plus `budget_min_per_sec` so that a quiet router can still retry. A
-//! fleet-wide outage therefore costs at most that much extra load instead of multiplying it.
+//! `budget_window_secs` (a window sliding by the second), plus `budget_min_per_sec` so that a
+//! quiet router can still retry. A fleet-wide outage therefore costs at most that much extra
+//! load instead of multiplying it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -60,6 +61,12 @@ impl RetryConfig {
         if self.max_retries > 10 {
             problems.push(("max_retries", "must be at most 10"));
         }
+        if self.backoff_ms > 60_000 {
+            problems.push(("backoff_ms", "must be at most 60000"));
+        }
+        if self.budget_window_secs > 3600 {
+            problems.push(("budget_window_secs", "must be at most 3600"));
+        }
         problems
     }
 
@@ -72,25 +79,17 @@ impl RetryConfig {
     }
 }
 
-/// The shared retry budget: deposits on every request (one atomic add), withdrawals under a
-/// lock only when a retry is wanted.
+/// The shared retry budget: requests and retries counted per second in a ring covering the
+/// window. A deposit is a clock read and two atomic operations; a withdrawal sums the ring.
 #[derive(Debug)]
 pub struct RetryBudget {
     ratio: f64,
     reserve: f64,
-    window: Duration,
-    requests: AtomicU64,
-    state: Mutex<Windows>,
-}
-
-/// The current window and the one before it, whose counts fade out linearly.
-#[derive(Debug)]
-struct Windows {
-    started: Instant,
-    requests_at_start: u64,
-    retries: u64,
-    previous_requests: u64,
-    previous_retries: u64,
+    origin: Instant,
+    requests: SecondRing,
+    retries: SecondRing,
+    /// Serializes withdrawals, so concurrent retries cannot both take the last unit.
+    withdrawing: Mutex<()>,
 }
 
 impl RetryBudget {
@@ -99,26 +98,25 @@ impl RetryBudget {
         Self::starting_at(config, Instant::now())
     }
 
-    fn starting_at(config: &RetryConfig, now: Instant) -> Self {
-        let window = Duration::from_secs(config.budget_window_secs.max(1));
+    fn starting_at(config: &RetryConfig, origin: Instant) -> Self {
+        let seconds = config.budget_window_secs.max(1);
         Self {
             ratio: config.budget_ratio,
-            reserve: config.budget_min_per_sec * window.as_secs_f64(),
-            window,
-            requests: AtomicU64::new(0),
-            state: Mutex::new(Windows {
-                started: now,
-                requests_at_start: 0,
-                retries: 0,
-                previous_requests: 0,
-                previous_retries: 0,
-            }),
+            reserve: config.budget_min_per_sec * seconds as f64,
+            origin,
+            requests: SecondRing::new(seconds),
+            retries: SecondRing::new(seconds),
+            withdrawing: Mutex::new(()),
         }
     }
 
     /// Counts one request (its first attempt).
     pub fn deposit(&self) {
-        self.requests.fetch_add(1, Ordering::Relaxed);
+        self.deposit_at(Instant::now());
+    }
+
+    fn deposit_at(&self, now: Instant) {
+        self.requests.add(self.second(now));
     }
 
     /// Takes one retry from the budget; false when it is spent.
@@ -127,30 +125,67 @@ impl RetryBudget {
     }
 
     fn withdraw_at(&self, now: Instant) -> bool {
-        let mut state = self.state.lock();
-        let total = self.requests.load(Ordering::Relaxed);
-        let elapsed = now.saturating_duration_since(state.started);
-        if elapsed >= self.window {
-            let one_window_ago = elapsed < self.window * 2;
-            state.previous_requests =
-                if one_window_ago { total - state.requests_at_start } else { 0 };
-            state.previous_retries = if one_window_ago { state.retries } else { 0 };
-            state.started +=
-                self.window * (elapsed.as_secs_f64() / self.window.as_secs_f64()) as u32;
-            state.requests_at_start = total;
-            state.retries = 0;
-        }
-        let into_window = now.saturating_duration_since(state.started).as_secs_f64();
-        let fading = 1.0 - (into_window / self.window.as_secs_f64()).min(1.0);
-        let requests =
-            (total - state.requests_at_start) as f64 + state.previous_requests as f64 * fading;
-        let retries = state.retries as f64 + state.previous_retries as f64 * fading;
+        let second = self.second(now);
+        let _one_at_a_time = self.withdrawing.lock();
+        let requests = self.requests.sum(second) as f64;
+        let retries = self.retries.sum(second) as f64;
         if retries + 1.0 <= self.ratio * requests + self.reserve {
-            state.retries += 1;
+            self.retries.add(second);
             true
         } else {
             false
         }
+    }
+
+    /// Whole seconds since the budget started (the ring's clock).
+    fn second(&self, now: Instant) -> u64 {
+        now.saturating_duration_since(self.origin).as_secs()
+    }
+}
+
+/// Counts per second over the last `len` seconds: slot `s % len` holds second `s`'s count
+/// and is reset when a later second claims it.
+#[derive(Debug)]
+struct SecondRing {
+    counts: Box<[AtomicU64]>,
+    seconds: Box<[AtomicU64]>,
+}
+
+impl SecondRing {
+    fn new(len: u64) -> Self {
+        let slots = || (0..len).map(|_| AtomicU64::new(0)).collect();
+        Self { counts: slots(), seconds: slots() }
+    }
+
+    fn slot(&self, second: u64) -> usize {
+        (second % self.counts.len() as u64) as usize
+    }
+
+    fn add(&self, second: u64) {
+        let slot = self.slot(second);
+        let held = self.seconds[slot].load(Ordering::Acquire);
+        if held != second
+            && self.seconds[slot]
+                .compare_exchange(held, second, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            // This thread claimed the slot for the new second. An add racing with the reset
+            // may be lost; a budget can afford that.
+            self.counts[slot].store(0, Ordering::Release);
+        }
+        self.counts[slot].fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// The total of the seconds within the window ending at `second`.
+    fn sum(&self, second: u64) -> u64 {
+        let window = self.counts.len() as u64;
+        (0..self.counts.len())
+            .filter(|&slot| {
+                let held = self.seconds[slot].load(Ordering::Acquire);
+                held <= second && second - held < window
+            })
+            .map(|slot| self.counts[slot].load(Ordering::Acquire))
+            .sum()
     }
 }
 
@@ -172,14 +207,14 @@ mod tests {
         let start = Instant::now();
         let budget = RetryBudget::starting_at(&config(0.2, 0.0), start);
         for _ in 0..100 {
-            budget.deposit();
+            budget.deposit_at(start);
         }
         let granted = (0..100).filter(|_| budget.withdraw_at(start)).count();
         assert_eq!(granted, 20);
 
         let budget = RetryBudget::starting_at(&config(0.2, 1.0), start);
         for _ in 0..100 {
-            budget.deposit();
+            budget.deposit_at(start);
         }
         // 20 from the ratio and 10 from one retry a second over a ten-second window.
         let granted = (0..100).filter(|_| budget.withdraw_at(start)).count();
@@ -195,29 +230,33 @@ mod tests {
     }
 
     #[test]
-    fn the_budget_recovers_as_old_windows_fade() {
+    fn the_window_slides_by_the_second_and_remembers_quiet_traffic() {
         let start = Instant::now();
+        let at = |secs: u64| start + Duration::from_secs(secs);
         let budget = RetryBudget::starting_at(&config(0.5, 0.0), start);
-        for _ in 0..10 {
-            budget.deposit();
+        // Ten requests a second for nine seconds, no failure at all.
+        for second in 0..9 {
+            for _ in 0..10 {
+                budget.deposit_at(at(second));
+            }
         }
-        assert_eq!((0..10).filter(|_| budget.withdraw_at(start)).count(), 5);
-        // Half a window later: the same window, still spent.
-        assert!(!budget.withdraw_at(start + Duration::from_secs(5)));
-        // One and a half windows later the old counts weigh half: 5 x 0.5 requests, 2.5
-        // retries: spent. New requests refill it.
-        let later = start + Duration::from_secs(15);
-        assert!(!budget.withdraw_at(later));
+        // The first withdrawal after a quiet stretch sees all of that traffic: 45 retries.
+        assert_eq!((0..100).filter(|_| budget.withdraw_at(at(9))).count(), 45);
+        assert!(!budget.withdraw_at(at(9)));
+        // Seconds leave the window one by one (window of 10 s): at 10 s second 0 is gone
+        // (10 requests, 5 retries' worth), so nothing is granted yet; the spent retries are
+        // still inside the window.
+        assert!(!budget.withdraw_at(at(10)));
+        // Once the retries of second 9 leave the window, the budget is back.
         for _ in 0..10 {
-            budget.deposit();
+            budget.deposit_at(at(19));
         }
-        assert!(budget.withdraw_at(later));
+        assert_eq!((0..100).filter(|_| budget.withdraw_at(at(19))).count(), 5);
         // Long after, everything old is forgotten: only new requests count.
-        let much_later = start + Duration::from_secs(100);
-        assert!(!budget.withdraw_at(much_later));
-        budget.deposit();
-        budget.deposit();
-        assert!(budget.withdraw_at(much_later));
+        assert!(!budget.withdraw_at(at(100)));
+        budget.deposit_at(at(100));
+        budget.deposit_at(at(100));
+        assert!(budget.withdraw_at(at(100)));
     }
 
     #[test]
@@ -237,12 +276,18 @@ mod tests {
             budget_min_per_sec: -1.0,
             budget_window_secs: 0,
             max_retries: 11,
-            ..RetryConfig::default()
+            backoff_ms: 60_001,
         };
         let fields: Vec<_> = bad.problems().into_iter().map(|(field, _)| field).collect();
         assert_eq!(
             fields,
-            ["budget_ratio", "budget_min_per_sec", "budget_window_secs", "max_retries"]
+            [
+                "budget_ratio",
+                "budget_min_per_sec",
+                "budget_window_secs",
+                "max_retries",
+                "backoff_ms"
+            ]
         );
         assert!(RetryConfig::default().problems().is_empty());
     }

@@ -8,11 +8,12 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::middleware::from_fn_with_state;
 use axum::routing::{delete, get, post};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::task::JoinSet;
 use tokio_io_timeout::TimeoutStream;
 use tracing::{debug, info, warn};
 
@@ -68,30 +69,32 @@ impl From<&ServerConfig> for ConnectionTimeouts {
 }
 
 /// Accepts connections until `stop`, then lets every open connection finish its request and
-/// close (graceful shutdown of HTTP/1.1 keep-alive and HTTP/2 alike).
+/// close. Clients speak HTTP/1.1: every byte of a connection's life is then under a timeout
+/// (HTTP/2 flow control would let a client that stops reading hold a stream without ever
+/// stalling a socket write, and the HTTP/2 preface sniffing has no timeout of its own).
+///
+/// Connection tasks belong to this loop's [`JoinSet`]: when the loop is aborted after the drain
+/// deadline, the connections it still holds are aborted with it, releasing their guards.
 async fn accept_loop(
     listener: TcpListener,
     app: Router,
     timeouts: ConnectionTimeouts,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = http1::Builder::new();
     builder
-        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(timeouts.header_read)
-        .max_buf_size(timeouts.max_header_bytes);
-    builder
-        .http2()
-        .max_header_list_size(u32::try_from(timeouts.max_header_bytes).unwrap_or(u32::MAX));
-    builder.http2().timer(TokioTimer::new());
+        .max_header_size(timeouts.max_header_bytes);
     let graceful = GracefulShutdown::new();
     let service = TowerToHyperService::new(app);
+    let mut connections = JoinSet::new();
     let stopped = async move {
         let _ = stop.wait_for(|stop| *stop).await;
     };
     tokio::pin!(stopped);
     loop {
+        while connections.try_join_next().is_some() {}
         let (tcp, peer) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
@@ -109,10 +112,9 @@ async fn accept_loop(
         let _ = tcp.set_nodelay(true);
         let mut io = TimeoutStream::new(tcp);
         io.set_write_timeout(Some(timeouts.write));
-        let connection =
-            builder.serve_connection(TokioIo::new(Box::pin(io)), service.clone()).into_owned();
+        let connection = builder.serve_connection(TokioIo::new(Box::pin(io)), service.clone());
         let connection = graceful.watch(connection);
-        tokio::spawn(async move {
+        connections.spawn(async move {
             if let Err(err) = connection.await {
                 debug!(%peer, error = %err, "client connection ended with an error");
             }

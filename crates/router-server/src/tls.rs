@@ -20,11 +20,12 @@ pub enum TlsConfigError {
         /// `server.engine_ca_file`.
         path: PathBuf,
         /// The PEM error.
+        #[source]
         source: rustls_pki_types::pem::Error,
     },
     /// The crypto provider refused the protocol versions (a build problem, not a setting).
     #[error("TLS provider: {0}")]
-    Provider(rustls::Error),
+    Provider(#[source] rustls::Error),
     /// The CA file holds no usable certificate.
     #[error("{} holds no usable CA certificate", path.display())]
     NoCertificate {

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use router_workers::{Stage, WorkerSpec};
+use router_workers::{ApiKey, Stage, WorkerSpec};
 use serde_json::{Map, Value, json};
 
 use super::file::{
@@ -251,7 +251,12 @@ impl ServeArgs {
             GroupsConfig { plain: Some(group(self.policy.as_deref())?), pd: None }
         };
         let mut config = ConfigFile::default();
-        config.server.admin_token.clone_from(&self.admin_token);
+        config.server.admin_token = match &self.admin_token {
+            Some(token) => {
+                Some(ApiKey::new(token.as_str()).map_err(|why| format!("--admin-token: {why}"))?)
+            }
+            None => None,
+        };
         config.models.push(ModelConfig {
             id: self.model.clone(),
             tokenizer: self.tokenizer.clone(),

@@ -42,8 +42,8 @@ pub struct ServerConfig {
     /// Listen port (`--port` overrides).
     pub port: u16,
     /// Bearer token of the admin API (or `ROUTER_ADMIN_TOKEN`); neither = admin API off.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub admin_token: Option<String>,
+    #[serde(skip_serializing)]
+    pub admin_token: Option<ApiKey>,
     /// Keys clients must send as `Authorization: Bearer` on `/v1/` (or `ROUTER_API_KEY`);
     /// none = the client API is open. Several allow rotation.
     #[serde(skip_serializing)]
@@ -60,7 +60,8 @@ pub struct ServerConfig {
     pub max_header_bytes: usize,
     /// Chat requests in flight at once; beyond it the router answers 503 with `Retry-After`.
     pub max_concurrent_requests: usize,
-    /// Timeout of a whole engine request, response body included, in seconds.
+    /// How long an engine may take to send its response head, in seconds (a stream may then
+    /// last as long as it lasts).
     pub request_timeout_secs: u64,
     /// How long shutdown waits for in-flight requests, in seconds.
     pub shutdown_drain_secs: u64,

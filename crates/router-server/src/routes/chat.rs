@@ -85,7 +85,14 @@ async fn read_body(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|length| length > limit as u64) {
-        discard_in_background(body);
+        // A client waiting for `100 Continue` has not sent the body: dropping it unread means
+        // it never will. Reading it would invite the upload.
+        let waits_for_continue = headers
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        if !waits_for_continue {
+            discard_in_background(body);
+        }
         return Err(ApiError::BodyTooLarge { limit });
     }
     let secs = ctx.server().body_read_timeout_secs;
@@ -417,6 +424,20 @@ async fn dispatch_pd(
                             engine_failed(&ctx, &prefill, parts.status, body).await
                         ))
                     }
+                    Ok(response)
+                        if matches!(
+                            response.status(),
+                            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
+                        ) =>
+                    {
+                        metrics::engine_failure(prefill.id().as_str(), "credentials");
+                        Some(format!(
+                            "prefill engine {} refused the router's credentials ({}); check the \
+                             worker's api_key",
+                            prefill.id(),
+                            response.status().as_u16()
+                        ))
+                    }
                     Ok(response) if !response.status().is_success() => {
                         let status = response.status().as_u16();
                         let text = read_snippet(response.into_body()).await;
@@ -454,7 +475,12 @@ async fn dispatch_pd(
     let mut prefill_succeeded = false;
     let upstream = loop {
         tokio::select! {
-            result = &mut decode_send => break result?,
+            // The prefill engine may already hold this request: an unreachable decode engine
+            // is final here, never retried (a retry could prefill it twice).
+            result = &mut decode_send => break result.map_err(|err| match err {
+                ApiError::EngineUnreachable(message) => ApiError::Upstream(message),
+                other => other,
+            })?,
             failed = &mut failed_rx, if !prefill_succeeded => match failed {
                 Ok(message) => return Err(ApiError::Upstream(message)),
                 // The sender is dropped without a message when the prefill succeeded.
