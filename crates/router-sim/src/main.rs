@@ -100,6 +100,9 @@ struct EngineArgs {
     /// Output tokens when a request sets no max_tokens [default: 16].
     #[arg(long)]
     default_max_tokens: Option<usize>,
+    /// Tokens per streamed chunk, like SGLang's --stream-interval [default: 1].
+    #[arg(long)]
+    stream_interval: Option<usize>,
     /// Fraction of chat requests answered with HTTP 500.
     #[arg(long, default_value_t = 0.0)]
     fail_rate: f64,
@@ -151,6 +154,7 @@ impl EngineArgs {
             config.bootstrap_timeout = Duration::from_millis(ms);
         }
         config.default_max_tokens = self.default_max_tokens.unwrap_or(config.default_max_tokens);
+        config.stream_interval = self.stream_interval.unwrap_or(config.stream_interval);
         config.faults = Faults {
             fail_rate: self.fail_rate,
             stall: Duration::from_millis(self.stall_ms),

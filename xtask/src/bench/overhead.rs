@@ -105,6 +105,15 @@ const STREAMING_64: &str =
 
 /// Runs every case `repeats` times, alternating direct and routed runs, and keeps the median
 /// run (by throughput) of each.
+/// Where a case sends its requests.
+#[derive(Clone, Copy, Debug)]
+enum Target {
+    /// Straight to `engines[i]`.
+    Engine(usize),
+    /// Through `routers[i]`.
+    Router(usize),
+}
+
 /// With `only`, just the cases whose name contains it.
 pub(crate) fn measure(
     bins: &Bins,
@@ -113,13 +122,20 @@ pub(crate) fn measure(
     only: Option<&str>,
 ) -> Result<Overhead> {
     let fast = ["--prefill-tokens-per-sec", "1e9", "--decode-tokens-per-sec", "1e9"];
-    let (_engine, engine_url) = engine(bins, &fast)?;
+    // Three fast engines: one streams every token as its own chunk (SGLang's default), one 16
+    // tokens per chunk (`--stream-interval 16`), one the whole answer at once (an ideal engine):
+    // a proxy's streaming cost is per chunk.
+    let engines = [
+        engine(bins, &fast)?,
+        engine(bins, &[&fast[..], &["--stream-interval", "16"]].concat())?,
+        engine(bins, &[&fast[..], &["--stream-interval", "64"]].concat())?,
+    ];
     // The router's runtime gets one thread: this machine's cores are shared with the engine and
     // the client, and a second router thread mostly adds cross-thread wake-ups. The default
     // (one thread per core) runs once too, for comparison.
-    let start_router = |threads: Option<&str>| -> Result<(Proc, String)> {
+    let start_router = |engine_url: &str, threads: Option<&str>| -> Result<(Proc, String)> {
         let mut args: Vec<String> =
-            ["--worker-urls", &engine_url, "--policy", "round_robin", "--port", "0"]
+            ["--worker-urls", engine_url, "--policy", "round_robin", "--port", "0"]
                 .iter()
                 .map(|s| (*s).to_owned())
                 .collect();
@@ -130,38 +146,49 @@ pub(crate) fn measure(
         let url = router.after("router listening on ")?;
         Ok((router, url))
     };
-    let routers = [start_router(Some("1"))?, start_router(None)?];
+    let routers = [
+        start_router(&engines[0].1, Some("1"))?,
+        start_router(&engines[0].1, None)?,
+        start_router(&engines[1].1, Some("1"))?,
+        start_router(&engines[2].1, Some("1"))?,
+    ];
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .context("runtime")?;
     let concurrency = 16;
-    // (name, body, router: None = straight to the engine, Some(i) = through routers[i])
-    let all: [(&str, &'static str, Option<usize>); 7] = [
-        ("direct, non-streaming, 1 token", NON_STREAMING, None),
-        ("router, non-streaming, 1 token", NON_STREAMING, Some(0)),
-        ("router (threads = cores), non-streaming, 1 token", NON_STREAMING, Some(1)),
-        ("direct, non-streaming, 64 tokens", NON_STREAMING_64, None),
-        ("router, non-streaming, 64 tokens", NON_STREAMING_64, Some(0)),
-        ("direct, streaming, 64 tokens", STREAMING_64, None),
-        ("router, streaming, 64 tokens", STREAMING_64, Some(0)),
+    // (name, body, target): the engine or router of that index.
+    let all: [(&str, &'static str, Target); 11] = [
+        ("direct, non-streaming, 1 token", NON_STREAMING, Target::Engine(0)),
+        ("router, non-streaming, 1 token", NON_STREAMING, Target::Router(0)),
+        ("router (threads = cores), non-streaming, 1 token", NON_STREAMING, Target::Router(1)),
+        ("direct, non-streaming, 64 tokens", NON_STREAMING_64, Target::Engine(0)),
+        ("router, non-streaming, 64 tokens", NON_STREAMING_64, Target::Router(0)),
+        ("direct, streaming, 64 tokens", STREAMING_64, Target::Engine(0)),
+        ("router, streaming, 64 tokens", STREAMING_64, Target::Router(0)),
+        ("direct, streaming, 64 tokens, 16 per chunk", STREAMING_64, Target::Engine(1)),
+        ("router, streaming, 64 tokens, 16 per chunk", STREAMING_64, Target::Router(2)),
+        ("direct, streaming, 64 tokens, one chunk", STREAMING_64, Target::Engine(2)),
+        ("router, streaming, 64 tokens, one chunk", STREAMING_64, Target::Router(3)),
     ];
     let cases: Vec<_> = all
         .into_iter()
         .filter(|(name, _, _)| only.is_none_or(|text| name.contains(text)))
         .collect();
     // Warm both paths (connection pools, allocator) before measuring.
-    runtime.block_on(blast(&engine_url, NON_STREAMING, 500, concurrency))?;
+    for (_, engine_url) in &engines {
+        runtime.block_on(blast(engine_url, NON_STREAMING, 500, concurrency))?;
+    }
     for (_, router_url) in &routers {
         runtime.block_on(blast(router_url, NON_STREAMING, 500, concurrency))?;
     }
     let mut runs: Vec<Vec<Run>> = vec![Vec::new(); cases.len()];
     for _ in 0..repeats {
-        for (i, (_, body, routed)) in cases.iter().enumerate() {
-            let (router, url) = match routed {
-                Some(r) => (Some(&routers[*r].0), &routers[*r].1),
-                None => (None, &engine_url),
+        for (i, (_, body, target)) in cases.iter().enumerate() {
+            let (router, url) = match *target {
+                Target::Router(r) => (Some(&routers[r].0), &routers[r].1),
+                Target::Engine(e) => (None, &engines[e].1),
             };
             let cpu_before = router.map(Proc::cpu_time).transpose()?;
             let (mut latencies, errors, elapsed) =

@@ -59,6 +59,9 @@ pub struct EngineConfig {
     /// Output length when a request sets neither `max_tokens` nor `max_completion_tokens`
     /// (`--default-max-tokens`, default 16).
     pub default_max_tokens: usize,
+    /// Tokens per streamed chunk, like SGLang's `--stream-interval` (`--stream-interval`,
+    /// default 1: every token is sent as soon as it exists).
+    pub stream_interval: usize,
     /// Fault injection.
     pub faults: Faults,
     /// Seed of the fault draws (`--seed`, default 0).
@@ -96,6 +99,7 @@ impl EngineConfig {
             load_reporter: None,
             bootstrap_timeout: Duration::from_secs(30),
             default_max_tokens: 16,
+            stream_interval: 1,
             faults: Faults::default(),
             seed: 0,
             api_key: None,
@@ -135,6 +139,9 @@ impl EngineConfig {
         }
         if self.default_max_tokens == 0 {
             return bad("--default-max-tokens", "must be at least 1".into());
+        }
+        if self.stream_interval == 0 {
+            return bad("--stream-interval", "must be at least 1".into());
         }
         if !(0.0..=1.0).contains(&self.faults.fail_rate) {
             return bad("--fail-rate", format!("{} is not in [0, 1]", self.faults.fail_rate));

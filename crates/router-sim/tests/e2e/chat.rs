@@ -227,3 +227,29 @@ async fn loads_report_queue_and_kv() {
     long.abort();
     waiting.abort();
 }
+
+#[tokio::test]
+async fn a_stream_interval_sends_several_tokens_per_chunk() {
+    use http_body_util::BodyExt;
+    // Slow enough decoding that, one token per chunk, every token would be its own chunk.
+    let sim = Sim::start(&["--stream-interval", "4", "--decode-tokens-per-sec", "200"]).await;
+    let body = request("Stream me in chunks", 10, true);
+    let http_request = http::Request::post(format!("{}/v1/chat/completions", sim.url()))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(body.to_string())))
+        .expect("request");
+    let response = client().request(http_request).await.expect("response");
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let mut chunks = Vec::new();
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.expect("frame").into_data() {
+            chunks.push(String::from_utf8_lossy(&data).into_owned());
+        }
+    }
+    let tokens_per_chunk: Vec<usize> =
+        chunks.iter().map(|c| c.matches("\"content\":").count()).collect();
+    // Ten tokens: 4 + 4 + the last 2 with the end of the stream.
+    assert_eq!(tokens_per_chunk, [4, 4, 2], "{chunks:?}");
+    assert!(chunks.last().is_some_and(|c| c.ends_with("data: [DONE]\n\n")));
+}

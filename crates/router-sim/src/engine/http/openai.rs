@@ -192,6 +192,15 @@ impl StreamState {
                 return Some((Err(Interrupted), self));
             }
         }
+        // With a stream interval, a chunk waits until it holds that many tokens (or the end).
+        let chunk_start = self.generated.saturating_sub(1);
+        while !self.finished && self.generated - chunk_start < self.engine.config.stream_interval {
+            match self.answer.rx.recv().await {
+                Some(progress) => self.render(progress, &mut out),
+                // The engine stopped: send what is here; the next call reports the break.
+                None => break,
+            }
+        }
         // Coalesce what is already there (several decode steps may end at once).
         while !self.finished {
             match self.answer.rx.try_recv() {
