@@ -185,11 +185,15 @@ fn render(
     );
     page.push_str("## Router overhead\n\n");
     page.push_str(
-        "One router-sim engine that answers at once (prefill and decode at 1e9 tokens/s), 16 \
-         concurrent clients, the same requests straight to the engine and through the router \
-         (round_robin). Router CPU is the router process's user+system time over the run divided \
-         by its requests. Each case is the median (by throughput) of its repetitions, run \
-         alternately.\n\n",
+        "router-sim engines that answer at once (prefill and decode at 1e9 tokens/s), 16 \
+         concurrent clients, the same requests straight to an engine and through a router \
+         (round_robin) in front of it. Router CPU is the router process's user+system time over \
+         the run divided by its requests. The router runs with `--worker-threads 1` (this \
+         machine's two cores are shared with the engine and the client) except in the row \
+         marked `threads = cores`. Streaming is measured three ways: one chunk per token (the \
+         engines' default), 16 tokens per chunk (`--stream-interval 16`) and the whole answer \
+         in one chunk: a proxy pays one read and one write per chunk. Each case is the median \
+         (by throughput) of its repetitions, run alternately.\n\n",
     );
     page.push_str("| case | requests | errors | req/s | p50 ms | p99 ms | router CPU/request |\n|---|---|---|---|---|---|---|\n");
     for (name, run) in &overhead.cases {
@@ -205,16 +209,28 @@ fn render(
         );
     }
     let rps = |name: &str| overhead.cases.iter().find(|(n, _)| n == name).map(|(_, r)| r.rps());
-    if let (Some(stream), Some(plain)) =
-        (rps("router, streaming, 64 tokens"), rps("router, non-streaming, 64 tokens"))
-    {
-        let _ = writeln!(
-            page,
-            "\nStreaming through the router reaches {:.0}% of the non-streaming throughput for the \
-             same 64-token answers.\n",
-            stream / plain * 100.0
-        );
+    let plain = rps("router, non-streaming, 64 tokens");
+    let direct_plain = rps("direct, non-streaming, 64 tokens");
+    page.push('\n');
+    for chunking in ["", ", 16 per chunk", ", one chunk"] {
+        let routed = rps(&format!("router, streaming, 64 tokens{chunking}"));
+        let direct = rps(&format!("direct, streaming, 64 tokens{chunking}"));
+        if let (Some(routed), Some(direct), Some(plain), Some(direct_plain)) =
+            (routed, direct, plain, direct_plain)
+        {
+            let label = if chunking.is_empty() { ", one chunk per token" } else { chunking };
+            let _ = writeln!(
+                page,
+                "- Streaming 64 tokens{label}: through the router {:.0}% of the direct streaming \
+                 throughput; {:.0}% of the router's non-streaming throughput for the same answers \
+                 (the engine alone: {:.0}%).",
+                routed / direct * 100.0,
+                routed / plain * 100.0,
+                direct / direct_plain * 100.0,
+            );
+        }
     }
+    page.push('\n');
     page.push_str("![router CPU per request](bench-router-cpu.svg)\n\n");
 
     page.push_str("## Policies\n\n");
