@@ -344,6 +344,6 @@ fn render_trace(
         }
     }
     page.push_str("\n![conversation trace](bench-trace-conversation.svg)\n![synthetic trace](bench-trace-synthetic.svg)\n\n");
-    page.push_str("## Reproduce\n\n```sh\ncargo xtask bench                   # everything, about half an hour on 2 cores\ncargo xtask bench --quick           # every section, small\ncargo xtask bench --only overhead   # or policies, or trace\n```\n");
+    page.push_str("## Reproduce\n\n```sh\ncargo xtask bench                   # everything, about ten minutes on 2 cores\ncargo xtask bench --quick           # every section, small\ncargo xtask bench --only overhead   # or policies, or trace\ncargo xtask bench --case streaming  # only the overhead cases naming it, nothing written (for perf/strace)\n```\n");
     page
 }
