@@ -165,3 +165,41 @@ async fn h2c_to_engines_works_streamed_and_not() {
     let reply = http.chat(&router.url, &body, &[]).await;
     assert!(reply.body.trim_end().ends_with("data: [DONE]"), "{}", reply.body);
 }
+
+#[tokio::test]
+async fn several_event_loops_share_the_port_and_the_state() {
+    let a = Engine::start("m", &[]);
+    let b = Engine::start("m", &[]);
+    let config = plain_config(&[&a, &b], "round_robin")
+        .replace("server: {port: 0,", "server: {port: 0, worker_threads: 4,");
+    let router = Router::with_config(&config);
+    // Many connections at once: the kernel spreads them over the four listeners, and every
+    // loop reaches the same engines through the same selection state.
+    let replies = futures::future::join_all((0..64).map(|i| {
+        let url = router.url.clone();
+        async move {
+            // A client per request: a connection per request.
+            Http::default().chat(&url, &chat_body("m", &format!("hello {i}"), 2), &[]).await
+        }
+    }))
+    .await;
+    let mut per_engine = std::collections::BTreeMap::new();
+    for reply in &replies {
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        *per_engine
+            .entry(reply.header("x-router-engine").unwrap_or_default().to_owned())
+            .or_insert(0) += 1;
+    }
+    // One round-robin cursor for all loops: an even split.
+    assert_eq!(
+        per_engine.into_iter().collect::<Vec<_>>(),
+        [("e1".to_owned(), 32), ("e2".to_owned(), 32)]
+    );
+    let state = Http::default()
+        .get(&router.url, "/admin/state", &[("authorization", "Bearer t0ken")])
+        .await;
+    assert_eq!(state.status, 200);
+    for worker in state.json()["workers"].as_array().expect("workers") {
+        assert_eq!(worker["inflight"], 0, "{worker}");
+    }
+}

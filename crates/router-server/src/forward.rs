@@ -1,12 +1,14 @@
 //! Forwarding to engines: pooled HTTP/1.1 and HTTP/2 clients (h2c, or TLS with ALPN for
 //! `https://` engines), streaming passthrough with no buffering, and the SGLang bootstrap
-//! protocol for prefill/decode pairs.
+//! protocol for prefill/decode pairs. Each thread that sends requests has its own connection
+//! pool, so an event loop's requests travel on connections driven by that loop.
 //!
 //! The in-flight guards of the engines dispatched to travel with the response body and are
 //! released when it ends, fails, or is dropped because the client went away; dropping the body
 //! also drops the upstream response, which closes the engine connection and so cancels the
 //! request there.
 
+use std::cell::RefCell;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -18,8 +20,8 @@ use http_body::{Body, Frame};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::{Client, ResponseFuture};
 use hyper_util::rt::TokioExecutor;
 use router_state_load::InflightGuard;
 use router_workers::Worker;
@@ -149,10 +151,21 @@ pub trait OutcomeSink: Send + Sync + 'static {
     fn record(&self, worker: &Worker, outcome: Outcome);
 }
 
-/// The engine clients, shared by every request.
+/// One connection pool to the engines.
+type EngineClient = Client<EngineConnector, Full<Bytes>>;
+
+thread_local! {
+    /// This thread's pool of each forwarder (by id): an event loop's requests use connections
+    /// driven by that same loop, so a request never wakes another thread.
+    static POOLS: RefCell<Vec<(u64, EngineClient)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The engine clients: one connection pool per thread that sends requests.
 #[derive(Clone, Debug)]
 pub struct Forwarder {
-    client: Client<EngineConnector, Full<Bytes>>,
+    /// Names this forwarder's pools in each thread's table.
+    id: u64,
+    connector: EngineConnector,
     config: ForwardConfig,
 }
 
@@ -177,12 +190,26 @@ impl Forwarder {
             https.enable_http1().wrap_connector(tcp)
         };
         let connector = ConnectTimeout { inner: connector, timeout: config.connect_timeout };
-        let mut builder = Client::builder(TokioExecutor::new());
-        builder
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(config.pool_max_idle_per_host)
-            .http2_only(config.http2);
-        Ok(Self { client: builder.build(connector), config })
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(Self { id, connector, config })
+    }
+
+    /// Sends `request` through this thread's pool (created on first use).
+    fn request(&self, request: Request<Full<Bytes>>) -> ResponseFuture {
+        POOLS.with_borrow_mut(|pools| {
+            if let Some((_, client)) = pools.iter().find(|(id, _)| *id == self.id) {
+                return client.request(request);
+            }
+            let client = Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(90))
+                .pool_max_idle_per_host(self.config.pool_max_idle_per_host)
+                .http2_only(self.config.http2)
+                .build(self.connector.clone());
+            let response = client.request(request);
+            pools.push((self.id, client));
+            response
+        })
     }
 
     /// The TLS settings for `https://` engines, to share with other engine clients.
@@ -211,8 +238,7 @@ impl Forwarder {
             .body(Full::new(body))
             .map_err(|err| SendError::Failed(format!("building request to {url}: {err}")))?;
         authorize(&mut request, worker);
-        match tokio::time::timeout(self.config.request_timeout, self.client.request(request)).await
-        {
+        match tokio::time::timeout(self.config.request_timeout, self.request(request)).await {
             Ok(Ok(response)) => Ok(response),
             Ok(Err(err)) if err.is_connect() => Err(SendError::Unreachable(format!(
                 "engine {} unreachable: {}",
@@ -242,8 +268,7 @@ impl Forwarder {
         let mut request =
             Request::get(format!("{}{path}", worker.url())).body(Full::new(Bytes::new())).ok()?;
         authorize(&mut request, worker);
-        let response =
-            tokio::time::timeout(timeout, self.client.request(request)).await.ok()?.ok()?;
+        let response = tokio::time::timeout(timeout, self.request(request)).await.ok()?.ok()?;
         let status = response.status();
         // Drain so the connection returns to the pool.
         let _ = tokio::time::timeout(timeout, response.into_body().collect()).await;

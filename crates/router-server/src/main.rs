@@ -23,11 +23,11 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let cli = Cli::parse();
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if let Some(threads) = cli.worker_threads {
-        runtime.worker_threads(usize::from(threads));
-    }
-    let runtime = match runtime.enable_all().build() {
+    // This runtime runs the background services (subscriptions, health checks, the demo fleet,
+    // the kv-indexer); clients are served by the event-loop threads of `Serving`.
+    let runtime =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
+    let runtime = match runtime {
         Ok(runtime) => runtime,
         Err(err) => {
             eprintln!("error: starting the runtime: {err}");
@@ -47,7 +47,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Some(Command::CheckConfig { file }) => Ok(check_config(&file)),
         Some(Command::KvIndexer { config, listen }) => kv_indexer(&config, &listen).await,
-        None => serve(cli.serve).await,
+        None => serve(cli.serve, cli.worker_threads.map(usize::from)).await,
     }
 }
 
@@ -75,7 +75,10 @@ fn check_config(file: &std::path::Path) -> ExitCode {
     }
 }
 
-async fn serve(args: router_server::config::ServeArgs) -> Result<ExitCode> {
+async fn serve(
+    args: router_server::config::ServeArgs,
+    worker_threads: Option<usize>,
+) -> Result<ExitCode> {
     let mut demo = None;
     let mut config = if let Some(path) = &args.config {
         ConfigFile::load(path)?
@@ -105,9 +108,16 @@ async fn serve(args: router_server::config::ServeArgs) -> Result<ExitCode> {
     })?;
     let ctx = Arc::new(ctx);
     let addr = format!("{}:{}", config.server.host, config.server.port);
-    let listener =
-        tokio::net::TcpListener::bind(&addr).await.with_context(|| format!("binding {addr}"))?;
-    let serving = Serving::start(Arc::clone(&ctx), listener)?;
+    let socket_addr = tokio::net::lookup_host(&addr)
+        .await
+        .with_context(|| format!("resolving {addr}"))?
+        .next()
+        .with_context(|| format!("{addr} resolves to no address"))?;
+    let event_loops = worker_threads
+        .or(config.server.worker_threads)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
+    let serving = Serving::start(Arc::clone(&ctx), socket_addr, event_loops)
+        .with_context(|| format!("listening on {addr}"))?;
     tracing::info!(addr = %serving.addr, "router listening");
     if demo.is_some() {
         print!("{}", router_server::demo::banner(serving.addr));

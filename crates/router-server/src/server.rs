@@ -15,6 +15,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_io_timeout::TimeoutStream;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::app::AppContext;
@@ -126,24 +127,53 @@ async fn accept_loop(
 }
 
 /// A running router: its address and the handle that stops it.
+///
+/// Clients are served by `event_loops` threads, each with a current-thread runtime, its own
+/// `SO_REUSEPORT` listener on the one address (the kernel spreads connections over them) and
+/// its own engine connection pool: a request lives on one thread from accept to the last byte,
+/// with no cross-thread wake-ups. Background services (state subscriptions, health checks,
+/// sweepers) stay on the runtime that called [`Serving::start`].
 pub struct Serving {
     /// The bound address.
     pub addr: SocketAddr,
     ctx: Arc<AppContext>,
     shutdown: tokio::sync::watch::Sender<bool>,
-    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    loops: Vec<EventLoop>,
+}
+
+/// One event-loop thread.
+struct EventLoop {
+    /// Fires (is dropped) when the loop has finished its graceful shutdown.
+    done: tokio::sync::oneshot::Receiver<()>,
+    /// Ends the loop at once, aborting its connections.
+    abort: CancellationToken,
+    thread: std::thread::JoinHandle<()>,
 }
 
 impl Serving {
-    /// Starts background services and serves on `listener`.
-    pub fn start(ctx: Arc<AppContext>, listener: TcpListener) -> std::io::Result<Self> {
-        let addr = listener.local_addr()?;
+    /// Starts background services on the current runtime and `event_loops` (at least one)
+    /// threads serving clients on `addr` (port 0 picks a free port, shared by all of them).
+    pub fn start(
+        ctx: Arc<AppContext>,
+        addr: SocketAddr,
+        event_loops: usize,
+    ) -> std::io::Result<Self> {
+        let first = reuseport_listener(addr)?;
+        let addr = first.local_addr()?;
+        let mut listeners = vec![first];
+        for _ in 1..event_loops.max(1) {
+            listeners.push(reuseport_listener(addr)?);
+        }
         ctx.start();
         let (shutdown, stop) = tokio::sync::watch::channel(false);
         let timeouts = ConnectionTimeouts::from(ctx.server());
         let app = routes(Arc::clone(&ctx));
-        let task = tokio::spawn(accept_loop(listener, app, timeouts, stop));
-        Ok(Self { addr, ctx, shutdown, task })
+        let loops = listeners
+            .into_iter()
+            .enumerate()
+            .map(|(i, listener)| EventLoop::spawn(i, listener, app.clone(), timeouts, stop.clone()))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        Ok(Self { addr, ctx, shutdown, loops })
     }
 
     /// The application context.
@@ -152,7 +182,7 @@ impl Serving {
     }
 
     /// Drains: readiness turns 503 and new chat requests are refused, in-flight requests
-    /// finish (up to `drain` in all), then the listener closes and background services stop.
+    /// finish (up to `drain` in all), then the listeners close and background services stop.
     pub async fn stop(self, drain: Duration) {
         let deadline = tokio::time::Instant::now() + drain;
         self.ctx.start_draining();
@@ -160,11 +190,69 @@ impl Serving {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let _ = self.shutdown.send(true);
-        let mut task = self.task;
-        if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
-            info!(?drain, "drain timed out; closing remaining connections");
-            task.abort();
+        let mut timed_out = false;
+        for event_loop in self.loops {
+            let EventLoop { done, abort, thread } = event_loop;
+            if tokio::time::timeout_at(deadline, done).await.is_err() {
+                timed_out = true;
+            }
+            abort.cancel();
+            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+        }
+        if timed_out {
+            info!(?drain, "drain timed out; closed the remaining connections");
         }
         self.ctx.shutdown().await;
     }
+}
+
+impl EventLoop {
+    fn spawn(
+        index: usize,
+        listener: std::net::TcpListener,
+        app: Router,
+        timeouts: ConnectionTimeouts,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> std::io::Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let (done_tx, done) = tokio::sync::oneshot::channel();
+        let abort = CancellationToken::new();
+        let aborted = abort.clone();
+        let thread =
+            std::thread::Builder::new().name(format!("router-loop-{index}")).spawn(move || {
+                runtime.block_on(async move {
+                    let serving = async {
+                        match TcpListener::from_std(listener) {
+                            Ok(listener) => {
+                                if let Err(err) = accept_loop(listener, app, timeouts, stop).await {
+                                    warn!(error = %err, "event loop ended with an error");
+                                }
+                            }
+                            Err(err) => warn!(error = %err, "event loop could not listen"),
+                        }
+                        let _ = done_tx.send(());
+                    };
+                    tokio::select! {
+                        () = serving => {}
+                        () = aborted.cancelled() => {}
+                    }
+                });
+                // Dropping the runtime drops whatever connection tasks are left.
+                drop(runtime);
+            })?;
+        Ok(Self { done, abort, thread })
+    }
+}
+
+/// A listening socket on `addr` that other sockets of this process may share
+/// (`SO_REUSEPORT`), non-blocking for tokio.
+fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(1024)?;
+    Ok(socket.into())
 }

@@ -18,8 +18,8 @@ pub struct Cli {
     /// What to run; without a subcommand the router serves.
     #[command(subcommand)]
     pub command: Option<Command>,
-    /// Threads of the async runtime (default: one per core, or `TOKIO_WORKER_THREADS`). On a
-    /// machine shared with engines, fewer threads than cores saves the cross-thread wake-ups.
+    /// Event-loop threads serving clients (overrides `server.worker_threads`; default: one per
+    /// core). Each has its own listener and engine connections.
     #[arg(long, global = true, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
     pub worker_threads: Option<u16>,
     /// Serving options.

@@ -54,6 +54,9 @@ pub struct ServerConfig {
     /// PEM bundle of CA certificates trusted for `https://` engines, besides the system's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub engine_ca_file: Option<PathBuf>,
+    /// Event-loop threads serving clients (`--worker-threads` overrides); unset = one per core.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_threads: Option<usize>,
     /// Largest accepted request body, in bytes.
     pub max_body_bytes: usize,
     /// Largest accepted request head (request line and headers), in bytes; beyond it 431.
@@ -91,6 +94,7 @@ impl Default for ServerConfig {
             api_keys: Vec::new(),
             engine_api_key: None,
             engine_ca_file: None,
+            worker_threads: None,
             max_body_bytes: 32 * 1024 * 1024,
             max_header_bytes: 64 * 1024,
             max_concurrent_requests: 16_384,

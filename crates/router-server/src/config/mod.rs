@@ -100,6 +100,9 @@ pub fn build_models(
     for (field, message) in config.server.retry.problems() {
         problems.push(format!("server.retry.{field}"), message);
     }
+    if config.server.worker_threads.is_some_and(|n| n == 0 || n > 1024) {
+        problems.push("server.worker_threads", "must be between 1 and 1024");
+    }
     if config.server.max_header_bytes < 8192 {
         problems.push("server.max_header_bytes", "must be at least 8192");
     }
