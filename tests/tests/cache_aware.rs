@@ -51,9 +51,10 @@ fn router_yaml(engines: &[Engine], tokenizer: &str, policy_extra: &str) -> Strin
 
 /// Sends one request with a long shared prefix, then more with the same prefix, and returns
 /// the engines that served them.
-async fn follow_ups(router: &str) -> (String, Vec<String>) {
+/// A first request with a shared prefix of `repeats` sentences, then six follow-ups.
+async fn follow_ups(router: &str, repeats: usize) -> (String, Vec<String>) {
     let http = Http::default();
-    let prefix = "You are a careful assistant. Here is a long shared document. ".repeat(20);
+    let prefix = "You are a careful assistant. Here is a long shared document. ".repeat(repeats);
     let first =
         http.chat(router, &chat_body("m", &format!("{prefix} Question zero?"), 1), &[]).await;
     assert_eq!(first.status, 200, "{}", first.body);
@@ -79,7 +80,7 @@ async fn requests_sharing_a_prefix_go_where_it_is_cached() {
     let fleet = engines(4, &tokenizer);
     let router = Router::with_config(&router_yaml(&fleet, &tokenizer, ""));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (home, served) = follow_ups(&router.url).await;
+    let (home, served) = follow_ups(&router.url, 20).await;
     assert!(served.iter().all(|e| *e == home), "all follow-ups on {home}: {served:?}");
     let metrics = Http::default().get(&router.url, "/metrics", &[]).await.body;
     let hits = metrics
@@ -88,6 +89,17 @@ async fn requests_sharing_a_prefix_go_where_it_is_cached() {
         .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .unwrap_or(0.0);
     assert!(hits >= 6.0, "cache hits counted: {metrics}");
+}
+
+#[tokio::test]
+async fn long_prompts_prepared_off_the_event_loop_route_the_same() {
+    // About 18 KB of prompt: templated and tokenized on the blocking pool.
+    let tokenizer = router_sim::assets::tokenizer_path().display().to_string();
+    let fleet = engines(2, &tokenizer);
+    let router = Router::with_config(&router_yaml(&fleet, &tokenizer, ""));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (home, served) = follow_ups(&router.url, 300).await;
+    assert!(served.iter().all(|e| *e == home), "all follow-ups on {home}: {served:?}");
 }
 
 #[tokio::test]
@@ -118,6 +130,6 @@ async fn a_remote_indexer_process_serves_the_same_decisions() {
     );
     let router = Router::with_config(&router_yaml(&fleet, &tokenizer, &extra));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let (home, served) = follow_ups(&router.url).await;
+    let (home, served) = follow_ups(&router.url, 20).await;
     assert!(served.iter().all(|e| *e == home), "all follow-ups on {home}: {served:?}");
 }

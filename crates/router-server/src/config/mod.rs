@@ -52,7 +52,7 @@ pub struct ModelRuntime {
     /// Its buckets.
     pub resolver: BucketResolver,
     /// Tokenizer and chat template, when configured.
-    pub tokenization: Option<Tokenization>,
+    pub tokenization: Option<Arc<Tokenization>>,
     /// Affinity headers and expiry.
     pub affinity: AffinityConfig,
 }
@@ -265,7 +265,7 @@ fn build_model(
             None
         }
         Some(tokenizer) => match Tokenization::load(tokenizer, model.chat_template.as_deref()) {
-            Ok(t) => Some(t),
+            Ok(t) => Some(Arc::new(t)),
             Err(err) => {
                 problems.push(format!("{path}.tokenizer"), err);
                 None

@@ -72,6 +72,10 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
         .unwrap_or_else(new_request_id)
 }
 
+/// Bodies up to this size are templated and tokenized on the event loop (tens of
+/// microseconds); larger ones on the blocking pool.
+const INLINE_PREPARE_BYTES: usize = 16 * 1024;
+
 /// Reads the whole body: at most `max_body_bytes` (413 as soon as a declared length or the
 /// bytes received exceed it) and within `body_read_timeout_secs` (408).
 async fn read_body(
@@ -169,7 +173,19 @@ async fn handle(
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let session = header(&model.affinity.session_id_header);
     let routing = header(&model.affinity.routing_key_header);
-    let prepared = prepare(body, chat, model.tokenization.as_ref(), session, routing)?;
+    let prepared = if model.tokenization.is_some() && body.len() > INLINE_PREPARE_BYTES {
+        // Templating and tokenizing a long prompt takes milliseconds: off the event loop, so
+        // the other connections it serves are not held up.
+        let tokenization = model.tokenization.clone();
+        let (session, routing) = (session.map(str::to_owned), routing.map(str::to_owned));
+        tokio::task::spawn_blocking(move || {
+            prepare(body, chat, tokenization.as_deref(), session.as_deref(), routing.as_deref())
+        })
+        .await
+        .map_err(|err| ApiError::Internal(format!("request preparation failed: {err}")))??
+    } else {
+        prepare(body, chat, model.tokenization.as_deref(), session, routing)?
+    };
 
     let buckets = model
         .resolver
