@@ -12,6 +12,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
+use super::fake_engine::FakeEngine;
 use super::procs::{Bins, Proc, engine};
 
 /// One measured run.
@@ -125,11 +126,15 @@ pub(crate) fn measure(
     // Three fast engines: one streams every token as its own chunk (SGLang's default), one 16
     // tokens per chunk (`--stream-interval 16`), one the whole answer at once (an ideal engine):
     // a proxy's streaming cost is per chunk.
-    let engines = [
+    let sims = [
         engine(bins, &fast)?,
         engine(bins, &[&fast[..], &["--stream-interval", "16"]].concat())?,
         engine(bins, &[&fast[..], &["--stream-interval", "64"]].concat())?,
     ];
+    // And a canned responder, so that streaming and non-streaming cost the engine the same.
+    let fake = FakeEngine::start()?;
+    let engines: Vec<&str> =
+        sims.iter().map(|(_, url)| url.as_str()).chain([fake.url.as_str()]).collect();
     // The router's runtime gets one thread: this machine's cores are shared with the engine and
     // the client, and a second router thread mostly adds cross-thread wake-ups. The default
     // (one thread per core) runs once too, for comparison.
@@ -147,10 +152,11 @@ pub(crate) fn measure(
         Ok((router, url))
     };
     let routers = [
-        start_router(&engines[0].1, Some("1"))?,
-        start_router(&engines[0].1, None)?,
-        start_router(&engines[1].1, Some("1"))?,
-        start_router(&engines[2].1, Some("1"))?,
+        start_router(engines[0], Some("1"))?,
+        start_router(engines[0], None)?,
+        start_router(engines[1], Some("1"))?,
+        start_router(engines[2], Some("1"))?,
+        start_router(engines[3], Some("1"))?,
     ];
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -159,7 +165,7 @@ pub(crate) fn measure(
         .context("runtime")?;
     let concurrency = 16;
     // (name, body, target): the engine or router of that index.
-    let all: [(&str, &'static str, Target); 11] = [
+    let all: [(&str, &'static str, Target); 15] = [
         ("direct, non-streaming, 1 token", NON_STREAMING, Target::Engine(0)),
         ("router, non-streaming, 1 token", NON_STREAMING, Target::Router(0)),
         ("router (threads = cores), non-streaming, 1 token", NON_STREAMING, Target::Router(1)),
@@ -171,13 +177,17 @@ pub(crate) fn measure(
         ("router, streaming, 64 tokens, 16 per chunk", STREAMING_64, Target::Router(2)),
         ("direct, streaming, 64 tokens, one chunk", STREAMING_64, Target::Engine(2)),
         ("router, streaming, 64 tokens, one chunk", STREAMING_64, Target::Router(3)),
+        ("direct, fake engine, non-streaming, 64 tokens", NON_STREAMING_64, Target::Engine(3)),
+        ("router, fake engine, non-streaming, 64 tokens", NON_STREAMING_64, Target::Router(4)),
+        ("direct, fake engine, streaming, 64 tokens", STREAMING_64, Target::Engine(3)),
+        ("router, fake engine, streaming, 64 tokens", STREAMING_64, Target::Router(4)),
     ];
     let cases: Vec<_> = all
         .into_iter()
         .filter(|(name, _, _)| only.is_none_or(|text| name.contains(text)))
         .collect();
     // Warm both paths (connection pools, allocator) before measuring.
-    for (_, engine_url) in &engines {
+    for engine_url in &engines {
         runtime.block_on(blast(engine_url, NON_STREAMING, 500, concurrency))?;
     }
     for (_, router_url) in &routers {
@@ -187,8 +197,8 @@ pub(crate) fn measure(
     for _ in 0..repeats {
         for (i, (_, body, target)) in cases.iter().enumerate() {
             let (router, url) = match *target {
-                Target::Router(r) => (Some(&routers[r].0), &routers[r].1),
-                Target::Engine(e) => (None, &engines[e].1),
+                Target::Router(r) => (Some(&routers[r].0), routers[r].1.as_str()),
+                Target::Engine(e) => (None, engines[e]),
             };
             let cpu_before = router.map(Proc::cpu_time).transpose()?;
             let (mut latencies, errors, elapsed) =
