@@ -116,3 +116,25 @@ async fn unusable_request_ids_are_replaced_and_hop_by_hop_headers_stay_behind() 
         assert_eq!(reply.header(hop), None, "{hop} came back");
     }
 }
+
+#[tokio::test]
+async fn client_model_names_never_become_metric_labels() {
+    let engine = Engine::start("m", &[]);
+    // The quick start serves any model name (`--model` defaults to `*`).
+    let router = Router::with_args(&[
+        "--worker-urls".to_owned(),
+        engine.url.clone(),
+        "--port".to_owned(),
+        "0".to_owned(),
+    ]);
+    let http = Http::default();
+    for i in 0..3 {
+        let reply =
+            http.chat(&router.url, &chat_body(&format!("made-up-model-{i}"), "hi", 2), &[]).await;
+        // Routed (the engine itself refuses a model it does not serve, and says so).
+        assert_eq!(reply.header("x-router-engine"), Some("worker-1"), "{}", reply.body);
+    }
+    let metrics = http.get(&router.url, "/metrics", &[]).await.body;
+    assert!(!metrics.contains("made-up-model"), "{metrics}");
+    assert!(metrics.contains("router_requests_total{model=\"*\""), "{metrics}");
+}

@@ -202,4 +202,14 @@ async fn several_event_loops_share_the_port_and_the_state() {
     for worker in state.json()["workers"].as_array().expect("workers") {
         assert_eq!(worker["inflight"], 0, "{worker}");
     }
+    // Every loop counts into the same series.
+    let metrics = Http::default().get(&router.url, "/metrics", &[]).await.body;
+    for series in [
+        "router_requests_total{model=\"m\",bucket=\"all\",status=\"200\"} 64",
+        "router_request_duration_seconds_count{model=\"m\",bucket=\"all\"} 64",
+        "router_upstream_head_seconds_count{model=\"m\"} 64",
+        "router_selection_seconds_count{model=\"m\"} 64",
+    ] {
+        assert!(metrics.lines().any(|line| line == series), "{series} not in:\n{metrics}");
+    }
 }

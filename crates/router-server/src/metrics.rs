@@ -1,10 +1,12 @@
 //! Prometheus metrics: the recorder, and one function per thing the router measures so that
 //! names and labels live in one place (`docs/metrics.md` lists them).
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use metrics::{counter, gauge, histogram};
+use metrics::{Counter, Histogram, counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -34,24 +36,72 @@ pub fn install() -> PrometheusHandle {
         .clone()
 }
 
+/// The handles of the series every request touches, cached per thread: the registry lookup
+/// (label strings allocated, hashed and looked up under a lock) then happens once per series
+/// and thread instead of on every request. Models and buckets come from the configuration and
+/// statuses are few, so the cache stays small.
+struct ModelSeries {
+    head: Histogram,
+    selection: Histogram,
+    buckets: HashMap<String, BucketSeries>,
+}
+
+struct BucketSeries {
+    duration: Histogram,
+    requests: Vec<(u16, Counter)>,
+}
+
+thread_local! {
+    static SERIES: RefCell<HashMap<String, ModelSeries>> = RefCell::new(HashMap::new());
+}
+
+/// Runs `f` on `model`'s cached series, creating them on first use.
+fn with_model(model: &str, f: impl FnOnce(&str, &mut ModelSeries)) {
+    SERIES.with_borrow_mut(|series| {
+        if !series.contains_key(model) {
+            let created = ModelSeries {
+                head: histogram!("router_upstream_head_seconds", "model" => model.to_owned()),
+                selection: histogram!("router_selection_seconds", "model" => model.to_owned()),
+                buckets: HashMap::new(),
+            };
+            series.insert(model.to_owned(), created);
+        }
+        if let Some(found) = series.get_mut(model) {
+            f(model, found);
+        }
+    });
+}
+
 /// A finished chat request.
 pub fn request(model: &str, bucket: &str, status: u16, elapsed: Duration) {
-    counter!("router_requests_total", "model" => model.to_owned(), "bucket" => bucket.to_owned(), "status" => status.to_string())
-        .increment(1);
-    histogram!("router_request_duration_seconds", "model" => model.to_owned(), "bucket" => bucket.to_owned())
-        .record(elapsed.as_secs_f64());
+    with_model(model, |model, series| {
+        if !series.buckets.contains_key(bucket) {
+            let duration = histogram!("router_request_duration_seconds", "model" => model.to_owned(), "bucket" => bucket.to_owned());
+            series
+                .buckets
+                .insert(bucket.to_owned(), BucketSeries { duration, requests: Vec::new() });
+        }
+        let Some(bucket_series) = series.buckets.get_mut(bucket) else { return };
+        bucket_series.duration.record(elapsed.as_secs_f64());
+        match bucket_series.requests.iter().find(|(s, _)| *s == status) {
+            Some((_, counter)) => counter.increment(1),
+            None => {
+                let counter = counter!("router_requests_total", "model" => model.to_owned(), "bucket" => bucket.to_owned(), "status" => status.to_string());
+                counter.increment(1);
+                bucket_series.requests.push((status, counter));
+            }
+        }
+    });
 }
 
 /// Time from receiving the request to the engine's response head.
 pub fn time_to_response_head(model: &str, elapsed: Duration) {
-    histogram!("router_upstream_head_seconds", "model" => model.to_owned())
-        .record(elapsed.as_secs_f64());
+    with_model(model, |_, series| series.head.record(elapsed.as_secs_f64()));
 }
 
 /// Time the router spent preparing and selecting, before dispatch.
 pub fn selection(model: &str, elapsed: Duration) {
-    histogram!("router_selection_seconds", "model" => model.to_owned())
-        .record(elapsed.as_secs_f64());
+    with_model(model, |_, series| series.selection.record(elapsed.as_secs_f64()));
 }
 
 /// A successful pick by a policy.

@@ -169,7 +169,9 @@ async fn handle(
     let body = read_body(ctx, headers, body).await?;
     let chat = parse_chat_request(&body)?;
     let model = ctx.model(&chat.model).ok_or_else(|| ApiError::UnknownModel(chat.model.clone()))?;
-    model_label.clone_from(&chat.model);
+    // The served model's id, not the client's string: a wildcard model (`*`) would otherwise
+    // let clients mint metric series at will.
+    model_label.push_str(model.id.as_str());
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let session = header(&model.affinity.session_id_header);
     let routing = header(&model.affinity.routing_key_header);
