@@ -80,6 +80,9 @@ async fn clients_need_a_client_key_and_engines_get_their_own() {
             assert!(!shown.contains(secret), "{secret} leaked: {shown}");
         }
     }
+    // The refusals are counted: no key, a wrong one, the engine's and the admin's, /v1/models.
+    let refused = "router_requests_refused_total{reason=\"unauthorized\"} 5";
+    assert!(metrics.body.lines().any(|line| line == refused), "{}", metrics.body);
 }
 
 #[tokio::test]

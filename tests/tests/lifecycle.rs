@@ -119,6 +119,9 @@ async fn a_flood_beyond_the_concurrency_limit_gets_503_with_retry_after() {
     assert_eq!(slow.await.expect("task").status, 200);
     let after = http.chat(&router.url, &chat_body("m", "room again", 1), &[]).await;
     assert_eq!(after.status, 200, "the permit is released with the response body");
+    let metrics = http.get(&router.url, "/metrics", &[]).await.body;
+    let counted = "router_requests_refused_total{reason=\"overloaded\"} 1";
+    assert!(metrics.lines().any(|line| line == counted), "{metrics}");
 }
 
 #[tokio::test]

@@ -110,12 +110,13 @@ pub async fn require_api_key(
     if keys.is_empty() {
         return next.run(request).await;
     }
-    match bearer(request.headers()) {
-        Some(given) if matches_any(given, keys) => next.run(request).await,
-        Some(_) => ApiError::Unauthorized("invalid API key").into_response(),
-        None => ApiError::Unauthorized("missing API key: send it as `Authorization: Bearer <key>`")
-            .into_response(),
-    }
+    let refusal = match bearer(request.headers()) {
+        Some(given) if matches_any(given, keys) => return next.run(request).await,
+        Some(_) => "invalid API key",
+        None => "missing API key: send it as `Authorization: Bearer <key>`",
+    };
+    crate::metrics::refused("unauthorized");
+    ApiError::Unauthorized(refusal).into_response()
 }
 
 /// Middleware of the admin API: off (404) without a token, 401 without the right one.

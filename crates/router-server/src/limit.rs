@@ -24,6 +24,7 @@ pub async fn concurrency(
     next: Next,
 ) -> Response {
     let Ok(permit) = Arc::clone(ctx.request_slots()).try_acquire_owned() else {
+        crate::metrics::refused("overloaded");
         return ApiError::Overloaded.into_response();
     };
     next.run(request).await.map(|body| Body::new(PermitBody { inner: body, _permit: permit }))

@@ -167,6 +167,12 @@ pub fn kv_index(nodes: u64, bytes: u64) {
     gauge!("router_kv_index_bytes").set(bytes as f64);
 }
 
+/// A client request refused before it reached the chat handler: `overloaded` (the concurrency
+/// bound) or `unauthorized` (no valid client key).
+pub fn refused(reason: &'static str) {
+    counter!("router_requests_refused_total", "reason" => reason).increment(1);
+}
+
 /// A dispatch retried after an engine could not be reached.
 pub fn retry(model: &str) {
     counter!("router_retries_total", "model" => model.to_owned()).increment(1);
