@@ -147,3 +147,22 @@ models:
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("cache_aware"), "{stdout}");
 }
+
+#[test]
+fn a_second_router_on_the_same_port_fails_instead_of_sharing_it() {
+    // The first router's listeners use SO_REUSEPORT; a second router of the same user could
+    // join them and take half the connections, unless it checks first.
+    let first = router_e2e::Router::with_args(&[
+        "--worker-urls".to_owned(),
+        "http://127.0.0.1:9".to_owned(),
+        "--port".to_owned(),
+        "0".to_owned(),
+        "--worker-threads".to_owned(),
+        "2".to_owned(),
+    ]);
+    let port = first.url.rsplit(':').next().expect("port").to_owned();
+    let (code, _, stderr) =
+        run(&["--worker-urls", "http://127.0.0.1:9", "--port", &port, "--worker-threads", "2"]);
+    assert_ne!(code, 0, "a second router started on port {port}: {stderr}");
+    assert!(stderr.contains("listening on 127.0.0.1:"), "{stderr}");
+}

@@ -108,16 +108,28 @@ async fn serve(
     })?;
     let ctx = Arc::new(ctx);
     let addr = format!("{}:{}", config.server.host, config.server.port);
-    let socket_addr = tokio::net::lookup_host(&addr)
-        .await
-        .with_context(|| format!("resolving {addr}"))?
-        .next()
-        .with_context(|| format!("{addr} resolves to no address"))?;
     let event_loops = worker_threads
         .or(config.server.worker_threads)
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, usize::from));
-    let serving = Serving::start(Arc::clone(&ctx), socket_addr, event_loops)
-        .with_context(|| format!("listening on {addr}"))?;
+    // Like `TcpListener::bind`, try every address the host resolves to until one binds.
+    let mut serving = None;
+    let mut last_error = None;
+    for socket_addr in
+        tokio::net::lookup_host(&addr).await.with_context(|| format!("resolving {addr}"))?
+    {
+        match Serving::start(Arc::clone(&ctx), socket_addr, event_loops) {
+            Ok(started) => {
+                serving = Some(started);
+                break;
+            }
+            Err(err) => last_error = Some(err),
+        }
+    }
+    let serving = match (serving, last_error) {
+        (Some(serving), _) => serving,
+        (None, Some(err)) => return Err(err).with_context(|| format!("listening on {addr}")),
+        (None, None) => anyhow::bail!("{addr} resolves to no address"),
+    };
     tracing::info!(addr = %serving.addr, "router listening");
     if demo.is_some() {
         print!("{}", router_server::demo::banner(serving.addr));

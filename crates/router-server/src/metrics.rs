@@ -41,8 +41,9 @@ pub fn install() -> PrometheusHandle {
 /// and thread instead of on every request. Models and buckets come from the configuration and
 /// statuses are few, so the cache stays small.
 struct ModelSeries {
-    head: Histogram,
-    selection: Histogram,
+    /// Made on first use: a request refused before selection has neither.
+    head: Option<Histogram>,
+    selection: Option<Histogram>,
     buckets: HashMap<String, BucketSeries>,
 }
 
@@ -59,11 +60,7 @@ thread_local! {
 fn with_model(model: &str, f: impl FnOnce(&str, &mut ModelSeries)) {
     SERIES.with_borrow_mut(|series| {
         if !series.contains_key(model) {
-            let created = ModelSeries {
-                head: histogram!("router_upstream_head_seconds", "model" => model.to_owned()),
-                selection: histogram!("router_selection_seconds", "model" => model.to_owned()),
-                buckets: HashMap::new(),
-            };
+            let created = ModelSeries { head: None, selection: None, buckets: HashMap::new() };
             series.insert(model.to_owned(), created);
         }
         if let Some(found) = series.get_mut(model) {
@@ -96,12 +93,26 @@ pub fn request(model: &str, bucket: &str, status: u16, elapsed: Duration) {
 
 /// Time from receiving the request to the engine's response head.
 pub fn time_to_response_head(model: &str, elapsed: Duration) {
-    with_model(model, |_, series| series.head.record(elapsed.as_secs_f64()));
+    with_model(model, |model, series| {
+        series
+            .head
+            .get_or_insert_with(
+                || histogram!("router_upstream_head_seconds", "model" => model.to_owned()),
+            )
+            .record(elapsed.as_secs_f64());
+    });
 }
 
 /// Time the router spent preparing and selecting, before dispatch.
 pub fn selection(model: &str, elapsed: Duration) {
-    with_model(model, |_, series| series.selection.record(elapsed.as_secs_f64()));
+    with_model(model, |model, series| {
+        series
+            .selection
+            .get_or_insert_with(
+                || histogram!("router_selection_seconds", "model" => model.to_owned()),
+            )
+            .record(elapsed.as_secs_f64());
+    });
 }
 
 /// A successful pick by a policy.

@@ -158,10 +158,18 @@ impl Serving {
         addr: SocketAddr,
         event_loops: usize,
     ) -> std::io::Result<Self> {
+        if addr.port() != 0 {
+            // SO_REUSEPORT would let these listeners join another process's on the same port
+            // (a stale router of the same user) and split its traffic: a plain bind first
+            // fails as it should when the port is taken.
+            drop(std::net::TcpListener::bind(addr)?);
+        }
+        // Without SO_REUSEPORT (outside Unix) the loops cannot share the port: one loop.
+        let event_loops = if cfg!(unix) { event_loops.max(1) } else { 1 };
         let first = reuseport_listener(addr)?;
         let addr = first.local_addr()?;
         let mut listeners = vec![first];
-        for _ in 1..event_loops.max(1) {
+        for _ in 1..event_loops {
             listeners.push(reuseport_listener(addr)?);
         }
         ctx.start();
@@ -191,16 +199,24 @@ impl Serving {
         }
         let _ = self.shutdown.send(true);
         let mut timed_out = false;
-        for event_loop in self.loops {
-            let EventLoop { done, abort, thread } = event_loop;
+        let mut threads = Vec::new();
+        for EventLoop { done, abort, thread } in self.loops {
             if tokio::time::timeout_at(deadline, done).await.is_err() {
                 timed_out = true;
             }
-            abort.cancel();
-            let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+            threads.push((abort, thread));
         }
         if timed_out {
-            info!(?drain, "drain timed out; closed the remaining connections");
+            info!(?drain, "drain timed out; closing the remaining connections");
+        }
+        // Every loop is told first, then joined: a slow one holds up no other.
+        for (abort, _) in &threads {
+            abort.cancel();
+        }
+        for (_, thread) in threads {
+            if let Ok(Err(panic)) = tokio::task::spawn_blocking(move || thread.join()).await {
+                warn!(?panic, "an event loop panicked");
+            }
         }
         self.ctx.shutdown().await;
     }
@@ -216,19 +232,26 @@ impl EventLoop {
     ) -> std::io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let (done_tx, done) = tokio::sync::oneshot::channel();
+        let (ready_tx, ready) = std::sync::mpsc::channel::<std::io::Result<()>>();
         let abort = CancellationToken::new();
         let aborted = abort.clone();
         let thread =
             std::thread::Builder::new().name(format!("router-loop-{index}")).spawn(move || {
                 runtime.block_on(async move {
+                    // The listener joins this loop's reactor, so it is made here.
+                    let listener = match TcpListener::from_std(listener) {
+                        Ok(listener) => {
+                            let _ = ready_tx.send(Ok(()));
+                            listener
+                        }
+                        Err(err) => {
+                            let _ = ready_tx.send(Err(err));
+                            return;
+                        }
+                    };
                     let serving = async {
-                        match TcpListener::from_std(listener) {
-                            Ok(listener) => {
-                                if let Err(err) = accept_loop(listener, app, timeouts, stop).await {
-                                    warn!(error = %err, "event loop ended with an error");
-                                }
-                            }
-                            Err(err) => warn!(error = %err, "event loop could not listen"),
+                        if let Err(err) = accept_loop(listener, app, timeouts, stop).await {
+                            warn!(error = %err, "event loop ended with an error");
                         }
                         let _ = done_tx.send(());
                     };
@@ -237,10 +260,15 @@ impl EventLoop {
                         () = aborted.cancelled() => {}
                     }
                 });
-                // Dropping the runtime drops whatever connection tasks are left.
-                drop(runtime);
+                // Drops whatever connection tasks are left; blocking work (a long
+                // tokenization, a DNS lookup) gets a second, not forever.
+                runtime.shutdown_timeout(Duration::from_secs(1));
             })?;
-        Ok(Self { done, abort, thread })
+        match ready.recv() {
+            Ok(Ok(())) => Ok(Self { done, abort, thread }),
+            Ok(Err(err)) => Err(err),
+            Err(_) => Err(std::io::Error::other("the event loop thread ended before listening")),
+        }
     }
 }
 
@@ -250,6 +278,7 @@ fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener
     use socket2::{Domain, Protocol, Socket, Type};
     let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
     socket.set_reuse_address(true)?;
+    #[cfg(unix)]
     socket.set_reuse_port(true)?;
     socket.set_nonblocking(true)?;
     socket.bind(&addr.into())?;

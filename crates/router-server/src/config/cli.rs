@@ -20,7 +20,7 @@ pub struct Cli {
     pub command: Option<Command>,
     /// Event-loop threads serving clients (overrides `server.worker_threads`; default: one per
     /// core). Each has its own listener and engine connections.
-    #[arg(long, global = true, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    #[arg(long, global = true, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub worker_threads: Option<u16>,
     /// Serving options.
     #[command(flatten)]

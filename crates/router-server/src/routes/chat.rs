@@ -76,6 +76,15 @@ fn request_id(headers: &HeaderMap) -> HeaderValue {
 /// microseconds); larger ones on the blocking pool.
 const INLINE_PREPARE_BYTES: usize = 16 * 1024;
 
+/// Slots for preparations on the blocking pool: one per core for the whole process.
+fn blocking_slots() -> &'static Arc<tokio::sync::Semaphore> {
+    static SLOTS: std::sync::OnceLock<Arc<tokio::sync::Semaphore>> = std::sync::OnceLock::new();
+    SLOTS.get_or_init(|| {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        Arc::new(tokio::sync::Semaphore::new(cores))
+    })
+}
+
 /// Reads the whole body: at most `max_body_bytes` (413 as soon as a declared length or the
 /// bytes received exceed it) and within `body_read_timeout_secs` (408).
 async fn read_body(
@@ -178,9 +187,16 @@ async fn handle(
     let prepared = if model.tokenization.is_some() && body.len() > INLINE_PREPARE_BYTES {
         // Templating and tokenizing a long prompt takes milliseconds: off the event loop, so
         // the other connections it serves are not held up.
+        // At most one such preparation per core at a time, across every event loop: the
+        // permit travels with the work, so a client that leaves cannot let it pile up.
+        let permit = Arc::clone(blocking_slots())
+            .acquire_owned()
+            .await
+            .map_err(|_| ApiError::Internal("preparation slots closed".into()))?;
         let tokenization = model.tokenization.clone();
         let (session, routing) = (session.map(str::to_owned), routing.map(str::to_owned));
         tokio::task::spawn_blocking(move || {
+            let _permit = permit;
             prepare(body, chat, tokenization.as_deref(), session.as_deref(), routing.as_deref())
         })
         .await

@@ -117,6 +117,21 @@ impl RemoteError {
     }
 }
 
+/// Spawns tonic's connection tasks on the runtime that built the client (the router's
+/// background runtime), whichever thread makes the first lookup: a process serving from
+/// several runtimes must not tie a shared channel to one of them.
+#[derive(Clone)]
+struct SpawnOn(tokio::runtime::Handle);
+
+impl<F> hyper::rt::Executor<F> for SpawnOn
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    fn execute(&self, future: F) {
+        self.0.spawn(future);
+    }
+}
+
 struct Remote {
     address: String,
     endpoint: Endpoint,
@@ -154,8 +169,10 @@ const MAX_ANSWER_BYTES: usize = 4 << 20;
 
 impl RemoteIndexClient {
     /// Checks `config` and prepares one lazily connected channel per endpoint. Connects to
-    /// nothing and spawns nothing.
+    /// nothing and spawns nothing; when called inside a tokio runtime, the channels' tasks
+    /// will run on that runtime.
     pub fn new(config: ClientConfig) -> Result<Self, ClientConfigError> {
+        let home = tokio::runtime::Handle::try_current().ok();
         if config.endpoints.is_empty() {
             return Err(ClientConfigError::NoEndpoints);
         }
@@ -184,6 +201,10 @@ impl RemoteIndexClient {
                     // connection attempt to a silent host, so that it is retried.
                     .connect_timeout(config.query_timeout + Duration::from_secs(1))
                     .tcp_nodelay(true);
+                let endpoint = match &home {
+                    Some(home) => endpoint.executor(SpawnOn(home.clone())),
+                    None => endpoint,
+                };
                 Ok(Remote { address: address.clone(), endpoint, channel: OnceLock::new() })
             })
             .collect::<Result<Box<[_]>, _>>()?;
