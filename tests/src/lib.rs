@@ -329,6 +329,36 @@ impl Http {
     }
 }
 
+/// Router-local in-flight requests of the router's first worker, from `/admin/state`.
+pub async fn inflight(http: &Http, router: &Router, admin_token: &str) -> u64 {
+    let bearer = format!("Bearer {admin_token}");
+    let state = http.get(&router.url, "/admin/state", &[("authorization", &bearer)]).await.json();
+    state["workers"][0]["inflight"].as_u64().expect("inflight count")
+}
+
+/// Requests running on a simulated engine, from its `/v1/loads`.
+pub async fn engine_running(http: &Http, engine: &Engine) -> u64 {
+    let loads = http.get(&engine.url, "/v1/loads", &[]).await.json();
+    let ranks = loads
+        .as_array()
+        .cloned()
+        .or_else(|| loads["loads"].as_array().cloned())
+        .unwrap_or_default();
+    ranks.iter().filter_map(|r| r["num_running_reqs"].as_u64()).sum()
+}
+
+/// Polls `check` every 25 ms until it holds (true) or `limit` has passed (false).
+pub async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < deadline {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    false
+}
+
 /// A chat body with one user message.
 pub fn chat_body(model: &str, text: &str, max_tokens: u64) -> serde_json::Value {
     serde_json::json!({

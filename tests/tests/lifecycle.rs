@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Full};
-use router_e2e::{Engine, Http, Router, chat_body};
+use router_e2e::{Engine, Http, Router, chat_body, engine_running, eventually, inflight};
 
 fn config(engine: &Engine) -> String {
     format!(
@@ -12,32 +12,6 @@ fn config(engine: &Engine) -> String {
          buckets:\n      - id: all\n        groups: {{plain: {{policy: {{type: round_robin}}}}}}\n",
         engine.url
     )
-}
-
-async fn inflight(http: &Http, router: &Router) -> u64 {
-    let state =
-        http.get(&router.url, "/admin/state", &[("authorization", "Bearer t")]).await.json();
-    state["workers"][0]["inflight"].as_u64().expect("inflight count")
-}
-
-async fn engine_running(http: &Http, engine: &Engine) -> u64 {
-    let loads = http.get(&engine.url, "/v1/loads", &[]).await.json();
-    let ranks = loads
-        .as_array()
-        .cloned()
-        .or_else(|| loads["loads"].as_array().cloned())
-        .unwrap_or_default();
-    ranks.iter().filter_map(|r| r["num_running_reqs"].as_u64()).sum()
-}
-
-async fn eventually(mut check: impl AsyncFnMut() -> bool) -> bool {
-    for _ in 0..200 {
-        if check().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    false
 }
 
 #[tokio::test]
@@ -58,13 +32,17 @@ async fn a_client_that_disconnects_cancels_the_engine_request() {
     let first =
         tokio::time::timeout(Duration::from_secs(5), stream.frame()).await.expect("first event");
     assert!(first.is_some());
-    assert_eq!(inflight(&http, &router).await, 1);
+    assert_eq!(inflight(&http, &router, "t").await, 1);
     assert_eq!(engine_running(&http, &engine).await, 1);
 
     drop(stream);
-    assert!(eventually(async || inflight(&http, &router).await == 0).await, "guard released");
     assert!(
-        eventually(async || engine_running(&http, &engine).await == 0).await,
+        eventually(Duration::from_secs(5), async || inflight(&http, &router, "t").await == 0).await,
+        "guard released"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), async || engine_running(&http, &engine).await == 0)
+            .await,
         "engine request cancelled"
     );
 }
@@ -80,10 +58,17 @@ async fn sigterm_drains_in_flight_requests_then_exits() {
         let http = http.clone();
         async move { http.chat(&url, &chat_body("m", "slow", 30), &[]).await }
     });
-    assert!(eventually(async || inflight(&http, &router).await == 1).await);
+    assert!(
+        eventually(Duration::from_secs(5), async || inflight(&http, &router, "t").await == 1).await
+    );
     router.process.terminate();
     assert!(
-        eventually(async || http.get(&router.url, "/readiness", &[]).await.status == 503).await,
+        eventually(Duration::from_secs(5), async || http
+            .get(&router.url, "/readiness", &[])
+            .await
+            .status
+            == 503)
+        .await,
         "readiness turns 503 while draining"
     );
     let refused = http.chat(&router.url, &chat_body("m", "late", 1), &[]).await;
@@ -111,7 +96,9 @@ async fn a_flood_beyond_the_concurrency_limit_gets_503_with_retry_after() {
         let http = http.clone();
         async move { http.chat(&url, &chat_body("m", "slow", 30), &[]).await }
     });
-    assert!(eventually(async || inflight(&http, &router).await == 1).await);
+    assert!(
+        eventually(Duration::from_secs(5), async || inflight(&http, &router, "t").await == 1).await
+    );
     let refused = http.chat(&router.url, &chat_body("m", "one too many", 1), &[]).await;
     assert_eq!(refused.status, 503, "{}", refused.body);
     assert_eq!(refused.json()["error"]["code"], "overloaded");
@@ -136,7 +123,9 @@ async fn an_engine_dying_mid_stream_ends_the_stream_with_an_error_event() {
         let http = http.clone();
         async move { http.chat(&url, &body, &[]).await }
     });
-    assert!(eventually(async || inflight(&http, &router).await == 1).await);
+    assert!(
+        eventually(Duration::from_secs(5), async || inflight(&http, &router, "t").await == 1).await
+    );
     // The engine answers this one, then exits and cuts the stream above.
     let short = http.chat(&router.url, &chat_body("m", "quick", 1), &[]).await;
     assert_eq!(short.status, 200);
@@ -145,5 +134,39 @@ async fn an_engine_dying_mid_stream_ends_the_stream_with_an_error_event() {
     let last = reply.body.lines().rfind(|l| l.starts_with("data: ")).unwrap_or_default().to_owned();
     assert!(last.contains("\"error\""), "the stream ends with an error event: {}", reply.body);
     assert!(!reply.body.contains("[DONE]"), "{}", reply.body);
-    assert!(eventually(async || inflight(&http, &router).await == 0).await);
+    assert!(
+        eventually(Duration::from_secs(5), async || inflight(&http, &router, "t").await == 0).await
+    );
+}
+
+#[tokio::test]
+async fn a_drain_that_times_out_closes_the_remaining_streams_and_exits() {
+    // 100 tokens at 20 tokens/s: five seconds, longer than the one-second drain.
+    let engine = Engine::start("m", &["--decode-tokens-per-sec", "20"]);
+    let yaml = config(&engine).replace(
+        "server: {port: 0, admin_token: t}",
+        "server: {port: 0, admin_token: t, shutdown_drain_secs: 1}",
+    );
+    let mut router = Router::with_config(&yaml);
+    let http = Http::default();
+    let mut body = chat_body("m", "a long answer please", 100);
+    body["stream"] = true.into();
+    let request = http::Request::post(format!("{}/v1/chat/completions", router.url))
+        .header("content-type", "application/json")
+        .body(Full::new(bytes::Bytes::from(body.to_string())))
+        .expect("request");
+    let response = http.client().request(request).await.expect("response");
+    assert_eq!(response.status(), 200);
+    router.process.terminate();
+    // The stream is cut when the drain gives up, well before its five seconds.
+    let collected = tokio::time::timeout(Duration::from_secs(4), response.into_body().collect())
+        .await
+        .expect("the stream ended with the drain");
+    let text = collected.map(|c| String::from_utf8_lossy(&c.to_bytes()).into_owned());
+    assert!(!text.unwrap_or_default().contains("[DONE]"), "the stream was not cut");
+    let code =
+        tokio::task::spawn_blocking(move || router.process.wait_exit(Duration::from_secs(10)))
+            .await
+            .expect("join");
+    assert_eq!(code, Some(0));
 }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use router_e2e::{Engine, Http, Router, chat_body};
+use router_e2e::{Engine, Http, Router, chat_body, engine_running, eventually, inflight};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -39,32 +39,6 @@ async fn read_until_closed(stream: &mut TcpStream, limit: Duration) -> String {
     .await;
     assert!(outcome.is_ok(), "the router kept the connection open for {limit:?}");
     String::from_utf8_lossy(&received).into_owned()
-}
-
-async fn inflight(http: &Http, router: &Router) -> u64 {
-    let state =
-        http.get(&router.url, "/admin/state", &[("authorization", "Bearer t")]).await.json();
-    state["workers"][0]["inflight"].as_u64().expect("inflight count")
-}
-
-async fn engine_running(http: &Http, engine: &Engine) -> u64 {
-    let loads = http.get(&engine.url, "/v1/loads", &[]).await.json();
-    let ranks = loads
-        .as_array()
-        .cloned()
-        .or_else(|| loads["loads"].as_array().cloned())
-        .unwrap_or_default();
-    ranks.iter().filter_map(|r| r["num_running_reqs"].as_u64()).sum()
-}
-
-async fn eventually(mut check: impl AsyncFnMut() -> bool) -> bool {
-    for _ in 0..400 {
-        if check().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    false
 }
 
 #[tokio::test]
@@ -123,7 +97,7 @@ async fn a_body_that_never_finishes_gets_408_and_holds_nothing() {
     assert!(received.contains("\"code\":\"body_timeout\""), "{received}");
     let http = Http::default();
     assert_eq!(engine_running(&http, &engine).await, 0);
-    assert_eq!(inflight(&http, &router).await, 0);
+    assert_eq!(inflight(&http, &router, "t").await, 0);
 }
 
 #[tokio::test]
@@ -151,17 +125,20 @@ async fn a_streaming_client_that_stops_reading_is_cut_off_and_the_engine_request
 
     let http = Http::default();
     assert!(
-        eventually(async || engine_running(&http, &engine).await == 1).await,
+        eventually(Duration::from_secs(10), async || engine_running(&http, &engine).await == 1)
+            .await,
         "the engine never started the request"
     );
     // The client reads nothing. Within the write timeout (plus the time to fill the buffers)
     // the router gives up on it: its in-flight count drops and the engine request is dropped.
     assert!(
-        eventually(async || inflight(&http, &router).await == 0).await,
+        eventually(Duration::from_secs(10), async || inflight(&http, &router, "t").await == 0)
+            .await,
         "the router still holds the stalled stream"
     );
     assert!(
-        eventually(async || engine_running(&http, &engine).await == 0).await,
+        eventually(Duration::from_secs(10), async || engine_running(&http, &engine).await == 0)
+            .await,
         "the engine is still generating for a client that left"
     );
     // What the client can still read is a cut stream: the final [DONE] never came.

@@ -128,7 +128,7 @@ impl AppContext {
             Arc::clone(&self.registry),
             SubscriptionConfig {
                 report_interval: self.load_report_interval,
-                tls: self.forwarder.tls(),
+                tls: Some(self.forwarder.tls()),
                 ..SubscriptionConfig::default()
             },
         );

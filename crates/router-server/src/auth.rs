@@ -4,13 +4,13 @@
 //!   `ROUTER_ENGINE_API_KEY`), sent as `Authorization: Bearer` and never the client's header;
 //! - admin: `server.admin_token` (or `ROUTER_ADMIN_TOKEN`), for `/admin/` only.
 //!
-//! Comparisons are constant-time; keys never reach logs, metrics or listings ([`ApiKey`]'s
-//! `Debug` is redacted and it cannot be serialized).
+//! Keys are checked by digest in constant time ([`KeySet`]); they never reach logs, metrics or
+//! listings ([`ApiKey`]'s `Debug` is redacted and it cannot be serialized).
 
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use router_workers::ApiKey;
@@ -31,11 +31,47 @@ pub const ADMIN_TOKEN_ENV: &str = "ROUTER_ADMIN_TOKEN";
 #[derive(Clone, Debug, Default)]
 pub struct Credentials {
     /// Keys accepted from clients on `/v1/`; empty = the API is open.
-    pub client_keys: Vec<ApiKey>,
+    pub client_keys: KeySet,
     /// Key for engines configured without one.
     pub engine_default: Option<ApiKey>,
     /// The admin API's token; none = the admin API is off.
-    pub admin_token: Option<ApiKey>,
+    pub admin_token: Option<KeySet>,
+}
+
+/// Keys as the router checks them: their SHA-256 digests, made once. A candidate is hashed and
+/// compared with every digest in constant time, so neither which key matched nor any key's
+/// length shows in the timing.
+#[derive(Clone, Default)]
+pub struct KeySet(Vec<[u8; 32]>);
+
+impl KeySet {
+    /// The set of `keys`.
+    pub fn new<'a>(keys: impl IntoIterator<Item = &'a ApiKey>) -> Self {
+        Self(keys.into_iter().map(|key| digest(key.expose())).collect())
+    }
+
+    /// Whether no key is set.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether `given` is one of the keys.
+    pub fn accepts(&self, given: &str) -> bool {
+        let given = digest(given);
+        self.0.iter().fold(false, |found, key| found | bool::from(given.ct_eq(key)))
+    }
+}
+
+impl std::fmt::Debug for KeySet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KeySet({} keys)", self.0.len())
+    }
+}
+
+fn digest(text: &str) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, text.as_bytes()).as_ref());
+    out
 }
 
 /// An unusable credential from the environment.
@@ -58,17 +94,17 @@ impl Credentials {
             _ => Ok(None),
         };
         let client_keys = if server.api_keys.is_empty() {
-            from_env(CLIENT_KEY_ENV)?.into_iter().collect()
+            KeySet::new(&from_env(CLIENT_KEY_ENV)?)
         } else {
-            server.api_keys.clone()
+            KeySet::new(&server.api_keys)
         };
         let engine_default = match &server.engine_api_key {
             Some(key) => Some(key.clone()),
             None => from_env(ENGINE_KEY_ENV)?,
         };
         let admin_token = match &server.admin_token {
-            Some(token) => Some(token.clone()),
-            None => from_env(ADMIN_TOKEN_ENV)?,
+            Some(token) => Some(KeySet::new([token])),
+            None => from_env(ADMIN_TOKEN_ENV)?.map(|token| KeySet::new([&token])),
         };
         Ok(Self { client_keys, engine_default, admin_token })
     }
@@ -79,24 +115,6 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-}
-
-/// Whether `given` equals one of `keys`, in time independent of where they differ and of their
-/// lengths: the SHA-256 digests are compared, in constant time, and every key is compared.
-pub fn matches_any(given: &str, keys: &[ApiKey]) -> bool {
-    let digest = |bytes: &[u8]| ring::digest::digest(&ring::digest::SHA256, bytes);
-    let given = digest(given.as_bytes());
-    keys.iter().fold(false, |found, key| {
-        found | bool::from(given.as_ref().ct_eq(digest(key.expose().as_bytes()).as_ref()))
-    })
-}
-
-/// The `Authorization` header the router sends to an engine with this key; marked sensitive
-/// so HTTP/2 never indexes it and `Debug` hides it.
-pub fn engine_authorization(key: &ApiKey) -> Option<HeaderValue> {
-    let mut value = HeaderValue::try_from(format!("Bearer {}", key.expose())).ok()?;
-    value.set_sensitive(true);
-    Some(value)
 }
 
 /// Middleware of the client API: with client keys configured, a request without one of them
@@ -111,7 +129,7 @@ pub async fn require_api_key(
         return next.run(request).await;
     }
     let refusal = match bearer(request.headers()) {
-        Some(given) if matches_any(given, keys) => return next.run(request).await,
+        Some(given) if keys.accepts(given) => return next.run(request).await,
         Some(_) => "invalid API key",
         None => "missing API key: send it as `Authorization: Bearer <key>`",
     };
@@ -130,13 +148,15 @@ pub async fn require_admin_token(
             .into_response();
     };
     match bearer(request.headers()) {
-        Some(given) if matches_any(given, std::slice::from_ref(token)) => next.run(request).await,
+        Some(given) if token.accepts(given) => next.run(request).await,
         _ => ApiError::Unauthorized("missing or invalid admin bearer token").into_response(),
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use axum::http::HeaderValue;
+
     use super::*;
 
     fn key(text: &str) -> ApiKey {
@@ -157,23 +177,24 @@ mod tests {
 
     #[test]
     fn only_an_exact_key_matches() {
-        let keys = [key("first-key"), key("second-key")];
-        assert!(matches_any("first-key", &keys));
-        assert!(matches_any("second-key", &keys));
-        assert!(!matches_any("first", &keys));
-        assert!(!matches_any("first-key-and-more", &keys));
-        assert!(!matches_any("", &keys));
+        let keys = KeySet::new(&[key("first-key"), key("second-key")]);
+        assert!(keys.accepts("first-key"));
+        assert!(keys.accepts("second-key"));
+        assert!(!keys.accepts("first"));
+        assert!(!keys.accepts("first-key-and-more"));
+        assert!(!keys.accepts(""));
     }
 
     #[test]
     fn the_engine_header_is_sensitive_and_debug_hides_keys() {
-        let value = engine_authorization(&key("s3cret")).expect("header");
+        let engine_key = key("s3cret");
+        let value = engine_key.authorization();
         assert!(value.is_sensitive());
         assert_eq!(value.to_str().ok(), Some("Bearer s3cret"));
         let credentials = Credentials {
-            client_keys: vec![key("client-s3cret")],
+            client_keys: KeySet::new(&[key("client-s3cret")]),
             engine_default: Some(key("engine-s3cret")),
-            admin_token: Some(key("admin-s3cret")),
+            admin_token: Some(KeySet::new(&[key("admin-s3cret")])),
         };
         let debug = format!("{credentials:?} {value:?}");
         assert!(!debug.contains("s3cret"), "{debug}");

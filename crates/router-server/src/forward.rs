@@ -166,13 +166,15 @@ pub struct Forwarder {
     /// Names this forwarder's pools in each thread's table.
     id: u64,
     connector: EngineConnector,
+    /// The TLS settings in use (`config.tls`, or the system roots alone).
+    tls: Arc<ClientConfig>,
     config: ForwardConfig,
 }
 
 impl Forwarder {
     /// Builds the pooled client. HTTP/2 is prior knowledge (h2c) for `http://` engines and
     /// negotiated by ALPN for `https://` ones.
-    pub fn new(mut config: ForwardConfig) -> Result<Self, TlsConfigError> {
+    pub fn new(config: ForwardConfig) -> Result<Self, TlsConfigError> {
         let mut tcp = HttpConnector::new();
         tcp.set_nodelay(true);
         tcp.set_connect_timeout(Some(config.connect_timeout));
@@ -181,7 +183,6 @@ impl Forwarder {
             Some(tls) => Arc::clone(tls),
             None => crate::tls::engine_client_config(None)?,
         };
-        config.tls = Some(Arc::clone(&tls));
         let https =
             HttpsConnectorBuilder::new().with_tls_config(ClientConfig::clone(&tls)).https_or_http();
         let connector = if config.http2 {
@@ -192,7 +193,7 @@ impl Forwarder {
         let connector = ConnectTimeout { inner: connector, timeout: config.connect_timeout };
         static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(Self { id, connector, config })
+        Ok(Self { id, connector, tls, config })
     }
 
     /// Sends `request` through this thread's pool (created on first use).
@@ -213,8 +214,8 @@ impl Forwarder {
     }
 
     /// The TLS settings for `https://` engines, to share with other engine clients.
-    pub fn tls(&self) -> Option<Arc<ClientConfig>> {
-        self.config.tls.clone()
+    pub fn tls(&self) -> Arc<ClientConfig> {
+        Arc::clone(&self.tls)
     }
 
     /// The request timeout.
@@ -279,8 +280,8 @@ impl Forwarder {
 /// Adds the engine's own credential; the client's `Authorization` never travels further than
 /// the router.
 fn authorize<B>(request: &mut Request<B>, worker: &Worker) {
-    if let Some(value) = worker.api_key().and_then(crate::auth::engine_authorization) {
-        request.headers_mut().insert(header::AUTHORIZATION, value);
+    if let Some(key) = worker.api_key() {
+        request.headers_mut().insert(header::AUTHORIZATION, key.authorization().clone());
     }
 }
 

@@ -93,24 +93,24 @@ pub fn request(model: &str, bucket: &str, status: u16, elapsed: Duration) {
 
 /// Time from receiving the request to the engine's response head.
 pub fn time_to_response_head(model: &str, elapsed: Duration) {
-    with_model(model, |model, series| {
-        series
-            .head
-            .get_or_insert_with(
-                || histogram!("router_upstream_head_seconds", "model" => model.to_owned()),
-            )
-            .record(elapsed.as_secs_f64());
-    });
+    record_model_histogram(model, "router_upstream_head_seconds", |s| &mut s.head, elapsed);
 }
 
 /// Time the router spent preparing and selecting, before dispatch.
 pub fn selection(model: &str, elapsed: Duration) {
+    record_model_histogram(model, "router_selection_seconds", |s| &mut s.selection, elapsed);
+}
+
+/// Records into the model's histogram `name`, kept in `slot` once made.
+fn record_model_histogram(
+    model: &str,
+    name: &'static str,
+    slot: fn(&mut ModelSeries) -> &mut Option<Histogram>,
+    elapsed: Duration,
+) {
     with_model(model, |model, series| {
-        series
-            .selection
-            .get_or_insert_with(
-                || histogram!("router_selection_seconds", "model" => model.to_owned()),
-            )
+        slot(series)
+            .get_or_insert_with(|| histogram!(name, "model" => model.to_owned()))
             .record(elapsed.as_secs_f64());
     });
 }

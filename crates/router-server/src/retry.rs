@@ -110,12 +110,8 @@ impl RetryBudget {
         }
     }
 
-    /// Counts one request (its first attempt).
-    pub fn deposit(&self) {
-        self.deposit_at(Instant::now());
-    }
-
-    fn deposit_at(&self, now: Instant) {
+    /// Counts one request (its first attempt), received at `now`.
+    pub fn deposit_at(&self, now: Instant) {
         self.requests.add(self.second(now));
     }
 

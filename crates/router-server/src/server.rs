@@ -50,7 +50,7 @@ pub fn routes(ctx: Arc<AppContext>) -> Router {
 
 /// The per-connection limits that protect the router from slow clients and huge heads.
 #[derive(Clone, Copy, Debug)]
-struct ConnectionTimeouts {
+struct ConnectionLimits {
     /// Whole request head (slowloris).
     header_read: Duration,
     /// A response write that makes no progress (a client that stops reading).
@@ -59,7 +59,7 @@ struct ConnectionTimeouts {
     max_header_bytes: usize,
 }
 
-impl From<&ServerConfig> for ConnectionTimeouts {
+impl From<&ServerConfig> for ConnectionLimits {
     fn from(server: &ServerConfig) -> Self {
         Self {
             header_read: Duration::from_secs(server.header_read_timeout_secs),
@@ -79,14 +79,14 @@ impl From<&ServerConfig> for ConnectionTimeouts {
 async fn accept_loop(
     listener: TcpListener,
     app: Router,
-    timeouts: ConnectionTimeouts,
+    limits: ConnectionLimits,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(timeouts.header_read)
-        .max_header_size(timeouts.max_header_bytes);
+        .header_read_timeout(limits.header_read)
+        .max_header_size(limits.max_header_bytes);
     let graceful = GracefulShutdown::new();
     let service = TowerToHyperService::new(app);
     let mut connections = JoinSet::new();
@@ -112,7 +112,7 @@ async fn accept_loop(
         // one until the client's delayed ACK (about 40 ms).
         let _ = tcp.set_nodelay(true);
         let mut io = TimeoutStream::new(tcp);
-        io.set_write_timeout(Some(timeouts.write));
+        io.set_write_timeout(Some(limits.write));
         let connection = builder.serve_connection(TokioIo::new(Box::pin(io)), service.clone());
         let connection = graceful.watch(connection);
         connections.spawn(async move {
@@ -141,10 +141,8 @@ pub struct Serving {
     loops: Vec<EventLoop>,
 }
 
-/// One event-loop thread.
+/// One event-loop thread; it ends once its graceful shutdown is over, or at once on `abort`.
 struct EventLoop {
-    /// Fires (is dropped) when the loop has finished its graceful shutdown.
-    done: tokio::sync::oneshot::Receiver<()>,
     /// Ends the loop at once, aborting its connections.
     abort: CancellationToken,
     thread: std::thread::JoinHandle<()>,
@@ -174,12 +172,12 @@ impl Serving {
         }
         ctx.start();
         let (shutdown, stop) = tokio::sync::watch::channel(false);
-        let timeouts = ConnectionTimeouts::from(ctx.server());
+        let limits = ConnectionLimits::from(ctx.server());
         let app = routes(Arc::clone(&ctx));
         let loops = listeners
             .into_iter()
             .enumerate()
-            .map(|(i, listener)| EventLoop::spawn(i, listener, app.clone(), timeouts, stop.clone()))
+            .map(|(i, listener)| EventLoop::spawn(i, listener, app.clone(), limits, stop.clone()))
             .collect::<std::io::Result<Vec<_>>>()?;
         Ok(Self { addr, ctx, shutdown, loops })
     }
@@ -198,27 +196,34 @@ impl Serving {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let _ = self.shutdown.send(true);
-        let mut timed_out = false;
-        let mut threads = Vec::new();
-        for EventLoop { done, abort, thread } in self.loops {
-            if tokio::time::timeout_at(deadline, done).await.is_err() {
-                timed_out = true;
+        let joins = self.loops.into_iter().map(|EventLoop { abort, thread }| {
+            (abort, tokio::task::spawn_blocking(move || thread.join()))
+        });
+        let mut late = Vec::new();
+        for (abort, mut joined) in joins {
+            match tokio::time::timeout_at(deadline, &mut joined).await {
+                Ok(ended) => report_loop_end(ended),
+                Err(_) => late.push((abort, joined)),
             }
-            threads.push((abort, thread));
         }
-        if timed_out {
+        if !late.is_empty() {
             info!(?drain, "drain timed out; closing the remaining connections");
         }
-        // Every loop is told first, then joined: a slow one holds up no other.
-        for (abort, _) in &threads {
+        // Every late loop is told first, then awaited: a slow one holds up no other.
+        for (abort, _) in &late {
             abort.cancel();
         }
-        for (_, thread) in threads {
-            if let Ok(Err(panic)) = tokio::task::spawn_blocking(move || thread.join()).await {
-                warn!(?panic, "an event loop panicked");
-            }
+        for (_, joined) in late {
+            report_loop_end(joined.await);
         }
         self.ctx.shutdown().await;
+    }
+}
+
+/// Logs an event loop that panicked.
+fn report_loop_end(ended: Result<std::thread::Result<()>, tokio::task::JoinError>) {
+    if let Ok(Err(panic)) = ended {
+        warn!(?panic, "an event loop panicked");
     }
 }
 
@@ -227,11 +232,10 @@ impl EventLoop {
         index: usize,
         listener: std::net::TcpListener,
         app: Router,
-        timeouts: ConnectionTimeouts,
+        limits: ConnectionLimits,
         stop: tokio::sync::watch::Receiver<bool>,
     ) -> std::io::Result<Self> {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-        let (done_tx, done) = tokio::sync::oneshot::channel();
         let (ready_tx, ready) = std::sync::mpsc::channel::<std::io::Result<()>>();
         let abort = CancellationToken::new();
         let aborted = abort.clone();
@@ -249,14 +253,12 @@ impl EventLoop {
                             return;
                         }
                     };
-                    let serving = async {
-                        if let Err(err) = accept_loop(listener, app, timeouts, stop).await {
-                            warn!(error = %err, "event loop ended with an error");
-                        }
-                        let _ = done_tx.send(());
-                    };
                     tokio::select! {
-                        () = serving => {}
+                        served = accept_loop(listener, app, limits, stop) => {
+                            if let Err(err) = served {
+                                warn!(error = %err, "event loop ended with an error");
+                            }
+                        }
                         () = aborted.cancelled() => {}
                     }
                 });
@@ -265,7 +267,7 @@ impl EventLoop {
                 runtime.shutdown_timeout(Duration::from_secs(1));
             })?;
         match ready.recv() {
-            Ok(Ok(())) => Ok(Self { done, abort, thread }),
+            Ok(Ok(())) => Ok(Self { abort, thread }),
             Ok(Err(err)) => Err(err),
             Err(_) => Err(std::io::Error::other("the event loop thread ended before listening")),
         }

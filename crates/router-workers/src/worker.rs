@@ -191,10 +191,14 @@ pub struct WorkerSpec {
 }
 
 /// A credential: readable on purpose with [`ApiKey::expose`], never printed by `Debug` and
-/// never serialized.
+/// never serialized. It carries the `Authorization` value that presents it, built once.
 #[derive(Clone, PartialEq, Eq, Deserialize)]
 #[serde(try_from = "String")]
-pub struct ApiKey(String);
+pub struct ApiKey {
+    key: String,
+    /// `Bearer <key>`, marked sensitive (HTTP/2 never indexes it; its `Debug` hides it).
+    authorization: http::HeaderValue,
+}
 
 impl ApiKey {
     /// A key of visible ASCII characters (it travels in an HTTP header).
@@ -203,15 +207,24 @@ impl ApiKey {
         if key.is_empty() {
             return Err("an API key must not be empty");
         }
+        let invalid = "an API key must be visible ASCII characters without spaces";
         if !key.bytes().all(|b| b.is_ascii_graphic()) {
-            return Err("an API key must be visible ASCII characters without spaces");
+            return Err(invalid);
         }
-        Ok(Self(key))
+        let mut authorization =
+            http::HeaderValue::try_from(format!("Bearer {key}")).map_err(|_| invalid)?;
+        authorization.set_sensitive(true);
+        Ok(Self { key, authorization })
     }
 
-    /// The secret itself, for the one place that sends it.
+    /// The secret itself, for the one place that checks it.
     pub fn expose(&self) -> &str {
-        &self.0
+        &self.key
+    }
+
+    /// The `Authorization` header value that presents this key.
+    pub fn authorization(&self) -> &http::HeaderValue {
+        &self.authorization
     }
 }
 

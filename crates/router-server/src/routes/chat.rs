@@ -186,9 +186,9 @@ async fn handle(
     let routing = header(&model.affinity.routing_key_header);
     let prepared = if model.tokenization.is_some() && body.len() > INLINE_PREPARE_BYTES {
         // Templating and tokenizing a long prompt takes milliseconds: off the event loop, so
-        // the other connections it serves are not held up.
-        // At most one such preparation per core at a time, across every event loop: the
-        // permit travels with the work, so a client that leaves cannot let it pile up.
+        // the other connections it serves are not held up; at most one such preparation per
+        // core at a time, the permit travelling with the work, so a client that leaves cannot
+        // let it pile up.
         let permit = Arc::clone(blocking_slots())
             .acquire_owned()
             .await
@@ -224,7 +224,7 @@ async fn handle(
         routing_key: prepared.routing_key.as_deref(),
     };
 
-    ctx.retry_budget().deposit();
+    ctx.retry_budget().deposit_at(started);
     let retry = &ctx.server().retry;
     let mut retries = 0;
     let mut failure: Option<ApiError> = None;
@@ -380,15 +380,8 @@ async fn relay(
     if parts.status.is_server_error() {
         return Err(ApiError::Upstream(engine_failed(ctx, worker, parts.status, body).await));
     }
-    if matches!(parts.status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
-        // The engine refused the router's credential, not the client's: passing the 401 on
-        // would tell the client its own key is wrong.
-        metrics::engine_failure(worker.id().as_str(), "credentials");
-        return Err(ApiError::Upstream(format!(
-            "engine {} refused the router's credentials ({}); check the worker's api_key",
-            worker.id(),
-            parts.status.as_u16()
-        )));
+    if let Some(refusal) = refused_credentials(worker, parts.status) {
+        return Err(ApiError::Upstream(refusal));
     }
     let sink: Arc<dyn OutcomeSink> = ctx.health_sink();
     let stream_sse = sse && parts.status.is_success();
@@ -398,6 +391,25 @@ async fn relay(
     *response.status_mut() = parts.status;
     passthrough_headers(&parts.headers, response.headers_mut());
     Ok(response)
+}
+
+/// Whether an engine's status says it refused the router's credential.
+fn refused(status: StatusCode) -> bool {
+    matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
+}
+
+/// An engine refusing the router's credential, counted and described; `None` for any other
+/// status. Passing its 401 on would tell the client its own key is wrong.
+fn refused_credentials(worker: &Worker, status: StatusCode) -> Option<String> {
+    if !refused(status) {
+        return None;
+    }
+    metrics::engine_failure(worker.id().as_str(), "credentials");
+    Some(format!(
+        "engine {} refused the router's credentials ({}); check the worker's api_key",
+        worker.id(),
+        status.as_u16()
+    ))
 }
 
 /// Records a 5xx answer against the engine (circuit breaker, metrics) and describes it with
@@ -458,19 +470,9 @@ async fn dispatch_pd(
                             engine_failed(&ctx, &prefill, parts.status, body).await
                         ))
                     }
-                    Ok(response)
-                        if matches!(
-                            response.status(),
-                            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
-                        ) =>
-                    {
-                        metrics::engine_failure(prefill.id().as_str(), "credentials");
-                        Some(format!(
-                            "prefill engine {} refused the router's credentials ({}); check the \
-                             worker's api_key",
-                            prefill.id(),
-                            response.status().as_u16()
-                        ))
+                    Ok(response) if refused(response.status()) => {
+                        refused_credentials(&prefill, response.status())
+                            .map(|refusal| format!("prefill {refusal}"))
                     }
                     Ok(response) if !response.status().is_success() => {
                         let status = response.status().as_u16();

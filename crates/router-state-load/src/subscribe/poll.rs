@@ -57,11 +57,7 @@ pub(crate) async fn run(ctx: TaskContext, interval: Duration, cancel: Cancellati
         }
     };
     let client = http_client(ctx.config.tls.as_deref());
-    let authorization = ctx.worker.api_key().and_then(|key| {
-        let mut value = http::HeaderValue::try_from(format!("Bearer {}", key.expose())).ok()?;
-        value.set_sensitive(true);
-        Some(value)
-    });
+    let authorization = ctx.worker.api_key().map(|key| key.authorization().clone());
     let timeout = ctx.config.poll_timeout.min(interval).max(Duration::from_millis(1));
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
