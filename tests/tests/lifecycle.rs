@@ -14,19 +14,24 @@ fn config(engine: &Engine) -> String {
     )
 }
 
-#[tokio::test]
-async fn a_client_that_disconnects_cancels_the_engine_request() {
-    // 100 tokens at 20 tokens/s: five seconds of streaming unless cancelled.
-    let engine = Engine::start("m", &["--decode-tokens-per-sec", "20"]);
-    let router = Router::with_config(&config(&engine));
-    let http = Http::default();
+/// Starts a streamed request for 100 tokens and returns its response once the head is in.
+async fn long_stream(http: &Http, router: &Router) -> http::Response<hyper::body::Incoming> {
     let mut body = chat_body("m", "a long answer please", 100);
     body["stream"] = true.into();
     let request = http::Request::post(format!("{}/v1/chat/completions", router.url))
         .header("content-type", "application/json")
         .body(Full::new(bytes::Bytes::from(body.to_string())))
         .expect("request");
-    let response = http.client().request(request).await.expect("response");
+    http.client().request(request).await.expect("response")
+}
+
+#[tokio::test]
+async fn a_client_that_disconnects_cancels_the_engine_request() {
+    // 100 tokens at 20 tokens/s: five seconds of streaming unless cancelled.
+    let engine = Engine::start("m", &["--decode-tokens-per-sec", "20"]);
+    let router = Router::with_config(&config(&engine));
+    let http = Http::default();
+    let response = long_stream(&http, &router).await;
     assert_eq!(response.status(), 200);
     let mut stream = response.into_body();
     let first =
@@ -149,13 +154,7 @@ async fn a_drain_that_times_out_closes_the_remaining_streams_and_exits() {
     );
     let mut router = Router::with_config(&yaml);
     let http = Http::default();
-    let mut body = chat_body("m", "a long answer please", 100);
-    body["stream"] = true.into();
-    let request = http::Request::post(format!("{}/v1/chat/completions", router.url))
-        .header("content-type", "application/json")
-        .body(Full::new(bytes::Bytes::from(body.to_string())))
-        .expect("request");
-    let response = http.client().request(request).await.expect("response");
+    let response = long_stream(&http, &router).await;
     assert_eq!(response.status(), 200);
     router.process.terminate();
     // The stream is cut when the drain gives up, well before its five seconds.
