@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use router_sim::engine::{self, ApiKey, EngineConfig, Exit, Faults, KvFormat};
-use router_sim::load::{self, Arrival, LoadConfig, SessionSpec, TraceSpec, Workload};
+use router_sim::load::{self, Arrival, LoadConfig, Pace, SessionSpec, TraceSpec, Workload};
 use router_workers::Stage;
 use tokio_util::sync::CancellationToken;
 
@@ -216,6 +216,18 @@ struct LoadArgs {
     /// Divide trace arrival times by this factor: 10 replays ten times faster [default: 1].
     #[arg(long, requires = "trace")]
     time_scale: Option<f64>,
+    /// Choose the time scale so that the uncached prefill work the fleet oracle leaves arrives
+    /// at RHO (in (0, 2]) times the fleet's prefill speed; needs --fleet-capacity-tokens,
+    /// --engines and --prefill-tokens-per-sec.
+    #[arg(long, value_name = "RHO", requires = "trace", conflicts_with = "time_scale")]
+    offered_load: Option<f64>,
+    /// Engines of the fleet, for the offered load.
+    #[arg(long, value_name = "N", requires = "trace")]
+    engines: Option<usize>,
+    /// Prefill speed of each engine for uncached prompt tokens, for the TTFT floor and the
+    /// offered load.
+    #[arg(long, value_name = "MU", requires = "trace")]
+    prefill_tokens_per_sec: Option<f64>,
     /// Replay only the first N trace requests.
     #[arg(long, requires = "trace")]
     max_requests: Option<usize>,
@@ -265,7 +277,13 @@ impl LoadArgs {
         config.workload = match &self.trace {
             Some(path) => {
                 let mut spec = TraceSpec::new(path);
-                spec.time_scale = self.time_scale.unwrap_or(spec.time_scale);
+                spec.pace = match (self.offered_load, self.time_scale) {
+                    (Some(load), _) => Pace::OfferedLoad(load),
+                    (None, Some(scale)) => Pace::TimeScale(scale),
+                    (None, None) => spec.pace,
+                };
+                spec.engines = self.engines;
+                spec.prefill_tokens_per_sec = self.prefill_tokens_per_sec;
                 spec.max_requests = self.max_requests;
                 spec.block_tokens = self.trace_block_tokens.unwrap_or(spec.block_tokens);
                 spec.length_scale = self.trace_length_scale.unwrap_or(spec.length_scale);
@@ -370,5 +388,61 @@ async fn main() -> anyhow::Result<ExitCode> {
     match Cli::parse().command {
         Command::Engine(args) => run_engine(*args).await,
         Command::Load(args) => run_load(*args).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(args: &[&str]) -> Result<LoadArgs, clap::Error> {
+        let base = ["router-sim", "load", "--target", "http://h:1", "--model", "m"];
+        let cli = Cli::try_parse_from(base.iter().chain(args))?;
+        match cli.command {
+            Command::Load(args) => Ok(*args),
+            Command::Engine(_) => unreachable!("a load command"),
+        }
+    }
+
+    fn trace_spec(args: &[&str]) -> TraceSpec {
+        let config = load(args).expect("parses").config().expect("a config");
+        match config.workload {
+            Workload::Trace(spec) => spec,
+            Workload::Sessions(_) => unreachable!("a trace"),
+        }
+    }
+
+    #[test]
+    fn offered_load_flags_make_the_trace_spec() {
+        let spec = trace_spec(&[
+            "--trace",
+            "t.jsonl",
+            "--offered-load",
+            "0.8",
+            "--engines",
+            "4",
+            "--prefill-tokens-per-sec",
+            "5000",
+            "--fleet-capacity-tokens",
+            "65536",
+        ]);
+        assert_eq!(spec.pace, Pace::OfferedLoad(0.8));
+        assert_eq!((spec.engines, spec.prefill_tokens_per_sec), (Some(4), Some(5000.0)));
+        assert_eq!(
+            trace_spec(&["--trace", "t.jsonl", "--time-scale", "3"]).pace,
+            Pace::TimeScale(3.0)
+        );
+        assert_eq!(trace_spec(&["--trace", "t.jsonl"]).pace, Pace::TimeScale(1.0));
+    }
+
+    #[test]
+    fn offered_load_conflicts_with_time_scale_and_needs_a_trace() {
+        let both = ["--trace", "t.jsonl", "--offered-load", "0.5", "--time-scale", "2"];
+        let err = load(&both).expect_err("conflict").to_string();
+        assert!(err.contains("--offered-load") && err.contains("--time-scale"), "{err}");
+        for flag in ["--offered-load", "--engines", "--prefill-tokens-per-sec"] {
+            let err = load(&[flag, "1"]).expect_err("needs --trace").to_string();
+            assert!(err.contains("--trace"), "{flag}: {err}");
+        }
     }
 }

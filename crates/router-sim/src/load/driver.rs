@@ -171,7 +171,7 @@ pub(crate) async fn trace(config: &LoadConfig, replay: Replay, client: Client) -
     let send_all = async {
         for index in 0..replay.requests.len() {
             // A send time beyond the clock's range is never reached.
-            let Some(due) = start.checked_add(replay.requests[index].at) else { break };
+            let Some(due) = start.checked_add(replay.at(index)) else { break };
             tokio::time::sleep_until(due).await;
             let Ok(permit) = Arc::clone(&in_flight).acquire_owned().await else { break };
             results.sent();
@@ -199,6 +199,6 @@ pub(crate) async fn trace(config: &LoadConfig, replay: Replay, client: Client) -
     let _ = tokio::time::timeout_at(deadline, send_all).await;
     let elapsed = start.elapsed().min(config.duration);
     let (outcomes, sent) = results.take();
-    let oracle = replay.oracle_over(usize::try_from(sent).unwrap_or(usize::MAX));
-    Report::new(&outcomes, elapsed, sent, Some(oracle))
+    let judged = replay.report_over(usize::try_from(sent).unwrap_or(usize::MAX));
+    Report::new(&outcomes, elapsed, sent, Some(judged))
 }

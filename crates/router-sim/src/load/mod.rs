@@ -15,8 +15,9 @@ mod workload;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use report::Distribution;
 pub use report::Report;
-pub use trace::{FleetOracle, OracleReport, TraceSpec};
+pub use trace::{FleetOracle, OracleReport, Pace, ReplayReport, ScaledLoad, Schedule, TraceSpec};
 pub use workload::SessionSpec;
 
 use crate::tokens::PrepareError;
@@ -107,6 +108,14 @@ pub enum LoadError {
         flag: &'static str,
         /// What is wrong.
         reason: String,
+    },
+    /// A flag was given without another it needs.
+    #[error("{flag} needs {needs}")]
+    Needs {
+        /// The flag given.
+        flag: &'static str,
+        /// The flag it needs.
+        needs: &'static str,
     },
     /// The trace file could not be read.
     #[error("cannot read trace {path}")]

@@ -1,6 +1,7 @@
 //! The generator's measurements: counts, throughput, time to first token, cache hit rate
-//! from usage, per-engine share, and for trace replays the oracle hit rates beside the
-//! measured one; as text and as one JSON object.
+//! from usage, per-engine share of requests and of uncached prompt tokens, and for trace
+//! replays the oracle hit rates and the other bounds beside the measured ones; as text and as
+//! one JSON object.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -9,7 +10,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::client::Outcome;
-use super::trace::OracleReport;
+use super::trace::ReplayReport;
 
 /// What a run measured.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -30,6 +31,8 @@ pub struct Report {
     pub throughput_rps: f64,
     /// Median time to the first content token of successful requests.
     pub ttft_p50_ms: Option<f64>,
+    /// 90th percentile of the same.
+    pub ttft_p90_ms: Option<f64>,
     /// 99th percentile of the same.
     pub ttft_p99_ms: Option<f64>,
     /// Mean of the same.
@@ -51,8 +54,16 @@ pub struct Report {
     pub engine_share: BTreeMap<String, f64>,
     /// Engine id -> number of those requests.
     pub engine_requests: BTreeMap<String, u64>,
-    /// Trace replays: the oracle hit rates over the requests sent.
-    pub oracle: Option<OracleReport>,
+    /// Engine id (every engine of `engine_requests`) -> `prompt_tokens - cached_tokens` summed
+    /// over its successful requests that reported usage.
+    pub engine_uncached_tokens: BTreeMap<String, u64>,
+    /// Engine id -> its fraction of those tokens; empty when there are none.
+    pub engine_uncached_share: BTreeMap<String, f64>,
+    /// The largest uncached share times the number of engines (1: even prefill work);
+    /// `None` without any share.
+    pub uncached_share_max_over_mean: Option<f64>,
+    /// Trace replays: the oracles and the other bounds over the requests sent.
+    pub replay: Option<ReplayReport>,
 }
 
 /// Nearest-rank percentile of sorted values.
@@ -62,6 +73,37 @@ fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     }
     let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
     Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+/// The mean and nearest-rank percentiles of some values.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Distribution {
+    /// Arithmetic mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+}
+
+impl Distribution {
+    /// The distribution of `values`; `None` when there are none.
+    pub(crate) fn of(mut values: Vec<f64>) -> Option<Self> {
+        values.sort_by(f64::total_cmp);
+        let at = |p| percentile(&values, p);
+        Some(Self {
+            mean: values.iter().sum::<f64>() / values.len() as f64,
+            p50: at(50.0)?,
+            p90: at(90.0)?,
+            p99: at(99.0)?,
+        })
+    }
+
+    fn to_json(self) -> Value {
+        json!({ "mean": self.mean, "p50": self.p50, "p90": self.p90, "p99": self.p99 })
+    }
 }
 
 fn ms(d: Duration) -> f64 {
@@ -74,15 +116,16 @@ impl Report {
         outcomes: &[Outcome],
         elapsed: Duration,
         sent: u64,
-        oracle: Option<OracleReport>,
+        replay: Option<ReplayReport>,
     ) -> Self {
-        let mut report = Report { elapsed, sent, oracle, ..Report::default() };
+        let mut report = Report { elapsed, sent, replay, ..Report::default() };
         let mut ttfts = Vec::new();
         let mut latencies = Vec::new();
         for outcome in outcomes {
             report.requests += 1;
             if let Some(engine) = &outcome.engine {
                 *report.engine_requests.entry(engine.clone()).or_default() += 1;
+                report.engine_uncached_tokens.entry(engine.clone()).or_default();
             }
             if let Some(kind) = &outcome.error {
                 report.errors += 1;
@@ -93,14 +136,20 @@ impl Report {
             ttfts.extend(outcome.ttft.map(ms));
             latencies.push(ms(outcome.latency));
             if let Some(prompt) = outcome.prompt_tokens {
+                let cached = outcome.cached_tokens.unwrap_or(0);
                 report.prompt_tokens += prompt;
-                report.cached_tokens += outcome.cached_tokens.unwrap_or(0);
+                report.cached_tokens += cached;
+                if let Some(engine) = &outcome.engine {
+                    *report.engine_uncached_tokens.entry(engine.clone()).or_default() +=
+                        prompt.saturating_sub(cached);
+                }
             }
             report.completion_tokens += outcome.completion_tokens.unwrap_or(0);
         }
         ttfts.sort_by(f64::total_cmp);
         latencies.sort_by(f64::total_cmp);
         report.ttft_p50_ms = percentile(&ttfts, 50.0);
+        report.ttft_p90_ms = percentile(&ttfts, 90.0);
         report.ttft_p99_ms = percentile(&ttfts, 99.0);
         report.ttft_mean_ms =
             (!ttfts.is_empty()).then(|| ttfts.iter().sum::<f64>() / ttfts.len() as f64);
@@ -119,14 +168,28 @@ impl Report {
             .iter()
             .map(|(engine, n)| (engine.clone(), *n as f64 / named as f64))
             .collect();
+        let uncached: u64 = report.engine_uncached_tokens.values().sum();
+        if uncached > 0 {
+            report.engine_uncached_share = report
+                .engine_uncached_tokens
+                .iter()
+                .map(|(engine, n)| (engine.clone(), *n as f64 / uncached as f64))
+                .collect();
+            let max = report.engine_uncached_share.values().copied().fold(0.0, f64::max);
+            report.uncached_share_max_over_mean =
+                Some(max * report.engine_uncached_share.len() as f64);
+        }
         report
     }
 
     /// The JSON object `--json` prints last. Its keys `sent`, `requests`, `errors`,
     /// `throughput_rps`, `ttft_p50_ms`, `ttft_p99_ms`, `cache_hit_rate`, `engine_share` (and
-    /// for a trace replay `oracle_hit_rate`, `oracle_fleet_hit_rate`, `oracle_prompt_tokens`)
-    /// are a contract; latencies without any sample are `null`, and so is
-    /// `oracle_fleet_hit_rate` without `--fleet-capacity-tokens`.
+    /// for a trace replay `oracle_hit_rate`, `oracle_fleet_hit_rate`, `oracle_prompt_tokens`,
+    /// `oracle_cached_tokens`, `fleet_capacity_tokens`) are a contract; latencies without any
+    /// sample are `null`, and so is `oracle_fleet_hit_rate` without `--fleet-capacity-tokens`.
+    /// A trace replay adds `time_scale` and `bounds`: `hit_rate_unlimited`,
+    /// `hit_rate_fleet_lru`, `hit_rate_belady`, `ttft_floor_ms` (`mean`, `p50`, `p90`, `p99`)
+    /// and `offered_load`, each `null` when what it needs is missing.
     pub fn to_json(&self) -> Value {
         let mut value = json!({
             "sent": self.sent,
@@ -135,6 +198,7 @@ impl Report {
             "ok": self.ok,
             "throughput_rps": self.throughput_rps,
             "ttft_p50_ms": self.ttft_p50_ms,
+            "ttft_p90_ms": self.ttft_p90_ms,
             "ttft_p99_ms": self.ttft_p99_ms,
             "ttft_mean_ms": self.ttft_mean_ms,
             "latency_p50_ms": self.latency_p50_ms,
@@ -146,15 +210,27 @@ impl Report {
             "duration_s": self.elapsed.as_secs_f64(),
             "engine_share": self.engine_share,
             "engine_requests": self.engine_requests,
+            "engine_uncached_tokens": self.engine_uncached_tokens,
+            "engine_uncached_share": self.engine_uncached_share,
+            "uncached_share_max_over_mean": self.uncached_share_max_over_mean,
             "error_kinds": self.error_kinds,
         });
-        if let Some(oracle) = &self.oracle {
+        if let Some(replay) = &self.replay {
+            let oracle = &replay.oracle;
             value["oracle_hit_rate"] = json!(oracle.hit_rate());
             value["oracle_fleet_hit_rate"] = json!(oracle.fleet_hit_rate());
             value["oracle_prompt_tokens"] = json!(oracle.prompt_tokens);
             value["oracle_cached_tokens"] = json!(oracle.hit_tokens);
             value["fleet_capacity_tokens"] =
                 json!(oracle.fleet.as_ref().map(|f| f.capacity_tokens));
+            value["time_scale"] = json!(replay.schedule.time_scale);
+            value["bounds"] = json!({
+                "hit_rate_unlimited": oracle.hit_rate(),
+                "hit_rate_fleet_lru": oracle.fleet_hit_rate(),
+                "hit_rate_belady": oracle.belady_hit_rate(),
+                "ttft_floor_ms": replay.ttft_floor_ms.map(Distribution::to_json),
+                "offered_load": replay.offered_load,
+            });
         }
         value
     }
@@ -175,8 +251,9 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "ttft p50 {}, p99 {}, mean {}; latency p50 {}, p99 {}",
+            "ttft p50 {}, p90 {}, p99 {}, mean {}; latency p50 {}, p99 {}",
             opt(self.ttft_p50_ms),
+            opt(self.ttft_p90_ms),
             opt(self.ttft_p99_ms),
             opt(self.ttft_mean_ms),
             opt(self.latency_p50_ms),
@@ -187,8 +264,19 @@ impl Report {
             "cache hit rate {:.3} ({} cached of {} prompt tokens), {} completion tokens",
             self.cache_hit_rate, self.cached_tokens, self.prompt_tokens, self.completion_tokens
         );
-        if let Some(oracle) = &self.oracle {
+        if let Some(replay) = &self.replay {
+            let oracle = &replay.oracle;
             let rate = |r: Option<f64>| r.map_or_else(|| "n/a".to_owned(), |r| format!("{r:.3}"));
+            if let Some(scaled) = &replay.schedule.scaled {
+                let _ = writeln!(
+                    out,
+                    "offered load {:.2}: time scale {:.2} (uncached work {} tokens over {:.1} s of trace)",
+                    scaled.offered_load,
+                    replay.schedule.time_scale,
+                    scaled.uncached_tokens,
+                    scaled.span_secs
+                );
+            }
             let fleet = match &oracle.fleet {
                 Some(fleet) => format!(
                     ", fleet oracle {} (one LRU cache of {} tokens)",
@@ -203,6 +291,18 @@ impl Report {
                 rate(oracle.hit_rate()),
                 oracle.prompt_tokens
             );
+            let floor = replay.ttft_floor_ms.map_or_else(
+                || "n/a".to_owned(),
+                |f| format!("p50 {:.1} ms, p90 {:.1} ms, p99 {:.1} ms", f.p50, f.p90, f.p99),
+            );
+            let _ = writeln!(
+                out,
+                "bounds: hit rate unlimited {}, fleet LRU {}, Belady {}; ttft floor {floor}; offered load {}",
+                rate(oracle.hit_rate()),
+                rate(oracle.fleet_hit_rate()),
+                rate(oracle.belady_hit_rate()),
+                rate(replay.offered_load)
+            );
         }
         if self.engine_share.is_empty() {
             let _ = writeln!(out, "engine share: no x-router-engine header seen");
@@ -212,7 +312,10 @@ impl Report {
                 .iter()
                 .map(|(engine, share)| format!("{engine} {share:.3}"))
                 .collect();
-            let _ = writeln!(out, "engine share: {}", shares.join(", "));
+            let imbalance = self
+                .uncached_share_max_over_mean
+                .map_or_else(String::new, |r| format!("; uncached share max/mean {r:.3}"));
+            let _ = writeln!(out, "engine share: {}{imbalance}", shares.join(", "));
         }
         if !self.error_kinds.is_empty() {
             let kinds: Vec<String> =
@@ -226,6 +329,7 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::load::{FleetOracle, OracleReport, ScaledLoad, Schedule};
 
     fn ok(ttft_ms: u64, prompt: u64, cached: u64, engine: Option<&str>) -> Outcome {
         Outcome {
@@ -298,22 +402,108 @@ mod tests {
     #[test]
     fn trace_replays_print_the_oracles_beside_the_measured_rate() {
         let oracle = OracleReport { prompt_tokens: 40, hit_tokens: 10, fleet: None };
-        let report =
-            Report::new(&[ok(1, 40, 8, None)], Duration::from_secs(1), 1, Some(oracle.clone()));
+        let replay = ReplayReport {
+            oracle: oracle.clone(),
+            schedule: Schedule { time_scale: 2.5, scaled: None },
+            ..ReplayReport::default()
+        };
+        let report = Report::new(&[ok(1, 40, 8, None)], Duration::from_secs(1), 1, Some(replay));
         let json = report.to_json();
         assert_eq!(json["cache_hit_rate"], json!(0.2));
         assert_eq!(json["oracle_hit_rate"], json!(0.25));
         assert_eq!(json["oracle_fleet_hit_rate"], Value::Null, "null without a fleet capacity");
         assert_eq!(json["oracle_prompt_tokens"], json!(40));
+        assert_eq!(json["time_scale"], json!(2.5));
+        let bounds = &json["bounds"];
+        assert_eq!(bounds["hit_rate_unlimited"], json!(0.25));
+        for key in ["hit_rate_fleet_lru", "hit_rate_belady", "ttft_floor_ms", "offered_load"] {
+            assert_eq!(bounds[key], Value::Null, "{key} needs flags not given");
+        }
         let summary = report.summary();
         assert!(summary.contains("cache hit rate 0.200"), "{summary}");
         assert!(summary.contains("oracle hit rate 0.250 (one unlimited cache), over 40"));
+        assert!(!summary.contains("offered load 0"), "an explicit time scale: {summary}");
 
-        let fleet = crate::load::FleetOracle { capacity_tokens: 4096, hit_tokens: 6 };
-        let oracle = OracleReport { fleet: Some(fleet), ..oracle };
-        let report = Report::new(&[ok(1, 40, 8, None)], Duration::from_secs(1), 1, Some(oracle));
-        assert_eq!(report.to_json()["oracle_fleet_hit_rate"], json!(0.15));
-        assert_eq!(report.to_json()["fleet_capacity_tokens"], json!(4096));
-        assert!(report.summary().contains("fleet oracle 0.150 (one LRU cache of 4096 tokens)"));
+        let fleet = FleetOracle { capacity_tokens: 4096, hit_tokens: 6, belady_hit_tokens: 8 };
+        let replay = ReplayReport {
+            oracle: OracleReport { fleet: Some(fleet), ..oracle },
+            schedule: Schedule {
+                time_scale: 12.5,
+                scaled: Some(ScaledLoad {
+                    offered_load: 0.8,
+                    uncached_tokens: 30,
+                    span_secs: 60.0,
+                }),
+            },
+            ttft_floor_ms: Distribution::of(vec![3.0, 1.0, 2.0]),
+            offered_load: Some(0.8),
+        };
+        let report = Report::new(&[ok(1, 40, 8, None)], Duration::from_secs(1), 1, Some(replay));
+        let json = report.to_json();
+        assert_eq!(json["oracle_fleet_hit_rate"], json!(0.15));
+        assert_eq!(json["fleet_capacity_tokens"], json!(4096));
+        assert_eq!(json["bounds"]["hit_rate_fleet_lru"], json!(0.15));
+        assert_eq!(json["bounds"]["hit_rate_belady"], json!(0.2));
+        assert_eq!(
+            json["bounds"]["ttft_floor_ms"],
+            json!({ "mean": 2.0, "p50": 2.0, "p90": 3.0, "p99": 3.0 })
+        );
+        assert_eq!(json["bounds"]["offered_load"], json!(0.8));
+        let summary = report.summary();
+        assert!(summary.contains("fleet oracle 0.150 (one LRU cache of 4096 tokens)"));
+        assert!(
+            summary.contains(
+                "offered load 0.80: time scale 12.50 (uncached work 30 tokens over 60.0 s of trace)"
+            ),
+            "{summary}"
+        );
+        assert!(
+            summary.contains(
+                "bounds: hit rate unlimited 0.250, fleet LRU 0.150, Belady 0.200; ttft floor p50 2.0 ms, p90 3.0 ms, p99 3.0 ms; offered load 0.800"
+            ),
+            "{summary}"
+        );
+    }
+
+    #[test]
+    fn uncached_tokens_are_shared_by_the_engines_that_prefilled_them() {
+        let outcomes = vec![
+            ok(10, 100, 20, Some("e1")),
+            ok(20, 100, 100, Some("e2")),
+            ok(30, 300, 100, Some("e1")),
+            ok(40, 120, 0, Some("e3")),
+            Outcome {
+                error: Some("connect".into()),
+                engine: Some("e4".into()),
+                ..Outcome::default()
+            },
+        ];
+        let report = Report::new(&outcomes, Duration::from_secs(1), 5, None);
+        // e1: 80 + 200, e2: 0, e3: 120, e4 (failed only): 0; of 400.
+        let tokens: Vec<_> = report.engine_uncached_tokens.values().copied().collect();
+        assert_eq!(tokens, [280, 0, 120, 0]);
+        assert_eq!(report.engine_uncached_share["e1"], 0.7);
+        assert_eq!(report.engine_uncached_share["e4"], 0.0);
+        assert_eq!(report.uncached_share_max_over_mean, Some(0.7 * 4.0));
+        assert_eq!(report.ttft_p90_ms, Some(40.0));
+        let json = report.to_json();
+        assert_eq!(json["ttft_p90_ms"], json!(40.0));
+        assert_eq!(json["engine_uncached_tokens"]["e3"], json!(120));
+        assert_eq!(json["engine_uncached_share"]["e3"], json!(0.3));
+        assert_eq!(json["uncached_share_max_over_mean"], json!(2.8));
+        assert!(report.summary().contains("ttft p50 20.0 ms, p90 40.0 ms, p99 40.0 ms"));
+        assert!(report.summary().contains("uncached share max/mean 2.800"));
+
+        let none = Report::new(&[ok(1, 10, 0, None)], Duration::from_secs(1), 1, None);
+        assert!(none.engine_uncached_tokens.is_empty());
+        assert_eq!(none.to_json()["uncached_share_max_over_mean"], Value::Null);
+    }
+
+    #[test]
+    fn distributions_are_the_mean_and_nearest_rank_percentiles() {
+        let values: Vec<f64> = (1..=10).rev().map(f64::from).collect();
+        let d = Distribution::of(values).expect("values");
+        assert_eq!((d.mean, d.p50, d.p90, d.p99), (5.5, 5.0, 9.0, 10.0));
+        assert_eq!(Distribution::of(Vec::new()), None);
     }
 }

@@ -1,6 +1,6 @@
 //! Trace replay (`router-sim load --trace`) against one real engine: the accounting (sent =
 //! answered + errors), the oracle counting what the engine counts, and the measured hit rate
-//! never above the oracle's.
+//! never above the oracle's; an offered-load replay and its bounds.
 
 use std::path::PathBuf;
 
@@ -162,4 +162,85 @@ async fn the_oracle_counts_the_chat_template_framing_and_times_are_divided() {
         ),
         "{lines:?}"
     );
+}
+
+/// The engine's prefill speed in the offered-load replay, and the fleet speed it is told.
+const PREFILL_TOKENS_PER_SEC: &str = "200000";
+
+#[tokio::test]
+async fn an_offered_load_replay_reports_its_bounds() {
+    let sim = Sim::start(&[
+        "--kv-capacity-tokens",
+        "100000000",
+        "--max-running",
+        "256",
+        "--prefill-tokens-per-sec",
+        PREFILL_TOKENS_PER_SEC,
+    ])
+    .await;
+    let (lines, json) = run_load(&[
+        "--target",
+        sim.url(),
+        "--model",
+        "m",
+        "--trace",
+        &data("conversation_trace_head200.jsonl"),
+        "--trace-length-scale",
+        "0.125",
+        "--max-requests",
+        "150",
+        "--fleet-capacity-tokens",
+        "16384",
+        "--offered-load",
+        "0.5",
+        "--engines",
+        "1",
+        "--prefill-tokens-per-sec",
+        PREFILL_TOKENS_PER_SEC,
+        "--duration",
+        "50",
+        "--json",
+    ])
+    .await;
+    check_replay(&json, 150);
+    let bounds = &json["bounds"];
+    let (lru, belady, unlimited) = (
+        f64_of(bounds, "hit_rate_fleet_lru"),
+        f64_of(bounds, "hit_rate_belady"),
+        f64_of(bounds, "hit_rate_unlimited"),
+    );
+    assert!(lru <= belady && belady <= unlimited, "{bounds}");
+    assert_eq!(lru, f64_of(&json, "oracle_fleet_hit_rate"));
+    assert_eq!(unlimited, f64_of(&json, "oracle_hit_rate"));
+    // No engine answers sooner than its uncached prompt at the engine's prefill speed.
+    let floor = &bounds["ttft_floor_ms"];
+    let (p50, p90, p99) = (f64_of(floor, "p50"), f64_of(floor, "p90"), f64_of(floor, "p99"));
+    assert!(p50 <= p90 && p90 <= p99, "{floor}");
+    assert!(p99 <= f64_of(&json, "ttft_p99_ms"), "{json}");
+    assert!(f64_of(&json, "ttft_p90_ms") <= f64_of(&json, "ttft_p99_ms"), "{json}");
+    // Every request was sent, so the load as replayed is the load asked for.
+    let offered = f64_of(bounds, "offered_load");
+    assert!((offered - 0.5).abs() < 0.01, "{bounds}");
+    assert!(f64_of(&json, "time_scale") > 0.0, "{json}");
+    assert!(
+        lines.iter().any(|l| l.starts_with("offered load 0.50: time scale ")
+            && l.ends_with(" s of trace)")),
+        "{lines:?}"
+    );
+    assert!(lines.iter().any(|l| l.starts_with("bounds: hit rate unlimited ")), "{lines:?}");
+    assert_eq!(json["uncached_share_max_over_mean"], Value::Null, "no router, no engine header");
+}
+
+#[tokio::test]
+async fn an_offered_load_without_the_fleet_oracle_is_refused_naming_the_flag() {
+    let output = tokio::process::Command::new(BIN)
+        .args(["load", "--target", "http://127.0.0.1:9", "--model", "m", "--trace"])
+        .arg(data("conversation_trace_head200.jsonl"))
+        .args(["--offered-load", "0.5", "--engines", "1", "--prefill-tokens-per-sec", "1000"])
+        .output()
+        .await
+        .expect("load runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--offered-load needs --fleet-capacity-tokens"), "{stderr}");
 }

@@ -10,8 +10,12 @@
 //! request keeps its number of blocks and the prefix structure is unchanged.
 //!
 //! Before the clock starts, every request's prompt is rendered and tokenized as the engines do
-//! and fed to the [`oracle`]s; the report then gives their hit rates over the requests sent.
+//! and fed to the [`oracle`]s (and to [`belady`], which needs them all); then the time scale
+//! is decided, given or chosen for an offered load ([`bounds`]). The report gives the
+//! oracles' hit rates and the other bounds over the requests sent.
 
+mod belady;
+mod bounds;
 mod oracle;
 mod text;
 
@@ -21,20 +25,32 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use bounds::{ReplayReport, ScaledLoad, Schedule};
 pub use oracle::{FleetOracle, OracleReport};
 pub(crate) use text::TraceText;
 
 use super::LoadError;
 use crate::tokens::{ChatMessage, Preprocessor};
-use oracle::{Oracle, Step};
+use oracle::{Blocks, Oracle, Step};
+
+/// How fast a trace is replayed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Pace {
+    /// Divides every arrival time (`--time-scale`): 10 replays ten times faster.
+    TimeScale(f64),
+    /// Chooses the time scale at which the uncached prefill work the fleet oracle leaves
+    /// arrives at this fraction of the fleet's prefill speed (`--offered-load`, in (0, 2]).
+    /// Needs the fleet oracle, [`TraceSpec::engines`] and [`TraceSpec::prefill_tokens_per_sec`].
+    OfferedLoad(f64),
+}
 
 /// A trace to replay (`--trace`), with the command-line defaults from [`TraceSpec::new`].
 #[derive(Clone, Debug, PartialEq)]
 pub struct TraceSpec {
     /// The JSONL file: `timestamp` (ms), `input_length`, `output_length`, `hash_ids`.
     pub path: PathBuf,
-    /// Divides every arrival time (`--time-scale`, default 1): 10 replays ten times faster.
-    pub time_scale: f64,
+    /// How fast to replay (default: `--time-scale 1`, real time).
+    pub pace: Pace,
     /// Replays only the first N requests (`--max-requests`).
     pub max_requests: Option<usize>,
     /// Tokens per trace hash id, before length scaling (`--trace-block-tokens`, 512 for the
@@ -51,21 +67,29 @@ pub struct TraceSpec {
     /// The fleet's total KV capacity in tokens, for the fleet oracle
     /// (`--fleet-capacity-tokens`); `None`: no fleet oracle.
     pub fleet_capacity_tokens: Option<usize>,
+    /// The number of engines of the fleet (`--engines`), for the offered load.
+    pub engines: Option<usize>,
+    /// The prefill speed of each engine for uncached prompt tokens
+    /// (`--prefill-tokens-per-sec`), for the TTFT floor and the offered load.
+    pub prefill_tokens_per_sec: Option<f64>,
 }
 
 impl TraceSpec {
     /// A replay of `path` with the defaults: real time, every request, 512-token blocks at full
-    /// length, the built-in tokenizer, engine blocks of 16 tokens, no fleet oracle.
+    /// length, the built-in tokenizer, engine blocks of 16 tokens, no fleet oracle, no fleet
+    /// size or speed.
     pub fn new(path: impl Into<PathBuf>) -> Self {
         Self {
             path: path.into(),
-            time_scale: 1.0,
+            pace: Pace::TimeScale(1.0),
             max_requests: None,
             block_tokens: 512,
             length_scale: 1.0,
             tokenizer: None,
             engine_block_size: 16,
             fleet_capacity_tokens: None,
+            engines: None,
+            prefill_tokens_per_sec: None,
         }
     }
 
@@ -85,8 +109,34 @@ impl TraceSpec {
     /// Rejects values a replay cannot run with, naming the flag.
     pub(crate) fn validate(&self) -> Result<(), LoadError> {
         let bad = |flag: &'static str, reason: String| Err(LoadError::Config { flag, reason });
-        if !(self.time_scale.is_finite() && self.time_scale > 0.0) {
-            return bad("--time-scale", format!("{} is not a positive factor", self.time_scale));
+        let needs = |flag: &'static str, needs: &'static str| Err(LoadError::Needs { flag, needs });
+        match self.pace {
+            Pace::TimeScale(scale) if !(scale.is_finite() && scale > 0.0) => {
+                return bad("--time-scale", format!("{scale} is not a positive factor"));
+            }
+            Pace::TimeScale(_) => {}
+            Pace::OfferedLoad(load) => {
+                if !(load > 0.0 && load <= 2.0) {
+                    return bad("--offered-load", format!("{load} is not in (0, 2]"));
+                }
+                if self.fleet_capacity_tokens.is_none() {
+                    return needs("--offered-load", "--fleet-capacity-tokens");
+                }
+                if self.engines.is_none() {
+                    return needs("--offered-load", "--engines");
+                }
+                if self.prefill_tokens_per_sec.is_none() {
+                    return needs("--offered-load", "--prefill-tokens-per-sec");
+                }
+            }
+        }
+        if self.engines == Some(0) {
+            return bad("--engines", "must be at least 1".into());
+        }
+        if let Some(speed) = self.prefill_tokens_per_sec
+            && !(speed.is_finite() && speed > 0.0)
+        {
+            return bad("--prefill-tokens-per-sec", format!("{speed} is not a positive speed"));
         }
         if !(self.length_scale.is_finite() && self.length_scale > 0.0) {
             return bad(
@@ -121,13 +171,13 @@ struct TraceLine {
     hash_ids: Vec<u64>,
 }
 
-/// One request of a trace, scaled.
+/// One request of a trace, lengths scaled.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct TraceRequest {
     /// Position in the trace (0-based), which also seeds any padding.
     pub(crate) index: usize,
-    /// Send time after the start of the replay: `timestamp / time_scale`.
-    pub(crate) at: Duration,
+    /// Arrival in the trace, ms from its start (`timestamp`).
+    pub(crate) timestamp_ms: f64,
     /// Prompt tokens (scaled).
     pub(crate) input_length: usize,
     /// `max_tokens` (scaled, at least 1).
@@ -135,7 +185,15 @@ pub(crate) struct TraceRequest {
     pub(crate) hash_ids: Vec<u64>,
 }
 
-/// Reads a trace, keeping at most `spec.max_requests` requests, with times and lengths scaled.
+impl TraceRequest {
+    /// Send time after the start of a replay at `time_scale`: `timestamp / time_scale`.
+    pub(crate) fn at(&self, time_scale: f64) -> Duration {
+        let at_ms = (self.timestamp_ms / time_scale).max(0.0);
+        Duration::try_from_secs_f64(at_ms / 1000.0).unwrap_or(Duration::MAX)
+    }
+}
+
+/// Reads a trace, keeping at most `spec.max_requests` requests, with lengths scaled.
 pub(crate) fn read_trace(spec: &TraceSpec) -> Result<Vec<TraceRequest>, LoadError> {
     let path = spec.path.as_path();
     let file = std::fs::File::open(path)
@@ -153,10 +211,9 @@ pub(crate) fn read_trace(spec: &TraceSpec) -> Result<Vec<TraceRequest>, LoadErro
         let parsed: TraceLine = serde_json::from_str(&line).map_err(|source| {
             LoadError::ParseTrace { path: path.to_owned(), line: line_index + 1, source }
         })?;
-        let at_ms = (parsed.timestamp / spec.time_scale).max(0.0);
         requests.push(TraceRequest {
             index: requests.len(),
-            at: Duration::try_from_secs_f64(at_ms / 1000.0).unwrap_or(Duration::MAX),
+            timestamp_ms: parsed.timestamp,
             input_length: spec.scale_length(parsed.input_length),
             output_length: spec.scale_length(parsed.output_length).max(1),
             hash_ids: parsed.hash_ids,
@@ -165,18 +222,23 @@ pub(crate) fn read_trace(spec: &TraceSpec) -> Result<Vec<TraceRequest>, LoadErro
     Ok(requests)
 }
 
-/// A trace ready to replay: its requests, their text, and each request's oracle step.
+/// A trace ready to replay: its requests, their text, each request's oracle step, and the
+/// time scale.
 #[derive(Debug)]
 pub(crate) struct Replay {
     pub(crate) requests: Vec<TraceRequest>,
     pub(crate) text: TraceText,
     steps: Vec<Step>,
     fleet_capacity_tokens: Option<usize>,
+    schedule: Schedule,
+    engines: Option<usize>,
+    prefill_tokens_per_sec: Option<f64>,
 }
 
 impl Replay {
-    /// Reads the trace, loads the tokenizer, and runs every prompt through the oracles in trace
-    /// order, checking that each prompt's text tokenizes back to exactly its tokens.
+    /// Reads the trace, loads the tokenizer, runs every prompt through the oracles in trace
+    /// order (checking that each prompt's text tokenizes back to exactly its tokens), then
+    /// decides the time scale.
     pub(crate) fn prepare(spec: &TraceSpec) -> Result<Self, LoadError> {
         spec.validate()?;
         let preprocessor = match &spec.tokenizer {
@@ -185,8 +247,11 @@ impl Replay {
         };
         let requests = read_trace(spec)?;
         let text = TraceText::new(preprocessor, spec.scaled_block_tokens())?;
-        let mut oracle = Oracle::new(spec.engine_block_size, spec.fleet_capacity_tokens);
+        let block_size = spec.engine_block_size;
+        let mut oracle = Oracle::new(block_size, spec.fleet_capacity_tokens);
         let mut steps = Vec::with_capacity(requests.len());
+        // Kept for Belady, which needs every prompt before it can play the first.
+        let mut prompts = Vec::with_capacity(requests.len());
         for request in &requests {
             let ids = text.content_ids(request);
             let content = text.checked_text(&ids, request.index)?;
@@ -194,14 +259,55 @@ impl Replay {
                 .preprocessor()
                 .prompt_ids(&[ChatMessage::new("user", content)])
                 .map_err(LoadError::Tokenizer)?;
-            steps.push(oracle.observe(&prompt));
+            let blocks = Blocks::new(&prompt, block_size);
+            steps.push(oracle.observe(&blocks));
+            if spec.fleet_capacity_tokens.is_some() {
+                prompts.push(blocks);
+            }
         }
-        Ok(Self { requests, text, steps, fleet_capacity_tokens: spec.fleet_capacity_tokens })
+        if let Some(capacity) = spec.fleet_capacity_tokens {
+            let capacity = oracle::capacity_blocks(capacity, block_size);
+            for (step, hits) in steps.iter_mut().zip(belady::hit_blocks(&prompts, capacity)) {
+                step.belady_hit_tokens = Some((hits * block_size.max(1)) as u64);
+            }
+        }
+        let schedule = bounds::schedule(spec, &requests, &steps)?;
+        Ok(Self {
+            requests,
+            text,
+            steps,
+            fleet_capacity_tokens: spec.fleet_capacity_tokens,
+            schedule,
+            engines: spec.engines,
+            prefill_tokens_per_sec: spec.prefill_tokens_per_sec,
+        })
+    }
+
+    /// The send time of request `index` after the start of the replay.
+    pub(crate) fn at(&self, index: usize) -> Duration {
+        self.requests[index].at(self.schedule.time_scale)
     }
 
     /// The oracle hit rates over the first `sent` requests (a replay sends in trace order).
     pub(crate) fn oracle_over(&self, sent: usize) -> OracleReport {
         OracleReport::sum(&self.steps[..sent.min(self.steps.len())], self.fleet_capacity_tokens)
+    }
+
+    /// The oracles and the other bounds over the first `sent` requests.
+    pub(crate) fn report_over(&self, sent: usize) -> ReplayReport {
+        let sent = sent.min(self.steps.len());
+        ReplayReport {
+            oracle: self.oracle_over(sent),
+            schedule: self.schedule.clone(),
+            ttft_floor_ms: bounds::ttft_floor_ms(&self.steps[..sent], self.prefill_tokens_per_sec),
+            offered_load: bounds::offered_load(
+                &self.requests[..sent],
+                &self.steps[..sent],
+                self.schedule.time_scale,
+                self.engines,
+                self.prefill_tokens_per_sec,
+            ),
+        }
     }
 }
 

@@ -12,11 +12,36 @@
 //! - unlimited: one cache that never evicts;
 //! - fleet: one cache of the fleet's total capacity, least recently used block evicted first
 //!   (a request's blocks are touched deepest first, so a parent is always more recent than its
-//!   children and only leaves are evicted, as in the engine).
+//!   children and only leaves are evicted, as in the engine);
+//! - Belady: one cache of the same capacity that knows the future ([`super::belady`]).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use crate::engine::cache::chain_hashes;
+
+/// One prompt as the oracles see it: its length and the chained hashes of its full blocks.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Blocks {
+    pub(crate) prompt_tokens: usize,
+    pub(crate) hashes: Vec<u64>,
+    /// The leading blocks a cache may serve: all but the one holding the last prompt token.
+    pub(crate) matchable: usize,
+}
+
+impl Blocks {
+    /// The blocks of `prompt` (the engine's token ids) in blocks of `block_size` tokens.
+    pub(crate) fn new(prompt: &[u32], block_size: usize) -> Self {
+        let block_size = block_size.max(1);
+        let hashes = chain_hashes(None, prompt, block_size);
+        let matchable = (prompt.len().saturating_sub(1) / block_size).min(hashes.len());
+        Self { prompt_tokens: prompt.len(), hashes, matchable }
+    }
+
+    /// How many of the leading matchable blocks `contains` holds.
+    pub(crate) fn leading_hits(&self, contains: impl Fn(u64) -> bool) -> usize {
+        self.hashes[..self.matchable].iter().take_while(|h| contains(**h)).count()
+    }
+}
 
 /// What one request contributed to the oracles.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -25,6 +50,8 @@ pub(crate) struct Step {
     pub(crate) hit_tokens: u64,
     /// `None` without a fleet capacity.
     pub(crate) fleet_hit_tokens: Option<u64>,
+    /// The Belady cache of the fleet's capacity; `None` without one.
+    pub(crate) belady_hit_tokens: Option<u64>,
 }
 
 /// One cache of a fixed number of blocks, least recently used evicted first.
@@ -71,31 +98,40 @@ pub(crate) struct Oracle {
 }
 
 impl Oracle {
+    /// Oracles counting in blocks of `block_size` (at least 1) tokens.
     pub(crate) fn new(block_size: usize, fleet_capacity_tokens: Option<usize>) -> Self {
         let block_size = block_size.max(1);
         Self {
             block_size,
             unlimited: HashSet::new(),
-            fleet: fleet_capacity_tokens.map(|tokens| Lru::new(tokens / block_size)),
+            fleet: fleet_capacity_tokens
+                .map(|tokens| Lru::new(capacity_blocks(tokens, block_size))),
         }
     }
 
-    /// The next request's prompt, as the engine's token ids.
-    pub(crate) fn observe(&mut self, prompt: &[u32]) -> Step {
-        let hashes = chain_hashes(None, prompt, self.block_size);
-        let matchable = (prompt.len().saturating_sub(1) / self.block_size).min(hashes.len());
-        let hit = |contains: &dyn Fn(u64) -> bool| {
-            let blocks = hashes[..matchable].iter().take_while(|h| contains(**h)).count();
-            (blocks * self.block_size) as u64
-        };
-        let hit_tokens = hit(&|h| self.unlimited.contains(&h));
-        let fleet_hit_tokens = self.fleet.as_ref().map(|fleet| hit(&|h| fleet.contains(h)));
-        self.unlimited.extend(hashes.iter().copied());
+    /// The next request's prompt, cut in this oracle's block size. The step's Belady hits are
+    /// left `None`: they need the whole trace ([`super::belady::hit_blocks`]).
+    pub(crate) fn observe(&mut self, prompt: &Blocks) -> Step {
+        let tokens = |blocks: usize| (blocks * self.block_size) as u64;
+        let hit_tokens = tokens(prompt.leading_hits(|h| self.unlimited.contains(&h)));
+        let fleet_hit_tokens =
+            self.fleet.as_ref().map(|fleet| tokens(prompt.leading_hits(|h| fleet.contains(h))));
+        self.unlimited.extend(prompt.hashes.iter().copied());
         if let Some(fleet) = &mut self.fleet {
-            fleet.touch_chain(&hashes);
+            fleet.touch_chain(&prompt.hashes);
         }
-        Step { prompt_tokens: prompt.len() as u64, hit_tokens, fleet_hit_tokens }
+        Step {
+            prompt_tokens: prompt.prompt_tokens as u64,
+            hit_tokens,
+            fleet_hit_tokens,
+            belady_hit_tokens: None,
+        }
     }
+}
+
+/// The blocks of `block_size` tokens a cache of `capacity_tokens` holds.
+pub(crate) fn capacity_blocks(capacity_tokens: usize, block_size: usize) -> usize {
+    capacity_tokens / block_size.max(1)
 }
 
 /// The oracles over the requests a replay sent, beside the measured hit rate in the report.
@@ -110,13 +146,16 @@ pub struct OracleReport {
     pub fleet: Option<FleetOracle>,
 }
 
-/// The oracle of one LRU cache of the fleet's total capacity.
+/// The oracles of one cache of the fleet's total capacity: LRU, and Belady's MIN.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct FleetOracle {
     /// Its capacity in tokens (`--fleet-capacity-tokens`).
     pub capacity_tokens: u64,
-    /// Tokens it would have served.
+    /// Tokens it would have served evicting the least recently used block.
     pub hit_tokens: u64,
+    /// Tokens it would have served evicting the block needed farthest in the future (at
+    /// least `hit_tokens`, at most the unlimited cache's).
+    pub belady_hit_tokens: u64,
 }
 
 impl OracleReport {
@@ -124,6 +163,7 @@ impl OracleReport {
         let fleet = fleet_capacity_tokens.map(|capacity| FleetOracle {
             capacity_tokens: capacity as u64,
             hit_tokens: steps.iter().filter_map(|s| s.fleet_hit_tokens).sum(),
+            belady_hit_tokens: steps.iter().filter_map(|s| s.belady_hit_tokens).sum(),
         });
         Self {
             prompt_tokens: steps.iter().map(|s| s.prompt_tokens).sum(),
@@ -144,38 +184,49 @@ impl OracleReport {
         let fleet = self.fleet.as_ref()?;
         (self.prompt_tokens > 0).then(|| fleet.hit_tokens as f64 / self.prompt_tokens as f64)
     }
+
+    /// `bounds.hit_rate_belady`: the same for the Belady cache of the fleet's capacity.
+    pub fn belady_hit_rate(&self) -> Option<f64> {
+        let fleet = self.fleet.as_ref()?;
+        (self.prompt_tokens > 0).then(|| fleet.belady_hit_tokens as f64 / self.prompt_tokens as f64)
+    }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use proptest::prelude::*;
 
     use super::*;
 
-    fn tokens(prefix: u32, len: usize) -> Vec<u32> {
+    pub(crate) fn tokens(prefix: u32, len: usize) -> Vec<u32> {
         (0..len as u32).map(|i| prefix * 1000 + i).collect()
+    }
+
+    fn see(oracle: &mut Oracle, prompt: &[u32]) -> Step {
+        let blocks = Blocks::new(prompt, oracle.block_size);
+        oracle.observe(&blocks)
     }
 
     #[test]
     fn hits_are_whole_leading_blocks_and_the_last_token_is_computed() {
         let mut oracle = Oracle::new(4, None);
         let first = tokens(1, 10);
-        assert_eq!(oracle.observe(&first).hit_tokens, 0);
+        assert_eq!(see(&mut oracle, &first).hit_tokens, 0);
         // The same prompt again: its last token lies in the partial third block, so both
         // full blocks count.
-        assert_eq!(oracle.observe(&first).hit_tokens, 8);
+        assert_eq!(see(&mut oracle, &first).hit_tokens, 8);
         // A prompt of exactly 2 blocks: only 1 block may be reused.
-        assert_eq!(oracle.observe(&first[..8]).hit_tokens, 4);
+        assert_eq!(see(&mut oracle, &first[..8]).hit_tokens, 4);
         // A longer prompt sharing 9 tokens reuses the 2 full blocks inside them.
         let mut longer = first[..9].to_vec();
         longer.extend(tokens(2, 7));
-        let step = oracle.observe(&longer);
+        let step = see(&mut oracle, &longer);
         assert_eq!((step.prompt_tokens, step.hit_tokens), (16, 8));
         // Equal blocks after a different prefix are not a prefix hit.
         let mut shifted = tokens(3, 4);
         shifted.extend(&first[4..8]);
         shifted.push(0);
-        assert_eq!(oracle.observe(&shifted).hit_tokens, 0);
+        assert_eq!(see(&mut oracle, &shifted).hit_tokens, 0);
     }
 
     #[test]
@@ -184,22 +235,33 @@ mod tests {
         let mut oracle = Oracle::new(4, Some(12));
         let a = tokens(1, 9); // blocks a1 a2
         let b = tokens(2, 9); // blocks b1 b2
-        oracle.observe(&a);
-        oracle.observe(&b); // a2 (the oldest, a leaf) goes
-        let step = oracle.observe(&a);
+        see(&mut oracle, &a);
+        see(&mut oracle, &b); // a2 (the oldest, a leaf) goes
+        let step = see(&mut oracle, &a);
         assert_eq!(step.hit_tokens, 8, "the unlimited cache keeps everything");
         assert_eq!(step.fleet_hit_tokens, Some(4), "a1 stayed: parents outlive their leaves");
         // Touching a again made room by evicting b's leaf; b's root stays.
-        assert_eq!(oracle.observe(&b).fleet_hit_tokens, Some(4));
+        assert_eq!(see(&mut oracle, &b).fleet_hit_tokens, Some(4));
         let report = OracleReport::sum(
             &[
-                Step { prompt_tokens: 10, hit_tokens: 4, fleet_hit_tokens: Some(2) },
-                Step { prompt_tokens: 10, hit_tokens: 6, fleet_hit_tokens: Some(3) },
+                Step {
+                    prompt_tokens: 10,
+                    hit_tokens: 4,
+                    fleet_hit_tokens: Some(2),
+                    belady_hit_tokens: Some(3),
+                },
+                Step {
+                    prompt_tokens: 10,
+                    hit_tokens: 6,
+                    fleet_hit_tokens: Some(3),
+                    belady_hit_tokens: Some(4),
+                },
             ],
             Some(12),
         );
         assert_eq!(report.hit_rate(), Some(0.5));
         assert_eq!(report.fleet_hit_rate(), Some(0.25));
+        assert_eq!(report.belady_hit_rate(), Some(0.35));
         assert_eq!(OracleReport::sum(&[], None).hit_rate(), None);
     }
 
@@ -217,11 +279,11 @@ mod tests {
                 // Prompts share a prefix of `shared` blocks from one of four families.
                 let mut prompt = tokens(prefix, shared * 4);
                 prompt.extend(tokens(10 + len as u32, len));
-                let step = small.observe(&prompt);
+                let step = see(&mut small, &prompt);
                 let fleet = step.fleet_hit_tokens.expect("fleet");
                 prop_assert!(fleet <= step.hit_tokens);
                 prop_assert!(step.hit_tokens < step.prompt_tokens);
-                let full = huge.observe(&prompt);
+                let full = see(&mut huge, &prompt);
                 prop_assert_eq!(full.fleet_hit_tokens, Some(full.hit_tokens));
             }
         }

@@ -32,7 +32,7 @@ impl Drop for TempDir {
 fn request(index: usize, input_length: usize, hash_ids: &[u64]) -> TraceRequest {
     TraceRequest {
         index,
-        at: Duration::ZERO,
+        timestamp_ms: 0.0,
         input_length,
         output_length: 1,
         hash_ids: hash_ids.to_vec(),
@@ -53,17 +53,22 @@ fn arrival_times_are_divided_by_the_time_scale() {
         ]
         .join("\n"),
     );
-    let spec = TraceSpec { time_scale: 10.0, max_requests: Some(3), ..TraceSpec::new(&path) };
+    let spec = TraceSpec { max_requests: Some(3), ..TraceSpec::new(&path) };
     let requests = read_trace(&spec).expect("reads");
     assert_eq!(requests.len(), 3);
-    assert_eq!(requests[1].at, Duration::from_millis(10), "100 ms / 10");
-    assert_eq!(requests[2].at, Duration::from_millis(25));
+    assert_eq!(requests[1].at(10.0), Duration::from_millis(10), "100 ms / 10");
+    assert_eq!(requests[2].at(10.0), Duration::from_millis(25));
     assert_eq!(requests[2].index, 2, "blank lines are not requests");
     assert_eq!(requests[2].output_length, 1, "at least one output token");
     assert_eq!((requests[1].input_length, requests[1].output_length), (1500, 7));
 
-    let slow = TraceSpec { time_scale: 0.5, ..TraceSpec::new(&path) };
-    assert_eq!(read_trace(&slow).expect("reads")[3].at, Duration::from_millis(600));
+    assert_eq!(
+        read_trace(&TraceSpec::new(&path)).expect("reads")[3].at(0.5),
+        Duration::from_millis(600)
+    );
+    let replay =
+        Replay::prepare(&TraceSpec { pace: Pace::TimeScale(10.0), ..spec }).expect("prepares");
+    assert_eq!(replay.at(2), Duration::from_millis(25), "the replay keeps the given scale");
 }
 
 #[test]
@@ -73,8 +78,32 @@ fn bad_lines_and_bad_flags_are_named() {
         .write("t.jsonl", "{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1}\n{oops");
     let err = read_trace(&TraceSpec::new(&path)).expect_err("line 2 is bad");
     assert!(err.to_string().contains(":2"), "{err}");
+    let offered = |load: f64| TraceSpec {
+        pace: Pace::OfferedLoad(load),
+        fleet_capacity_tokens: Some(1024),
+        engines: Some(2),
+        prefill_tokens_per_sec: Some(1000.0),
+        ..TraceSpec::new(&path)
+    };
+    offered(2.0).validate().expect("2 is the largest offered load");
     for (spec, flag) in [
-        (TraceSpec { time_scale: 0.0, ..TraceSpec::new(&path) }, "--time-scale"),
+        (TraceSpec { pace: Pace::TimeScale(0.0), ..TraceSpec::new(&path) }, "--time-scale"),
+        (offered(0.0), "--offered-load"),
+        (offered(2.5), "--offered-load"),
+        (offered(f64::NAN), "--offered-load"),
+        (offered(f64::INFINITY), "--offered-load"),
+        (TraceSpec { engines: None, ..offered(0.5) }, "--engines"),
+        (TraceSpec { prefill_tokens_per_sec: None, ..offered(0.5) }, "--prefill-tokens-per-sec"),
+        (TraceSpec { fleet_capacity_tokens: None, ..offered(0.5) }, "--fleet-capacity-tokens"),
+        (TraceSpec { engines: Some(0), ..TraceSpec::new(&path) }, "--engines"),
+        (
+            TraceSpec { prefill_tokens_per_sec: Some(0.0), ..TraceSpec::new(&path) },
+            "--prefill-tokens-per-sec",
+        ),
+        (
+            TraceSpec { prefill_tokens_per_sec: Some(f64::NAN), ..TraceSpec::new(&path) },
+            "--prefill-tokens-per-sec",
+        ),
         (TraceSpec { length_scale: -1.0, ..TraceSpec::new(&path) }, "--trace-length-scale"),
         (TraceSpec { block_tokens: 0, ..TraceSpec::new(&path) }, "--trace-block-tokens"),
         (TraceSpec { engine_block_size: 0, ..TraceSpec::new(&path) }, "--block-size"),
@@ -260,6 +289,53 @@ fn the_oracle_counts_engine_blocks_of_the_rendered_prompt() {
     let replay = Replay::prepare(&spec).expect("prepares");
     let fleet: Vec<_> = replay.steps.iter().map(|s| s.fleet_hit_tokens).collect();
     assert_eq!(fleet, [Some(0), Some(32), Some(16)]);
+}
+
+#[test]
+fn an_offered_load_scales_the_replay_after_the_oracles() {
+    let dir = TempDir::new("trace-offered");
+    let lines = [
+        r#"{"timestamp": 1000, "input_length": 100, "output_length": 2, "hash_ids": [0, 1]}"#,
+        r#"{"timestamp": 2000, "input_length": 150, "output_length": 2, "hash_ids": [0, 1, 2]}"#,
+        r#"{"timestamp": 3000, "input_length": 10, "output_length": 2, "hash_ids": [5]}"#,
+    ];
+    let path = write_trace(&dir, &lines);
+    let spec = TraceSpec {
+        block_tokens: 64,
+        pace: Pace::OfferedLoad(0.5),
+        fleet_capacity_tokens: Some(144),
+        engines: Some(2),
+        prefill_tokens_per_sec: Some(50.0),
+        ..TraceSpec::new(&path)
+    };
+    let replay = Replay::prepare(&spec).expect("prepares");
+    // Prompts of 150, 200 and 60 tokens, of which the fleet oracle (like the unlimited one)
+    // misses 150, 88 and 44: 282 tokens over 2 s of trace. At 0.5 of 2 x 50 tokens/s they
+    // take 5.64 s, so the replay runs 2 / 5.64 times as fast as the trace.
+    let scaled = replay.schedule.scaled.clone().expect("chosen");
+    assert_eq!((scaled.uncached_tokens, scaled.span_secs), (282, 2.0));
+    let time_scale = replay.schedule.time_scale;
+    assert!((time_scale - 2.0 / 5.64).abs() < 1e-12, "{time_scale}");
+    assert!(replay.at(2).abs_diff(Duration::from_millis(8460)) < Duration::from_millis(1));
+    let report = replay.report_over(3);
+    let offered = report.offered_load.expect("every flag given");
+    assert!((offered - 0.5).abs() < 1e-9, "{offered}");
+    // The unlimited cache's misses at 50 tokens/s: 3000, 1760 and 880 ms.
+    let floor = report.ttft_floor_ms.expect("a speed");
+    assert_eq!((floor.p50, floor.p90, floor.p99), (1760.0, 3000.0, 3000.0));
+    assert!((floor.mean - 5640.0 / 3.0).abs() < 1e-9);
+    let fleet = report.oracle.fleet.expect("fleet");
+    assert!(fleet.hit_tokens <= fleet.belady_hit_tokens);
+    assert!(fleet.belady_hit_tokens <= report.oracle.hit_tokens);
+    assert_eq!(replay.report_over(1).offered_load, None, "one request spans no time");
+
+    let same_time: Vec<String> =
+        lines.iter().map(|l| l.replace("\"timestamp\": 2000", "\"timestamp\": 1000")).collect();
+    let dir = TempDir::new("trace-offered-flat");
+    let flat = dir.write("trace.jsonl", &same_time.join("\n"));
+    let spec = TraceSpec { path: flat, max_requests: Some(2), ..spec };
+    let err = Replay::prepare(&spec).expect_err("no span to scale");
+    assert!(err.to_string().contains("--offered-load"), "{err}");
 }
 
 #[test]
