@@ -1,14 +1,21 @@
-//! Router-local accounting: requests in flight to each engine, and when they were dispatched.
+//! Router-local accounting: requests in flight to each engine, the prefill work they carry, and
+//! when they were dispatched.
 //!
-//! One [`EngineCounters`] per engine holds both numbers, so the in-flight count and the
-//! recent-dispatch ledger can never disagree about what was dispatched: both are written by the
-//! same [`Inflight::acquire`]. The count is split by stage only so that it can be read per
+//! One [`EngineCounters`] per engine holds every number, so the in-flight counts and the
+//! recent-dispatch ledger can never disagree about what was dispatched: all are written by the
+//! same [`Inflight::acquire_work`]. The count is split by stage only so that it can be read per
 //! stage; [`Inflight::count`] is their sum, not another counter.
 //!
-//! The ledger is a fixed ring of the last [`LEDGER_LEN`] dispatch instants per engine, indexed
-//! by a dispatch sequence number, so memory is bounded without pruning: what a report already
-//! reflects is excluded by asking [`Inflight::dispatched_since`] from the report's capture time,
-//! and older entries are overwritten as new dispatches arrive.
+//! The *work* of a dispatch is the prefill tokens the router expects it to cost the engine (its
+//! uncached prompt tokens, as the policy estimated them; 0 when nothing is known). It is summed
+//! twice: over the requests still in flight ([`Inflight::inflight_tokens`], the fallback when an
+//! engine reports nothing) and cumulatively in the ledger ([`Inflight::dispatched_tokens_since`],
+//! the recent-dispatch correction of a report, in tokens).
+//!
+//! The ledger is a fixed ring of the last [`LEDGER_LEN`] dispatches per engine (instant and
+//! cumulative work before it), indexed by a dispatch sequence number, so memory is bounded
+//! without pruning: what a report already reflects is excluded by asking from the report's
+//! capture time, and older entries are overwritten as new dispatches arrive.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -28,11 +35,23 @@ struct EngineCounters {
     worker: WorkerId,
     /// In-flight requests by stage (plain, prefill, decode).
     by_stage: [AtomicU64; 3],
+    /// Work (prefill tokens) of the requests in flight, over all stages.
+    inflight_tokens: AtomicU64,
     /// Dispatches so far; the next dispatch's sequence number.
     dispatched: AtomicU64,
-    /// Dispatch instant of sequence `s` at `s % LEDGER_LEN`, as nanoseconds since the origin
-    /// plus one (0: never written).
-    ledger: Box<[AtomicU64]>,
+    /// Work of every dispatch so far.
+    dispatched_tokens: AtomicU64,
+    /// Sequence `s` at `s % LEDGER_LEN`.
+    ledger: Box<[Entry]>,
+}
+
+/// One dispatch in the ledger.
+#[derive(Debug, Default)]
+struct Entry {
+    /// The dispatch instant as nanoseconds since the origin plus one (0: never written).
+    stamp: AtomicU64,
+    /// `dispatched_tokens` before this dispatch.
+    tokens_before: AtomicU64,
 }
 
 impl EngineCounters {
@@ -40,12 +59,14 @@ impl EngineCounters {
         Self {
             worker,
             by_stage: Default::default(),
+            inflight_tokens: AtomicU64::new(0),
             dispatched: AtomicU64::new(0),
-            ledger: (0..LEDGER_LEN).map(|_| AtomicU64::new(0)).collect(),
+            dispatched_tokens: AtomicU64::new(0),
+            ledger: (0..LEDGER_LEN).map(|_| Entry::default()).collect(),
         }
     }
 
-    fn slot(&self, seq: u64) -> &AtomicU64 {
+    fn slot(&self, seq: u64) -> &Entry {
         // LEDGER_LEN is a power of two far below u64::MAX, so the cast is lossless.
         &self.ledger[(seq % LEDGER_LEN as u64) as usize]
     }
@@ -75,15 +96,31 @@ impl Inflight {
     }
 
     /// Counts a request dispatched to `worker` for `stage` until the returned guard is dropped,
-    /// and records the dispatch in the ledger. Dropping the guard releases it, whether the
-    /// request completed, failed, was cancelled (its future dropped) or panicked.
+    /// and records the dispatch in the ledger, with no work. Dropping the guard releases it,
+    /// whether the request completed, failed, was cancelled (its future dropped) or panicked.
     pub fn acquire(&self, worker: &WorkerId, stage: Stage) -> InflightGuard {
+        self.acquire_work(worker, stage, 0)
+    }
+
+    /// [`Inflight::acquire`] for a request expected to cost the engine `tokens` of prefill
+    /// work (its uncached prompt tokens), counted in flight until the guard drops and in the
+    /// ledger for good.
+    pub fn acquire_work(&self, worker: &WorkerId, stage: Stage, tokens: u64) -> InflightGuard {
         let counters = self.counters(worker);
         let stamp = self.stamp(self.clock.now());
         counters.by_stage[stage_index(stage)].fetch_add(1, Ordering::Relaxed);
+        counters.inflight_tokens.fetch_add(tokens, Ordering::Relaxed);
         let seq = counters.dispatched.fetch_add(1, Ordering::Relaxed);
-        counters.slot(seq).store(stamp, Ordering::Release);
-        InflightGuard { counters, stage }
+        let before = counters.dispatched_tokens.fetch_add(tokens, Ordering::AcqRel);
+        let entry = counters.slot(seq);
+        entry.tokens_before.store(before, Ordering::Relaxed);
+        entry.stamp.store(stamp, Ordering::Release);
+        InflightGuard { counters, stage, tokens }
+    }
+
+    /// Work (prefill tokens) of the requests in flight to `worker`, over all stages.
+    pub fn inflight_tokens(&self, worker: &WorkerId) -> u64 {
+        self.engines.get(worker).map_or(0, |c| c.inflight_tokens.load(Ordering::Relaxed))
     }
 
     /// Requests in flight to `worker`, over all stages.
@@ -120,24 +157,39 @@ impl Inflight {
     /// least-load's correction. At most [`LEDGER_LEN`]: more dispatches than that since one
     /// report read as exactly that many. Acquires racing with this call may or may not count.
     pub fn dispatched_since(&self, worker: &WorkerId, since: Instant) -> u64 {
-        let Some(counters) = self.engines.get(worker).map(|c| Arc::clone(&c)) else {
-            return 0;
-        };
+        self.since(worker, since).map_or(0, |s| s.requests)
+    }
+
+    /// Work (prefill tokens) dispatched to `worker` at or after `since`, for the token form of
+    /// the recent-dispatch correction. Counts over the same dispatches as
+    /// [`Inflight::dispatched_since`] (at most the last [`LEDGER_LEN`]).
+    pub fn dispatched_tokens_since(&self, worker: &WorkerId, since: Instant) -> u64 {
+        self.since(worker, since).map_or(0, |s| s.tokens)
+    }
+
+    fn since(&self, worker: &WorkerId, since: Instant) -> Option<Since> {
+        let counters = self.engines.get(worker).map(|c| Arc::clone(&c))?;
         let since = self.stamp(since);
         let total = counters.dispatched.load(Ordering::Acquire);
+        let tokens_total = counters.dispatched_tokens.load(Ordering::Acquire);
         let oldest = total.saturating_sub(LEDGER_LEN as u64);
         // Dispatch stamps grow with the sequence number (up to racing acquires), so the first
         // sequence stamped at or after `since` is found by bisection.
         let (mut lo, mut hi) = (oldest, total);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            if counters.slot(mid).load(Ordering::Acquire) >= since {
+            if counters.slot(mid).stamp.load(Ordering::Acquire) >= since {
                 hi = mid;
             } else {
                 lo = mid + 1;
             }
         }
-        total - lo
+        let tokens = if lo < total {
+            tokens_total.saturating_sub(counters.slot(lo).tokens_before.load(Ordering::Relaxed))
+        } else {
+            0
+        };
+        Some(Since { requests: total - lo, tokens })
     }
 
     /// Forgets a removed engine. Guards still held keep counting into the forgotten counters,
@@ -165,12 +217,19 @@ impl Inflight {
     }
 }
 
-/// One request in flight to one engine. Dropping it releases the count.
+/// What was dispatched to one engine since an instant.
+struct Since {
+    requests: u64,
+    tokens: u64,
+}
+
+/// One request in flight to one engine. Dropping it releases the count and its work.
 #[must_use = "the request counts as in flight only while the guard lives"]
 #[derive(Debug)]
 pub struct InflightGuard {
     counters: Arc<EngineCounters>,
     stage: Stage,
+    tokens: u64,
 }
 
 impl InflightGuard {
@@ -188,6 +247,7 @@ impl InflightGuard {
 impl Drop for InflightGuard {
     fn drop(&mut self) {
         self.counters.by_stage[stage_index(self.stage)].fetch_sub(1, Ordering::Relaxed);
+        self.counters.inflight_tokens.fetch_sub(self.tokens, Ordering::Relaxed);
     }
 }
 

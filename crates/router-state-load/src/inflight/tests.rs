@@ -112,6 +112,50 @@ fn dispatched_since_counts_from_the_capture_time() {
 }
 
 #[test]
+fn work_is_counted_in_flight_and_in_the_ledger() {
+    let (clock, inflight) = fixture();
+    let (a, b) = (id("a"), id("b"));
+    let t0 = clock.now();
+    drop(inflight.acquire_work(&a, Stage::Plain, 100));
+    clock.advance(Duration::from_millis(100));
+    let captured = clock.now();
+    let held = inflight.acquire_work(&a, Stage::Prefill, 30);
+    let _other = inflight.acquire_work(&b, Stage::Plain, 7);
+    let _free = inflight.acquire(&a, Stage::Decode);
+    assert_eq!(inflight.inflight_tokens(&a), 30, "released work leaves the in-flight sum");
+    assert_eq!(inflight.dispatched_tokens_since(&a, t0), 130);
+    assert_eq!(
+        inflight.dispatched_tokens_since(&a, captured),
+        30,
+        "a dispatch without work adds none"
+    );
+    assert_eq!(inflight.dispatched_since(&a, captured), 2);
+    assert_eq!(inflight.dispatched_tokens_since(&a, clock.now() + Duration::from_secs(1)), 0);
+    assert_eq!(inflight.dispatched_tokens_since(&id("never"), t0), 0);
+    drop(held);
+    assert_eq!(inflight.inflight_tokens(&a), 0);
+    assert_eq!(
+        inflight.dispatched_tokens_since(&a, captured),
+        30,
+        "the ledger keeps released work"
+    );
+    assert_eq!(inflight.inflight_tokens(&b), 7);
+}
+
+#[test]
+fn ledger_work_saturates_with_its_length() {
+    let (clock, inflight) = fixture();
+    let a = id("a");
+    let start = clock.now();
+    for _ in 0..LEDGER_LEN + 10 {
+        clock.advance(Duration::from_micros(1));
+        drop(inflight.acquire_work(&a, Stage::Plain, 2));
+    }
+    assert_eq!(inflight.dispatched_tokens_since(&a, start), 2 * LEDGER_LEN as u64);
+    assert_eq!(inflight.dispatched_tokens_since(&a, clock.now()), 2);
+}
+
+#[test]
 fn ledger_saturates_at_its_length() {
     let (clock, inflight) = fixture();
     let a = id("a");
