@@ -1,7 +1,8 @@
 //! KV-cache state: which engine holds which token blocks.
 //!
 //! Owns the ZeroMQ subscriptions to engine KV events (with replay), msgpack wire decoding,
-//! local block hashing, the radix-tree prefix index with storage tiers, and the remote
+//! local block hashing, the radix-tree prefix index with storage tiers, the predicted entries
+//! of what the router just dispatched ([`Predictions`]), and the remote
 //! indexer ([`remote`]: the gRPC service that serves [`KvIndex::lookup`] to other routers, and
 //! the client that queries it).
 //!
@@ -13,6 +14,7 @@ mod error;
 pub mod hash;
 mod index;
 mod medium;
+mod predicted;
 pub mod remote;
 mod skip;
 mod subscribe;
@@ -24,5 +26,6 @@ pub use index::{
     WRITE_CHUNK,
 };
 pub use medium::Medium;
+pub use predicted::{PredictionConfig, Predictions};
 pub use skip::{SkipCounts, SkipReason};
 pub use subscribe::{KvStats, KvSubscriptions, RankSnapshot, SubscriptionConfig, WorkerSummary};

@@ -22,7 +22,7 @@ use self::lookup::Hit;
 use self::tree::{HolderShared, MAX_HOLDERS, Tree};
 use crate::hash::{Hasher, Salt};
 use crate::wire::Event;
-use crate::{IndexError, Medium, SkipCounts, SkipReason};
+use crate::{IndexError, Medium, Predictions, SkipCounts, SkipReason};
 
 /// Block operations a writer performs between offers to yield the lock to readers.
 pub const WRITE_CHUNK: usize = 256;
@@ -185,6 +185,8 @@ fn purge(tree: &mut RwLockWriteGuard<'_, Tree>, slot: u32) -> u64 {
 pub struct KvIndex {
     config: IndexConfig,
     models: RwLock<HashMap<ModelId, Arc<ModelIndex>>>,
+    /// Told of every removal and clear, so that no prediction outlives a contradicting event.
+    predictions: Option<Arc<Predictions>>,
 }
 
 impl std::fmt::Debug for KvIndex {
@@ -206,7 +208,19 @@ impl Default for KvIndex {
 impl KvIndex {
     /// An empty index.
     pub fn new(config: IndexConfig) -> Self {
-        Self { config, models: RwLock::new(HashMap::new()) }
+        Self { config, models: RwLock::new(HashMap::new()), predictions: None }
+    }
+
+    /// This index telling `predictions` of every block an engine removes, every clear and
+    /// every worker removal (the index itself never counts predictions).
+    pub fn with_predictions(mut self, predictions: Arc<Predictions>) -> Self {
+        self.predictions = Some(predictions);
+        self
+    }
+
+    /// The predicted entries this index contradicts, when set.
+    pub fn predictions(&self) -> Option<&Arc<Predictions>> {
+        self.predictions.as_ref()
     }
 
     fn model(&self, model: &ModelId) -> Option<Arc<ModelIndex>> {
@@ -258,6 +272,7 @@ impl KvIndex {
             shared,
             worker: worker.clone(),
             rank,
+            predictions: self.predictions.clone(),
         })
     }
 
@@ -353,12 +368,19 @@ impl KvIndex {
     /// Forgets every block of every incarnation and rank of `worker`; its handles are refused
     /// from now on. Returns the (block, holder) pairs removed.
     pub fn remove_worker(&self, worker: &WorkerId) -> u64 {
+        if let Some(predictions) = &self.predictions {
+            predictions.remove_worker(worker);
+        }
         self.purge_where(|w, _| w == worker)
     }
 
     /// Like [`KvIndex::remove_worker`], but only for one incarnation, so a replacement with
     /// the same id keeps its state.
     pub fn remove_incarnation(&self, worker: &WorkerId, incarnation: u64) -> u64 {
+        // Predictions are not kept per incarnation; the old one's are stale either way.
+        if let Some(predictions) = &self.predictions {
+            predictions.remove_worker(worker);
+        }
         self.purge_where(|w, i| w == worker && i == incarnation)
     }
 
@@ -395,6 +417,7 @@ pub struct Holder {
     shared: Arc<HolderShared>,
     worker: WorkerId,
     rank: u32,
+    predictions: Option<Arc<Predictions>>,
 }
 
 impl std::fmt::Debug for Holder {
@@ -444,6 +467,9 @@ impl Holder {
         let mut hasher = Hasher::new();
         let mut tree = self.model.tree.write();
         let mut ops = 0;
+        // What contradicts predicted entries, told to them once the tree lock is released.
+        let mut removed_locals: Vec<u64> = Vec::new();
+        let mut cleared = false;
         for (index, event) in events.iter().enumerate() {
             if !tree.holder_live(self.slot, self.generation) {
                 report.skipped.add(SkipReason::StaleHolder, (events.len() - index) as u64);
@@ -456,6 +482,10 @@ impl Holder {
                 Event::Removed(removed) => match tree.plan_remove(self.slot, removed) {
                     Err(reason) => report.skipped.add(reason, 1),
                     Ok(tier_bit) => {
+                        if self.predictions.is_some() {
+                            removed_locals
+                                .extend(tree.local_hashes(self.slot, &removed.block_hashes));
+                        }
                         for chunk in removed.block_hashes.chunks(WRITE_CHUNK) {
                             if !tree.holder_live(self.slot, self.generation) {
                                 break;
@@ -471,6 +501,7 @@ impl Holder {
                 },
                 Event::AllCleared => {
                     purge(&mut tree, self.slot);
+                    cleared = true;
                     report.clears += 1;
                     report.events += 1;
                 }
@@ -482,6 +513,14 @@ impl Holder {
         }
         tree.publish_holder(self.slot);
         self.model.publish(&tree);
+        drop(tree);
+        if let Some(predictions) = &self.predictions {
+            if cleared {
+                predictions.clear(&self.model.model, &self.worker);
+            } else if !removed_locals.is_empty() {
+                predictions.forget(&self.model.model, &self.worker, &removed_locals);
+            }
+        }
         report
     }
 
@@ -527,6 +566,10 @@ impl Holder {
         }
         let removed = purge(&mut tree, self.slot);
         self.model.publish(&tree);
+        drop(tree);
+        if let Some(predictions) = &self.predictions {
+            predictions.clear(&self.model.model, &self.worker);
+        }
         removed
     }
 }

@@ -59,6 +59,12 @@ impl Tree {
         out
     }
 
+    /// The local hashes of the engine hashes holder `slot` is known to hold.
+    pub(crate) fn local_hashes(&self, slot: u32, engine_hashes: &[u64]) -> Vec<u64> {
+        let links = &self.holders[slot as usize].engine;
+        engine_hashes.iter().filter_map(|hash| links.get(hash).copied()).collect()
+    }
+
     /// Detaches holder `slot` from its engine-hash map and returns the links to purge.
     pub(crate) fn take_links(&mut self, slot: u32) -> Vec<u64> {
         let build = self.engine_build;

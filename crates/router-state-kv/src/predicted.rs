@@ -1,0 +1,251 @@
+//! Predicted entries: the blocks the router has just sent to an engine, before the engine's KV
+//! events say it holds them.
+//!
+//! KV events arrive after prefill. Between a dispatch and its `BlockStored`, the index does not
+//! know that the engine is about to hold the prompt, so a burst of requests sharing a new prefix
+//! would be scattered over the fleet. [`Predictions`] closes that gap: each dispatch records the
+//! request's local block hashes (see [`crate::hash`]) for its engine with a short expiry, and
+//! lookups count them beside the index ([`Predictions::overlay`]).
+//!
+//! They are never engine truth: they live apart from the index, are not in its statistics, and
+//! go away
+//! - on expiry ([`PredictionConfig::ttl`]), so an engine whose events stop is back to load-only
+//!   selection after it;
+//! - when the engine's own events cover them (a lookup finds the index holding at least as much:
+//!   the prediction is replaced and dropped);
+//! - on a contradicting event: the engine removed those blocks, cleared everything, or left the
+//!   fleet ([`Predictions::forget`], [`Predictions::clear`], [`Predictions::remove_worker`]);
+//! - beyond [`PredictionConfig::max_blocks_per_worker`], oldest first.
+//!
+//! Every method takes the current instant, so the rules are tested without a clock.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use router_workers::{ModelId, WorkerId};
+
+use crate::hash::{Salt, salted_block_hashes};
+use crate::{Medium, PrefixMatch, PrefixMatches};
+
+/// Predicted-entry settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PredictionConfig {
+    /// How long a recorded block counts without the engine confirming it.
+    pub ttl: Duration,
+    /// Most blocks remembered per (model, worker); older records are dropped first.
+    pub max_blocks_per_worker: usize,
+}
+
+impl Default for PredictionConfig {
+    fn default() -> Self {
+        Self { ttl: Duration::from_secs(5), max_blocks_per_worker: 1 << 16 }
+    }
+}
+
+/// The predicted blocks of one (model, worker).
+#[derive(Debug, Default)]
+struct Entries {
+    /// Local block hash to its expiry.
+    expiry: HashMap<u64, Instant>,
+    /// Records in the order made (so in expiry order), with duplicates; an item whose expiry
+    /// differs from the map's is a superseded record.
+    order: VecDeque<(Instant, u64)>,
+}
+
+impl Entries {
+    fn record(&mut self, hashes: &[u64], expiry: Instant, cap: usize) {
+        for &hash in hashes {
+            self.expiry.insert(hash, expiry);
+            self.order.push_back((expiry, hash));
+        }
+        while self.order.len() > cap {
+            self.pop_oldest();
+        }
+    }
+
+    /// Drops records that expired by `now`.
+    fn prune(&mut self, now: Instant) {
+        while self.order.front().is_some_and(|(expiry, _)| *expiry <= now) {
+            self.pop_oldest();
+        }
+    }
+
+    fn pop_oldest(&mut self) {
+        if let Some((expiry, hash)) = self.order.pop_front()
+            && self.expiry.get(&hash) == Some(&expiry)
+        {
+            self.expiry.remove(&hash);
+        }
+    }
+
+    /// Leading blocks of `hashes` predicted and unexpired at `now`.
+    fn leading(&self, hashes: &[u64], now: Instant) -> usize {
+        hashes.iter().take_while(|h| self.expiry.get(h).is_some_and(|e| *e > now)).count()
+    }
+
+    fn forget(&mut self, hashes: &[u64]) {
+        for hash in hashes {
+            self.expiry.remove(hash);
+        }
+        // Superseded records in `order` are skipped when they reach the front.
+    }
+
+    fn is_empty(&self) -> bool {
+        self.expiry.is_empty()
+    }
+}
+
+type Key = (ModelId, WorkerId);
+
+/// Predicted entries of every (model, worker). Shared as `Arc<Predictions>` between the
+/// dispatcher (which records), the prefix sources (which read) and the index (which
+/// contradicts).
+#[derive(Debug, Default)]
+pub struct Predictions {
+    config: PredictionConfig,
+    workers: RwLock<HashMap<Key, Arc<Mutex<Entries>>>>,
+}
+
+impl Predictions {
+    /// No predictions yet.
+    pub fn new(config: PredictionConfig) -> Self {
+        Self { config, workers: RwLock::new(HashMap::new()) }
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &PredictionConfig {
+        &self.config
+    }
+
+    fn entries(&self, model: &ModelId, worker: &WorkerId) -> Arc<Mutex<Entries>> {
+        let key = (model.clone(), worker.clone());
+        if let Some(found) = self.workers.read().get(&key) {
+            return Arc::clone(found);
+        }
+        Arc::clone(self.workers.write().entry(key).or_default())
+    }
+
+    /// Records that `worker` is about to hold the blocks `hashes` (a prompt's local block
+    /// hashes, in order) of `model`, until `now + ttl`.
+    pub fn record(&self, model: &ModelId, worker: &WorkerId, hashes: &[u64], now: Instant) {
+        if hashes.is_empty() || self.config.max_blocks_per_worker == 0 {
+            return;
+        }
+        let entries = self.entries(model, worker);
+        let mut entries = entries.lock();
+        entries.prune(now);
+        entries.record(hashes, now + self.config.ttl, self.config.max_blocks_per_worker);
+    }
+
+    /// [`Predictions::record`] for a prompt's token ids, hashed in blocks of `block_size` with
+    /// no LoRA name or cache salt (as the prefix sources look requests up).
+    pub fn record_tokens(
+        &self,
+        model: &ModelId,
+        worker: &WorkerId,
+        tokens: &[u32],
+        block_size: u32,
+        now: Instant,
+    ) {
+        if block_size == 0 || tokens.len() < block_size as usize {
+            return;
+        }
+        let hashes = salted_block_hashes(tokens, block_size, Salt::default());
+        self.record(model, worker, &hashes, now);
+    }
+
+    /// Leading blocks of `hashes` that `worker` is predicted to hold at `now`.
+    pub fn leading(&self, model: &ModelId, worker: &WorkerId, hashes: &[u64], now: Instant) -> u32 {
+        let key = (model.clone(), worker.clone());
+        let Some(entries) = self.workers.read().get(&key).map(Arc::clone) else { return 0 };
+        let blocks = entries.lock().leading(hashes, now);
+        u32::try_from(blocks).unwrap_or(u32::MAX)
+    }
+
+    /// `matches` (the index's answer for `hashes` in `model`) with the predicted entries laid
+    /// over it: a worker predicted to hold more leading blocks than the index says is reported
+    /// with the predicted count (rank as indexed, else 0; tier GPU, where prefill leaves it).
+    /// A prediction the index already covers is replaced by it and dropped.
+    pub fn overlay(
+        &self,
+        model: &ModelId,
+        hashes: &[u64],
+        mut matches: PrefixMatches,
+        now: Instant,
+    ) -> PrefixMatches {
+        if hashes.is_empty() {
+            return matches;
+        }
+        let candidates: Vec<(WorkerId, Arc<Mutex<Entries>>)> = self
+            .workers
+            .read()
+            .iter()
+            .filter(|((m, _), _)| m == model)
+            .map(|((_, w), entries)| (w.clone(), Arc::clone(entries)))
+            .collect();
+        let mut changed = false;
+        for (worker, entries) in candidates {
+            let mut entries = entries.lock();
+            let predicted = entries.leading(hashes, now);
+            if predicted == 0 {
+                continue;
+            }
+            let indexed = matches.blocks(&worker) as usize;
+            if indexed >= predicted {
+                entries.forget(&hashes[..predicted]);
+                continue;
+            }
+            let blocks = u32::try_from(predicted).unwrap_or(u32::MAX);
+            match matches.matches.iter_mut().find(|m| m.worker == worker) {
+                Some(found) => *found = PrefixMatch { blocks, tier: Medium::Gpu, ..found.clone() },
+                None => {
+                    matches.matches.push(PrefixMatch { worker, rank: 0, blocks, tier: Medium::Gpu })
+                }
+            }
+            changed = true;
+        }
+        if changed {
+            matches.matches.sort_by(|a, b| {
+                b.blocks.cmp(&a.blocks).then(a.tier.cmp(&b.tier)).then(a.worker.cmp(&b.worker))
+            });
+        }
+        matches
+    }
+
+    /// The engine removed these blocks (local hashes): they are no longer predicted.
+    pub fn forget(&self, model: &ModelId, worker: &WorkerId, hashes: &[u64]) {
+        let key = (model.clone(), worker.clone());
+        if let Some(entries) = self.workers.read().get(&key) {
+            entries.lock().forget(hashes);
+        }
+    }
+
+    /// The engine cleared its cache: nothing of `model` is predicted on it any more.
+    pub fn clear(&self, model: &ModelId, worker: &WorkerId) {
+        self.workers.write().remove(&(model.clone(), worker.clone()));
+    }
+
+    /// The worker left: nothing is predicted on it in any model.
+    pub fn remove_worker(&self, worker: &WorkerId) {
+        self.workers.write().retain(|(_, w), _| w != worker);
+    }
+
+    /// Unexpired predicted blocks over every model and worker at `now` (for `/admin/state`;
+    /// drops what expired on the way).
+    pub fn blocks(&self, now: Instant) -> u64 {
+        let mut workers = self.workers.write();
+        let mut total = 0;
+        workers.retain(|_, entries| {
+            let mut entries = entries.lock();
+            entries.prune(now);
+            total += entries.expiry.len() as u64;
+            !entries.is_empty()
+        });
+        total
+    }
+}
+
+#[cfg(test)]
+mod tests;
