@@ -109,12 +109,31 @@ pub struct Pick {
     pub worker: Arc<Worker>,
     /// The path the policy took, for metrics and traces.
     pub reason: PickReason,
+    /// The prefill work the policy expects the request to cost this engine (its uncached
+    /// prompt tokens there), when the policy looked the prefix up. The dispatcher records it
+    /// for the recent-dispatch correction; without it the whole input counts.
+    pub uncached_tokens: Option<u64>,
+    /// The time to first token the policy predicted on this engine, in milliseconds
+    /// (`predicted_ttft`), for comparison with the observed one.
+    pub predicted_ttft_ms: Option<f64>,
 }
 
 impl Pick {
     /// A pick of `worker` for `reason`.
     pub fn new(worker: Arc<Worker>, reason: PickReason) -> Self {
-        Self { worker, reason }
+        Self { worker, reason, uncached_tokens: None, predicted_ttft_ms: None }
+    }
+
+    /// This pick, expecting `tokens` of uncached prefill work on its engine.
+    pub fn with_uncached_tokens(mut self, tokens: u64) -> Self {
+        self.uncached_tokens = Some(tokens);
+        self
+    }
+
+    /// This pick, with the predicted time to first token on its engine.
+    pub fn with_predicted_ttft_ms(mut self, ms: f64) -> Self {
+        self.predicted_ttft_ms = Some(ms);
+        self
     }
 }
 
@@ -144,6 +163,12 @@ pub enum PickReason {
     CacheMiss,
     /// Cache-aware could not reach its prefix source and ran its load fallback.
     CacheUnavailable,
+    /// Predicted-TTFT chose the engine with the lowest predicted time to first token, from
+    /// the engines' load reports, the router's dispatches since and the prefix index.
+    PredictedTtft,
+    /// Predicted-TTFT compared router-local in-flight work, every token counted as uncached:
+    /// some candidate had no usable load report.
+    PredictedTtftLocal,
     /// An existing, admitted session or routing-key binding was reused.
     AffinityReused,
     /// A new binding was created from the fallback's choice.
@@ -167,6 +192,8 @@ impl PickReason {
             PickReason::SaturationPin => "saturation_pin",
             PickReason::CacheMiss => "cache_miss",
             PickReason::CacheUnavailable => "cache_unavailable",
+            PickReason::PredictedTtft => "predicted_ttft",
+            PickReason::PredictedTtftLocal => "predicted_ttft_local",
             PickReason::AffinityReused => "affinity_reused",
             PickReason::AffinityBound => "affinity_bound",
             PickReason::AffinityKeyless => "affinity_keyless",

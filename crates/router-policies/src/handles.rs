@@ -7,7 +7,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use router_affinity::{AffinityConfig, AffinityStore};
-use router_state_kv::KvIndex;
+use router_state_kv::{KvIndex, Predictions};
 use router_state_load::{EngineReportedLoadTable, Inflight};
 
 use crate::CacheSources;
@@ -85,6 +85,13 @@ impl PolicyHandles {
     /// are kept.
     pub fn with_kv(mut self, index: Arc<KvIndex>) -> Self {
         self.cache = self.cache.with_local(index);
+        self
+    }
+
+    /// These handles with the router's predicted entries laid over remote-indexer answers
+    /// too (the local source reads its index's own). Call before building policies.
+    pub fn with_predictions(mut self, predictions: Arc<Predictions>) -> Self {
+        self.cache = self.cache.with_predictions(predictions);
         self
     }
 }

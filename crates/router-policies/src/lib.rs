@@ -22,6 +22,9 @@
 //! [`CacheSource`] (the local index or a remote indexer) once per prepared request
 //! ([`PrefixMemo`], carried by [`RequestTokens`]), and falls back to power-of-k on a miss.
 //!
+//! Predicted-TTFT selection ([`PredictedTtftPolicy`], `predicted_ttft`) reads the same sources
+//! and the load state, and picks the candidate with the lowest predicted time to first token.
+//!
 //! Construction from configuration is [`PolicyConfig::build`], which takes the shared state
 //! handles ([`PolicyHandles`]); policies never create their own subscriptions.
 //!
@@ -36,6 +39,7 @@ mod contract;
 mod handles;
 mod least_load;
 mod power_of_two;
+mod predicted_ttft;
 pub mod pressure;
 mod random;
 mod round_robin;
@@ -53,7 +57,7 @@ pub use cache::{
 };
 pub use config::{
     CacheAwareSettings, CachePrefixProvider, ConfigError, PolicyConfig, PolicyKind, PolicyType,
-    StickyFallback, StickySettings, removed_policy_type, removed_setting,
+    PredictedTtftSettings, StickyFallback, StickySettings, removed_policy_type, removed_setting,
 };
 pub use contract::{
     Pick, PickError, PickReason, PickRequest, Policy, RequestTokens, pick_fallback,
@@ -61,6 +65,7 @@ pub use contract::{
 pub use handles::{LoadHandles, PolicyHandles};
 pub use least_load::LeastLoadPolicy;
 pub use power_of_two::{LoadChoice, PowerOfTwoPolicy, min_load_choices};
+pub use predicted_ttft::PredictedTtftPolicy;
 pub use random::RandomPolicy;
 pub use round_robin::RoundRobinPolicy;
 pub use session_aware::SessionAwarePolicy;

@@ -10,7 +10,8 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use parking_lot::Mutex;
 use router_policies::{LoadHandles, PolicyHandles};
 use router_state_kv::{
-    IndexConfig, KvIndex, KvStats, KvSubscriptions, SubscriptionConfig as KvSubscriptionConfig,
+    IndexConfig, KvIndex, KvStats, KvSubscriptions, Predictions,
+    SubscriptionConfig as KvSubscriptionConfig,
 };
 use router_state_load::{
     Clock, EngineReportedLoadTable, Inflight, LoadSubscriptions, SubscriptionConfig, SystemClock,
@@ -33,6 +34,8 @@ pub struct AppContext {
     load_table: Arc<EngineReportedLoadTable>,
     inflight: Arc<Inflight>,
     kv_index: Arc<KvIndex>,
+    /// What this router just dispatched, before the engines' KV events say so; `None`: off.
+    predictions: Option<Arc<Predictions>>,
     /// Taken by `start`.
     kv_subscriptions: Mutex<Option<KvSubscriptions>>,
     kv_counters: KvStats,
@@ -64,11 +67,19 @@ impl AppContext {
         let load_table =
             Arc::new(EngineReportedLoadTable::new(load_settings(config), Arc::clone(&clock)));
         let inflight = Arc::new(Inflight::new(clock));
-        let kv_index =
-            Arc::new(KvIndex::new(IndexConfig { max_nodes_per_model: config.kv.max_index_nodes }));
-        let handles =
+        let predictions = config.kv.predictions().map(|c| Arc::new(Predictions::new(c)));
+        let mut kv_index =
+            KvIndex::new(IndexConfig { max_nodes_per_model: config.kv.max_index_nodes });
+        if let Some(predictions) = &predictions {
+            kv_index = kv_index.with_predictions(Arc::clone(predictions));
+        }
+        let kv_index = Arc::new(kv_index);
+        let mut handles =
             PolicyHandles::new(LoadHandles::new(Arc::clone(&load_table), Arc::clone(&inflight)))
                 .with_kv(Arc::clone(&kv_index));
+        if let Some(predictions) = &predictions {
+            handles = handles.with_predictions(Arc::clone(predictions));
+        }
         let kv = KvSubscriptions::new(
             Arc::clone(&kv_index),
             Arc::clone(&registry),
@@ -103,6 +114,7 @@ impl AppContext {
             kv_counters: kv.stats(),
             kv_subscriptions: Mutex::new(Some(kv)),
             kv_index,
+            predictions,
             models,
             wildcard,
             forwarder,
@@ -198,6 +210,38 @@ impl AppContext {
     /// Router-local in-flight accounting.
     pub fn inflight(&self) -> &Arc<Inflight> {
         &self.inflight
+    }
+
+    /// The predicted entries of recent dispatches, when on.
+    pub fn predictions(&self) -> Option<&Arc<Predictions>> {
+        self.predictions.as_ref()
+    }
+
+    /// A dispatch of `pick` for `stage` of a request of `model`: its in-flight guard, carrying
+    /// the prefill work the policy expected (the whole input when it did not look; none for
+    /// decode), and, for a tokenized request to an engine with KV events, its blocks recorded
+    /// as predicted entries there.
+    pub fn dispatched(
+        &self,
+        model: &ModelId,
+        pick: &router_policies::Pick,
+        stage: router_workers::Stage,
+        input_tokens: u64,
+        tokens: Option<&router_policies::RequestTokens>,
+    ) -> router_state_load::InflightGuard {
+        let worker = &pick.worker;
+        let work = match stage {
+            router_workers::Stage::Decode => 0,
+            _ => pick.uncached_tokens.unwrap_or(input_tokens),
+        };
+        if stage != router_workers::Stage::Decode
+            && let (Some(predictions), Some(tokens), Some(kv)) =
+                (&self.predictions, tokens, worker.kv_events())
+        {
+            let now = std::time::Instant::now();
+            predictions.record_tokens(model, worker.id(), tokens.ids(), kv.block_size, now);
+        }
+        self.inflight.acquire_work(worker.id(), stage, work)
     }
 
     /// The prefix index fed by KV events.

@@ -492,6 +492,47 @@ impl Drop for GuardedBody {
     }
 }
 
+/// A response body that runs a callback once, as its first data frame passes (the client's
+/// time to first token, for comparing a policy's prediction with what happened).
+pub struct FirstByte<B> {
+    inner: B,
+    on_first: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl<B> FirstByte<B> {
+    /// `inner`, calling `on_first` when its first data frame is polled.
+    pub fn new(inner: B, on_first: impl FnOnce() + Send + 'static) -> Self {
+        Self { inner, on_first: Some(Box::new(on_first)) }
+    }
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for FirstByte<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && frame.is_data()
+            && let Some(on_first) = self.on_first.take()
+        {
+            on_first();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// Copies the engine's response headers that make sense end to end (content type, caching),
 /// never hop-by-hop ones.
 pub fn passthrough_headers(from: &HeaderMap, to: &mut HeaderMap) {

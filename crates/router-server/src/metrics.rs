@@ -15,12 +15,18 @@ static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 const LATENCY_BUCKETS: &[f64] =
     &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
 
+/// Buckets of observed over predicted time to first token: 1 is a perfect prediction.
+const RATIO_BUCKETS: &[f64] = &[0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0, 8.0];
+
 /// Installs the process-wide recorder once and returns its handle.
 pub fn install() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Suffix("_ratio".into()), RATIO_BUCKETS)
+                })
                 .map(PrometheusBuilder::build_recorder);
             match recorder {
                 Ok(recorder) => {
@@ -113,6 +119,19 @@ fn record_model_histogram(
             .get_or_insert_with(|| histogram!(name, "model" => model.to_owned()))
             .record(elapsed.as_secs_f64());
     });
+}
+
+/// A streamed request whose policy predicted its time to first token (`predicted_ttft`):
+/// the prediction, what the client saw from dispatch to the first byte, and their ratio.
+pub fn ttft_prediction(model: &str, predicted_ms: f64, observed: Duration) {
+    let observed_s = observed.as_secs_f64();
+    histogram!("router_predicted_ttft_seconds", "model" => model.to_owned())
+        .record(predicted_ms / 1000.0);
+    histogram!("router_observed_ttft_seconds", "model" => model.to_owned()).record(observed_s);
+    if predicted_ms > 0.0 {
+        histogram!("router_ttft_observed_over_predicted_ratio", "model" => model.to_owned())
+            .record(observed_s * 1000.0 / predicted_ms);
+    }
 }
 
 /// A successful pick by a policy.

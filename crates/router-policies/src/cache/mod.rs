@@ -9,18 +9,22 @@
 //!   remote client or its in-flight limit.
 //! - [`PrefixMemo`] (`memo.rs`): one lookup per prepared request per source and block size,
 //!   carried by [`RequestTokens`](crate::RequestTokens) across bucket attempts and stages.
+//! - `Prefixes` (`prefixes.rs`): the lookups one pick needs, shared by `cache_aware` and
+//!   `predicted_ttft`.
 //! - [`CacheAwarePolicy`] (`policy.rs`): the selection algorithm of POLICY_REFERENCE.md.
 
 mod memo;
 mod policy;
+mod prefixes;
 mod source;
 
 pub use memo::PrefixMemo;
 pub use policy::CacheAwarePolicy;
+pub(crate) use prefixes::Prefixes;
 pub use source::{
     BlockSize, CacheSource, CacheSources, CachedPrefix, CachedPrefixes, LookupError, PrefixOutcome,
     SourceStats, Unavailable,
 };
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -7,7 +7,8 @@ use futures::future::BoxFuture;
 use router_state_load::{EngineLoad, Inflight, LoadSnapshot};
 use router_workers::{Stage, Worker};
 
-use super::source::{BlockSize, CacheSource, CachedPrefixes, PrefixOutcome, Unavailable};
+use super::prefixes::Prefixes;
+use super::source::CacheSource;
 use crate::admission::{Admission, EngineMetrics, Rejection};
 use crate::pressure::{Comparison, NativePressure, PressureKey};
 use crate::sampler::Sampler;
@@ -80,24 +81,6 @@ struct Seen<'s> {
 struct Hit {
     index: usize,
     uncached: u64,
-}
-
-/// What the lookups of one pick established.
-#[derive(Default)]
-struct Prefixes {
-    found: Vec<(BlockSize, Arc<CachedPrefixes>)>,
-    unavailable: Option<Unavailable>,
-}
-
-impl Prefixes {
-    fn matched(&self, worker: &Worker) -> u64 {
-        let Some(block_size) = BlockSize::of(worker) else { return 0 };
-        self.found
-            .iter()
-            .find(|(size, _)| *size == block_size)
-            .and_then(|(_, prefixes)| prefixes.get(worker.id()))
-            .map_or(0, |p| p.tokens)
-    }
 }
 
 /// One pick in progress: the candidates, their observations (from one snapshot, read lazily
@@ -191,46 +174,13 @@ impl CacheAwarePolicy {
         if engines.is_empty() {
             return Err(PickError::NoCandidates { stage: request.stage });
         }
-        let prefixes = self.prefixes(engines, request).await?;
+        let min_hit = self.settings.cache_affinity_min_matched_tokens;
+        let prefixes = Prefixes::look_up(&self.source, engines, request, min_hit).await?;
         let snapshot = self.load.table.snapshot();
-        self.decide(engines, request, &prefixes, &snapshot)
-    }
-
-    /// Step 1: the lookups this pick needs, through the request's memo.
-    async fn prefixes(
-        &self,
-        engines: &[Arc<Worker>],
-        request: &PickRequest<'_>,
-    ) -> Result<Prefixes, PickError> {
-        let mut out = Prefixes::default();
-        let min_hit = self.settings.cache_affinity_min_matched_tokens.max(1);
-        let mut sizes: Vec<BlockSize> = Vec::new();
-        for size in engines.iter().filter_map(|e| BlockSize::of(e)) {
-            if !sizes.contains(&size) {
-                sizes.push(size);
-            }
-        }
-        if sizes.is_empty() || request.input_tokens < min_hit {
-            return Ok(out);
-        }
-        let Some(tokens) = request.tokens else {
-            out.unavailable = Some(Unavailable::NoTokens);
-            return Ok(out);
-        };
-        for size in sizes {
-            let outcome = tokens
-                .memo()
-                .lookup(&self.source, request.model, tokens.ids(), size)
-                .await
-                .map_err(|error| PickError::InvalidSignal(chain(&error)))?;
-            match outcome {
-                PrefixOutcome::Found(prefixes) => out.found.push((size, prefixes)),
-                PrefixOutcome::Unavailable(why) => {
-                    out.unavailable.get_or_insert(why);
-                }
-            }
-        }
-        Ok(out)
+        let pick = self.decide(engines, request, &prefixes, &snapshot)?;
+        let uncached =
+            request.input_tokens - prefixes.matched(&pick.worker).min(request.input_tokens);
+        Ok(pick.with_uncached_tokens(uncached))
     }
 
     /// Steps 2 to 8 over one load snapshot.
@@ -458,18 +408,6 @@ impl CacheAwarePolicy {
             Admission::Reject(rejection) => Ok(Some(rejection)),
         }
     }
-}
-
-/// `error` and its causes, outermost first (the contract's `InvalidSignal` carries text).
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(inner) = cause {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
-        cause = inner.source();
-    }
-    text
 }
 
 impl Policy for CacheAwarePolicy {

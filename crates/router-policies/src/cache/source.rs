@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use parking_lot::Mutex;
 use router_state_kv::hash::{Salt, salted_block_hashes};
 use router_state_kv::remote::{ClientConfig, ClientConfigError, RemoteError, RemoteIndexClient};
-use router_state_kv::{KvIndex, Medium, PrefixMatches};
+use router_state_kv::{KvIndex, Medium, Predictions, PrefixMatches};
 use router_workers::{ModelId, Worker, WorkerId};
 
 /// Tokens per KV block of an engine: never zero, so blocks convert to tokens only through it.
@@ -247,6 +247,8 @@ enum Backend {
 pub struct CacheSource {
     backend: Backend,
     counters: Counters,
+    /// What the router just dispatched, laid over the backend's answer.
+    predictions: Option<Arc<Predictions>>,
 }
 
 impl fmt::Debug for CacheSource {
@@ -261,14 +263,23 @@ impl fmt::Debug for CacheSource {
 }
 
 impl CacheSource {
-    /// The local prefix index.
+    /// The local prefix index, with the predicted entries it contradicts (when it has them)
+    /// laid over its answers.
     pub fn local(index: Arc<KvIndex>) -> Self {
-        Self { backend: Backend::Local(index), counters: Counters::default() }
+        let predictions = index.predictions().cloned();
+        Self { backend: Backend::Local(index), counters: Counters::default(), predictions }
     }
 
     /// A remote indexer.
     pub fn remote(client: RemoteIndexClient) -> Self {
-        Self { backend: Backend::Remote(client), counters: Counters::default() }
+        Self { backend: Backend::Remote(client), counters: Counters::default(), predictions: None }
+    }
+
+    /// This source with `predictions` laid over every answer (for a remote indexer: they
+    /// expire by age only, since this router sees no engine events for them).
+    pub fn with_predictions(mut self, predictions: Arc<Predictions>) -> Self {
+        self.predictions = Some(predictions);
+        self
     }
 
     /// `local` or `remote`, for traces.
@@ -317,34 +328,36 @@ impl CacheSource {
     ) -> Result<PrefixOutcome, LookupError> {
         let c = &self.counters;
         c.lookups.fetch_add(1, Ordering::Relaxed);
+        let hashes = salted_block_hashes(tokens, block_size.get(), Salt::default());
         let matches = match &self.backend {
-            Backend::Local(index) => {
-                index.lookup_tokens(model, tokens, block_size.get(), Salt::default())
-            }
-            Backend::Remote(client) => {
-                let hashes = salted_block_hashes(tokens, block_size.get(), Salt::default());
-                match client.lookup(model, &hashes).await {
-                    Ok(matches) => matches,
-                    Err(error) => {
-                        let (counter, outcome) = match &error {
-                            RemoteError::Busy { .. } => (&c.busy, Unavailable::Busy),
-                            RemoteError::Timeout { .. } => (&c.timeouts, Unavailable::Timeout),
-                            RemoteError::Malformed { .. } => (&c.malformed, Unavailable::Malformed),
-                            RemoteError::InvalidQuery { .. } => {
-                                c.refused.fetch_add(1, Ordering::Relaxed);
-                                return Err(LookupError::Refused(error));
-                            }
-                            _ => (&c.unreachable, Unavailable::Unreachable),
-                        };
-                        counter.fetch_add(1, Ordering::Relaxed);
-                        tracing::debug!(
-                            error = &error as &dyn std::error::Error,
-                            "prefix lookup unavailable"
-                        );
-                        return Ok(PrefixOutcome::Unavailable(outcome));
-                    }
+            Backend::Local(index) => index.lookup(model, &hashes),
+            Backend::Remote(client) => match client.lookup(model, &hashes).await {
+                Ok(matches) => matches,
+                Err(error) => {
+                    let (counter, outcome) = match &error {
+                        RemoteError::Busy { .. } => (&c.busy, Unavailable::Busy),
+                        RemoteError::Timeout { .. } => (&c.timeouts, Unavailable::Timeout),
+                        RemoteError::Malformed { .. } => (&c.malformed, Unavailable::Malformed),
+                        RemoteError::InvalidQuery { .. } => {
+                            c.refused.fetch_add(1, Ordering::Relaxed);
+                            return Err(LookupError::Refused(error));
+                        }
+                        _ => (&c.unreachable, Unavailable::Unreachable),
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(
+                        error = &error as &dyn std::error::Error,
+                        "prefix lookup unavailable"
+                    );
+                    return Ok(PrefixOutcome::Unavailable(outcome));
                 }
+            },
+        };
+        let matches = match &self.predictions {
+            Some(predictions) => {
+                predictions.overlay(model, &hashes, matches, std::time::Instant::now())
             }
+            None => matches,
         };
         let prefixes = CachedPrefixes::new(matches, block_size, tokens.len() as u64);
         let counter = if prefixes.is_empty() { &c.empty } else { &c.found };
@@ -361,6 +374,7 @@ impl CacheSource {
 pub struct CacheSources {
     local: Option<Arc<CacheSource>>,
     remote: Arc<Mutex<Vec<Arc<CacheSource>>>>,
+    predictions: Option<Arc<Predictions>>,
 }
 
 impl fmt::Debug for CacheSources {
@@ -389,6 +403,18 @@ impl CacheSources {
         self.local.as_ref()
     }
 
+    /// These sources laying `predictions` over the remote indexers' answers (the local
+    /// source takes its index's own). Set it before any remote source is created.
+    pub fn with_predictions(mut self, predictions: Arc<Predictions>) -> Self {
+        self.predictions = Some(predictions);
+        self
+    }
+
+    /// The predicted entries these sources read, when enabled.
+    pub fn predictions(&self) -> Option<&Arc<Predictions>> {
+        self.predictions.as_ref()
+    }
+
     /// The shared source for a remote indexer configuration, created on first request.
     /// Connects to nothing.
     pub fn remote(&self, config: &ClientConfig) -> Result<Arc<CacheSource>, ClientConfigError> {
@@ -399,7 +425,11 @@ impl CacheSources {
         if let Some(source) = existing {
             return Ok(Arc::clone(source));
         }
-        let source = Arc::new(CacheSource::remote(RemoteIndexClient::new(config.clone())?));
+        let mut source = CacheSource::remote(RemoteIndexClient::new(config.clone())?);
+        if let Some(predictions) = &self.predictions {
+            source = source.with_predictions(Arc::clone(predictions));
+        }
+        let source = Arc::new(source);
         remote.push(Arc::clone(&source));
         Ok(source)
     }

@@ -17,9 +17,9 @@ use serde::{Deserialize, Serialize};
 use router_state_kv::remote::{ClientConfig, RemoteIndexClient};
 
 use crate::{
-    AdmissionCheck, AdmissionLimits, CacheAwarePolicy, EngineAdmission, LeastLoadPolicy, Policy,
-    PolicyHandles, PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy, SessionAwarePolicy,
-    StickyPolicy,
+    AdmissionCheck, AdmissionLimits, CacheAwarePolicy, CacheSource, EngineAdmission,
+    LeastLoadPolicy, Policy, PolicyHandles, PowerOfTwoPolicy, PredictedTtftPolicy, RandomPolicy,
+    RoundRobinPolicy, SessionAwarePolicy, StickyPolicy,
 };
 
 /// Why a policy configuration was refused. Fields are named by their path from `policy`.
@@ -113,11 +113,13 @@ pub enum PolicyType {
     Sticky,
     /// `cache_aware`
     CacheAware,
+    /// `predicted_ttft`
+    PredictedTtft,
 }
 
 impl PolicyType {
     /// Every type, in documentation order.
-    pub const ALL: [PolicyType; 7] = [
+    pub const ALL: [PolicyType; 8] = [
         PolicyType::RoundRobin,
         PolicyType::Random,
         PolicyType::PowerOfTwo,
@@ -125,6 +127,7 @@ impl PolicyType {
         PolicyType::SessionAware,
         PolicyType::Sticky,
         PolicyType::CacheAware,
+        PolicyType::PredictedTtft,
     ];
 
     /// The configuration name.
@@ -137,6 +140,7 @@ impl PolicyType {
             PolicyType::SessionAware => "session_aware",
             PolicyType::Sticky => "sticky",
             PolicyType::CacheAware => "cache_aware",
+            PolicyType::PredictedTtft => "predicted_ttft",
         }
     }
 
@@ -145,10 +149,15 @@ impl PolicyType {
         Self::ALL.into_iter().find(|t| t.as_str() == name)
     }
 
-    /// Whether a group of `stage` may use this type: cache-aware selection is meaningless for
-    /// decode engines.
+    /// Whether a group of `stage` may use this type: prefix-aware selection (`cache_aware`,
+    /// `predicted_ttft`) is meaningless for decode engines.
     pub fn supports_stage(self, stage: Stage) -> bool {
-        !(self == PolicyType::CacheAware && stage == Stage::Decode)
+        !(self.reads_prefixes() && stage == Stage::Decode)
+    }
+
+    /// Whether this type reads a prefix source (the KV index or a remote indexer).
+    pub fn reads_prefixes(self) -> bool {
+        matches!(self, PolicyType::CacheAware | PolicyType::PredictedTtft)
     }
 
     pub(crate) fn names() -> String {
@@ -433,6 +442,117 @@ impl CacheAwareSettings {
     }
 }
 
+/// `predicted_ttft` tuning.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PredictedTtftSettings {
+    /// Local index or remote indexer.
+    pub cache_prefix_provider: CachePrefixProvider,
+    /// Remote indexer address(es), for the `indexer` provider.
+    pub kv_indexer_endpoint: Vec<String>,
+    /// Remote lookup timeout in ms.
+    pub kv_indexer_query_timeout_ms: u64,
+    /// Concurrent remote lookups.
+    pub kv_indexer_query_max_inflight: usize,
+    /// The prefill rate assumed for an engine before its reports give one, in uncached tokens
+    /// per second.
+    pub default_prefill_tokens_per_sec: f64,
+    /// Candidates within this fraction of the best prediction (plus `near_tie_ms`) are near
+    /// ties, broken by sampling.
+    pub near_tie_ratio: f64,
+    /// Absolute part of the near-tie margin, in milliseconds.
+    pub near_tie_ms: f64,
+}
+
+impl Default for PredictedTtftSettings {
+    fn default() -> Self {
+        let cache = CacheAwareSettings::default();
+        Self {
+            cache_prefix_provider: cache.cache_prefix_provider,
+            kv_indexer_endpoint: cache.kv_indexer_endpoint,
+            kv_indexer_query_timeout_ms: cache.kv_indexer_query_timeout_ms,
+            kv_indexer_query_max_inflight: cache.kv_indexer_query_max_inflight,
+            default_prefill_tokens_per_sec: 10_000.0,
+            near_tie_ratio: 0.05,
+            near_tie_ms: 1.0,
+        }
+    }
+}
+
+impl PredictedTtftSettings {
+    /// These settings' prefix-source fields, read from the cache-aware ones they share.
+    pub(crate) fn with_source_of(mut self, cache: &CacheAwareSettings) -> Self {
+        self.cache_prefix_provider = cache.cache_prefix_provider;
+        self.kv_indexer_endpoint = cache.kv_indexer_endpoint.clone();
+        self.kv_indexer_query_timeout_ms = cache.kv_indexer_query_timeout_ms;
+        self.kv_indexer_query_max_inflight = cache.kv_indexer_query_max_inflight;
+        self
+    }
+
+    /// The prefix-source part as cache-aware settings (the validation and client
+    /// configuration they share).
+    fn source_settings(&self) -> CacheAwareSettings {
+        CacheAwareSettings {
+            cache_prefix_provider: self.cache_prefix_provider,
+            kv_indexer_endpoint: self.kv_indexer_endpoint.clone(),
+            kv_indexer_query_timeout_ms: self.kv_indexer_query_timeout_ms,
+            kv_indexer_query_max_inflight: self.kv_indexer_query_max_inflight,
+            ..CacheAwareSettings::default()
+        }
+    }
+
+    /// The remote-indexer client configuration (meaningful for the `indexer` provider).
+    pub fn indexer_client(&self) -> ClientConfig {
+        self.source_settings().indexer_client()
+    }
+
+    /// Checks ranges and combinations.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.source_settings().validate()?;
+        let rate = self.default_prefill_tokens_per_sec;
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err(invalid(
+                "default_prefill_tokens_per_sec",
+                format!("must be a finite number above 0, got {rate}"),
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.near_tie_ratio) {
+            return Err(invalid(
+                "near_tie_ratio",
+                format!("must be between 0 and 1, got {}", self.near_tie_ratio),
+            ));
+        }
+        if !(self.near_tie_ms >= 0.0 && self.near_tie_ms.is_finite()) {
+            return Err(invalid(
+                "near_tie_ms",
+                format!("must be a finite number of at least 0, got {}", self.near_tie_ms),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The prefix source a policy of type `policy` reads: the local index's for `radix_tree`, or
+/// the shared source of the indexer configuration `client` for `indexer`.
+fn prefix_source(
+    handles: &PolicyHandles,
+    policy: PolicyType,
+    provider: CachePrefixProvider,
+    client: &ClientConfig,
+) -> Result<Arc<CacheSource>, ConfigError> {
+    match provider {
+        CachePrefixProvider::RadixTree => {
+            handles.cache.local().map(Arc::clone).ok_or(ConfigError::MissingState {
+                policy,
+                state: "a local KV index (cache_prefix_provider: radix_tree)",
+            })
+        }
+        CachePrefixProvider::Indexer => handles
+            .cache
+            .remote(client)
+            .map_err(|error| invalid("kv_indexer_endpoint", error.to_string())),
+    }
+}
+
 /// A policy type with its tuning.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PolicyKind {
@@ -450,6 +570,8 @@ pub enum PolicyKind {
     Sticky(StickySettings),
     /// `cache_aware`
     CacheAware(Box<CacheAwareSettings>),
+    /// `predicted_ttft`
+    PredictedTtft(Box<PredictedTtftSettings>),
 }
 
 impl PolicyKind {
@@ -463,6 +585,7 @@ impl PolicyKind {
             PolicyKind::SessionAware => PolicyType::SessionAware,
             PolicyKind::Sticky(_) => PolicyType::Sticky,
             PolicyKind::CacheAware(_) => PolicyType::CacheAware,
+            PolicyKind::PredictedTtft(_) => PolicyType::PredictedTtft,
         }
     }
 }
@@ -491,6 +614,7 @@ impl PolicyConfig {
     pub fn validate(&self) -> Result<(), ConfigError> {
         match &self.kind {
             PolicyKind::CacheAware(settings) => settings.validate(),
+            PolicyKind::PredictedTtft(settings) => settings.validate(),
             _ => Ok(()),
         }
     }
@@ -498,10 +622,10 @@ impl PolicyConfig {
     /// Constructs the policy over the application's shared state.
     ///
     /// `session_aware` binds in `handles.sessions` and `sticky` in `handles.routing_keys`.
-    /// `cache_aware` reads `handles.cache`: the local index's source for the `radix_tree`
-    /// provider (missing: [`ConfigError::MissingState`]), or the shared source of its indexer
-    /// configuration for `indexer` (every policy with the same endpoints, timeout and
-    /// in-flight limit shares one client).
+    /// `cache_aware` and `predicted_ttft` read `handles.cache`: the local index's source for
+    /// the `radix_tree` provider (missing: [`ConfigError::MissingState`]), or the shared source
+    /// of their indexer configuration for `indexer` (every policy with the same endpoints,
+    /// timeout and in-flight limit shares one client).
     pub fn build(&self, handles: &PolicyHandles) -> Result<Arc<dyn Policy>, ConfigError> {
         self.validate()?;
         let admission: Option<Arc<dyn EngineAdmission>> =
@@ -542,19 +666,26 @@ impl PolicyConfig {
                 }
             }
             PolicyKind::CacheAware(settings) => {
-                let source = match settings.cache_prefix_provider {
-                    CachePrefixProvider::RadixTree => {
-                        Arc::clone(handles.cache.local().ok_or(ConfigError::MissingState {
-                            policy: PolicyType::CacheAware,
-                            state: "a local KV index (cache_prefix_provider: radix_tree)",
-                        })?)
-                    }
-                    CachePrefixProvider::Indexer => handles
-                        .cache
-                        .remote(&settings.indexer_client())
-                        .map_err(|error| invalid("kv_indexer_endpoint", error.to_string()))?,
-                };
+                let source = prefix_source(
+                    handles,
+                    PolicyType::CacheAware,
+                    settings.cache_prefix_provider,
+                    &settings.indexer_client(),
+                )?;
                 let policy = CacheAwarePolicy::new(source, load, (**settings).clone())?;
+                match admission {
+                    None => Arc::new(policy),
+                    Some(a) => Arc::new(policy.with_admission(a)),
+                }
+            }
+            PolicyKind::PredictedTtft(settings) => {
+                let source = prefix_source(
+                    handles,
+                    PolicyType::PredictedTtft,
+                    settings.cache_prefix_provider,
+                    &settings.indexer_client(),
+                )?;
+                let policy = PredictedTtftPolicy::new(source, load, (**settings).clone())?;
                 match admission {
                     None => Arc::new(policy),
                     Some(a) => Arc::new(policy.with_admission(a)),

@@ -7,7 +7,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 
 use super::{
     AdmissionLimits, CacheAwareSettings, ConfigError, PolicyConfig, PolicyKind, PolicyType,
-    StickySettings, removed_policy_type, removed_setting,
+    PredictedTtftSettings, StickySettings, removed_policy_type, removed_setting,
 };
 
 /// Every tuning field, with the types it applies to.
@@ -28,6 +28,13 @@ const TUNING: &[(&str, PolicyType)] = &[
     ("kv_indexer_endpoint", PolicyType::CacheAware),
     ("kv_indexer_query_timeout_ms", PolicyType::CacheAware),
     ("kv_indexer_query_max_inflight", PolicyType::CacheAware),
+    ("cache_prefix_provider", PolicyType::PredictedTtft),
+    ("kv_indexer_endpoint", PolicyType::PredictedTtft),
+    ("kv_indexer_query_timeout_ms", PolicyType::PredictedTtft),
+    ("kv_indexer_query_max_inflight", PolicyType::PredictedTtft),
+    ("default_prefill_tokens_per_sec", PolicyType::PredictedTtft),
+    ("near_tie_ratio", PolicyType::PredictedTtft),
+    ("near_tie_ms", PolicyType::PredictedTtft),
     ("fallback", PolicyType::Sticky),
 ];
 
@@ -46,6 +53,7 @@ struct Raw {
     admission: Option<AdmissionLimits>,
     present: Vec<String>,
     cache: CacheAwareSettings,
+    predicted: PredictedTtftSettings,
     sticky: StickySettings,
 }
 
@@ -94,6 +102,11 @@ impl Raw {
             "kv_indexer_query_max_inflight" => {
                 c.kv_indexer_query_max_inflight = value(map)?;
             }
+            "default_prefill_tokens_per_sec" => {
+                self.predicted.default_prefill_tokens_per_sec = value(map)?;
+            }
+            "near_tie_ratio" => self.predicted.near_tie_ratio = value(map)?,
+            "near_tie_ms" => self.predicted.near_tie_ms = value(map)?,
             "fallback" => self.sticky.fallback = value(map)?,
             _ => {
                 let field = format!("policy.{key}");
@@ -134,6 +147,9 @@ impl Raw {
             PolicyType::LoadBased => PolicyKind::LoadBased,
             PolicyType::SessionAware => PolicyKind::SessionAware,
             PolicyType::Sticky => PolicyKind::Sticky(self.sticky),
+            PolicyType::PredictedTtft => {
+                PolicyKind::PredictedTtft(Box::new(self.predicted.with_source_of(&self.cache)))
+            }
             PolicyType::CacheAware => PolicyKind::CacheAware(Box::new(self.cache)),
         };
         let config = PolicyConfig { kind, admission: self.admission.unwrap_or_default() };

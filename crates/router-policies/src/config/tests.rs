@@ -304,10 +304,36 @@ fn programmatic_configs_are_validated_too() {
 }
 
 #[test]
-fn cache_aware_is_not_for_decode() {
+fn prefix_policies_are_not_for_decode() {
     for policy in PolicyType::ALL {
         assert!(policy.supports_stage(Stage::Plain));
         assert!(policy.supports_stage(Stage::Prefill));
-        assert_eq!(policy.supports_stage(Stage::Decode), policy != PolicyType::CacheAware);
+        let prefix = matches!(policy, PolicyType::CacheAware | PolicyType::PredictedTtft);
+        assert_eq!(policy.supports_stage(Stage::Decode), !prefix);
+        assert_eq!(policy.reads_prefixes(), prefix);
     }
+}
+
+#[test]
+fn predicted_ttft_reads_its_settings_and_the_shared_source_fields() {
+    let config: PolicyConfig = serde_yaml_ng::from_str(
+        "{type: predicted_ttft, default_prefill_tokens_per_sec: 20000, near_tie_ratio: 0.1, near_tie_ms: 2, cache_prefix_provider: indexer, kv_indexer_endpoint: 'http://127.0.0.1:9'}",
+    )
+    .expect("valid");
+    let PolicyKind::PredictedTtft(settings) = &config.kind else { panic!("{config:?}") };
+    assert_eq!(settings.default_prefill_tokens_per_sec, 20_000.0);
+    assert_eq!((settings.near_tie_ratio, settings.near_tie_ms), (0.1, 2.0));
+    assert_eq!(settings.cache_prefix_provider, CachePrefixProvider::Indexer);
+    assert_eq!(settings.kv_indexer_endpoint, ["http://127.0.0.1:9"]);
+    let err =
+        serde_yaml_ng::from_str::<PolicyConfig>("{type: predicted_ttft, min_load_choices: 2}")
+            .expect_err("a cache_aware setting");
+    assert!(
+        err.to_string()
+            .contains("policy.min_load_choices does not apply to policy type predicted_ttft"),
+        "{err}"
+    );
+    let err = serde_yaml_ng::from_str::<PolicyConfig>("{type: predicted_ttft, near_tie_ratio: 2}")
+        .expect_err("out of range");
+    assert!(err.to_string().contains("policy.near_tie_ratio"), "{err}");
 }

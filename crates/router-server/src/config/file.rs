@@ -132,11 +132,32 @@ impl Default for LoadConfig {
 pub struct KvConfig {
     /// Upper bound on radix-tree nodes across models.
     pub max_index_nodes: usize,
+    /// How long a dispatched request's blocks count as predicted entries on its engine before
+    /// the engine's KV events confirm them; 0 turns predicted entries off.
+    pub predicted_ttl_ms: u64,
+    /// Most predicted blocks remembered per (model, engine), oldest dropped first.
+    pub predicted_max_blocks_per_worker: usize,
 }
 
 impl Default for KvConfig {
     fn default() -> Self {
-        Self { max_index_nodes: 4_000_000 }
+        Self {
+            max_index_nodes: 4_000_000,
+            predicted_ttl_ms: 5_000,
+            predicted_max_blocks_per_worker: 1 << 16,
+        }
+    }
+}
+
+impl KvConfig {
+    /// The predicted-entry settings, `None` when they are off.
+    pub fn predictions(&self) -> Option<router_state_kv::PredictionConfig> {
+        (self.predicted_ttl_ms > 0 && self.predicted_max_blocks_per_worker > 0).then(|| {
+            router_state_kv::PredictionConfig {
+                ttl: std::time::Duration::from_millis(self.predicted_ttl_ms),
+                max_blocks_per_worker: self.predicted_max_blocks_per_worker,
+            }
+        })
     }
 }
 

@@ -11,15 +11,16 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 use router_buckets::{Bucket, BucketPick, BucketRequest};
-use router_policies::{Pick, PickError, Rejection};
-use router_workers::{Stage, Worker};
+use router_policies::{PickError, Rejection};
+use router_state_load::InflightGuard;
+use router_workers::{ModelId, Stage, Worker};
 use tokio::sync::oneshot;
 use tracing::{Instrument, info, warn};
 
 use crate::app::AppContext;
 use crate::error::ApiError;
 use crate::forward::{
-    GuardedBody, Outcome, OutcomeSink, SendError, bootstrap_room, passthrough_headers,
+    FirstByte, GuardedBody, Outcome, OutcomeSink, SendError, bootstrap_room, passthrough_headers,
     with_bootstrap,
 };
 use crate::metrics;
@@ -236,7 +237,8 @@ async fn handle(
         };
         bucket_label.clear();
         bucket_label.push_str(bucket.id());
-        match dispatch(ctx, &prepared, bucket.id(), pick, request_id, model_label, started).await {
+        let target = Target { model: request.model, bucket: bucket.id() };
+        match dispatch(ctx, &prepared, target, pick, request_id, model_label, started).await {
             Ok(mut response) => {
                 if retries > 0 {
                     response.headers_mut().insert("x-router-retries", HeaderValue::from(retries));
@@ -313,29 +315,65 @@ async fn select<'a>(
     }
 }
 
+/// Where a selection sends a request: the served model and the bucket that chose.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    model: &'a ModelId,
+    bucket: &'a str,
+}
+
 async fn dispatch(
     ctx: &Arc<AppContext>,
     prepared: &PreparedRequest,
-    bucket: &str,
+    target: Target<'_>,
     pick: BucketPick,
     request_id: &HeaderValue,
     model: &str,
     started: Instant,
 ) -> Result<Response, ApiError> {
     let sse = prepared.chat.stream;
+    let tokens = prepared.tokens.as_deref();
     let mut response = match pick {
-        BucketPick::Plain(Pick { worker, .. }) => {
-            let guard = ctx.inflight().acquire(worker.id(), Stage::Plain);
-            let upstream = send(ctx, &worker, prepared.body.clone(), request_id).await?;
+        BucketPick::Plain(pick) => {
+            let guard =
+                ctx.dispatched(target.model, &pick, Stage::Plain, prepared.input_tokens, tokens);
+            let worker = &pick.worker;
+            let dispatched_at = Instant::now();
+            let upstream = send(ctx, worker, prepared.body.clone(), request_id).await?;
             metrics::time_to_response_head(model, started.elapsed());
-            let mut response = relay(ctx, upstream, vec![guard], &worker, sse, None).await?;
+            let mut response = relay(ctx, upstream, vec![guard], worker, sse, None).await?;
+            if let Some(predicted_ms) = pick.predicted_ttft_ms.filter(|_| sse) {
+                let model = model.to_owned();
+                response = response.map(|body| {
+                    Body::new(FirstByte::new(body, move || {
+                        metrics::ttft_prediction(&model, predicted_ms, dispatched_at.elapsed());
+                    }))
+                });
+            }
             response.headers_mut().insert("x-router-engine", header_value(worker.id().as_str()));
             response
         }
         BucketPick::Pd { prefill, decode } => {
-            let response =
-                dispatch_pd(ctx, prepared, &prefill.worker, &decode.worker, request_id, sse)
-                    .await?;
+            let guards = [
+                ctx.dispatched(
+                    target.model,
+                    &prefill,
+                    Stage::Prefill,
+                    prepared.input_tokens,
+                    tokens,
+                ),
+                ctx.dispatched(target.model, &decode, Stage::Decode, prepared.input_tokens, tokens),
+            ];
+            let response = dispatch_pd(
+                ctx,
+                prepared,
+                &prefill.worker,
+                &decode.worker,
+                guards,
+                request_id,
+                sse,
+            )
+            .await?;
             metrics::time_to_response_head(model, started.elapsed());
             let mut response = response;
             let headers = response.headers_mut();
@@ -344,7 +382,7 @@ async fn dispatch(
             response
         }
     };
-    response.headers_mut().insert("x-router-bucket", header_value(bucket));
+    response.headers_mut().insert("x-router-bucket", header_value(target.bucket));
     Ok(response)
 }
 
@@ -444,13 +482,12 @@ async fn dispatch_pd(
     prepared: &PreparedRequest,
     prefill: &Arc<Worker>,
     decode: &Arc<Worker>,
+    [prefill_guard, decode_guard]: [InflightGuard; 2],
     request_id: &HeaderValue,
     sse: bool,
 ) -> Result<Response, ApiError> {
     let room = bootstrap_room();
     let body = with_bootstrap(&prepared.chat.body, prefill, room);
-    let prefill_guard = ctx.inflight().acquire(prefill.id(), Stage::Prefill);
-    let decode_guard = ctx.inflight().acquire(decode.id(), Stage::Decode);
 
     let (failed_tx, mut failed_rx) = oneshot::channel::<String>();
     let prefill_task = {

@@ -1,7 +1,7 @@
 //! Cache-aware selection over a real prefix index and load table: the rules as tables, the
 //! lookup outcomes and memo, properties, and the remote source over loopback gRPC.
 
-mod fixture;
+pub(crate) mod fixture;
 mod outcomes;
 mod props;
 mod remote;

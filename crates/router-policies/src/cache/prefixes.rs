@@ -1,0 +1,82 @@
+//! `Prefixes`: what the prefix lookups of one pick established, for every policy that reads a
+//! [`CacheSource`] (`cache_aware`, `predicted_ttft`).
+
+use std::sync::Arc;
+
+use router_workers::Worker;
+
+use super::source::{BlockSize, CacheSource, CachedPrefixes, PrefixOutcome, Unavailable};
+use crate::{PickError, PickRequest};
+
+/// The cached prefixes of one request on a group's candidates, per block size, and whether
+/// some lookup could not be answered.
+#[derive(Default)]
+pub(crate) struct Prefixes {
+    found: Vec<(BlockSize, Arc<CachedPrefixes>)>,
+    pub(crate) unavailable: Option<Unavailable>,
+}
+
+impl Prefixes {
+    /// The lookups a pick over `engines` needs, through the request's memo: one per distinct
+    /// block size of the candidates' KV events (candidates without KV events cannot hold
+    /// cached blocks). Nothing is looked up when no candidate publishes KV events or the input
+    /// is shorter than `min_hit` tokens (nothing could hit). A request without token ids, or a
+    /// backend that cannot answer, is *unavailable*.
+    pub(crate) async fn look_up(
+        source: &Arc<CacheSource>,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+        min_hit: u64,
+    ) -> Result<Self, PickError> {
+        let mut out = Self::default();
+        let mut sizes: Vec<BlockSize> = Vec::new();
+        for size in engines.iter().filter_map(|e| BlockSize::of(e)) {
+            if !sizes.contains(&size) {
+                sizes.push(size);
+            }
+        }
+        if sizes.is_empty() || request.input_tokens < min_hit.max(1) {
+            return Ok(out);
+        }
+        let Some(tokens) = request.tokens else {
+            out.unavailable = Some(Unavailable::NoTokens);
+            return Ok(out);
+        };
+        for size in sizes {
+            let outcome = tokens
+                .memo()
+                .lookup(source, request.model, tokens.ids(), size)
+                .await
+                .map_err(|error| PickError::InvalidSignal(chain(&error)))?;
+            match outcome {
+                PrefixOutcome::Found(prefixes) => out.found.push((size, prefixes)),
+                PrefixOutcome::Unavailable(why) => {
+                    out.unavailable.get_or_insert(why);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Leading tokens `worker` holds (0 without KV events or a lookup for its block size).
+    pub(crate) fn matched(&self, worker: &Worker) -> u64 {
+        let Some(block_size) = BlockSize::of(worker) else { return 0 };
+        self.found
+            .iter()
+            .find(|(size, _)| *size == block_size)
+            .and_then(|(_, prefixes)| prefixes.get(worker.id()))
+            .map_or(0, |p| p.tokens)
+    }
+}
+
+/// `error` and its causes, outermost first (the contract's `InvalidSignal` carries text).
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut cause = error.source();
+    while let Some(inner) = cause {
+        text.push_str(": ");
+        text.push_str(&inner.to_string());
+        cause = inner.source();
+    }
+    text
+}

@@ -1,0 +1,253 @@
+//! Predicted-TTFT (`predicted_ttft`): the candidate with the lowest predicted time to first
+//! token, from the prefill work queued there, this request's uncached tokens there and that
+//! engine's prefill rate.
+
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use rand::seq::SliceRandom;
+use router_state_load::EngineLoad;
+use router_workers::{Stage, Worker};
+
+use crate::admission::{Admission, EngineMetrics, Rejection};
+use crate::cache::Prefixes;
+use crate::config::PredictedTtftSettings;
+use crate::sampler::Sampler;
+use crate::{
+    CacheSource, ConfigError, EngineAdmission, LoadHandles, Pick, PickError, PickReason,
+    PickRequest, Policy,
+};
+
+/// Predicted-TTFT selection, for plain and prefill groups: one cost model decided per request
+/// over every candidate, with no fleet-wide switch between "affinity" and "balance" modes.
+///
+/// For each candidate, predicted TTFT = (queued + uncached) / rate, where
+/// - **queued** is the prefill work waiting there: the engine-reported waiting uncached tokens
+///   plus the work this router dispatched to it since the report's capture time (the
+///   recent-dispatch correction of POLICY_DESIGN §5, in tokens:
+///   `Inflight::dispatched_tokens_since`). When any candidate lacks a fresh, complete native
+///   report, every candidate is compared by router-local work instead (the uncached tokens of
+///   its requests in flight, `Inflight::inflight_tokens`), reason
+///   [`PickReason::PredictedTtftLocal`];
+/// - **uncached** is this request's input minus the leading tokens the candidate holds, from
+///   the prefix source (KV index and predicted entries); every token without KV events, token
+///   ids or an answering source;
+/// - **rate** is the candidate's prefill rate derived from its reports, or
+///   `default_prefill_tokens_per_sec` before the first estimate (a negative, NaN or zero
+///   estimate is ignored).
+///
+/// A cache-rich engine whose queue makes it slower than recomputing elsewhere loses, which
+/// spreads a hot prefix to a second engine by itself; the dispatch correction makes each
+/// request of a burst see the ones before it.
+///
+/// **Near ties** (within `near_tie_ratio` of the best plus `near_tie_ms`) go to the one with
+/// the least uncached work (the holder of the prefix, so that a burst of siblings is not
+/// scattered while they are all as fast there), and are otherwise broken by sampling, so that
+/// equal engines share a burst instead of the lowest id taking all of it. The margin bounds
+/// how much slower a holder may be predicted than the best and still win. Then
+/// admission is checked in that order (ties in their sampled order, the rest by predicted
+/// time, then id); when every candidate is rejected the result is
+/// [`PickError::NoAdmissibleEngine`] with every rejection in the order met.
+#[derive(Debug)]
+pub struct PredictedTtftPolicy {
+    source: Arc<CacheSource>,
+    load: LoadHandles,
+    settings: PredictedTtftSettings,
+    admission: Option<Arc<dyn EngineAdmission>>,
+    sampler: Sampler,
+}
+
+/// One candidate's prediction.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Estimate {
+    /// Prefill tokens waiting there before this request.
+    pub(crate) queued: u64,
+    /// This request's tokens not cached there.
+    pub(crate) uncached: u64,
+    /// The rate used, in tokens per second.
+    pub(crate) rate: f64,
+    /// `(queued + uncached) / rate`, in milliseconds.
+    pub(crate) ms: f64,
+}
+
+/// What the load side of the model reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Basis {
+    /// Every candidate's native report, corrected for later dispatches.
+    Reported,
+    /// Router-local in-flight work.
+    Local,
+}
+
+impl PredictedTtftPolicy {
+    /// Predicted-TTFT reading prefixes from `source` and load from `load`, admitting every
+    /// engine. Fails when `settings` do not validate.
+    pub fn new(
+        source: Arc<CacheSource>,
+        load: LoadHandles,
+        settings: PredictedTtftSettings,
+    ) -> Result<Self, ConfigError> {
+        settings.validate()?;
+        Ok(Self { source, load, settings, admission: None, sampler: Sampler::Thread })
+    }
+
+    /// Checks candidates with `admission`, fastest first.
+    pub fn with_admission(mut self, admission: Arc<dyn EngineAdmission>) -> Self {
+        self.admission = Some(admission);
+        self
+    }
+
+    /// Breaks near ties with a generator seeded with `seed`, for reproducible runs.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.sampler = Sampler::seeded(seed);
+        self
+    }
+
+    /// The tuning.
+    pub fn settings(&self) -> &PredictedTtftSettings {
+        &self.settings
+    }
+
+    async fn select(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+    ) -> Result<Pick, PickError> {
+        if request.stage == Stage::Decode {
+            return Err(PickError::InvalidConfiguration(
+                "predicted_ttft selects plain and prefill engines, not decode".to_owned(),
+            ));
+        }
+        if engines.is_empty() {
+            return Err(PickError::NoCandidates { stage: request.stage });
+        }
+        let prefixes = Prefixes::look_up(&self.source, engines, request, 1).await?;
+        let snapshot = self.load.table.snapshot();
+        let loads: Vec<Option<&EngineLoad>> =
+            engines.iter().map(|e| snapshot.get(e.id())).collect();
+        let basis = if loads.iter().all(|l| l.is_some_and(|l| l.native.is_some())) {
+            Basis::Reported
+        } else {
+            Basis::Local
+        };
+        let estimates: Vec<Estimate> = engines
+            .iter()
+            .zip(&loads)
+            .map(|(engine, load)| {
+                let matched = prefixes.matched(engine);
+                self.estimate(engine, *load, basis, request.input_tokens, matched)
+            })
+            .collect();
+        let order = self.order(engines, &estimates);
+        let reason = match basis {
+            Basis::Reported => PickReason::PredictedTtft,
+            Basis::Local => PickReason::PredictedTtftLocal,
+        };
+        let mut rejections: Vec<Rejection> = Vec::new();
+        for index in order {
+            let engine = &engines[index];
+            if let Some(rejection) = self.check(engine, loads[index])? {
+                rejections.push(rejection);
+                continue;
+            }
+            let estimate = estimates[index];
+            tracing::debug!(
+                engine = %engine.id(),
+                predicted_ms = estimate.ms,
+                matched_tokens = request.input_tokens - estimate.uncached,
+                queued_tokens = estimate.queued,
+                rate = estimate.rate,
+                basis = ?basis,
+                "predicted_ttft pick"
+            );
+            return Ok(Pick::new(Arc::clone(engine), reason)
+                .with_uncached_tokens(estimate.uncached)
+                .with_predicted_ttft_ms(estimate.ms));
+        }
+        Err(PickError::NoAdmissibleEngine { rejections })
+    }
+
+    /// The prediction for one candidate.
+    pub(crate) fn estimate(
+        &self,
+        engine: &Worker,
+        load: Option<&EngineLoad>,
+        basis: Basis,
+        input: u64,
+        matched: u64,
+    ) -> Estimate {
+        let inflight = &self.load.inflight;
+        let native = load.and_then(|l| l.native.as_ref().map(|n| (l, n)));
+        let queued = match (basis, native) {
+            (Basis::Reported, Some((load, native))) => native
+                .waiting_uncached_tokens
+                .saturating_add(inflight.dispatched_tokens_since(engine.id(), load.captured_at)),
+            _ => inflight.inflight_tokens(engine.id()),
+        };
+        let rate = native
+            .and_then(|(_, n)| n.prefill_tokens_per_sec)
+            .filter(|rate| rate.is_finite() && *rate > 0.0)
+            .unwrap_or(self.settings.default_prefill_tokens_per_sec);
+        let uncached = input - matched.min(input);
+        let ms = queued.saturating_add(uncached) as f64 / rate * 1000.0;
+        Estimate { queued, uncached, rate, ms }
+    }
+
+    /// Candidate indices in the order admission tries them: first the near ties of the best
+    /// (fewest uncached tokens first, so a holder of the prefix keeps it while it is no slower
+    /// than the margin; equal ones in a sampled order), then the rest by predicted time, then
+    /// id.
+    pub(crate) fn order(&self, engines: &[Arc<Worker>], estimates: &[Estimate]) -> Vec<usize> {
+        let mut order: Vec<usize> = (0..engines.len()).collect();
+        order.sort_by(|&a, &b| {
+            let (ea, eb) = (&estimates[a], &estimates[b]);
+            ea.ms.total_cmp(&eb.ms).then_with(|| engines[a].id().cmp(engines[b].id()))
+        });
+        let Some(&best) = order.first() else { return order };
+        let s = &self.settings;
+        let ceiling = estimates[best].ms * (1.0 + s.near_tie_ratio) + s.near_tie_ms;
+        let ties = order.partition_point(|&i| estimates[i].ms <= ceiling);
+        if ties > 1 {
+            let near = &mut order[..ties];
+            self.sampler.with(|rng| near.shuffle(rng));
+            // Stable: candidates with equal uncached work keep their sampled order.
+            near.sort_by_key(|&i| estimates[i].uncached);
+        }
+        order
+    }
+
+    /// Admission on one observation: `None` when admitted.
+    fn check(
+        &self,
+        engine: &Worker,
+        load: Option<&EngineLoad>,
+    ) -> Result<Option<Rejection>, PickError> {
+        let Some(admission) = &self.admission else { return Ok(None) };
+        let inflight = self.load.inflight.count(engine.id());
+        match admission.check(engine, &EngineMetrics::observe(load, inflight))? {
+            Admission::Allow => Ok(None),
+            Admission::Reject(rejection) => Ok(Some(rejection)),
+        }
+    }
+}
+
+impl Policy for PredictedTtftPolicy {
+    fn pick<'a>(
+        &'a self,
+        engines: &'a [Arc<Worker>],
+        request: &'a PickRequest<'a>,
+    ) -> BoxFuture<'a, Result<Pick, PickError>> {
+        Box::pin(self.select(engines, request))
+    }
+
+    fn name(&self) -> &'static str {
+        "predicted_ttft"
+    }
+
+    fn supports_stage(&self, stage: Stage) -> bool {
+        stage != Stage::Decode
+    }
+}
+
+#[cfg(test)]
+mod tests;

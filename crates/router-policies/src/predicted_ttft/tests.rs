@@ -1,0 +1,260 @@
+//! The predicted-TTFT cost model as a table (queued work, dispatch correction, cache credit,
+//! missing reports, ties), over a real prefix index and load table.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Instant;
+
+use router_state_load::{EngineLoad, EngineStatus, NativeLoad, ReportKind};
+use router_workers::Stage;
+
+use super::*;
+use crate::cache::tests::fixture::{Eng, Recording, World, eng, running_cap, wid};
+use crate::{AdmissionLimits, PickError, PickReason, PredictedTtftSettings};
+
+/// One token per millisecond, so predicted milliseconds read as tokens.
+fn settings() -> PredictedTtftSettings {
+    PredictedTtftSettings { default_prefill_tokens_per_sec: 1000.0, ..Default::default() }
+}
+
+fn policy(world: &World, seed: u64) -> PredictedTtftPolicy {
+    PredictedTtftPolicy::new(Arc::clone(&world.source), world.load(), settings())
+        .expect("valid")
+        .with_seed(seed)
+}
+
+struct Case {
+    name: &'static str,
+    engines: Vec<Eng>,
+    /// Work dispatched by this router after each engine's report: (engine, tokens).
+    dispatched: Vec<(&'static str, u64)>,
+    input: usize,
+    winner: &'static str,
+    reason: PickReason,
+    /// The winner's predicted ms (= tokens at 1000 tokens/s) and uncached tokens.
+    ms: f64,
+    uncached: u64,
+}
+
+#[test]
+fn the_lowest_predicted_ttft_wins() {
+    let cases = [
+        Case {
+            name: "queued work decides between equal caches",
+            engines: vec![eng("a", 0).uncached(5_000), eng("b", 0).uncached(200)],
+            dispatched: vec![],
+            input: 1_024,
+            winner: "b",
+            reason: PickReason::PredictedTtft,
+            ms: 1_224.0,
+            uncached: 1_024,
+        },
+        Case {
+            name: "work dispatched since the report counts before the engine says so",
+            engines: vec![eng("a", 0), eng("b", 0).uncached(1_000)],
+            dispatched: vec![("a", 4_000)],
+            input: 1_024,
+            winner: "b",
+            reason: PickReason::PredictedTtft,
+            ms: 2_024.0,
+            uncached: 1_024,
+        },
+        Case {
+            name: "the cached prefix is credited",
+            engines: vec![eng("a", 60).uncached(500), eng("b", 0)],
+            dispatched: vec![],
+            input: 1_024,
+            winner: "a",
+            reason: PickReason::PredictedTtft,
+            ms: 564.0,
+            uncached: 64,
+        },
+        Case {
+            name: "a cache-rich engine whose queue is slower than recomputing loses",
+            engines: vec![eng("a", 64).uncached(2_000), eng("b", 0).uncached(100)],
+            dispatched: vec![],
+            input: 1_040,
+            winner: "b",
+            reason: PickReason::PredictedTtft,
+            ms: 1_140.0,
+            uncached: 1_040,
+        },
+        Case {
+            name: "without KV events every token is uncached",
+            engines: vec![eng("a", 60).no_kv().uncached(300), eng("b", 0).uncached(50)],
+            dispatched: vec![],
+            input: 1_024,
+            winner: "b",
+            reason: PickReason::PredictedTtft,
+            ms: 1_074.0,
+            uncached: 1_024,
+        },
+        Case {
+            name: "a missing report compares router-local in-flight work",
+            engines: vec![eng("a", 0).uncached(9_000), eng("b", 0).missing()],
+            dispatched: vec![("b", 3_000), ("a", 1_000)],
+            input: 512,
+            winner: "a",
+            reason: PickReason::PredictedTtftLocal,
+            ms: 1_512.0,
+            uncached: 512,
+        },
+        Case {
+            name: "a basic report is no report of queued tokens",
+            engines: vec![eng("a", 0).basic(0, 0), eng("b", 0)],
+            dispatched: vec![("a", 100)],
+            input: 512,
+            winner: "b",
+            reason: PickReason::PredictedTtftLocal,
+            ms: 512.0,
+            uncached: 512,
+        },
+    ];
+    for case in cases {
+        let world = World::new(Stage::Plain, &case.engines);
+        let _guards: Vec<_> = case
+            .dispatched
+            .iter()
+            .map(|(id, tokens)| world.inflight.acquire_work(&wid(id), Stage::Plain, *tokens))
+            .collect();
+        let pick = world.pick(&policy(&world, 1), case.input).expect(case.name);
+        assert_eq!(pick.worker.id().as_str(), case.winner, "{}", case.name);
+        assert_eq!(pick.reason, case.reason, "{}", case.name);
+        assert_eq!(pick.predicted_ttft_ms, Some(case.ms), "{}", case.name);
+        assert_eq!(pick.uncached_tokens, Some(case.uncached), "{}", case.name);
+    }
+}
+
+#[test]
+fn near_ties_are_sampled_and_clear_winners_are_not() {
+    let world = World::new(Stage::Plain, &[eng("a", 0), eng("b", 0).uncached(20), eng("c", 0)]);
+    let mut winners = BTreeSet::new();
+    for seed in 0..64 {
+        let pick = world.pick(&policy(&world, seed), 1_000).expect("pick");
+        winners.insert(pick.worker.id().to_string());
+    }
+    // b is 20 ms behind a 1000 ms best: within 5 % plus 1 ms, a near tie like c.
+    assert_eq!(winners, ["a", "b", "c"].map(String::from).into(), "every near tie wins sometimes");
+
+    let world = World::new(Stage::Plain, &[eng("a", 0), eng("b", 0).uncached(200)]);
+    for seed in 0..32 {
+        let pick = world.pick(&policy(&world, seed), 1_000).expect("pick");
+        assert_eq!(pick.worker.id().as_str(), "a", "200 ms behind is no tie");
+    }
+
+    // Among near ties, the holder of the prefix wins: a is 32 ms slower than b (queued work),
+    // within the margin, and recomputes 992 fewer tokens.
+    let world = World::new(
+        Stage::Plain,
+        &[eng("a", 62).uncached(1_040), eng("b", 0).uncached(16), eng("c", 0).uncached(16)],
+    );
+    for seed in 0..32 {
+        let pick = world.pick(&policy(&world, seed), 1_024).expect("pick");
+        assert_eq!(pick.worker.id().as_str(), "a", "seed {seed}");
+    }
+}
+
+#[test]
+fn admission_is_checked_fastest_first_and_every_rejection_is_kept() {
+    let world = World::new(
+        Stage::Plain,
+        &[eng("a", 0).uncached(300).running(9), eng("b", 0).running(9), eng("c", 0).uncached(900)],
+    );
+    let recording = Recording::new(running_cap(4));
+    let policy = policy(&world, 3).with_admission(recording.clone());
+    let pick = world.pick(&policy, 1_000).expect("c is admitted");
+    assert_eq!(pick.worker.id().as_str(), "c");
+    assert_eq!(recording.order(), ["b", "a", "c"], "by predicted time");
+
+    let recording = Recording::new(AdmissionLimits {
+        max_inflight_requests: Some(0),
+        ..AdmissionLimits::default()
+    });
+    let all_full = World::new(Stage::Plain, &[eng("a", 0).inflight(1), eng("b", 0).inflight(1)]);
+    let policy =
+        PredictedTtftPolicy::new(Arc::clone(&all_full.source), all_full.load(), settings())
+            .expect("valid")
+            .with_admission(recording);
+    match all_full.pick(&policy, 100) {
+        Err(PickError::NoAdmissibleEngine { rejections }) => assert_eq!(rejections.len(), 2),
+        other => panic!("expected every engine rejected, got {other:?}"),
+    }
+}
+
+#[test]
+fn no_candidates_and_decode_groups_are_errors() {
+    let world = World::new(Stage::Plain, &[eng("a", 0)]);
+    let policy = policy(&world, 0);
+    assert!(matches!(
+        world.pick_from(&policy, &[], 10),
+        Err(PickError::NoCandidates { stage: Stage::Plain })
+    ));
+    assert!(!policy.supports_stage(Stage::Decode));
+    assert!(policy.supports_stage(Stage::Prefill));
+    let decode = World::new(Stage::Decode, &[eng("a", 0)]);
+    assert!(matches!(
+        decode.pick(
+            &PredictedTtftPolicy::new(Arc::clone(&decode.source), decode.load(), settings())
+                .expect("valid"),
+            10
+        ),
+        Err(PickError::InvalidConfiguration(_))
+    ));
+}
+
+#[test]
+fn only_a_positive_finite_prefill_rate_estimate_is_used() {
+    let world = World::new(Stage::Plain, &[eng("a", 0)]);
+    let policy = policy(&world, 0);
+    let now = Instant::now();
+    let load = |rate: Option<f64>| EngineLoad {
+        kind: ReportKind::Native,
+        status: EngineStatus::Unknown,
+        captured_at: now,
+        received_at: now,
+        dp_size: 1,
+        running_requests: 0,
+        waiting_requests: 0,
+        kv_used_tokens: 0,
+        kv_capacity_tokens: 1_000,
+        native: Some(NativeLoad {
+            waiting_uncached_tokens: 1_000,
+            total_kv_tokens: 0,
+            max_running_requests: 8,
+            prefill_tokens_per_sec: rate,
+            prefill_queue_ms: None,
+        }),
+    };
+    let engine = &world.workers[0];
+    for (rate, used) in [
+        (Some(4_000.0), 4_000.0),
+        (None, 1_000.0),
+        (Some(0.0), 1_000.0),
+        (Some(-5.0), 1_000.0),
+        (Some(f64::NAN), 1_000.0),
+        (Some(f64::INFINITY), 1_000.0),
+    ] {
+        let estimate = policy.estimate(engine, Some(&load(rate)), Basis::Reported, 1_000, 0);
+        assert_eq!(estimate.rate, used, "{rate:?}");
+        assert_eq!(estimate.ms, 2_000.0 / used * 1000.0, "{rate:?}");
+    }
+}
+
+#[test]
+fn settings_are_validated_with_their_names() {
+    for (settings, field) in [
+        (
+            PredictedTtftSettings { default_prefill_tokens_per_sec: 0.0, ..settings() },
+            "default_prefill_tokens_per_sec",
+        ),
+        (
+            PredictedTtftSettings { default_prefill_tokens_per_sec: f64::NAN, ..settings() },
+            "default_prefill_tokens_per_sec",
+        ),
+        (PredictedTtftSettings { near_tie_ratio: 1.5, ..settings() }, "near_tie_ratio"),
+        (PredictedTtftSettings { near_tie_ms: -1.0, ..settings() }, "near_tie_ms"),
+    ] {
+        let error = settings.validate().expect_err(field).to_string();
+        assert!(error.contains(&format!("policy.{field}")), "{error}");
+    }
+}
