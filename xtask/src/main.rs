@@ -19,7 +19,10 @@ commands:
   codegen [--check]   regenerate crates/router-proto from proto/*.proto (--check: fail if stale)
   deps                check internal dependency edges against ARCHITECTURE.md
   lint                cargo fmt --check, clippy -D warnings, rustdoc -D warnings
-  bench [--quick] [--only overhead|policies|trace] [--no-build] [--case TEXT]\n                      end-to-end benchmark against the simulated fleet; writes docs/benchmarks.md\n                      (--case: only the overhead cases whose name contains TEXT, nothing written)
+  bench [--quick] [--only overhead|policies|quality] [--no-build] [--case TEXT]
+                      end-to-end benchmark against the simulated fleet; writes docs/benchmarks.md
+                      (--only: run one section and replace only it on the page; --case: only the
+                      overhead cases whose name contains TEXT, nothing written)
   ci                  lint, deps, codegen --check, then every test";
 
 fn main() -> ExitCode {
@@ -52,8 +55,9 @@ fn run(args: &[&str]) -> Result<()> {
                 None => bench::Only::All,
                 Some(&"overhead") => bench::Only::Overhead,
                 Some(&"policies") => bench::Only::Policies,
-                Some(&"trace") => bench::Only::Trace,
-                Some(other) => bail!("--only {other}: expected overhead, policies or trace"),
+                Some(&"quality") => bench::Only::Quality,
+                Some(&"trace") => bail!("--only trace: the trace replay is now --only quality"),
+                Some(other) => bail!("--only {other}: expected overhead, policies or quality"),
             };
             let case = match rest.iter().position(|a| *a == "--case") {
                 None => None,

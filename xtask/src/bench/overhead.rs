@@ -1,6 +1,8 @@
 //! Router overhead: the same requests straight to a fast engine and through the router, side
-//! by side in one run, with the router's own CPU time per request read from `/proc`.
+//! by side in one run, with the router's own CPU time per request read from `/proc`; and the
+//! page section `overhead`.
 
+use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -227,4 +229,71 @@ pub(crate) fn measure(
         })
         .collect();
     Ok(Overhead { cases })
+}
+
+/// The page section `overhead`: the table, the streaming ratios and the CPU plot.
+pub(crate) fn render(overhead: &Overhead) -> String {
+    let mut page = String::from("## Router overhead\n\n");
+    page.push_str(
+        "router-sim engines that answer at once (prefill and decode at 1e9 tokens/s), 16 \
+         concurrent clients, the same requests straight to an engine and through a router \
+         (round_robin) in front of it. Router CPU is the router process's user+system time over \
+         the run divided by its requests. The router runs with `--worker-threads 1` (this \
+         machine's two cores are shared with the engine and the client) except in the row \
+         marked `threads = cores`. Streaming is measured three ways: one chunk per token (the \
+         engines' default), 16 tokens per chunk (`--stream-interval 16`) and the whole answer \
+         in one chunk: a proxy pays one read and one write per chunk. The `fake engine` rows use a \
+         canned responder inside the benchmark (the same 64 tokens as JSON or as SSE events, \
+         written at once), so that the engine costs the same whether it streams or not. Each case is the median \
+         (by throughput) of its repetitions, run alternately.\n\n",
+    );
+    page.push_str("| case | requests | errors | req/s | p50 ms | p99 ms | router CPU/request |\n|---|---|---|---|---|---|---|\n");
+    for (name, run) in &overhead.cases {
+        let _ = writeln!(
+            page,
+            "| {name} | {} | {} | {:.0} | {:.2} | {:.2} | {} |",
+            run.requests,
+            run.errors,
+            run.rps(),
+            run.p50_ms,
+            run.p99_ms,
+            run.router_cpu_us.map_or("-".to_owned(), |us| format!("{us:.1} us")),
+        );
+    }
+    let rps = |name: &str| overhead.cases.iter().find(|(n, _)| n == name).map(|(_, r)| r.rps());
+    let plain = rps("router, non-streaming, 64 tokens");
+    let direct_plain = rps("direct, non-streaming, 64 tokens");
+    page.push('\n');
+    for chunking in ["", ", 16 per chunk", ", one chunk"] {
+        let routed = rps(&format!("router, streaming, 64 tokens{chunking}"));
+        let direct = rps(&format!("direct, streaming, 64 tokens{chunking}"));
+        if let (Some(routed), Some(direct), Some(plain), Some(direct_plain)) =
+            (routed, direct, plain, direct_plain)
+        {
+            let label = if chunking.is_empty() { ", one chunk per token" } else { chunking };
+            let _ = writeln!(
+                page,
+                "- Streaming 64 tokens{label}: through the router {:.0}% of the direct streaming \
+                 throughput; {:.0}% of the router's non-streaming throughput for the same answers \
+                 (the engine alone: {:.0}%).",
+                routed / direct * 100.0,
+                routed / plain * 100.0,
+                direct / direct_plain * 100.0,
+            );
+        }
+    }
+    if let (Some(stream), Some(plain)) = (
+        rps("router, fake engine, streaming, 64 tokens"),
+        rps("router, fake engine, non-streaming, 64 tokens"),
+    ) {
+        let _ = writeln!(
+            page,
+            "- With the fake engine (a canned answer in one write, so both modes cost it the \
+             same): streaming through the router reaches {:.0}% of the non-streaming throughput.",
+            stream / plain * 100.0
+        );
+    }
+    page.push('\n');
+    page.push_str("![router CPU per request](bench-router-cpu.svg)\n");
+    page
 }

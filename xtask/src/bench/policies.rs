@@ -1,16 +1,36 @@
 //! What each policy buys: the same fleet and multi-turn chat workload through every policy,
-//! with caches cold at the start of each run (the engines are restarted).
+//! with caches cold at the start of each run (the engines are restarted). Also owns the fleet
+//! itself (engines plus a router running one policy), which the quality sweep reuses, and the
+//! page section `policies`.
 
+use std::fmt::Write as _;
 use std::process::Command;
+use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use serde_json::Value;
 
-use super::procs::{Bins, Proc, engine, router_with_config};
+use super::procs::{Bins, Proc, engine, router_with_config, run_with_timeout};
 
 /// The policies compared, in table order.
-pub(crate) const POLICIES: &[&str] =
-    &["round_robin", "random", "power_of_two", "load_based", "session_aware", "cache_aware"];
+pub(crate) const POLICIES: &[&str] = &[
+    "round_robin",
+    "random",
+    "power_of_two",
+    "load_based",
+    "session_aware",
+    "cache_aware",
+    "predicted_ttft",
+];
+
+/// The simulated engines of one fleet.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Engines {
+    pub(crate) count: usize,
+    pub(crate) kv_capacity_tokens: usize,
+    pub(crate) prefill_tokens_per_sec: u64,
+    pub(crate) decode_tokens_per_sec: u64,
+}
 
 /// Fleet and workload sizes.
 #[derive(Clone, Copy, Debug)]
@@ -50,6 +70,15 @@ impl Workload {
     pub(crate) fn quick() -> Self {
         Self { sessions: 16, turns: 3, duration_secs: 4, ..Self::full() }
     }
+
+    pub(crate) fn engines(&self) -> Engines {
+        Engines {
+            count: self.engines,
+            kv_capacity_tokens: self.kv_capacity_tokens,
+            prefill_tokens_per_sec: self.prefill_tokens_per_sec,
+            decode_tokens_per_sec: self.decode_tokens_per_sec,
+        }
+    }
 }
 
 /// One policy's result, as `router-sim load --json` reported it.
@@ -83,13 +112,31 @@ struct EngineEndpoints {
     reporter: String,
 }
 
-fn router_yaml(policy: &str, workers: &[EngineEndpoints], tokenizer: &str) -> String {
-    let tuning = match policy {
-        // The workload's prompts are short next to the production default of 1024 matched
-        // tokens; a hit is any shared system prompt (a full block or more).
-        "cache_aware" => ", cache_affinity_min_matched_tokens: 256",
-        _ => "",
-    };
+/// A policy as the router's YAML names it, with the settings that differ from the defaults.
+#[derive(Clone, Debug)]
+pub(crate) struct PolicySpec {
+    pub(crate) name: String,
+    pub(crate) settings: Vec<(&'static str, String)>,
+}
+
+impl PolicySpec {
+    /// `policy`, with `cache_aware`'s matched-token threshold set to `min_matched_tokens`
+    /// (workloads shorter than production need a threshold to scale).
+    pub(crate) fn new(policy: &str, min_matched_tokens: usize) -> Self {
+        let settings = match policy {
+            "cache_aware" => {
+                vec![("cache_affinity_min_matched_tokens", min_matched_tokens.to_string())]
+            }
+            _ => Vec::new(),
+        };
+        Self { name: policy.to_owned(), settings }
+    }
+}
+
+fn router_yaml(policy: &PolicySpec, workers: &[EngineEndpoints], tokenizer: &str) -> String {
+    let tuning: String =
+        policy.settings.iter().map(|(key, value)| format!(", {key}: {value}")).collect();
+    let policy = &policy.name;
     let mut yaml = format!(
         "server: {{port: 0}}\nload: {{report_interval_ms: 100}}\nmodels:\n  - id: m\n    tokenizer: \"{tokenizer}\"\n    workers:\n"
     );
@@ -117,20 +164,20 @@ pub(crate) struct Fleet {
 }
 
 impl Fleet {
-    /// Starts `workload.engines` engines (KV events over ZeroMQ, load over gRPC) and a router
-    /// with `policy` in front of them.
+    /// Starts `spec.count` engines (KV events over ZeroMQ, load over gRPC) and a router with
+    /// `policy` in front of them.
     pub(crate) fn start(
         bins: &Bins,
-        policy: &str,
-        workload: &Workload,
+        policy: &PolicySpec,
+        spec: &Engines,
         tokenizer: &str,
     ) -> Result<Self> {
-        let capacity = workload.kv_capacity_tokens.to_string();
-        let prefill = workload.prefill_tokens_per_sec.to_string();
-        let decode = workload.decode_tokens_per_sec.to_string();
+        let capacity = spec.kv_capacity_tokens.to_string();
+        let prefill = spec.prefill_tokens_per_sec.to_string();
+        let decode = spec.decode_tokens_per_sec.to_string();
         let mut engines: Vec<Proc> = Vec::new();
         let mut workers = Vec::new();
-        for _ in 0..workload.engines {
+        for _ in 0..spec.count {
             let (proc, url) = engine(
                 bins,
                 &[
@@ -165,14 +212,15 @@ impl Fleet {
     }
 }
 
-/// Runs `router-sim load ARGS` (which must include `--json`) and returns its last line.
-pub(crate) fn load_json(bins: &Bins, args: &[String]) -> Result<Value> {
-    let output = Command::new(&bins.sim).args(args).output().context("running router-sim load")?;
-    if !output.status.success() {
-        bail!("router-sim load failed: {}", String::from_utf8_lossy(&output.stderr));
+/// Runs `router-sim load ARGS` (which must include `--json`), killed after `timeout`, and
+/// returns its last line.
+pub(crate) fn load_json(bins: &Bins, args: &[String], timeout: Duration) -> Result<Value> {
+    let output = run_with_timeout(Command::new(&bins.sim).args(args), timeout)
+        .context("running router-sim load")?;
+    if !output.success {
+        bail!("router-sim load failed: {}", output.stderr);
     }
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let last = stdout.lines().last().context("router-sim load printed nothing")?;
+    let last = output.stdout.lines().last().context("router-sim load printed nothing")?;
     serde_json::from_str(last).context("parsing the load report")
 }
 
@@ -183,7 +231,10 @@ pub(crate) fn run(
     workload: &Workload,
     tokenizer: &str,
 ) -> Result<PolicyRun> {
-    let fleet = Fleet::start(bins, policy, workload, tokenizer)?;
+    // The workload's prompts are short next to the production default of 1024 matched tokens;
+    // a hit is any shared system prompt (a full block or more).
+    let spec = PolicySpec::new(policy, 256);
+    let fleet = Fleet::start(bins, &spec, &workload.engines(), tokenizer)?;
     let router_url = fleet.url.clone();
     let args = [
         "load".to_owned(),
@@ -213,7 +264,59 @@ pub(crate) fn run(
         "7".into(),
         "--json".into(),
     ];
-    let report = load_json(bins, &args)?;
+    let timeout = Duration::from_secs(workload.duration_secs * 2 + 60);
+    let report = load_json(bins, &args, timeout)?;
     drop(fleet);
     Ok(PolicyRun { policy: policy.to_owned(), report })
+}
+
+/// The page section `policies`: the table and its plots.
+pub(crate) fn render(runs: &[Result<PolicyRun, (String, String)>], workload: &Workload) -> String {
+    let mut page = String::from("## Policies\n\n");
+    let _ = writeln!(
+        page,
+        "{} router-sim engines ({} KV tokens each, prefill {} tokens/s, decode {} tokens/s per \
+         request), byte-level tokenizer shared by router and engines, KV events over ZeroMQ and \
+         load from `/v1/loads`. Workload: `router-sim load` with {} sessions of {} turns, {} \
+         shared system prompts of {} tokens, {} tokens per user turn, {} output tokens, {} \
+         concurrent requests, at most {} s; the session id travels in `x-session-id`. Every \
+         policy gets a fresh fleet (cold caches); `cache_aware` runs with \
+         `cache_affinity_min_matched_tokens: 256`.\n",
+        workload.engines,
+        workload.kv_capacity_tokens,
+        workload.prefill_tokens_per_sec,
+        workload.decode_tokens_per_sec,
+        workload.sessions,
+        workload.turns,
+        workload.system_prompts,
+        workload.system_prompt_tokens,
+        workload.turn_tokens,
+        workload.output_tokens,
+        workload.concurrency,
+        workload.duration_secs
+    );
+    page.push_str("| policy | requests | errors | req/s | cache hit rate | TTFT p50 ms | TTFT p99 ms | max share / mean |\n|---|---|---|---|---|---|---|---|\n");
+    for run in runs {
+        match run {
+            Ok(run) => {
+                let _ = writeln!(
+                    page,
+                    "| {} | {} | {} | {:.1} | {:.3} | {:.1} | {:.1} | {:.2} |",
+                    run.policy,
+                    run.number("requests"),
+                    run.number("errors"),
+                    run.number("throughput_rps"),
+                    run.number("cache_hit_rate"),
+                    run.number("ttft_p50_ms"),
+                    run.number("ttft_p99_ms"),
+                    run.max_share_over_mean(workload.engines),
+                );
+            }
+            Err((policy, error)) => {
+                let _ = writeln!(page, "| {policy} | failed: {} | | | | | | |", super::cell(error));
+            }
+        }
+    }
+    page.push_str("\n![cache hit rate](bench-hit-rate.svg)\n![TTFT p50](bench-ttft-p50.svg)\n![TTFT p99](bench-ttft-p99.svg)\n");
+    page
 }

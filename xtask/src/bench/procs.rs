@@ -1,11 +1,13 @@
 //! Processes of the benchmark: release binaries started on loopback, read until ready, killed
-//! on drop, with their CPU time read from `/proc`.
+//! on drop, with their CPU time read from `/proc`; and one-shot commands run under a deadline.
 
-use std::io::{BufRead, BufReader};
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
@@ -23,10 +25,11 @@ impl Proc {
             .env("RUST_LOG", "error")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         let stdout = child.stdout.take().context("stdout")?;
+        let stderr = tail(child.stderr.take().context("stderr")?);
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -46,8 +49,23 @@ impl Proc {
                     }
                 }
                 Err(_) => {
+                    // Exited (stdout closed) or silent for too long: give a dying process a
+                    // moment to finish its error message, then report why.
+                    let deadline = Instant::now() + Duration::from_secs(1);
+                    while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                        std::thread::sleep(Duration::from_millis(20));
+                    }
                     let _ = child.kill();
-                    bail!("{} {args:?} did not become ready: {lines:?}", bin.display());
+                    let _ = child.wait();
+                    let name = bin.file_name().map_or_else(
+                        || bin.display().to_string(),
+                        |n| n.to_string_lossy().into_owned(),
+                    );
+                    let stderr = stderr.join().unwrap_or_default();
+                    bail!(
+                        "{name} did not become ready: {}",
+                        if stderr.is_empty() { format!("stdout {lines:?}") } else { stderr }
+                    );
                 }
             }
         }
@@ -85,6 +103,62 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Drains `reader` on a thread, so the child never blocks on a full pipe; the thread ends with
+/// the pipe and returns the last lines, joined by ` / `.
+fn tail(reader: impl Read + Send + 'static) -> JoinHandle<String> {
+    const KEEP: usize = 8;
+    std::thread::spawn(move || {
+        let mut kept = VecDeque::with_capacity(KEEP);
+        for line in BufReader::new(reader).lines().map_while(Result::ok) {
+            if kept.len() == KEEP {
+                kept.pop_front();
+            }
+            kept.push_back(line);
+        }
+        Vec::from(kept).join(" / ")
+    })
+}
+
+/// What a command printed, once it exited.
+pub(crate) struct Finished {
+    pub(crate) success: bool,
+    pub(crate) stdout: String,
+    /// The last lines of its standard error.
+    pub(crate) stderr: String,
+}
+
+/// Runs `command` to its end, killing it after `timeout`.
+pub(crate) fn run_with_timeout(command: &mut Command, timeout: Duration) -> Result<Finished> {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting the command")?;
+    let mut stdout = child.stdout.take().context("stdout")?;
+    let out = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stdout.read_to_string(&mut text);
+        text
+    });
+    let stderr = tail(child.stderr.take().context("stderr")?);
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            bail!("no answer after {} s, killed", timeout.as_secs());
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stdout = out.join().unwrap_or_default();
+    let stderr = stderr.join().unwrap_or_default();
+    Ok(Finished { success: status.success(), stdout, stderr })
 }
 
 /// The release binaries.
