@@ -4,7 +4,9 @@
 //! Two models, because a model is served by plain engines or by PD pairs, never both:
 //! `demo` on four plain engines, and `demo-pd` on one prefill and one decode engine. Every
 //! engine is a real router-sim engine in this process, on its own loopback ports, publishing KV
-//! events over ZeroMQ and streaming load reports over gRPC like a real one.
+//! events over ZeroMQ and streaming load reports over gRPC like a real one. Plain and prefill
+//! groups run [`RECOMMENDED_POLICY`], the policy that won the load sweep of
+//! `docs/benchmarks.md`.
 
 use router_sim::engine::{EngineConfig, RunningEngine, serve};
 use router_workers::{KvEventsSpec, Stage, WorkerSpec};
@@ -16,6 +18,10 @@ use crate::config::{
 
 /// Plain engines of the `demo` model.
 const PLAIN_ENGINES: usize = 4;
+
+/// The policy of the plain and prefill groups: the lowest mean and tail time to first token of
+/// every policy under load (`cargo xtask bench --only quality`).
+pub const RECOMMENDED_POLICY: &str = "predicted_ttft";
 
 /// The running fleet; dropping it does not stop the engines, [`DemoFleet::stop`] does.
 pub struct DemoFleet {
@@ -139,7 +145,7 @@ pub async fn start(port: u16) -> Result<(DemoFleet, ConfigFile), DemoError> {
             rank: 0,
             limits: Default::default(),
             max_context_tokens: None,
-            groups: GroupsConfig { plain: Some(group("cache_aware")?), pd: None },
+            groups: GroupsConfig { plain: Some(group(RECOMMENDED_POLICY)?), pd: None },
         }],
     });
     config.models.push(ModelConfig {
@@ -156,7 +162,7 @@ pub async fn start(port: u16) -> Result<(DemoFleet, ConfigFile), DemoError> {
             groups: GroupsConfig {
                 plain: None,
                 pd: Some(PdGroupsConfig {
-                    prefill: group("cache_aware")?,
+                    prefill: group(RECOMMENDED_POLICY)?,
                     decode: group("power_of_two")?,
                 }),
             },
@@ -170,7 +176,7 @@ pub fn banner(addr: std::net::SocketAddr) -> String {
     format!(
         "router listening on http://{addr}\n\
          demo fleet: model `demo` on {PLAIN_ENGINES} plain engines, model `demo-pd` on a \
-         prefill/decode pair (all simulated)\n\
+         prefill/decode pair (all simulated), selected by {RECOMMENDED_POLICY}\n\
          try:\n  curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \
          -d '{{\"model\": \"demo\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'\n"
     )

@@ -197,6 +197,11 @@ pub fn kv_index(nodes: u64, bytes: u64) {
     gauge!("router_kv_index_bytes").set(bytes as f64);
 }
 
+/// Unexpired predicted blocks (set at scrape time): the router's guesses, not engine truth.
+pub fn predicted_blocks(blocks: u64) {
+    gauge!("router_kv_predicted_blocks").set(blocks as f64);
+}
+
 /// A client request refused before it reached the chat handler: `overloaded` (the concurrency
 /// bound) or `unauthorized` (no valid client key).
 pub fn refused(reason: &'static str) {

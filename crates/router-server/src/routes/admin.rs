@@ -153,9 +153,12 @@ pub async fn state(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
         })
         .collect();
     let index = ctx.kv_index().stats();
+    // Predicted entries are the router's own guesses, kept apart from what engines reported.
+    let predicted = ctx.predictions().map(|p| p.blocks(std::time::Instant::now()));
     Json(json!({
         "models": models,
         "workers": workers,
         "index": {"nodes": index.nodes, "bytes": index.bytes, "block_holders": index.block_holders},
+        "predicted_blocks": predicted,
     }))
 }
