@@ -34,7 +34,7 @@ pub(crate) const LENGTH_SCALE: f64 = 0.0625;
 pub(crate) const MIN_MATCHED_TOKENS: usize = 64;
 
 /// The full sweep's slice of each trace: sized so that three repetitions of the whole sweep
-/// take about 32 minutes on a 2-core machine (see [`Sweep::estimate_secs`]; 1500 requests
+/// take about 30 minutes on a 2-core machine (29 min 34 s measured) (see [`Sweep::estimate_secs`]; 1500 requests
 /// take about 45).
 const FULL_REQUESTS: usize = 1_000;
 
@@ -419,7 +419,7 @@ mod tests {
     }
 
     #[test]
-    fn the_full_sweep_is_estimated_at_45_minutes() {
+    fn the_full_sweep_is_estimated_at_about_half_an_hour() {
         let root = Path::new("/nonexistent");
         let mut sweep = Sweep::full(root);
         for trace in &mut sweep.traces {
@@ -427,7 +427,8 @@ mod tests {
         }
         let secs: f64 = sweep.cells().iter().map(|c| sweep.estimate_secs(c)).sum::<f64>()
             * sweep.repetitions as f64;
-        assert!((40.0 * 60.0..50.0 * 60.0).contains(&secs), "{}", clock(secs));
+        // Measured: 29 min 34 s for the 228 runs.
+        assert!((25.0 * 60.0..40.0 * 60.0).contains(&secs), "{}", clock(secs));
     }
 
     #[test]
