@@ -461,6 +461,10 @@ pub struct PredictedTtftSettings {
     pub near_tie_ratio: f64,
     /// Absolute part of the near-tie margin, in milliseconds.
     pub near_tie_ms: f64,
+    /// Weight of the recomputation a candidate would cause, added to its predicted time for
+    /// ranking: uncached tokens delay every request queued behind this one there, not only
+    /// this one. 0 ranks by predicted TTFT alone; the default 1 counts that work twice.
+    pub recompute_weight: f64,
 }
 
 impl Default for PredictedTtftSettings {
@@ -474,6 +478,7 @@ impl Default for PredictedTtftSettings {
             default_prefill_tokens_per_sec: 10_000.0,
             near_tie_ratio: 0.05,
             near_tie_ms: 1.0,
+            recompute_weight: 1.0,
         }
     }
 }
@@ -519,6 +524,12 @@ impl PredictedTtftSettings {
             return Err(invalid(
                 "near_tie_ratio",
                 format!("must be between 0 and 1, got {}", self.near_tie_ratio),
+            ));
+        }
+        if !(self.recompute_weight >= 0.0 && self.recompute_weight.is_finite()) {
+            return Err(invalid(
+                "recompute_weight",
+                format!("must be a finite number of at least 0, got {}", self.recompute_weight),
             ));
         }
         if !(self.near_tie_ms >= 0.0 && self.near_tie_ms.is_finite()) {

@@ -35,6 +35,7 @@ const TUNING: &[(&str, PolicyType)] = &[
     ("default_prefill_tokens_per_sec", PolicyType::PredictedTtft),
     ("near_tie_ratio", PolicyType::PredictedTtft),
     ("near_tie_ms", PolicyType::PredictedTtft),
+    ("recompute_weight", PolicyType::PredictedTtft),
     ("fallback", PolicyType::Sticky),
 ];
 
@@ -107,6 +108,7 @@ impl Raw {
             }
             "near_tie_ratio" => self.predicted.near_tie_ratio = value(map)?,
             "near_tie_ms" => self.predicted.near_tie_ms = value(map)?,
+            "recompute_weight" => self.predicted.recompute_weight = value(map)?,
             "fallback" => self.sticky.fallback = value(map)?,
             _ => {
                 let field = format!("policy.{key}");

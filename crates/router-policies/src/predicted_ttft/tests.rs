@@ -71,7 +71,7 @@ fn the_lowest_predicted_ttft_wins() {
         },
         Case {
             name: "a cache-rich engine whose queue is slower than recomputing loses",
-            engines: vec![eng("a", 64).uncached(2_000), eng("b", 0).uncached(100)],
+            engines: vec![eng("a", 64).uncached(3_000), eng("b", 0).uncached(100)],
             dispatched: vec![],
             input: 1_040,
             winner: "b",
@@ -123,6 +123,23 @@ fn the_lowest_predicted_ttft_wins() {
         assert_eq!(pick.predicted_ttft_ms, Some(case.ms), "{}", case.name);
         assert_eq!(pick.uncached_tokens, Some(case.uncached), "{}", case.name);
     }
+}
+
+#[test]
+fn the_recompute_weight_counts_the_work_a_miss_adds() {
+    // a holds 960 of 1024 tokens but 1100 are queued there: 1164 ms against b's 1024 ms.
+    let world = World::new(Stage::Plain, &[eng("a", 60).uncached(1_100), eng("b", 0)]);
+    let pick = |weight: f64| {
+        let settings = PredictedTtftSettings { recompute_weight: weight, ..settings() };
+        let policy = PredictedTtftPolicy::new(Arc::clone(&world.source), world.load(), settings)
+            .expect("valid")
+            .with_seed(5);
+        world.pick(&policy, 1_024).expect("pick")
+    };
+    assert_eq!(pick(0.0).worker.id().as_str(), "b", "by predicted TTFT alone");
+    let weighted = pick(1.0);
+    assert_eq!(weighted.worker.id().as_str(), "a", "b's 1024 recomputed tokens count twice");
+    assert_eq!(weighted.predicted_ttft_ms, Some(1_164.0), "the prediction itself is unweighted");
 }
 
 #[test]
@@ -253,6 +270,7 @@ fn settings_are_validated_with_their_names() {
         ),
         (PredictedTtftSettings { near_tie_ratio: 1.5, ..settings() }, "near_tie_ratio"),
         (PredictedTtftSettings { near_tie_ms: -1.0, ..settings() }, "near_tie_ms"),
+        (PredictedTtftSettings { recompute_weight: f64::NAN, ..settings() }, "recompute_weight"),
     ] {
         let error = settings.validate().expect_err(field).to_string();
         assert!(error.contains(&format!("policy.{field}")), "{error}");
