@@ -4,10 +4,12 @@ use std::fmt;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
+use parking_lot::Mutex;
+use router_state_kv::hash::{Salt, salted_block_hashes};
 use router_workers::{ModelId, Stage, Worker, WorkerId};
 
 use crate::admission::Rejection;
-use crate::cache::PrefixMemo;
+use crate::cache::{BlockSize, PrefixMemo};
 
 /// Chooses one engine among the candidates of an engine group.
 ///
@@ -77,18 +79,34 @@ pub struct PickRequest<'a> {
 
 /// The token ids of one prepared request.
 ///
-/// Prepared once per request and shared by every bucket attempt, so that per-request work on
-/// the tokens (the prefix lookup memo) is done once.
+/// Prepared once per request and shared by every bucket attempt and by dispatch, so that
+/// per-request work on the tokens (block hashes, the prefix lookup memo) is done once.
 #[derive(Debug, Default)]
 pub struct RequestTokens {
     ids: Vec<u32>,
     memo: PrefixMemo,
+    /// Local block hashes (no LoRA name or cache salt) per block size, made on first use.
+    hashes: Mutex<Vec<(BlockSize, Arc<[u64]>)>>,
 }
 
 impl RequestTokens {
     /// Wraps the prompt's token ids.
     pub fn new(ids: Vec<u32>) -> Self {
-        Self { ids, memo: PrefixMemo::default() }
+        Self { ids, memo: PrefixMemo::default(), hashes: Mutex::default() }
+    }
+
+    /// The local block hashes of the full blocks of `block_size` tokens, as the prefix index
+    /// keys them: computed once per block size, then shared by every lookup and by the
+    /// predicted entries recorded at dispatch.
+    pub fn block_hashes(&self, block_size: BlockSize) -> Arc<[u64]> {
+        let mut hashes = self.hashes.lock();
+        if let Some((_, found)) = hashes.iter().find(|(size, _)| *size == block_size) {
+            return Arc::clone(found);
+        }
+        let made: Arc<[u64]> =
+            salted_block_hashes(&self.ids, block_size.get(), Salt::default()).into();
+        hashes.push((block_size, Arc::clone(&made)));
+        made
     }
 
     /// The token ids.

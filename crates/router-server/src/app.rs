@@ -8,15 +8,16 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use parking_lot::Mutex;
-use router_policies::{LoadHandles, PolicyHandles};
+use router_policies::{BlockSize, LoadHandles, Pick, PolicyHandles, RequestTokens};
 use router_state_kv::{
     IndexConfig, KvIndex, KvStats, KvSubscriptions, Predictions,
     SubscriptionConfig as KvSubscriptionConfig,
 };
 use router_state_load::{
-    Clock, EngineReportedLoadTable, Inflight, LoadSubscriptions, SubscriptionConfig, SystemClock,
+    Clock, EngineReportedLoadTable, Inflight, InflightGuard, LoadSubscriptions, SubscriptionConfig,
+    SystemClock,
 };
-use router_workers::{ModelId, RegistryEvent, WorkerRegistry};
+use router_workers::{ModelId, RegistryEvent, Stage, WorkerRegistry};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -224,23 +225,22 @@ impl AppContext {
     pub fn dispatched(
         &self,
         model: &ModelId,
-        pick: &router_policies::Pick,
-        stage: router_workers::Stage,
+        pick: &Pick,
+        stage: Stage,
         input_tokens: u64,
-        tokens: Option<&router_policies::RequestTokens>,
-    ) -> router_state_load::InflightGuard {
+        tokens: Option<&RequestTokens>,
+    ) -> InflightGuard {
         let worker = &pick.worker;
-        let work = match stage {
-            router_workers::Stage::Decode => 0,
-            _ => pick.uncached_tokens.unwrap_or(input_tokens),
-        };
-        if stage != router_workers::Stage::Decode
-            && let (Some(predictions), Some(tokens), Some(kv)) =
-                (&self.predictions, tokens, worker.kv_events())
-        {
-            let now = std::time::Instant::now();
-            predictions.record_tokens(model, worker.id(), tokens.ids(), kv.block_size, now);
+        if stage == Stage::Decode {
+            return self.inflight.acquire(worker.id(), stage);
         }
+        if let (Some(predictions), Some(tokens), Some(size)) =
+            (&self.predictions, tokens, BlockSize::of(worker))
+        {
+            let hashes = tokens.block_hashes(size);
+            predictions.record(model, worker.id(), &hashes, std::time::Instant::now());
+        }
+        let work = pick.uncached_tokens.unwrap_or(input_tokens);
         self.inflight.acquire_work(worker.id(), stage, work)
     }
 

@@ -26,7 +26,6 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 use router_workers::{ModelId, WorkerId};
 
-use crate::hash::{Salt, salted_block_hashes};
 use crate::{Medium, PrefixMatch, PrefixMatches};
 
 /// Predicted-entry settings.
@@ -114,11 +113,6 @@ impl Predictions {
         Self { config, workers: RwLock::new(HashMap::new()) }
     }
 
-    /// The settings.
-    pub fn config(&self) -> &PredictionConfig {
-        &self.config
-    }
-
     fn entries(&self, model: &ModelId, worker: &WorkerId) -> Arc<Mutex<Entries>> {
         let key = (model.clone(), worker.clone());
         if let Some(found) = self.workers.read().get(&key) {
@@ -137,23 +131,6 @@ impl Predictions {
         let mut entries = entries.lock();
         entries.prune(now);
         entries.record(hashes, now + self.config.ttl, self.config.max_blocks_per_worker);
-    }
-
-    /// [`Predictions::record`] for a prompt's token ids, hashed in blocks of `block_size` with
-    /// no LoRA name or cache salt (as the prefix sources look requests up).
-    pub fn record_tokens(
-        &self,
-        model: &ModelId,
-        worker: &WorkerId,
-        tokens: &[u32],
-        block_size: u32,
-        now: Instant,
-    ) {
-        if block_size == 0 || tokens.len() < block_size as usize {
-            return;
-        }
-        let hashes = salted_block_hashes(tokens, block_size, Salt::default());
-        self.record(model, worker, &hashes, now);
     }
 
     /// Leading blocks of `hashes` that `worker` is predicted to hold at `now`.

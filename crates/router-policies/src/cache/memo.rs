@@ -8,6 +8,7 @@ use router_workers::ModelId;
 use tokio::sync::OnceCell;
 
 use super::source::{BlockSize, CacheSource, LookupError, PrefixOutcome};
+use crate::RequestTokens;
 
 struct Entry {
     /// Held (not just its address), so the key can never be reused by another source.
@@ -18,7 +19,7 @@ struct Entry {
 
 /// The prefix lookups of one prepared request, shared by every bucket attempt and stage.
 ///
-/// It rides inside [`RequestTokens`](crate::RequestTokens), so it lives exactly as long as the
+/// It rides inside [`RequestTokens`], so it lives exactly as long as the
 /// prepared request. Entries are keyed by the `Arc<CacheSource>` (its identity, so different
 /// indexes or indexers never share an entry) and the block size the tokens were hashed with.
 /// Hits, confirmed misses and unavailable backends are all remembered: a request whose
@@ -50,12 +51,13 @@ impl PrefixMemo {
         self.len() == 0
     }
 
-    /// The outcome for `source` and `block_size`, looking `tokens` up on the first call only.
+    /// The outcome for `source` and `block_size`, looking `tokens` (whose memo this is) up on
+    /// the first call only, with their block hashes hashed once per block size.
     pub(crate) async fn lookup(
         &self,
         source: &Arc<CacheSource>,
         model: &ModelId,
-        tokens: &[u32],
+        tokens: &RequestTokens,
         block_size: BlockSize,
     ) -> Result<PrefixOutcome, LookupError> {
         let cell = {
@@ -76,6 +78,11 @@ impl PrefixMemo {
                 }
             }
         };
-        cell.get_or_try_init(|| source.lookup(model, tokens, block_size)).await.cloned()
+        cell.get_or_try_init(|| async {
+            let hashes = tokens.block_hashes(block_size);
+            source.lookup_hashes(model, &hashes, tokens.ids().len() as u64, block_size).await
+        })
+        .await
+        .cloned()
     }
 }

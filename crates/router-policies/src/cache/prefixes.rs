@@ -45,7 +45,7 @@ impl Prefixes {
         for size in sizes {
             let outcome = tokens
                 .memo()
-                .lookup(source, request.model, tokens.ids(), size)
+                .lookup(source, request.model, tokens, size)
                 .await
                 .map_err(|error| PickError::InvalidSignal(chain(&error)))?;
             match outcome {

@@ -326,12 +326,24 @@ impl CacheSource {
         tokens: &[u32],
         block_size: BlockSize,
     ) -> Result<PrefixOutcome, LookupError> {
+        let hashes = salted_block_hashes(tokens, block_size.get(), Salt::default());
+        self.lookup_hashes(model, &hashes, tokens.len() as u64, block_size).await
+    }
+
+    /// [`CacheSource::lookup`] for a query of `query_tokens` tokens already hashed in blocks
+    /// of `block_size` ([`crate::RequestTokens::block_hashes`]).
+    pub async fn lookup_hashes(
+        &self,
+        model: &ModelId,
+        hashes: &[u64],
+        query_tokens: u64,
+        block_size: BlockSize,
+    ) -> Result<PrefixOutcome, LookupError> {
         let c = &self.counters;
         c.lookups.fetch_add(1, Ordering::Relaxed);
-        let hashes = salted_block_hashes(tokens, block_size.get(), Salt::default());
         let matches = match &self.backend {
-            Backend::Local(index) => index.lookup(model, &hashes),
-            Backend::Remote(client) => match client.lookup(model, &hashes).await {
+            Backend::Local(index) => index.lookup(model, hashes),
+            Backend::Remote(client) => match client.lookup(model, hashes).await {
                 Ok(matches) => matches,
                 Err(error) => {
                     let (counter, outcome) = match &error {
@@ -355,11 +367,11 @@ impl CacheSource {
         };
         let matches = match &self.predictions {
             Some(predictions) => {
-                predictions.overlay(model, &hashes, matches, std::time::Instant::now())
+                predictions.overlay(model, hashes, matches, std::time::Instant::now())
             }
             None => matches,
         };
-        let prefixes = CachedPrefixes::new(matches, block_size, tokens.len() as u64);
+        let prefixes = CachedPrefixes::new(matches, block_size, query_tokens);
         let counter = if prefixes.is_empty() { &c.empty } else { &c.found };
         counter.fetch_add(1, Ordering::Relaxed);
         Ok(PrefixOutcome::Found(Arc::new(prefixes)))

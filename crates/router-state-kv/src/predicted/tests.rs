@@ -9,6 +9,7 @@ use router_workers::{ModelId, WorkerId};
 
 use super::*;
 use crate::KvIndex;
+use crate::hash::Salt;
 use crate::wire::{BlockRemoved, BlockStored, Event};
 
 fn id(s: &str) -> WorkerId {
