@@ -168,6 +168,43 @@ impl Engine {
     }
 }
 
+/// `n` engines of model `m` publishing KV events and serving gRPC load reports, with the
+/// tokenizer at `tokenizer` and `extra` engine flags.
+pub fn kv_engines(n: usize, tokenizer: &str, extra: &[&str]) -> Vec<Engine> {
+    (0..n)
+        .map(|_| {
+            let mut args = vec![
+                "--tokenizer",
+                tokenizer,
+                "--kv-events",
+                "tcp://127.0.0.1:0",
+                "--load-reporter",
+                "127.0.0.1:0",
+            ];
+            args.extend_from_slice(extra);
+            Engine::start("m", &args)
+        })
+        .collect()
+}
+
+/// The `workers:` entries (ids `e1`, `e2`, ...) for engines started by [`kv_engines`], one per
+/// line, indented for `models[].workers`.
+pub fn kv_workers_yaml(engines: &[Engine]) -> String {
+    engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            format!(
+                "      - {{id: e{}, url: \"{}\", load_reporter: \"{}\", kv_events: {{endpoint: \"{}\"}}}}\n",
+                i + 1,
+                e.url,
+                e.process.url_after("load reporter on "),
+                e.kv_events()
+            )
+        })
+        .collect()
+}
+
 /// A router-server process.
 pub struct Router {
     /// The process.

@@ -5,47 +5,13 @@
 use std::time::Duration;
 
 use router_e2e::tempfile_path::TempPath;
-use router_e2e::{Engine, Http, Process, Router, chat_body};
-
-fn engines(n: usize, tokenizer: &str) -> Vec<Engine> {
-    (0..n)
-        .map(|_| {
-            Engine::start(
-                "m",
-                &[
-                    "--tokenizer",
-                    tokenizer,
-                    "--kv-events",
-                    "tcp://127.0.0.1:0",
-                    "--load-reporter",
-                    "127.0.0.1:0",
-                ],
-            )
-        })
-        .collect()
-}
-
-fn workers_yaml(engines: &[Engine]) -> String {
-    engines
-        .iter()
-        .enumerate()
-        .map(|(i, e)| {
-            format!(
-                "      - {{id: e{}, url: \"{}\", load_reporter: \"{}\", kv_events: {{endpoint: \"{}\"}}}}\n",
-                i + 1,
-                e.url,
-                e.process.url_after("load reporter on "),
-                e.kv_events()
-            )
-        })
-        .collect()
-}
+use router_e2e::{Engine, Http, Process, Router, chat_body, kv_engines, kv_workers_yaml};
 
 fn router_yaml(engines: &[Engine], tokenizer: &str, policy_extra: &str) -> String {
     format!(
         "server: {{port: 0}}\nmodels:\n  - id: m\n    tokenizer: \"{tokenizer}\"\n    workers:\n{}    buckets:\n      \
          - id: all\n        groups: {{plain: {{policy: {{type: cache_aware, cache_affinity_min_matched_tokens: 64{policy_extra}}}}}}}\n",
-        workers_yaml(engines)
+        kv_workers_yaml(engines)
     )
 }
 
@@ -77,7 +43,7 @@ async fn follow_ups(router: &str, repeats: usize) -> (String, Vec<String>) {
 #[tokio::test]
 async fn requests_sharing_a_prefix_go_where_it_is_cached() {
     let tokenizer = router_sim::assets::tokenizer_path().display().to_string();
-    let fleet = engines(4, &tokenizer);
+    let fleet = kv_engines(4, &tokenizer, &[]);
     let router = Router::with_config(&router_yaml(&fleet, &tokenizer, ""));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (home, served) = follow_ups(&router.url, 20).await;
@@ -95,7 +61,7 @@ async fn requests_sharing_a_prefix_go_where_it_is_cached() {
 async fn long_prompts_prepared_off_the_event_loop_route_the_same() {
     // About 18 KB of prompt: templated and tokenized on the blocking pool.
     let tokenizer = router_sim::assets::tokenizer_path().display().to_string();
-    let fleet = engines(2, &tokenizer);
+    let fleet = kv_engines(2, &tokenizer, &[]);
     let router = Router::with_config(&router_yaml(&fleet, &tokenizer, ""));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (home, served) = follow_ups(&router.url, 300).await;
@@ -105,12 +71,12 @@ async fn long_prompts_prepared_off_the_event_loop_route_the_same() {
 #[tokio::test]
 async fn a_remote_indexer_process_serves_the_same_decisions() {
     let tokenizer = router_sim::assets::tokenizer_path().display().to_string();
-    let fleet = engines(4, &tokenizer);
+    let fleet = kv_engines(4, &tokenizer, &[]);
     let indexer_config = TempPath::write(
         "indexer.yaml",
         &format!(
             "models:\n  - id: m\n    workers:\n{}    buckets:\n      - id: all\n        groups: {{plain: {{}}}}\n",
-            workers_yaml(&fleet)
+            kv_workers_yaml(&fleet)
         ),
     );
     let indexer = Process::spawn(

@@ -7,39 +7,10 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use router_e2e::{Engine, Http, Router, binary, chat_body};
-
-fn engines(n: usize, tokenizer: &str, extra: &[&str]) -> Vec<Engine> {
-    (0..n)
-        .map(|_| {
-            let mut args = vec![
-                "--tokenizer",
-                tokenizer,
-                "--kv-events",
-                "tcp://127.0.0.1:0",
-                "--load-reporter",
-                "127.0.0.1:0",
-            ];
-            args.extend_from_slice(extra);
-            Engine::start("m", &args)
-        })
-        .collect()
-}
+use router_e2e::{Engine, Http, Router, binary, chat_body, kv_engines, kv_workers_yaml};
 
 fn router_yaml(engines: &[Engine], tokenizer: &str, policy: &str) -> String {
-    let workers: String = engines
-        .iter()
-        .enumerate()
-        .map(|(i, e)| {
-            format!(
-                "      - {{id: e{}, url: \"{}\", load_reporter: \"{}\", kv_events: {{endpoint: \"{}\"}}}}\n",
-                i + 1,
-                e.url,
-                e.process.url_after("load reporter on "),
-                e.kv_events()
-            )
-        })
-        .collect();
+    let workers = kv_workers_yaml(engines);
     format!(
         "server: {{port: 0}}\nload: {{report_interval_ms: 50}}\nmodels:\n  - id: m\n    tokenizer: \"{tokenizer}\"\n    workers:\n{workers}    buckets:\n      \
          - id: all\n        groups: {{plain: {{policy: {policy}}}}}\n"
@@ -51,7 +22,7 @@ async fn a_burst_of_siblings_stays_on_one_engine_until_its_queue_makes_another_f
     let tokenizer = router_sim::assets::tokenizer_path().display().to_string();
     // Slow prefill: the first sibling's prefill outlasts the whole burst, so no KV event can
     // tell the router where the prefix is going before the burst is placed.
-    let fleet = engines(4, &tokenizer, &["--prefill-tokens-per-sec", "4000"]);
+    let fleet = kv_engines(4, &tokenizer, &["--prefill-tokens-per-sec", "4000"]);
     let policy = "{type: predicted_ttft, default_prefill_tokens_per_sec: 4000}";
     let router = Router::with_config(&router_yaml(&fleet, &tokenizer, policy));
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -105,7 +76,7 @@ async fn a_burst_of_siblings_stays_on_one_engine_until_its_queue_makes_another_f
 #[tokio::test]
 async fn a_streamed_pick_reports_predicted_against_observed_ttft() {
     let tokenizer = router_sim::assets::tokenizer_path().display().to_string();
-    let fleet = engines(2, &tokenizer, &[]);
+    let fleet = kv_engines(2, &tokenizer, &[]);
     let router = Router::with_config(&router_yaml(&fleet, &tokenizer, "{type: predicted_ttft}"));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let http = Http::default();
@@ -133,7 +104,7 @@ fn loaded_replay(policy: &str) -> serde_json::Value {
     let tokenizer = router_sim::assets::tokenizer_path().display().to_string();
     let trace = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../crates/router-sim/tests/data/conversation_trace_head200.jsonl");
-    let fleet = engines(
+    let fleet = kv_engines(
         4,
         &tokenizer,
         &["--kv-capacity-tokens", "16384", "--prefill-tokens-per-sec", "20000"],

@@ -187,6 +187,21 @@ pub(crate) fn admit(
     }
 }
 
+/// `admission` (when set) on one observation of `engine`: the rejection, or `None` when
+/// admitted. For policies that try several candidates and keep every rejection.
+pub(crate) fn rejection(
+    admission: Option<&dyn EngineAdmission>,
+    engine: &Worker,
+    load: Option<&EngineLoad>,
+    inflight: u64,
+) -> Result<Option<Rejection>, PickError> {
+    let Some(admission) = admission else { return Ok(None) };
+    match admission.check(engine, &EngineMetrics::observe(load, inflight))? {
+        Admission::Allow => Ok(None),
+        Admission::Reject(rejection) => Ok(Some(rejection)),
+    }
+}
+
 /// An admission check together with the load state it observes, for policies that otherwise
 /// read no load (round-robin, random) and for policies that check an engine they did not
 /// select themselves (a binding, a fallback's choice).

@@ -9,9 +9,10 @@ use rand::seq::SliceRandom;
 use router_state_load::EngineLoad;
 use router_workers::{Stage, Worker};
 
-use crate::admission::{Admission, EngineMetrics, Rejection};
+use crate::admission::{Rejection, rejection};
 use crate::cache::Prefixes;
 use crate::config::PredictedTtftSettings;
+use crate::pressure::Basis;
 use crate::sampler::Sampler;
 use crate::{
     CacheSource, ConfigError, EngineAdmission, LoadHandles, Pick, PickError, PickReason,
@@ -75,15 +76,6 @@ pub(crate) struct Estimate {
     pub(crate) ms: f64,
     /// What candidates are ranked by: `ms` plus `recompute_weight x uncached / rate`.
     pub(crate) cost: f64,
-}
-
-/// What the load side of the model reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Basis {
-    /// Every candidate's native report, corrected for later dispatches.
-    Reported,
-    /// Router-local in-flight work.
-    Local,
 }
 
 impl PredictedTtftPolicy {
@@ -230,12 +222,8 @@ impl PredictedTtftPolicy {
         engine: &Worker,
         load: Option<&EngineLoad>,
     ) -> Result<Option<Rejection>, PickError> {
-        let Some(admission) = &self.admission else { return Ok(None) };
         let inflight = self.load.inflight.count(engine.id());
-        match admission.check(engine, &EngineMetrics::observe(load, inflight))? {
-            Admission::Allow => Ok(None),
-            Admission::Reject(rejection) => Ok(Some(rejection)),
-        }
+        rejection(self.admission.as_deref(), engine, load, inflight)
     }
 }
 

@@ -11,13 +11,7 @@ pub(crate) fn bars(title: &str, unit: &str, rows: &[(String, f64)]) -> String {
     let row_height = 26.0;
     let height = 40.0 + row_height * rows.len() as f64 + 10.0;
     let max = rows.iter().map(|(_, v)| *v).filter(|v| v.is_finite()).fold(0.0, f64::max);
-    let mut svg = String::new();
-    let _ = writeln!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="13">"#
-    );
-    let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(svg, r#"<text x="10" y="22" font-weight="bold">{}</text>"#, escape(title));
+    let mut svg = open(width, height, title);
     for (i, (label, value)) in rows.iter().enumerate() {
         let y = 36.0 + row_height * i as f64;
         let length = if max > 0.0 && value.is_finite() { value / max * bar_space } else { 0.0 };
@@ -87,13 +81,7 @@ pub(crate) fn lines(title: &str, x_label: &str, y_label: &str, series: &[Series]
     let px = |x: f64| left + (x - x_lo) / (x_hi - x_lo) * (right - left);
     let py = |y: f64| bottom - y / y_hi * (bottom - top);
 
-    let mut svg = String::new();
-    let _ = writeln!(
-        svg,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="13">"#
-    );
-    let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(svg, r#"<text x="10" y="22" font-weight="bold">{}</text>"#, escape(title));
+    let mut svg = open(width, height, title);
     // Grid and y ticks.
     let mut tick = 0.0;
     while tick <= y_hi + y_step / 2.0 {
@@ -211,6 +199,18 @@ fn nice_step(raw: f64) -> f64 {
 fn number(value: f64, step: f64) -> String {
     let decimals = if step >= 1.0 { 0 } else { (-step.log10()).ceil() as usize };
     format!("{value:.decimals$}")
+}
+
+/// The opening of a chart: the `<svg>` element, a white background and the title.
+fn open(width: f64, height: f64, title: &str) -> String {
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="13">"#
+    );
+    let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
+    let _ = writeln!(svg, r#"<text x="10" y="22" font-weight="bold">{}</text>"#, escape(title));
+    svg
 }
 
 fn escape(text: &str) -> String {

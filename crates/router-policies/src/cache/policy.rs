@@ -9,7 +9,7 @@ use router_workers::{Stage, Worker};
 
 use super::prefixes::Prefixes;
 use super::source::CacheSource;
-use crate::admission::{Admission, EngineMetrics, Rejection};
+use crate::admission::{Rejection, rejection};
 use crate::pressure::{Comparison, NativePressure, PressureKey};
 use crate::sampler::Sampler;
 use crate::{
@@ -402,11 +402,7 @@ impl CacheAwarePolicy {
         load: Option<&EngineLoad>,
         inflight: u64,
     ) -> Result<Option<Rejection>, PickError> {
-        let Some(admission) = &self.admission else { return Ok(None) };
-        match admission.check(engine, &EngineMetrics::observe(load, inflight))? {
-            Admission::Allow => Ok(None),
-            Admission::Reject(rejection) => Ok(Some(rejection)),
-        }
+        rejection(self.admission.as_deref(), engine, load, inflight)
     }
 }
 

@@ -1,3 +1,6 @@
+//! Policy configuration: reading every field with its path, refusing what does not apply,
+//! validation of ranges and combinations, and construction over the shared handles.
+
 use router_workers::Stage;
 
 use super::*;

@@ -1,3 +1,6 @@
+//! The tokenizer and chat template the engine applies: the shipped assets, ChatML rendering,
+//! the transformers helpers, and agreement with the built-in ones.
+
 use proptest::prelude::*;
 
 use super::*;

@@ -1,3 +1,6 @@
+//! The engine's prefix cache: block chaining, matches, reference counts, LRU eviction of leaves,
+//! clears, and the KV events that replay to the cached set.
+
 use std::collections::HashSet;
 
 use proptest::prelude::*;

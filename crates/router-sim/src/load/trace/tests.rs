@@ -1,3 +1,6 @@
+//! Trace replay: reading and scaling traces, prompt text, the oracles, the offered-load time
+//! scale and the bounds.
+
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -1,3 +1,5 @@
+//! The session workload: generated text, shared system prompts and growing histories.
+
 use super::*;
 
 #[test]
