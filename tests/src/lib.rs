@@ -187,6 +187,17 @@ pub fn kv_engines(n: usize, tokenizer: &str, extra: &[&str]) -> Vec<Engine> {
         .collect()
 }
 
+/// A router configuration serving model `m` from `engines` (started by [`kv_engines`]) in one
+/// bucket whose plain group runs `policy` (a YAML flow mapping such as `{type: predicted_ttft}`),
+/// with load reports polled every 50 ms.
+pub fn kv_router_yaml(engines: &[Engine], tokenizer: &str, policy: &str) -> String {
+    let workers = kv_workers_yaml(engines);
+    format!(
+        "server: {{port: 0}}\nload: {{report_interval_ms: 50}}\nmodels:\n  - id: m\n    tokenizer: \"{tokenizer}\"\n    workers:\n{workers}    buckets:\n      \
+         - id: all\n        groups: {{plain: {{policy: {policy}}}}}\n"
+    )
+}
+
 /// The `workers:` entries (ids `e1`, `e2`, ...) for engines started by [`kv_engines`], one per
 /// line, indented for `models[].workers`.
 pub fn kv_workers_yaml(engines: &[Engine]) -> String {
