@@ -175,8 +175,9 @@ impl StagePickError {
 
 /// Why [`crate::BucketResolver::select`] found no complete selection.
 ///
-/// Each variant maps to one HTTP answer in router-server: `NoMatchingBucket` 400,
-/// `NoAdmissibleEngine` and `NoCandidates` 503, the rest 500.
+/// router-server's `error.rs` maps each variant to one HTTP answer: `NoMatchingBucket` 400,
+/// `NoAdmissibleEngine` and `NoCandidates` 503, `Stopped` by the policy's error (400 for a
+/// client's unusable key, else 500), the rest 500.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum SelectError {

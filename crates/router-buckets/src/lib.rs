@@ -63,9 +63,12 @@
 //!     session_key: None,
 //!     routing_key: None,
 //! };
-//! let selection = futures::executor::block_on(resolver.select(&workers, &request))?;
+//! let selection = futures::executor::block_on(resolver.select(&workers, &request))
+//!     .map_err(|failure| failure.error)?;
 //! assert_eq!(selection.bucket.id(), "all");
 //! assert!(matches!(selection.pick, BucketPick::Plain(ref p) if p.worker.id().as_str() == "a"));
+//! let (group, pick) = selection.picks().next().expect("the plain pick");
+//! assert_eq!((group.policy().name(), pick.worker.id().as_str()), ("first", "a"));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -82,4 +85,4 @@ pub use error::{
     StagePickError,
 };
 pub use group::EngineGroup;
-pub use resolver::{BucketResolver, Selection, Skipped};
+pub use resolver::{BucketResolver, SelectFailure, Selection, Skipped};

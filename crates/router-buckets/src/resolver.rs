@@ -2,11 +2,11 @@
 
 use std::collections::{HashMap, HashSet};
 
-use router_policies::Rejection;
+use router_policies::{Pick, Rejection};
 use router_workers::{ModelId, Stage, WorkerId, WorkerRegistry};
 
 use crate::error::{MembershipError, ResolveError, ResolverError, SelectError, StagePickError};
-use crate::{Bucket, BucketPick, BucketRequest};
+use crate::{Bucket, BucketPick, BucketRequest, EngineGroup};
 
 /// A model's bucket collection, ordered once at construction.
 #[derive(Debug)]
@@ -89,30 +89,35 @@ impl BucketResolver {
     /// Missing candidates and admission rejection move on to the next bucket, where every
     /// engine is selected again (a failed PD attempt contributes nothing to a later pair). Any
     /// other failure stops at once. After the last bucket: the accumulated admission rejections
-    /// if there were any, else the last stage that had no candidates.
+    /// if there were any, else the last stage that had no candidates. Success and failure both
+    /// carry the buckets passed over on the way, for the caller's metrics.
     pub async fn select(
         &self,
         workers: &WorkerRegistry,
         request: &BucketRequest<'_>,
-    ) -> Result<Selection<'_>, SelectError> {
+    ) -> Result<Selection<'_>, SelectFailure<'_>> {
+        let unselected = |error| SelectFailure { error, skipped: Vec::new() };
         if *request.model != self.model {
-            return Err(SelectError::WrongModel {
+            return Err(unselected(SelectError::WrongModel {
                 resolver: self.model.clone(),
                 request: request.model.clone(),
-            });
+            }));
         }
-        let buckets = self.resolve(request.input_tokens, request.expected_peak_tokens)?;
+        let buckets = self
+            .resolve(request.input_tokens, request.expected_peak_tokens)
+            .map_err(|error| unselected(error.into()))?;
         let mut skipped: Vec<Skipped<'_>> = Vec::new();
         for bucket in buckets {
             match bucket.pick_engines(workers, request).await {
                 Ok(pick) => return Ok(Selection { bucket, pick, skipped }),
                 Err(error) if error.advances_bucket() => skipped.push(Skipped { bucket, error }),
                 Err(error) => {
-                    return Err(SelectError::Stopped { bucket: bucket.id().to_owned(), error });
+                    let error = SelectError::Stopped { bucket: bucket.id().to_owned(), error };
+                    return Err(SelectFailure { error, skipped });
                 }
             }
         }
-        Err(exhausted(request, &skipped))
+        Err(SelectFailure { error: exhausted(request, &skipped), skipped })
     }
 
     /// Whether some bucket has candidates in each of its groups for this model now. For
@@ -153,6 +158,23 @@ pub struct Selection<'r> {
     /// The engines.
     pub pick: BucketPick,
     /// The buckets tried before, in order, with why each was passed over.
+    pub skipped: Vec<Skipped<'r>>,
+}
+
+impl Selection<'_> {
+    /// Each pick with the group that made it: the plain one, or prefill then decode.
+    pub fn picks(&self) -> impl Iterator<Item = (&EngineGroup, &Pick)> {
+        self.bucket.groups().iter().zip(self.pick.iter().map(|(_, pick)| pick))
+    }
+}
+
+/// No complete selection: why, and the buckets passed over before the loop ended.
+#[derive(Debug)]
+pub struct SelectFailure<'r> {
+    /// Why the loop ended without a selection.
+    pub error: SelectError,
+    /// The buckets tried and passed over, in order (with [`SelectError::Stopped`], those
+    /// before the bucket that stopped routing).
     pub skipped: Vec<Skipped<'r>>,
 }
 

@@ -120,24 +120,15 @@ impl EngineMetrics {
     }
 }
 
-/// The outcome of an admission check.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Admission {
-    /// The engine may take the request.
-    Allow,
-    /// The engine is at a cap.
-    Reject(Rejection),
-}
-
 /// A per-engine acceptance check. Policies hold one as `Arc<dyn EngineAdmission>` and call it
 /// where their algorithm says; it does not rank engines, pick replacements or fetch telemetry.
 pub trait EngineAdmission: Send + Sync + fmt::Debug {
-    /// Checks `engine` against its observed `metrics`.
-    fn check(&self, engine: &Worker, metrics: &EngineMetrics) -> Result<Admission, PickError>;
+    /// Checks `engine` against its observed `metrics`: `Err` names the cap it is at.
+    fn check(&self, engine: &Worker, metrics: &EngineMetrics) -> Result<(), Rejection>;
 }
 
 impl EngineAdmission for AdmissionLimits {
-    fn check(&self, engine: &Worker, metrics: &EngineMetrics) -> Result<Admission, PickError> {
+    fn check(&self, engine: &Worker, metrics: &EngineMetrics) -> Result<(), Rejection> {
         let checks = [
             (Limit::RunningRequests, self.max_running_requests, metrics.running_requests),
             (Limit::WaitingRequests, self.max_waiting_requests, metrics.waiting_requests),
@@ -154,15 +145,10 @@ impl EngineAdmission for AdmissionLimits {
             if let (Some(cap), Some(value)) = (cap, value)
                 && value >= cap
             {
-                return Ok(Admission::Reject(Rejection {
-                    worker: engine.id().clone(),
-                    limit,
-                    value,
-                    cap,
-                }));
+                return Err(Rejection { worker: engine.id().clone(), limit, value, cap });
             }
         }
-        Ok(Admission::Allow)
+        Ok(())
     }
 }
 
@@ -181,10 +167,9 @@ pub(crate) fn admit(
     load: Option<&EngineLoad>,
     inflight: u64,
 ) -> Result<(), PickError> {
-    match admission.check(engine, &EngineMetrics::observe(load, inflight))? {
-        Admission::Allow => Ok(()),
-        Admission::Reject(rejection) => Err(PickError::AdmissionRejected(rejection)),
-    }
+    admission
+        .check(engine, &EngineMetrics::observe(load, inflight))
+        .map_err(PickError::AdmissionRejected)
 }
 
 /// `admission` (when set) on one observation of `engine`: the rejection, or `None` when
@@ -194,12 +179,8 @@ pub(crate) fn rejection(
     engine: &Worker,
     load: Option<&EngineLoad>,
     inflight: u64,
-) -> Result<Option<Rejection>, PickError> {
-    let Some(admission) = admission else { return Ok(None) };
-    match admission.check(engine, &EngineMetrics::observe(load, inflight))? {
-        Admission::Allow => Ok(None),
-        Admission::Reject(rejection) => Ok(Some(rejection)),
-    }
+) -> Option<Rejection> {
+    admission?.check(engine, &EngineMetrics::observe(load, inflight)).err()
 }
 
 /// An admission check together with the load state it observes, for policies that otherwise

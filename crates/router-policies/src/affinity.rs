@@ -16,7 +16,7 @@
 //!    pick gives up with [`PickError::NoCandidates`] (a selection miss).
 //! 4. A request without a key, or with an empty one, gets the fallback's engine, checked by the
 //!    owning policy, and creates no binding ([`PickReason::AffinityKeyless`]). A key longer
-//!    than [`router_affinity::MAX_KEY_BYTES`] is [`PickError::InvalidSignal`].
+//!    than [`router_affinity::MAX_KEY_BYTES`] is [`PickError::InvalidKey`].
 //!
 //! A binding records placement, not dispatch: picking never touches in-flight accounting.
 
@@ -33,9 +33,9 @@ use crate::{AdmissionCheck, Pick, PickError, PickReason, PickRequest, Policy, pi
 /// sets of one group and keep replacing each other's bindings.
 pub const MAX_BIND_ATTEMPTS: usize = 4;
 
-/// Which request header names the binding.
+/// Which request key names the binding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum KeySource {
+pub enum KeySource {
     /// `PickRequest::session_key` (session-aware).
     Session,
     /// `PickRequest::routing_key` (sticky).
@@ -50,11 +50,14 @@ impl KeySource {
         }
     }
 
-    fn describe(self) -> &'static str {
-        match self {
+}
+
+impl std::fmt::Display for KeySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
             KeySource::Session => "session key",
             KeySource::RoutingKey => "routing key",
-        }
+        })
     }
 }
 
@@ -128,9 +131,7 @@ impl Affinity {
                 let worker = self.fallback_choice(engines, request).await?;
                 return Ok(Pick::new(worker, PickReason::AffinityKeyless));
             }
-            Some(Err(error)) => {
-                return Err(PickError::InvalidSignal(format!("{}: {error}", self.key.describe())));
-            }
+            Some(Err(error)) => return Err(PickError::InvalidKey { key: self.key, error }),
             Some(Ok(scope)) => scope,
         };
 

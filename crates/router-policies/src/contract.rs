@@ -8,8 +8,11 @@ use parking_lot::Mutex;
 use router_state_kv::hash::{Salt, salted_block_hashes};
 use router_workers::{ModelId, Stage, Worker, WorkerId};
 
+use router_affinity::ScopeError;
+
 use crate::admission::Rejection;
-use crate::cache::{BlockSize, PrefixMemo};
+use crate::affinity::KeySource;
+use crate::cache::{BlockSize, LookupError, PrefixMemo};
 
 /// Chooses one engine among the candidates of an engine group.
 ///
@@ -245,12 +248,28 @@ pub enum PickError {
     /// The engine the policy chose failed admission after selection.
     #[error("admission rejected: {0}")]
     AdmissionRejected(Rejection),
-    /// The request's routing signals are unusable (for example a peak below the input).
-    #[error("invalid routing signal: {0}")]
-    InvalidSignal(String),
-    /// The policy or its state is misconfigured.
-    #[error("invalid policy configuration: {0}")]
-    InvalidConfiguration(String),
+    /// The request's session or routing key cannot name a binding (too long): the client's
+    /// mistake.
+    #[error("invalid {key}")]
+    InvalidKey {
+        /// Which key.
+        key: KeySource,
+        /// Why.
+        #[source]
+        error: ScopeError,
+    },
+    /// The prefix source refused the lookup as an invalid query.
+    #[error("prefix lookup refused")]
+    Lookup(#[source] Arc<LookupError>),
+    /// The policy was asked to pick for a stage it does not serve (a configuration the
+    /// builders refuse, so a caller bug).
+    #[error("policy {policy} does not select {stage} engines")]
+    UnsupportedStage {
+        /// The policy's configuration name.
+        policy: &'static str,
+        /// The stage asked for.
+        stage: Stage,
+    },
     /// The policy returned an engine outside the exact candidate set.
     #[error("policy picked {worker}, which is not one of its candidates")]
     OutsideCandidates {

@@ -7,7 +7,7 @@ use futures::future::{self, BoxFuture};
 use router_state_load::EngineLoad;
 use router_workers::Worker;
 
-use crate::admission::admit;
+use crate::admission::rejection;
 use crate::pressure::{Basis, Comparison, NativePressure, PressureKey};
 use crate::{EngineAdmission, LoadHandles, Pick, PickError, PickReason, PickRequest, Policy};
 
@@ -104,24 +104,23 @@ impl LeastLoadPolicy {
         };
         // The minimum is admitted in the common case; only a rejection ranks the rest.
         let mut rejections = Vec::new();
-        let mut attempt = |r: &Ranked<'_>| -> Result<Option<Pick>, PickError> {
+        let mut attempt = |r: &Ranked<'_>| -> Option<Pick> {
             let engine = &engines[r.index];
-            match admit(admission.as_ref(), engine, r.load, r.inflight) {
-                Ok(()) => Ok(Some(Pick::new(Arc::clone(engine), reason))),
-                Err(PickError::AdmissionRejected(rejection)) => {
+            match rejection(Some(admission.as_ref()), engine, r.load, r.inflight) {
+                None => Some(Pick::new(Arc::clone(engine), reason)),
+                Some(rejection) => {
                     rejections.push(rejection);
-                    Ok(None)
+                    None
                 }
-                Err(other) => Err(other),
             }
         };
         let first = ranked.swap_remove(best);
-        if let Some(pick) = attempt(&first)? {
+        if let Some(pick) = attempt(&first) {
             return Ok(pick);
         }
         ranked.sort_unstable_by_key(|r| (r.key, r.index));
         for r in &ranked {
-            if let Some(pick) = attempt(r)? {
+            if let Some(pick) = attempt(r) {
                 return Ok(pick);
             }
         }

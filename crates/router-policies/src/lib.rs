@@ -48,9 +48,11 @@ mod session_aware;
 mod sticky;
 
 pub use admission::{
-    Admission, AdmissionCheck, AdmissionLimits, EngineAdmission, EngineMetrics, Limit, Rejection,
+    AdmissionCheck, AdmissionLimits, EngineAdmission, EngineMetrics, Limit, Rejection,
 };
-pub use affinity::MAX_BIND_ATTEMPTS;
+pub use affinity::{KeySource, MAX_BIND_ATTEMPTS};
+/// The reason a key cannot name a binding, carried by [`PickError::InvalidKey`].
+pub use router_affinity::ScopeError;
 pub use cache::{
     BlockSize, CacheAwarePolicy, CacheSource, CacheSources, CachedPrefix, CachedPrefixes,
     LookupError, PrefixMemo, PrefixOutcome, SourceStats, Unavailable,

@@ -113,9 +113,7 @@ impl PredictedTtftPolicy {
         request: &PickRequest<'_>,
     ) -> Result<Pick, PickError> {
         if request.stage == Stage::Decode {
-            return Err(PickError::InvalidConfiguration(
-                "predicted_ttft selects plain and prefill engines, not decode".to_owned(),
-            ));
+            return Err(PickError::UnsupportedStage { policy: "predicted_ttft", stage: request.stage });
         }
         if engines.is_empty() {
             return Err(PickError::NoCandidates { stage: request.stage });
@@ -145,7 +143,7 @@ impl PredictedTtftPolicy {
         let mut rejections: Vec<Rejection> = Vec::new();
         for index in order {
             let engine = &engines[index];
-            if let Some(rejection) = self.check(engine, loads[index])? {
+            if let Some(rejection) = self.check(engine, loads[index]) {
                 rejections.push(rejection);
                 continue;
             }
@@ -221,7 +219,7 @@ impl PredictedTtftPolicy {
         &self,
         engine: &Worker,
         load: Option<&EngineLoad>,
-    ) -> Result<Option<Rejection>, PickError> {
+    ) -> Option<Rejection> {
         let inflight = self.load.inflight.count(engine.id());
         rejection(self.admission.as_deref(), engine, load, inflight)
     }

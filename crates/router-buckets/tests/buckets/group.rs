@@ -169,8 +169,8 @@ async fn policy_errors_pass_through_unchanged() {
     let registry = registry();
     let model = model();
     let cases = [
-        PickError::InvalidSignal("peak".into()),
-        PickError::InvalidConfiguration("cfg".into()),
+        too_long_key(),
+        unsupported_stage(),
         PickError::AdmissionRejected(rejection("P1")),
         PickError::NoAdmissibleEngine { rejections: vec![rejection("P1"), rejection("P3")] },
     ];

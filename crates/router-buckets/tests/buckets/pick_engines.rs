@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use router_buckets::{BucketGroups, BucketPick};
-use router_policies::PickError;
 use router_workers::Stage;
 
 use crate::support::*;
@@ -86,8 +85,8 @@ async fn failures_keep_their_stage() {
             decode_called: false,
         },
         Case {
-            name: "prefill invalid configuration",
-            prefill: (None, Scripted::fail(PickError::InvalidConfiguration("x".into()))),
+            name: "prefill unsupported stage",
+            prefill: (None, Scripted::fail(unsupported_stage())),
             decode: (None, Scripted::first()),
             stage: Stage::Prefill,
             advances: false,

@@ -3,7 +3,6 @@
 use std::sync::Arc;
 
 use router_buckets::{BucketPick, ResolveError, SelectError};
-use router_policies::PickError;
 use router_workers::{ModelId, Stage};
 
 use crate::support::*;
@@ -80,6 +79,11 @@ async fn first_bucket_with_a_complete_selection_wins() {
     assert_eq!(pair(&selection.pick), ("P1".into(), "D1".into()));
     assert!(selection.skipped.is_empty());
     assert!(setup.long_prefill.calls().is_empty(), "later bucket not asked");
+    let picks: Vec<_> = selection
+        .picks()
+        .map(|(group, pick)| (group.stage(), pick.worker.id().to_string()))
+        .collect();
+    assert_eq!(picks, [(Stage::Prefill, "P1".into()), (Stage::Decode, "D1".into())]);
 }
 
 #[tokio::test]
@@ -114,15 +118,19 @@ async fn failures_that_do_not_advance_stop_routing() {
     let registry = pd_fleet();
     let model = model();
     let cases = [
-        ("invalid signal", Scripted::fail(PickError::InvalidSignal("x".into()))),
-        ("invalid configuration", Scripted::fail(PickError::InvalidConfiguration("x".into()))),
+        ("invalid key", Scripted::fail(too_long_key())),
+        ("unsupported stage", Scripted::fail(unsupported_stage())),
         ("foreign pick", Scripted::returning(Arc::new(worker("D1", Stage::Decode, &model)))),
     ];
     for (name, short_decode) in cases {
         let setup = TwoBuckets::new(short_decode);
         let resolver = setup.resolver();
-        let err = resolver.select(&registry, &request(&model, 100, None)).await.expect_err(name);
-        let SelectError::Stopped { bucket, error } = &err else { panic!("{name}: {err}") };
+        let failure =
+            resolver.select(&registry, &request(&model, 100, None)).await.expect_err(name);
+        assert!(failure.skipped.is_empty(), "{name}: the first bucket stopped routing");
+        let SelectError::Stopped { bucket, error } = &failure.error else {
+            panic!("{name}: {failure:?}")
+        };
         assert_eq!((bucket.as_str(), error.stage), ("short", Stage::Decode), "{name}");
         assert!(setup.long_prefill.calls().is_empty(), "{name}: routing went on");
     }
@@ -136,10 +144,18 @@ async fn exhaustion_reports_rejections_or_the_last_unavailable_stage() {
     // Rejections from every bucket accumulate in order.
     let mut setup = TwoBuckets::new(Scripted::reject());
     setup.long_prefill = Scripted::reject();
-    let err =
-        setup.resolver().select(&registry, &request(&model, 100, None)).await.expect_err("all");
+    let err = setup
+        .resolver()
+        .select(&registry, &request(&model, 100, None))
+        .await
+        .expect_err("all")
+        .error;
     let SelectError::NoAdmissibleEngine { rejections } = &err else { panic!("{err}") };
     assert_eq!(*rejections, [rejection("D1"), rejection("P2")]);
+    let resolver = setup.resolver();
+    let failure = resolver.select(&registry, &request(&model, 100, None)).await.expect_err("all");
+    let skipped: Vec<_> = failure.skipped.iter().map(|s| (s.bucket.id(), s.error.stage)).collect();
+    assert_eq!(skipped, [("short", Stage::Decode), ("long", Stage::Prefill)], "both passed over");
     assert!(err.to_string().contains("D1") && err.to_string().contains("P2"), "{err}");
 
     // One rejection among missing candidates is still an admission failure.
@@ -147,7 +163,7 @@ async fn exhaustion_reports_rejections_or_the_last_unavailable_stage() {
     setup.long_prefill = Scripted::first();
     let resolver = setup.resolver();
     registry.set_health(&id("D2"), false).expect("known");
-    let err = resolver.select(&registry, &request(&model, 100, None)).await.expect_err("all");
+    let err = resolver.select(&registry, &request(&model, 100, None)).await.expect_err("all").error;
     let SelectError::NoAdmissibleEngine { rejections } = &err else { panic!("{err}") };
     assert_eq!(*rejections, [rejection("D1")]);
 
@@ -156,8 +172,12 @@ async fn exhaustion_reports_rejections_or_the_last_unavailable_stage() {
     registry.set_health(&id("P2"), false).expect("known");
     let mut setup = TwoBuckets::new(Scripted::first());
     setup.short_decode_members = Some(&[]);
-    let err =
-        setup.resolver().select(&registry, &request(&model, 100, None)).await.expect_err("all");
+    let err = setup
+        .resolver()
+        .select(&registry, &request(&model, 100, None))
+        .await
+        .expect_err("all")
+        .error;
     assert!(matches!(err, SelectError::NoCandidates { stage: Stage::Prefill }), "{err}");
 }
 
@@ -168,13 +188,17 @@ async fn signals_and_lengths_are_checked_before_any_pick() {
     let setup = TwoBuckets::new(Scripted::first());
     let resolver = setup.resolver();
 
-    let err = resolver.select(&registry, &request(&model, 100, Some(99))).await.expect_err("peak");
+    let err =
+        resolver.select(&registry, &request(&model, 100, Some(99))).await.expect_err("peak").error;
     assert!(
         matches!(err, SelectError::Resolve(ResolveError::InvalidSignal { input_tokens: 100, .. })),
         "{err}"
     );
-    let err =
-        resolver.select(&registry, &request(&model, 100, Some(200_000))).await.expect_err("long");
+    let err = resolver
+        .select(&registry, &request(&model, 100, Some(200_000)))
+        .await
+        .expect_err("long")
+        .error;
     assert!(
         matches!(
             err,
@@ -186,7 +210,8 @@ async fn signals_and_lengths_are_checked_before_any_pick() {
         "{err}"
     );
     let other = ModelId::new("qwen");
-    let err = resolver.select(&registry, &request(&other, 100, None)).await.expect_err("model");
+    let err =
+        resolver.select(&registry, &request(&other, 100, None)).await.expect_err("model").error;
     assert!(matches!(err, SelectError::WrongModel { .. }), "{err}");
     assert!(setup.short_prefill.calls().is_empty() && setup.long_prefill.calls().is_empty());
 }

@@ -8,7 +8,8 @@ use router_buckets::{
     Bucket, BucketGroups, BucketRequest, BucketResolver, BucketSpec, EngineGroup, TokenLimits,
 };
 use router_policies::{
-    Limit, Pick, PickError, PickReason, PickRequest, Policy, Rejection, RequestTokens,
+    KeySource, Limit, Pick, PickError, PickReason, PickRequest, Policy, Rejection, RequestTokens,
+    ScopeError,
 };
 use router_workers::{ModelId, Stage, Worker, WorkerId, WorkerRegistry};
 
@@ -149,6 +150,19 @@ impl Scripted {
 
 pub fn rejection(worker: &str) -> Rejection {
     Rejection { worker: id(worker), limit: Limit::RunningRequests, value: 64, cap: 64 }
+}
+
+/// A client's session key too long to name a binding: stops routing.
+pub fn too_long_key() -> PickError {
+    PickError::InvalidKey {
+        key: KeySource::Session,
+        error: ScopeError::KeyTooLong { len: 300, max: 256 },
+    }
+}
+
+/// A policy asked for a stage it does not serve: stops routing.
+pub fn unsupported_stage() -> PickError {
+    PickError::UnsupportedStage { policy: "scripted", stage: Stage::Decode }
 }
 
 impl Policy for Scripted {

@@ -167,9 +167,7 @@ impl CacheAwarePolicy {
         request: &PickRequest<'_>,
     ) -> Result<Pick, PickError> {
         if request.stage == Stage::Decode {
-            return Err(PickError::InvalidConfiguration(
-                "cache_aware selects plain and prefill engines, not decode".to_owned(),
-            ));
+            return Err(PickError::UnsupportedStage { policy: "cache_aware", stage: request.stage });
         }
         if engines.is_empty() {
             return Err(PickError::NoCandidates { stage: request.stage });
@@ -291,14 +289,14 @@ impl CacheAwarePolicy {
         let mut rest = hits.iter();
         let leader = loop {
             let Some(hit) = rest.next() else { return Ok(None) };
-            if self.admit(attempt, hit.index)? {
+            if self.admit(attempt, hit.index) {
                 break hit;
             }
         };
         let ceiling = leader.uncached.saturating_add(self.settings.cache_switch_margin_tokens);
         for other in rest.take_while(|h| h.uncached <= ceiling) {
             if self.more_pressured(attempt, leader.index, other.index)
-                && self.admit(attempt, other.index)?
+                && self.admit(attempt, other.index)
             {
                 return Ok(Some(other.index));
             }
@@ -339,7 +337,7 @@ impl CacheAwarePolicy {
                 .then_with(|| engines[a.index].id().cmp(engines[b.index].id()))
         });
         for (_, hit) in order {
-            if self.admit(attempt, hit.index)? {
+            if self.admit(attempt, hit.index) {
                 return Ok(Some(hit.index));
             }
         }
@@ -370,7 +368,7 @@ impl CacheAwarePolicy {
                     break;
                 };
                 let index = pool[choice.index];
-                match self.check(&engines[index], choice.load, choice.inflight)? {
+                match self.check(&engines[index], choice.load, choice.inflight) {
                     None => return Ok(Pick::new(Arc::clone(&engines[index]), reason)),
                     Some(rejection) => {
                         attempt.rejections.push(rejection);
@@ -383,14 +381,14 @@ impl CacheAwarePolicy {
     }
 
     /// Checks candidate `index` on its observation; a rejection is recorded.
-    fn admit(&self, attempt: &mut Attempt<'_, '_>, index: usize) -> Result<bool, PickError> {
+    fn admit(&self, attempt: &mut Attempt<'_, '_>, index: usize) -> bool {
         let seen = attempt.seen(index);
-        match self.check(&attempt.engines[index], seen.load, seen.inflight)? {
-            None => Ok(true),
+        match self.check(&attempt.engines[index], seen.load, seen.inflight) {
+            None => true,
             Some(rejection) => {
                 attempt.rejections.push(rejection);
                 attempt.rejected[index] = true;
-                Ok(false)
+                false
             }
         }
     }
@@ -401,7 +399,7 @@ impl CacheAwarePolicy {
         engine: &Worker,
         load: Option<&EngineLoad>,
         inflight: u64,
-    ) -> Result<Option<Rejection>, PickError> {
+    ) -> Option<Rejection> {
         rejection(self.admission.as_deref(), engine, load, inflight)
     }
 }

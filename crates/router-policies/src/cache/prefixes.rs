@@ -47,7 +47,7 @@ impl Prefixes {
                 .memo()
                 .lookup(source, request.model, tokens, size)
                 .await
-                .map_err(|error| PickError::InvalidSignal(chain(&error)))?;
+                .map_err(|error| PickError::Lookup(Arc::new(error)))?;
             match outcome {
                 PrefixOutcome::Found(prefixes) => out.found.push((size, prefixes)),
                 PrefixOutcome::Unavailable(why) => {
@@ -69,14 +69,3 @@ impl Prefixes {
     }
 }
 
-/// `error` and its causes, outermost first (the contract's `InvalidSignal` carries text).
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(inner) = cause {
-        text.push_str(": ");
-        text.push_str(&inner.to_string());
-        cause = inner.source();
-    }
-    text
-}

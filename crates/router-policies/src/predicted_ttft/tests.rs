@@ -215,7 +215,7 @@ fn no_candidates_and_decode_groups_are_errors() {
                 .expect("valid"),
             10
         ),
-        Err(PickError::InvalidConfiguration(_))
+        Err(PickError::UnsupportedStage { policy: "predicted_ttft", stage: Stage::Decode })
     ));
 }
 

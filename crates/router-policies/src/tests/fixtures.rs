@@ -14,7 +14,8 @@ use router_state_load::{
 use router_workers::{ModelId, Stage, Worker, WorkerId, WorkerSpec};
 
 use crate::{
-    Admission, AdmissionLimits, EngineAdmission, EngineMetrics, LoadHandles, Pick, PickError,
+    Rejection,
+    AdmissionLimits, EngineAdmission, EngineMetrics, LoadHandles, Pick, PickError,
     PickRequest, Policy, PolicyHandles,
 };
 
@@ -261,7 +262,7 @@ impl Recording {
 }
 
 impl EngineAdmission for Recording {
-    fn check(&self, engine: &Worker, metrics: &EngineMetrics) -> Result<Admission, PickError> {
+    fn check(&self, engine: &Worker, metrics: &EngineMetrics) -> Result<(), Rejection> {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.seen.lock().push((engine.id().clone(), *metrics));
         self.limits.check(engine, metrics)

@@ -13,9 +13,8 @@ use router_workers::Stage;
 use fixtures::{Fleet, Load, Recording, basic, engine, native};
 
 use crate::{
-    AdmissionCheck, AdmissionLimits, ConfigError, EngineMetrics, LeastLoadPolicy, PickError,
-    PickReason, PolicyConfig, PolicyKind, PolicyType, PowerOfTwoPolicy, RandomPolicy,
-    RoundRobinPolicy, StickyFallback, pick_fallback,
+    AdmissionLimits, ConfigError, EngineMetrics, LeastLoadPolicy, PickError, PickReason,
+    PolicyConfig, PolicyKind, PolicyType, PowerOfTwoPolicy, StickyFallback, pick_fallback,
 };
 
 fn running_cap(cap: u64) -> AdmissionLimits {
@@ -114,40 +113,6 @@ fn least_load_checks_in_load_order_and_stops_at_the_first_admitted() {
     assert_eq!(pick.worker.id().as_str(), "c");
     let order: Vec<_> = admission.seen.lock().iter().map(|(id, _)| id.to_string()).collect();
     assert_eq!(order, ["b", "a", "c"]);
-}
-
-#[test]
-fn admission_errors_stop_the_pick() {
-    #[derive(Debug)]
-    struct Broken;
-    impl crate::EngineAdmission for Broken {
-        fn check(
-            &self,
-            _: &router_workers::Worker,
-            _: &EngineMetrics,
-        ) -> Result<crate::Admission, PickError> {
-            Err(PickError::InvalidConfiguration("broken admission".into()))
-        }
-    }
-    let fleet =
-        Fleet::new(Stage::Plain, &[engine("a", native(0, 0, 0, 0)), engine("b", basic(0, 0))]);
-    let broken: Arc<dyn crate::EngineAdmission> = Arc::new(Broken);
-    let policies: [Arc<dyn crate::Policy>; 4] = [
-        Arc::new(
-            RoundRobinPolicy::new()
-                .with_admission(AdmissionCheck::new(broken.clone(), fleet.load())),
-        ),
-        Arc::new(
-            RandomPolicy::new().with_admission(AdmissionCheck::new(broken.clone(), fleet.load())),
-        ),
-        Arc::new(PowerOfTwoPolicy::new(fleet.load()).with_admission(broken.clone())),
-        Arc::new(LeastLoadPolicy::new(fleet.load()).with_admission(broken)),
-    ];
-    for policy in policies {
-        let err = fleet.pick(policy.as_ref(), 1).expect_err(policy.name());
-        assert!(matches!(err, PickError::InvalidConfiguration(_)), "{}: {err}", policy.name());
-        assert!(!err.advances_bucket());
-    }
 }
 
 #[test]

@@ -132,6 +132,14 @@ impl Flavor {
         Flavor::Sticky(StickyFallback::LoadBased),
     ];
 
+    /// The request key this flavor binds on.
+    pub(super) fn key_source(self) -> crate::KeySource {
+        match self {
+            Flavor::Session => crate::KeySource::Session,
+            Flavor::Sticky(_) => crate::KeySource::RoutingKey,
+        }
+    }
+
     pub(super) fn build(
         self,
         fleet: &Fleet,

@@ -302,10 +302,12 @@ fn no_candidates_and_oversized_keys_are_errors_without_bindings() {
         let long = "x".repeat(router_affinity::MAX_KEY_BYTES + 1);
         let request = fleet.request(flavor, Some(&long));
         let result = pick(policy.as_ref(), &fleet.group(&["a", "b"]), &request);
-        let Err(PickError::InvalidSignal(message)) = &result else {
+        let Err(PickError::InvalidKey { key, error }) = &result else {
             panic!("{flavor:?}: {result:?}")
         };
-        assert!(message.contains("257 bytes"), "{message}");
+        assert_eq!(*key, flavor.key_source(), "{flavor:?}");
+        assert_eq!(*error, router_affinity::ScopeError::KeyTooLong { len: 257, max: 256 });
+        assert!(!result.as_ref().expect_err("refused").advances_bucket());
         assert!(store.is_empty());
     }
 }

@@ -14,7 +14,8 @@ use router_state_load::{
 use router_workers::{KvEventsSpec, ModelId, Stage, Worker, WorkerId, WorkerSpec};
 
 use crate::{
-    Admission, AdmissionLimits, CacheAwarePolicy, CacheAwareSettings, CacheSource, EngineAdmission,
+    Rejection,
+    AdmissionLimits, CacheAwarePolicy, CacheAwareSettings, CacheSource, EngineAdmission,
     EngineMetrics, LoadHandles, Pick, PickError, PickRequest, Policy, RequestTokens,
 };
 
@@ -297,7 +298,7 @@ impl Recording {
 }
 
 impl EngineAdmission for Recording {
-    fn check(&self, engine: &Worker, metrics: &EngineMetrics) -> Result<Admission, PickError> {
+    fn check(&self, engine: &Worker, metrics: &EngineMetrics) -> Result<(), Rejection> {
         self.seen.lock().push(engine.id().clone());
         self.limits.check(engine, metrics)
     }

@@ -114,7 +114,10 @@ fn decode_groups_and_empty_groups_are_refused() {
     assert!(!policy.supports_stage(Stage::Decode));
     assert!(policy.supports_stage(Stage::Plain) && policy.supports_stage(Stage::Prefill));
     let err = world.pick(&policy, 4096).expect_err("decode");
-    assert!(matches!(err, PickError::InvalidConfiguration(_)), "{err}");
+    assert!(
+        matches!(err, PickError::UnsupportedStage { policy: "cache_aware", stage: Stage::Decode }),
+        "{err}"
+    );
     assert!(!err.advances_bucket());
 
     let world = World::new(Stage::Prefill, &[eng("a", 100)]);

@@ -153,7 +153,12 @@ async fn a_refused_query_is_an_error_not_a_fallback() {
     let mut request = world.request(4096, Some(&tokens));
     request.model = &nameless;
     let err = policy.pick(&world.workers, &request).await.expect_err("refused");
-    assert!(matches!(&err, PickError::InvalidSignal(m) if m.contains("model is empty")), "{err}");
+    assert!(matches!(&err, PickError::Lookup(_)), "{err}");
+    let chain: Vec<String> =
+        std::iter::successors(Some(&err as &dyn std::error::Error), |e| e.source())
+            .map(ToString::to_string)
+            .collect();
+    assert!(chain.iter().any(|cause| cause.contains("model is empty")), "{chain:?}");
     assert!(!err.advances_bucket());
     assert_eq!(source.stats().refused, 1);
     assert!(tokens.memo().len() == 1, "the entry exists, its outcome is not remembered");
