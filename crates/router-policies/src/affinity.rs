@@ -49,7 +49,6 @@ impl KeySource {
             KeySource::RoutingKey => request.routing_key,
         }
     }
-
 }
 
 impl std::fmt::Display for KeySource {
@@ -124,16 +123,15 @@ impl Affinity {
             return Err(PickError::NoCandidates { stage: request.stage });
         }
         let key = self.key.key(request);
-        let scope = match key
-            .map(|key| Scope::new(request.model, request.bucket, request.stage, key))
-        {
-            None | Some(Err(ScopeError::EmptyKey)) => {
-                let worker = self.fallback_choice(engines, request).await?;
-                return Ok(Pick::new(worker, PickReason::AffinityKeyless));
-            }
-            Some(Err(error)) => return Err(PickError::InvalidKey { key: self.key, error }),
-            Some(Ok(scope)) => scope,
-        };
+        let scope =
+            match key.map(|key| Scope::new(request.model, request.bucket, request.stage, key)) {
+                None | Some(Err(ScopeError::EmptyKey)) => {
+                    let worker = self.fallback_choice(engines, request).await?;
+                    return Ok(Pick::new(worker, PickReason::AffinityKeyless));
+                }
+                Some(Err(error)) => return Err(PickError::InvalidKey { key: self.key, error }),
+                Some(Ok(scope)) => scope,
+            };
 
         let mut current = store.get(&scope);
         let mut choice: Option<Arc<Worker>> = None;

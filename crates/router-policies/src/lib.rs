@@ -51,8 +51,6 @@ pub use admission::{
     AdmissionCheck, AdmissionLimits, EngineAdmission, EngineMetrics, Limit, Rejection,
 };
 pub use affinity::{KeySource, MAX_BIND_ATTEMPTS};
-/// The reason a key cannot name a binding, carried by [`PickError::InvalidKey`].
-pub use router_affinity::ScopeError;
 pub use cache::{
     BlockSize, CacheAwarePolicy, CacheSource, CacheSources, CachedPrefix, CachedPrefixes,
     LookupError, PrefixMemo, PrefixOutcome, SourceStats, Unavailable,
@@ -70,6 +68,8 @@ pub use power_of_two::{LoadChoice, PowerOfTwoPolicy, min_load_choices};
 pub use predicted_ttft::PredictedTtftPolicy;
 pub use random::RandomPolicy;
 pub use round_robin::RoundRobinPolicy;
+/// The reason a key cannot name a binding, carried by [`PickError::InvalidKey`].
+pub use router_affinity::ScopeError;
 pub use session_aware::SessionAwarePolicy;
 pub use sticky::StickyPolicy;
 

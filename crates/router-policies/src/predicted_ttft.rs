@@ -113,7 +113,10 @@ impl PredictedTtftPolicy {
         request: &PickRequest<'_>,
     ) -> Result<Pick, PickError> {
         if request.stage == Stage::Decode {
-            return Err(PickError::UnsupportedStage { policy: "predicted_ttft", stage: request.stage });
+            return Err(PickError::UnsupportedStage {
+                policy: "predicted_ttft",
+                stage: request.stage,
+            });
         }
         if engines.is_empty() {
             return Err(PickError::NoCandidates { stage: request.stage });
@@ -215,11 +218,7 @@ impl PredictedTtftPolicy {
     }
 
     /// Admission on one observation: `None` when admitted.
-    fn check(
-        &self,
-        engine: &Worker,
-        load: Option<&EngineLoad>,
-    ) -> Option<Rejection> {
+    fn check(&self, engine: &Worker, load: Option<&EngineLoad>) -> Option<Rejection> {
         let inflight = self.load.inflight.count(engine.id());
         rejection(self.admission.as_deref(), engine, load, inflight)
     }

@@ -46,7 +46,7 @@ pub struct AppContext {
     forwarder: Forwarder,
     health: Arc<HealthBook>,
     metrics: PrometheusHandle,
-    credentials: Credentials,
+    credentials: Arc<Credentials>,
     retry_budget: RetryBudget,
     draining: AtomicBool,
     request_slots: Arc<tokio::sync::Semaphore>,
@@ -120,7 +120,7 @@ impl AppContext {
             wildcard,
             forwarder,
             metrics: crate::metrics::install(),
-            credentials,
+            credentials: Arc::new(credentials),
             retry_budget: RetryBudget::new(&config.server.retry),
             draining: AtomicBool::new(false),
             request_slots: Arc::new(tokio::sync::Semaphore::new(
@@ -280,7 +280,7 @@ impl AppContext {
     }
 
     /// The client, engine and admin credentials in force.
-    pub fn credentials(&self) -> &Credentials {
+    pub fn credentials(&self) -> &Arc<Credentials> {
         &self.credentials
     }
 

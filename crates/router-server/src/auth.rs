@@ -16,7 +16,6 @@ use axum::response::{IntoResponse, Response};
 use router_workers::ApiKey;
 use subtle::ConstantTimeEq;
 
-use crate::app::AppContext;
 use crate::config::ServerConfig;
 use crate::error::ApiError;
 
@@ -120,11 +119,11 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
 /// Middleware of the client API: with client keys configured, a request without one of them
 /// gets 401 before anything else happens.
 pub async fn require_api_key(
-    State(ctx): State<Arc<AppContext>>,
+    State(credentials): State<Arc<Credentials>>,
     request: Request,
     next: Next,
 ) -> Response {
-    let keys = &ctx.credentials().client_keys;
+    let keys = &credentials.client_keys;
     if keys.is_empty() {
         return next.run(request).await;
     }
@@ -139,11 +138,11 @@ pub async fn require_api_key(
 
 /// Middleware of the admin API: off (404) without a token, 401 without the right one.
 pub async fn require_admin_token(
-    State(ctx): State<Arc<AppContext>>,
+    State(credentials): State<Arc<Credentials>>,
     request: Request,
     next: Next,
 ) -> Response {
-    let Some(token) = &ctx.credentials().admin_token else {
+    let Some(token) = &credentials.admin_token else {
         return ApiError::NotFound("the admin API is off (no admin token configured)".into())
             .into_response();
     };

@@ -1,11 +1,22 @@
-//! Every error a client can see, and the one place that maps it to an HTTP status.
+//! Every error a client can see, typed with its source, and the one place that maps it to an
+//! HTTP status and an OpenAI-shaped body: `{"error": {"message", "type", "code", "param"}}`.
 //!
-//! Bodies are OpenAI-shaped: `{"error": {"message", "type", "code", "param"}}`.
+//! The message a client reads is the error and its causes, outermost first ([`Chain`]): the
+//! one place a cause becomes text.
+
+use std::fmt;
+use std::time::Duration;
 
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use router_policies::Rejection;
-use router_workers::Stage;
+use router_buckets::SelectError;
+use router_policies::PickError;
+use router_workers::WorkerId;
+
+use crate::prepare::{InvalidRequest, PrepareError};
+
+/// A body's or transport's error, as the HTTP crates box them.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// An error answered to the client.
 #[derive(Debug, thiserror::Error)]
@@ -16,16 +27,8 @@ pub enum ApiError {
     InvalidRequest {
         /// What is wrong.
         message: String,
-        /// The offending parameter.
+        /// The offending parameter (a body field, or a header's name).
         param: Option<String>,
-    },
-    /// No bucket supports the request's length.
-    #[error("no bucket accepts {input_tokens} input tokens{}", peak.map(|p| format!(" with a peak of {p}")).unwrap_or_default())]
-    NoMatchingBucket {
-        /// Prompt tokens.
-        input_tokens: u64,
-        /// Expected peak, when known.
-        peak: Option<u64>,
     },
     /// The model is not served here.
     #[error("model {0:?} is not served by this router")]
@@ -42,30 +45,23 @@ pub enum ApiError {
         /// The limit in seconds.
         secs: u64,
     },
-    /// Every compatible bucket was tried and admission rejected every engine it could use.
-    #[error("no admissible engine: {}", rejections.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
-    NoAdmissibleEngine {
-        /// Every rejection met, in order.
-        rejections: Vec<Rejection>,
-    },
-    /// Every compatible bucket was tried and the last one had no candidate for a stage.
-    #[error("no candidates for the {stage} stage in any compatible bucket")]
-    NoCandidates {
-        /// The stage that had none.
-        stage: Stage,
-    },
-    /// The router or its configuration is at fault (invalid signal, configuration, foreign pick).
-    #[error("{0}")]
-    Internal(String),
-    /// The engine failed.
-    #[error("{0}")]
-    Upstream(String),
-    /// The engine could not be reached: it received nothing (the one retryable failure).
-    #[error("{0}")]
-    EngineUnreachable(String),
-    /// The engine did not answer in time.
-    #[error("{0}")]
-    UpstreamTimeout(String),
+    /// The bucket loop found no complete selection.
+    #[error(transparent)]
+    Select(#[from] SelectError),
+    /// Preparing a long request on the blocking pool failed (the task panicked or the pool
+    /// shut down).
+    #[error("request preparation failed")]
+    Preparation(#[source] tokio::task::JoinError),
+    /// The engine of a plain dispatch failed.
+    #[error(transparent)]
+    Engine(EngineError),
+    /// The prefill engine of a PD pair failed.
+    #[error("prefill engine {} failed", .0.worker())]
+    Prefill(#[source] EngineError),
+    /// The decode engine of a PD pair failed. Never retried: its prefill partner may already
+    /// hold the request.
+    #[error("decode engine {} failed", .0.worker())]
+    Decode(#[source] EngineError),
     /// A missing or wrong credential (client API key or admin token); says which, never the
     /// key.
     #[error("{0}")]
@@ -81,23 +77,197 @@ pub enum ApiError {
     NotFound(String),
 }
 
+/// Why an exchange with one engine failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The request could not be sent, or no response head came back.
+    #[error(transparent)]
+    Send(#[from] SendError),
+    /// The engine answered with a server error; `text` is the start of its body.
+    #[error("engine {worker} answered {}: {text}", status.as_u16())]
+    Status {
+        /// The engine.
+        worker: WorkerId,
+        /// Its status.
+        status: StatusCode,
+        /// At most 1 KiB of its body.
+        text: String,
+    },
+    /// The engine refused the router's credential (401 or 403). Passing that on would tell
+    /// the client its own key is wrong.
+    #[error(
+        "engine {worker} refused the router's credentials ({}); check the worker's api_key",
+        status.as_u16()
+    )]
+    RefusedCredentials {
+        /// The engine.
+        worker: WorkerId,
+        /// Its status.
+        status: StatusCode,
+    },
+    /// A prefill engine refused the request (a 4xx other than a credential refusal).
+    #[error("engine {worker} refused the request ({}): {text}", status.as_u16())]
+    Refused {
+        /// The engine.
+        worker: WorkerId,
+        /// Its status.
+        status: StatusCode,
+        /// At most 1 KiB of its body.
+        text: String,
+    },
+    /// The engine's body broke off.
+    #[error("engine {worker} failed mid-response")]
+    MidResponse {
+        /// The engine.
+        worker: WorkerId,
+        /// The transport's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The engine sent its head, then nothing for `server.engine_idle_timeout_secs`.
+    #[error("engine {worker} sent nothing for {} s", silence.as_secs())]
+    Stalled {
+        /// The engine.
+        worker: WorkerId,
+        /// How long it was silent.
+        silence: Duration,
+    },
+    /// A whole (non-streamed) answer larger than the router buffers.
+    #[error("engine {worker} answered more than {limit} bytes")]
+    AnswerTooLarge {
+        /// The engine.
+        worker: WorkerId,
+        /// The limit in bytes.
+        limit: usize,
+    },
+}
+
+/// Why a request could not be sent to an engine, or got no response head.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SendError {
+    /// The connection could not be made: the engine received nothing (the one failure a
+    /// plain dispatch retries).
+    #[error("engine {worker} unreachable")]
+    Unreachable {
+        /// The engine.
+        worker: WorkerId,
+        /// The client's error (connect, TLS handshake, connection setup timeout).
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
+    /// The exchange failed after connecting.
+    #[error("engine {worker} failed")]
+    Failed {
+        /// The engine.
+        worker: WorkerId,
+        /// The client's error.
+        #[source]
+        source: hyper_util::client::legacy::Error,
+    },
+    /// No response head within `server.request_timeout_secs`.
+    #[error("engine {worker} did not answer within {} s", after.as_secs())]
+    Timeout {
+        /// The engine.
+        worker: WorkerId,
+        /// The timeout.
+        after: Duration,
+    },
+    /// The request itself could not be built (an engine URL the HTTP stack refuses).
+    #[error("building the request to engine {worker} at {url}")]
+    Request {
+        /// The engine.
+        worker: WorkerId,
+        /// The URL.
+        url: String,
+        /// Why.
+        #[source]
+        source: http::Error,
+    },
+}
+
+impl SendError {
+    /// The engine.
+    pub fn worker(&self) -> &WorkerId {
+        match self {
+            SendError::Unreachable { worker, .. }
+            | SendError::Failed { worker, .. }
+            | SendError::Timeout { worker, .. }
+            | SendError::Request { worker, .. } => worker,
+        }
+    }
+
+    /// A metrics label.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SendError::Unreachable { .. } => "unreachable",
+            SendError::Failed { .. } | SendError::Request { .. } => "transport",
+            SendError::Timeout { .. } => "timeout",
+        }
+    }
+}
+
+impl EngineError {
+    /// The engine.
+    pub fn worker(&self) -> &WorkerId {
+        match self {
+            EngineError::Send(err) => err.worker(),
+            EngineError::Status { worker, .. }
+            | EngineError::RefusedCredentials { worker, .. }
+            | EngineError::Refused { worker, .. }
+            | EngineError::MidResponse { worker, .. }
+            | EngineError::Stalled { worker, .. }
+            | EngineError::AnswerTooLarge { worker, .. } => worker,
+        }
+    }
+
+    /// A metrics label (`router_engine_failures_total{kind}`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EngineError::Send(err) => err.kind(),
+            EngineError::Status { .. } => "status",
+            EngineError::RefusedCredentials { .. } => "credentials",
+            EngineError::Refused { .. } => "refused",
+            EngineError::MidResponse { .. } => "transport",
+            EngineError::Stalled { .. } => "stalled",
+            EngineError::AnswerTooLarge { .. } => "too_large",
+        }
+    }
+
+    fn is_timeout(&self) -> bool {
+        matches!(self, EngineError::Send(SendError::Timeout { .. }) | EngineError::Stalled { .. })
+    }
+
+    fn code(&self) -> &'static str {
+        match self {
+            EngineError::Send(SendError::Unreachable { .. }) => "engine_unreachable",
+            _ if self.is_timeout() => "engine_timeout",
+            _ => "engine_failed",
+        }
+    }
+}
+
 impl ApiError {
+    /// Whether the bucket loop may select again and resend: only a plain dispatch's engine
+    /// that received nothing.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, ApiError::Engine(EngineError::Send(SendError::Unreachable { .. })))
+    }
+
     /// The HTTP status of this error.
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::InvalidRequest { .. } | ApiError::NoMatchingBucket { .. } => {
-                StatusCode::BAD_REQUEST
-            }
+            ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::UnknownModel(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
-            ApiError::NoAdmissibleEngine { .. }
-            | ApiError::NoCandidates { .. }
-            | ApiError::Overloaded
-            | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            ApiError::Upstream(_) | ApiError::EngineUnreachable(_) => StatusCode::BAD_GATEWAY,
-            ApiError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::Select(err) => select_status(err),
+            ApiError::Overloaded | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Preparation(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Engine(err) | ApiError::Prefill(err) | ApiError::Decode(err) => {
+                if err.is_timeout() { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY }
+            }
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
         }
     }
@@ -106,18 +276,16 @@ impl ApiError {
     pub fn kind(&self) -> (&'static str, &'static str) {
         match self {
             ApiError::InvalidRequest { .. } => ("invalid_request_error", "invalid_request"),
-            ApiError::NoMatchingBucket { .. } => ("invalid_request_error", "no_matching_bucket"),
             ApiError::UnknownModel(_) => ("invalid_request_error", "model_not_found"),
             ApiError::BodyTooLarge { .. } => ("invalid_request_error", "body_too_large"),
             ApiError::BodyTimeout { .. } => ("invalid_request_error", "body_timeout"),
-            ApiError::NoAdmissibleEngine { .. } => ("service_unavailable", "no_admissible_engine"),
-            ApiError::NoCandidates { .. } => ("service_unavailable", "no_candidates"),
+            ApiError::Select(err) => select_kind(err),
             ApiError::ShuttingDown => ("service_unavailable", "shutting_down"),
             ApiError::Overloaded => ("service_unavailable", "overloaded"),
-            ApiError::Internal(_) => ("internal_error", "internal_error"),
-            ApiError::Upstream(_) => ("upstream_error", "engine_failed"),
-            ApiError::EngineUnreachable(_) => ("upstream_error", "engine_unreachable"),
-            ApiError::UpstreamTimeout(_) => ("upstream_error", "engine_timeout"),
+            ApiError::Preparation(_) => ("internal_error", "internal_error"),
+            ApiError::Engine(err) | ApiError::Prefill(err) | ApiError::Decode(err) => {
+                ("upstream_error", err.code())
+            }
             ApiError::Unauthorized(_) => ("authentication_error", "unauthorized"),
             ApiError::NotFound(_) => ("invalid_request_error", "not_found"),
         }
@@ -135,9 +303,43 @@ impl ApiError {
             ApiError::InvalidRequest { param, .. } => param.clone(),
             _ => None,
         };
+        let message = Chain(self).to_string();
         serde_json::json!({
-            "error": {"message": self.to_string(), "type": kind, "code": code, "param": param}
+            "error": {"message": message, "type": kind, "code": code, "param": param}
         })
+    }
+}
+
+/// The policy's error behind a bucket that stopped routing.
+fn stopped_by(err: &SelectError) -> Option<&PickError> {
+    match err {
+        SelectError::Stopped { error, .. } => Some(&error.error),
+        _ => None,
+    }
+}
+
+fn select_status(err: &SelectError) -> StatusCode {
+    match err {
+        SelectError::NoMatchingBucket { .. } => StatusCode::BAD_REQUEST,
+        SelectError::NoAdmissibleEngine { .. } | SelectError::NoCandidates { .. } => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        _ if matches!(stopped_by(err), Some(PickError::InvalidKey { .. })) => {
+            StatusCode::BAD_REQUEST
+        }
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+fn select_kind(err: &SelectError) -> (&'static str, &'static str) {
+    match err {
+        SelectError::NoMatchingBucket { .. } => ("invalid_request_error", "no_matching_bucket"),
+        SelectError::NoAdmissibleEngine { .. } => ("service_unavailable", "no_admissible_engine"),
+        SelectError::NoCandidates { .. } => ("service_unavailable", "no_candidates"),
+        _ if matches!(stopped_by(err), Some(PickError::InvalidKey { .. })) => {
+            ("invalid_request_error", "invalid_request")
+        }
+        _ => ("internal_error", "internal_error"),
     }
 }
 
@@ -157,20 +359,38 @@ impl IntoResponse for ApiError {
     }
 }
 
-impl From<crate::prepare::InvalidRequest> for ApiError {
-    fn from(err: crate::prepare::InvalidRequest) -> Self {
+impl From<InvalidRequest> for ApiError {
+    fn from(err: InvalidRequest) -> Self {
         ApiError::InvalidRequest { message: err.message, param: err.param }
     }
 }
 
-impl From<crate::prepare::PrepareError> for ApiError {
-    fn from(err: crate::prepare::PrepareError) -> Self {
+impl From<PrepareError> for ApiError {
+    fn from(err: PrepareError) -> Self {
         match err {
-            crate::prepare::PrepareError::Invalid(invalid) => invalid.into(),
-            crate::prepare::PrepareError::Tokenize(err) => ApiError::InvalidRequest {
-                message: err.to_string(),
+            PrepareError::Invalid(invalid) => invalid.into(),
+            PrepareError::Tokenize(err) => ApiError::InvalidRequest {
+                message: Chain(&err).to_string(),
                 param: Some("messages".into()),
             },
         }
     }
 }
+
+/// An error and its causes, outermost first, joined by `": "`.
+pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut cause = self.0.source();
+        while let Some(inner) = cause {
+            write!(f, ": {inner}")?;
+            cause = inner.source();
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -12,18 +12,17 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body::Frame;
-use tokio::sync::OwnedSemaphorePermit;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::app::AppContext;
 use crate::error::ApiError;
 
-/// Admits a request while fewer than `server.max_concurrent_requests` are active.
+/// Admits a request while `slots` (`server.max_concurrent_requests` of them) has a permit.
 pub async fn concurrency(
-    State(ctx): State<Arc<AppContext>>,
+    State(slots): State<Arc<Semaphore>>,
     request: Request,
     next: Next,
 ) -> Response {
-    let Ok(permit) = Arc::clone(ctx.request_slots()).try_acquire_owned() else {
+    let Ok(permit) = slots.try_acquire_owned() else {
         crate::metrics::refused("overloaded");
         return ApiError::Overloaded.into_response();
     };

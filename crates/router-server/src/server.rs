@@ -29,15 +29,15 @@ pub fn routes(ctx: Arc<AppContext>) -> Router {
         .route("/admin/workers", get(admin::list_workers).post(admin::add_worker))
         .route("/admin/workers/{id}", delete(admin::remove_worker))
         .route("/admin/state", get(admin::state))
-        .route_layer(from_fn_with_state(Arc::clone(&ctx), auth::require_admin_token));
+        .route_layer(from_fn_with_state(Arc::clone(ctx.credentials()), auth::require_admin_token));
     let client_routes = Router::new()
         .route(
             "/v1/chat/completions",
             post(chat::chat_completions)
-                .layer(from_fn_with_state(Arc::clone(&ctx), limit::concurrency)),
+                .layer(from_fn_with_state(Arc::clone(ctx.request_slots()), limit::concurrency)),
         )
         .route("/v1/models", get(ops::models))
-        .route_layer(from_fn_with_state(Arc::clone(&ctx), auth::require_api_key));
+        .route_layer(from_fn_with_state(Arc::clone(ctx.credentials()), auth::require_api_key));
     Router::new()
         .merge(client_routes)
         .route("/health", get(ops::health))

@@ -109,6 +109,9 @@ struct EngineArgs {
     /// Delay before anything is sent back for each chat request, in ms.
     #[arg(long, default_value_t = 0)]
     stall_ms: u64,
+    /// Delay between each chat answer's head and its body, in ms.
+    #[arg(long, default_value_t = 0)]
+    stall_body_ms: u64,
     /// Exit (status 3) once this many chat requests have been answered.
     #[arg(long)]
     die_after: Option<u64>,
@@ -158,6 +161,7 @@ impl EngineArgs {
         config.faults = Faults {
             fail_rate: self.fail_rate,
             stall: Duration::from_millis(self.stall_ms),
+            stall_body: Duration::from_millis(self.stall_body_ms),
             die_after: self.die_after,
             no_kv_events: self.no_kv_events,
         };

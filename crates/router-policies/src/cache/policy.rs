@@ -167,7 +167,10 @@ impl CacheAwarePolicy {
         request: &PickRequest<'_>,
     ) -> Result<Pick, PickError> {
         if request.stage == Stage::Decode {
-            return Err(PickError::UnsupportedStage { policy: "cache_aware", stage: request.stage });
+            return Err(PickError::UnsupportedStage {
+                policy: "cache_aware",
+                stage: request.stage,
+            });
         }
         if engines.is_empty() {
             return Err(PickError::NoCandidates { stage: request.stage });

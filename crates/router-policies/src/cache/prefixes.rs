@@ -68,4 +68,3 @@ impl Prefixes {
             .map_or(0, |p| p.tokens)
     }
 }
-

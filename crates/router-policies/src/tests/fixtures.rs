@@ -14,9 +14,8 @@ use router_state_load::{
 use router_workers::{ModelId, Stage, Worker, WorkerId, WorkerSpec};
 
 use crate::{
-    Rejection,
-    AdmissionLimits, EngineAdmission, EngineMetrics, LoadHandles, Pick, PickError,
-    PickRequest, Policy, PolicyHandles,
+    AdmissionLimits, EngineAdmission, EngineMetrics, LoadHandles, Pick, PickError, PickRequest,
+    Policy, PolicyHandles, Rejection,
 };
 
 /// The numbers of a report (one rank, or split over two for a rank-incomplete one).

@@ -66,6 +66,10 @@ pub struct ServerConfig {
     /// How long an engine may take to send its response head, in seconds (a stream may then
     /// last as long as it lasts).
     pub request_timeout_secs: u64,
+    /// Longest silence between two bytes of an engine's body, in seconds, once its head has
+    /// arrived; beyond it a stream ends with an error event and a whole answer is a 504. Long
+    /// prefills send their head early, so this is generous.
+    pub engine_idle_timeout_secs: u64,
     /// How long shutdown waits for in-flight requests, in seconds.
     pub shutdown_drain_secs: u64,
     /// A client must send a request's whole head within this many seconds of starting it (or
@@ -99,6 +103,7 @@ impl Default for ServerConfig {
             max_header_bytes: 64 * 1024,
             max_concurrent_requests: 16_384,
             request_timeout_secs: 1800,
+            engine_idle_timeout_secs: 300,
             shutdown_drain_secs: 30,
             header_read_timeout_secs: 30,
             body_read_timeout_secs: 60,

@@ -92,6 +92,7 @@ pub fn build_models(
         ("server.header_read_timeout_secs", config.server.header_read_timeout_secs),
         ("server.body_read_timeout_secs", config.server.body_read_timeout_secs),
         ("server.client_write_timeout_secs", config.server.client_write_timeout_secs),
+        ("server.engine_idle_timeout_secs", config.server.engine_idle_timeout_secs),
     ] {
         if secs == 0 {
             problems.push(path, "must be at least 1");

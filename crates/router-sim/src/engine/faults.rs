@@ -1,5 +1,6 @@
-//! Fault injection: answer a fraction of requests with 500, stall before the first byte,
-//! die after N answered requests, stop publishing KV events (handled by the publisher).
+//! Fault injection: answer a fraction of requests with 500, stall before the first byte or
+//! between the head and the body, die after N answered requests, stop publishing KV events
+//! (handled by the publisher).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -16,6 +17,9 @@ pub struct Faults {
     pub fail_rate: f64,
     /// Delay before anything is sent back for a chat request.
     pub stall: Duration,
+    /// Delay between a chat answer's head and its body (a stalled engine, as the router sees
+    /// it once the head has arrived).
+    pub stall_body: Duration,
     /// Exit once this many chat requests have been answered.
     pub die_after: Option<u64>,
     /// Bind the KV-event sockets but never publish (nor retain for replay).
@@ -49,6 +53,10 @@ impl FaultState {
 
     pub(crate) fn stall(&self) -> Duration {
         self.faults.stall
+    }
+
+    pub(crate) fn stall_body(&self) -> Duration {
+        self.faults.stall_body
     }
 
     /// Counts an answered chat request; the `die_after`-th one starts the engine's death.

@@ -14,9 +14,8 @@ use router_state_load::{
 use router_workers::{KvEventsSpec, ModelId, Stage, Worker, WorkerId, WorkerSpec};
 
 use crate::{
-    Rejection,
     AdmissionLimits, CacheAwarePolicy, CacheAwareSettings, CacheSource, EngineAdmission,
-    EngineMetrics, LoadHandles, Pick, PickError, PickRequest, Policy, RequestTokens,
+    EngineMetrics, LoadHandles, Pick, PickError, PickRequest, Policy, Rejection, RequestTokens,
 };
 
 /// The block size of the fixture's engines unless set otherwise.

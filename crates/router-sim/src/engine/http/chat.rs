@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use futures::StreamExt as _;
 use http::StatusCode;
 use router_workers::Stage;
 use serde::Deserialize;
@@ -89,12 +90,27 @@ impl RawMessage {
 pub(crate) async fn chat_completions(State(engine): State<Arc<Engine>>, body: Bytes) -> Response {
     engine.refuse_if_dying().await;
     match handle(&engine, &body).await {
-        Ok(answer) => answer.respond(engine).await,
+        Ok(answer) => {
+            let stall_body = engine.faults.stall_body();
+            held_back(answer.respond(engine).await, stall_body)
+        }
         Err(error) => {
             engine.faults.answered();
             error.into_response()
         }
     }
+}
+
+/// `response` with its body held back for `delay` after the head (`--stall-body-ms`).
+fn held_back(response: Response, delay: std::time::Duration) -> Response {
+    if delay.is_zero() {
+        return response;
+    }
+    response.map(|body| {
+        let late = futures::stream::once(tokio::time::sleep(delay))
+            .filter_map(|()| std::future::ready(None::<Result<Bytes, axum::Error>>));
+        axum::body::Body::from_stream(late.chain(body.into_data_stream()))
+    })
 }
 
 fn parse(body: &[u8]) -> Result<ChatRequest, ApiError> {

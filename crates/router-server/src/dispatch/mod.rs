@@ -1,0 +1,227 @@
+//! Dispatch of a complete selection: the request goes to its plain engine ([`plain`]) or to its
+//! prefill and decode pair ([`pd`]), and the answer comes back, streamed or whole.
+//!
+//! What every exchange with an engine shares lives here: sending (transport failures go to the
+//! circuit breaker and the failure counter), judging the response head (a 5xx or a refusal of
+//! the router's credential is the engine's failure, anything else is the client's answer), and
+//! the two ways back: a stream ([`GuardedBody`]) when the client asked for one and the engine
+//! said yes, else the whole answer, read with the engine's silence bounded before the client
+//! sees a status (so a stalled engine is a 504, not a cut connection).
+
+mod pd;
+mod plain;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{HeaderValue, StatusCode};
+use axum::response::Response;
+use bytes::Bytes;
+use http::response::Parts;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use router_buckets::BucketPick;
+use router_state_load::InflightGuard;
+use router_workers::{ModelId, Worker};
+use tokio::sync::oneshot;
+
+use crate::app::AppContext;
+use crate::error::{ApiError, EngineError, SendError};
+use crate::forward::{GuardedBody, Outcome, OutcomeSink as _, passthrough_headers};
+use crate::metrics;
+use crate::prepare::PreparedRequest;
+
+/// The engines' chat endpoint.
+const CHAT_PATH: &str = "/v1/chat/completions";
+
+/// Largest whole (non-streamed) answer the router buffers, in bytes.
+const WHOLE_ANSWER_LIMIT: usize = 64 * 1024 * 1024;
+
+/// One request on its way to the engines of a selection.
+#[derive(Clone, Copy)]
+pub struct Dispatch<'a> {
+    /// How to talk to the engines.
+    pub exchange: Exchange<'a>,
+    /// The prepared request.
+    pub prepared: &'a PreparedRequest,
+    /// The served model.
+    pub model: &'a ModelId,
+    /// The bucket that chose the engines.
+    pub bucket: &'a str,
+    /// When the router received the request.
+    pub started: Instant,
+}
+
+/// What one exchange with an engine needs: the shared services, the request id and whether
+/// the client asked for a stream.
+#[derive(Clone, Copy)]
+pub struct Exchange<'a> {
+    /// The shared services.
+    pub ctx: &'a Arc<AppContext>,
+    /// Sent to the engines as `x-request-id`.
+    pub request_id: &'a HeaderValue,
+    /// The client asked for a stream.
+    pub streamed: bool,
+}
+
+impl Dispatch<'_> {
+    /// Sends the request to `pick`'s engines and returns the client's response, labelled with
+    /// the engines and the bucket.
+    pub async fn run(self, pick: BucketPick) -> Result<Response, ApiError> {
+        let mut response = match pick {
+            BucketPick::Plain(pick) => plain::dispatch(self, pick).await?,
+            BucketPick::Pd { prefill, decode } => pd::dispatch(self, prefill, decode).await?,
+        };
+        response.headers_mut().insert("x-router-bucket", header_value(self.bucket));
+        Ok(response)
+    }
+}
+
+impl Exchange<'_> {
+    /// Sends `body` to `worker`, telling the circuit breaker and the failure counter about
+    /// transport failures.
+    async fn send(
+        &self,
+        worker: &Worker,
+        body: Bytes,
+    ) -> Result<hyper::Response<Incoming>, EngineError> {
+        let sent = self.ctx.forwarder().send(worker, CHAT_PATH, body, self.request_id).await;
+        sent.map_err(|err| {
+            let outcome = match err {
+                SendError::Unreachable { .. } => Outcome::Unreachable,
+                _ => Outcome::Failure,
+            };
+            self.ctx.health().record(worker, outcome);
+            counted(EngineError::Send(err))
+        })
+    }
+
+    /// Judges an engine's response head: a server error (recorded against the engine, with
+    /// the start of its body) or a refusal of the router's credential is the engine's
+    /// failure; anything else is the client's answer.
+    async fn checked(
+        &self,
+        worker: &Worker,
+        upstream: hyper::Response<Incoming>,
+    ) -> Result<(Parts, Incoming), EngineError> {
+        let (parts, body) = upstream.into_parts();
+        let status = parts.status;
+        let worker_id = || worker.id().clone();
+        if status.is_server_error() {
+            self.ctx.health().record(worker, Outcome::Failure);
+            let text = read_snippet(body).await;
+            return Err(counted(EngineError::Status { worker: worker_id(), status, text }));
+        }
+        if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
+            return Err(counted(EngineError::RefusedCredentials { worker: worker_id(), status }));
+        }
+        Ok((parts, body))
+    }
+
+    /// Whether the answer streams back: the client asked for a stream and the engine agreed.
+    fn streams(&self, parts: &Parts) -> bool {
+        self.streamed && parts.status.is_success()
+    }
+
+    /// The client's response streaming the engine's body, holding `guards` until it ends.
+    /// A message on `partner_failure` ends the stream with that error.
+    fn stream(
+        &self,
+        parts: Parts,
+        body: Incoming,
+        guards: Vec<InflightGuard>,
+        worker: &Arc<Worker>,
+        partner_failure: Option<oneshot::Receiver<ApiError>>,
+    ) -> Response {
+        let body = GuardedBody::new(
+            body,
+            guards,
+            Arc::clone(worker),
+            self.ctx.health_sink(),
+            self.idle_limit(),
+            partner_failure,
+        );
+        response(&parts, Body::new(body))
+    }
+
+    /// The client's response carrying the engine's whole answer.
+    async fn whole(
+        &self,
+        parts: Parts,
+        body: Incoming,
+        worker: &Worker,
+    ) -> Result<Response, EngineError> {
+        let answer = self.read_answer(worker, body).await?;
+        Ok(response(&parts, Body::from(answer)))
+    }
+
+    /// Reads an engine's whole body, at most [`WHOLE_ANSWER_LIMIT`] bytes with at most the
+    /// idle limit between two frames, and records the outcome.
+    async fn read_answer(&self, worker: &Worker, mut body: Incoming) -> Result<Bytes, EngineError> {
+        let limit = self.idle_limit();
+        let mut chunks: Vec<Bytes> = Vec::new();
+        let mut total = 0;
+        let failed = loop {
+            let frame = match tokio::time::timeout(limit, body.frame()).await {
+                Err(_) => {
+                    break EngineError::Stalled { worker: worker.id().clone(), silence: limit };
+                }
+                Ok(None) => {
+                    self.ctx.health().record(worker, Outcome::Success);
+                    return Ok(match chunks.len() {
+                        // The usual case, one frame: no copy.
+                        1 => chunks.pop().unwrap_or_default(),
+                        _ => chunks.concat().into(),
+                    });
+                }
+                Ok(Some(Err(err))) => {
+                    let worker = worker.id().clone();
+                    break EngineError::MidResponse { worker, source: err.into() };
+                }
+                Ok(Some(Ok(frame))) => frame,
+            };
+            if let Ok(data) = frame.into_data() {
+                total += data.len();
+                if total > WHOLE_ANSWER_LIMIT {
+                    let worker = worker.id().clone();
+                    break EngineError::AnswerTooLarge { worker, limit: WHOLE_ANSWER_LIMIT };
+                }
+                chunks.push(data);
+            }
+        };
+        self.ctx.health().record(worker, Outcome::Failure);
+        Err(counted(failed))
+    }
+
+    fn idle_limit(&self) -> Duration {
+        Duration::from_secs(self.ctx.server().engine_idle_timeout_secs)
+    }
+}
+
+/// `err`, counted in `router_engine_failures_total`.
+fn counted(err: EngineError) -> EngineError {
+    metrics::engine_failure(err.worker().as_str(), err.kind());
+    err
+}
+
+/// The client's response: the engine's status and end-to-end headers over `body`.
+fn response(parts: &Parts, body: Body) -> Response {
+    let mut response = Response::new(body);
+    *response.status_mut() = parts.status;
+    passthrough_headers(&parts.headers, response.headers_mut());
+    response
+}
+
+/// At most 1 KiB of an engine's error body, as text.
+async fn read_snippet(body: Incoming) -> String {
+    let limited = http_body_util::Limited::new(body, 1024);
+    match tokio::time::timeout(Duration::from_secs(5), limited.collect()).await {
+        Ok(Ok(collected)) => String::from_utf8_lossy(&collected.to_bytes()).trim().to_owned(),
+        _ => String::from("(no body)"),
+    }
+}
+
+fn header_value(text: &str) -> HeaderValue {
+    HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+}

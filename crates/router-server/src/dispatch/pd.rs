@@ -1,0 +1,164 @@
+//! The SGLang bootstrap protocol for a prefill/decode pair: both engines get the request with
+//! the prefill engine's bootstrap address and one random room, sent concurrently; the decode
+//! engine's answer is the client's. (Preparation strips a client's own bootstrap fields.)
+//!
+//! A prefill failure before the decode head arrives fails the request; after it, it ends the
+//! stream with an error event (or fails a whole answer still being read). A decode failure
+//! cancels the prefill request, and is never retried: the prefill engine may already hold the
+//! request. A decode engine that answers 5xx because its bootstrap partner failed is not
+//! blamed when the prefill failure arrives within [`PARTNER_GRACE`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::response::Response;
+use bytes::Bytes;
+use router_policies::Pick;
+use router_workers::{Stage, Worker};
+use tokio::sync::oneshot;
+use tracing::{Instrument, warn};
+
+use super::{Dispatch, Exchange, counted, header_value, read_snippet};
+use crate::error::{ApiError, Chain, EngineError};
+
+/// SGLang's default bootstrap port, used when a prefill worker does not name one.
+pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
+
+/// How long a decode engine's 5xx waits for its prefill partner's failure to explain it.
+const PARTNER_GRACE: Duration = Duration::from_secs(2);
+
+/// A random 63-bit bootstrap room, as SGLang expects.
+pub fn bootstrap_room() -> u64 {
+    rand::random::<u64>() >> 1
+}
+
+/// The body both engines get: the client's plus the bootstrap fields.
+pub fn with_bootstrap(
+    body: &serde_json::Map<String, serde_json::Value>,
+    prefill: &Worker,
+    room: u64,
+) -> Bytes {
+    let mut body = body.clone();
+    body.insert("bootstrap_host".into(), prefill.host().into());
+    body.insert(
+        "bootstrap_port".into(),
+        prefill.bootstrap_port().unwrap_or(DEFAULT_BOOTSTRAP_PORT).into(),
+    );
+    body.insert("bootstrap_room".into(), room.into());
+    Bytes::from(serde_json::to_vec(&body).expect("a JSON map serialises"))
+}
+
+pub(super) async fn dispatch(
+    d: Dispatch<'_>,
+    prefill: Pick,
+    decode: Pick,
+) -> Result<Response, ApiError> {
+    let (prepared, x) = (d.prepared, d.exchange);
+    let tokens = prepared.tokens.as_deref();
+    let prefill_guard =
+        x.ctx.dispatched(d.model, &prefill, Stage::Prefill, prepared.input_tokens, tokens);
+    let decode_guard =
+        x.ctx.dispatched(d.model, &decode, Stage::Decode, prepared.input_tokens, tokens);
+    let body = with_bootstrap(&prepared.chat.body, &prefill.worker, bootstrap_room());
+
+    let (failed_tx, mut failed_rx) = oneshot::channel::<ApiError>();
+    let prefill_task = {
+        let (ctx, worker, body) = (Arc::clone(x.ctx), Arc::clone(&prefill.worker), body.clone());
+        let (request_id, streamed) = (x.request_id.clone(), x.streamed);
+        tokio::spawn(
+            async move {
+                let _guard = prefill_guard;
+                let x = Exchange { ctx: &ctx, request_id: &request_id, streamed };
+                if let Err(err) = run_prefill(x, &worker, body).await {
+                    let err = ApiError::Prefill(err);
+                    warn!(error = %Chain(&err), "prefill failed");
+                    let _ = failed_tx.send(err);
+                }
+            }
+            .in_current_span(),
+        )
+    };
+    let abort_prefill = AbortOnDrop(Some(prefill_task));
+
+    let decode_worker = &decode.worker;
+    let decode_send = x.send(decode_worker, body);
+    tokio::pin!(decode_send);
+    let mut prefill_succeeded = false;
+    let upstream = loop {
+        tokio::select! {
+            result = &mut decode_send => break result.map_err(ApiError::Decode)?,
+            failed = &mut failed_rx, if !prefill_succeeded => match failed {
+                Ok(err) => return Err(err),
+                // The sender is dropped without a message when the prefill succeeded.
+                Err(_) => prefill_succeeded = true,
+            },
+        }
+    };
+    if upstream.status().is_server_error() && !prefill_succeeded {
+        if let Ok(Ok(err)) = tokio::time::timeout(PARTNER_GRACE, &mut failed_rx).await {
+            return Err(err);
+        }
+        prefill_succeeded = true;
+    }
+    let (parts, body) = x.checked(decode_worker, upstream).await.map_err(ApiError::Decode)?;
+    let mut response = if x.streams(&parts) {
+        let partner = (!prefill_succeeded).then_some(failed_rx);
+        x.stream(parts, body, vec![decode_guard], decode_worker, partner)
+    } else {
+        let answer = x.whole(parts, body, decode_worker);
+        let response = if prefill_succeeded {
+            answer.await.map_err(ApiError::Decode)?
+        } else {
+            tokio::select! {
+                answer = answer => answer.map_err(ApiError::Decode)?,
+                err = failure_of(failed_rx) => return Err(err),
+            }
+        };
+        drop(decode_guard);
+        response
+    };
+    // The decode answer is under way: the prefill request runs to its end on its own.
+    abort_prefill.disarm();
+    let headers = response.headers_mut();
+    headers.insert("x-router-prefill-engine", header_value(prefill.worker.id().as_str()));
+    headers.insert("x-router-decode-engine", header_value(decode_worker.id().as_str()));
+    Ok(response)
+}
+
+/// The prefill engine's side: sent, judged and read to its end.
+async fn run_prefill(x: Exchange<'_>, worker: &Worker, body: Bytes) -> Result<(), EngineError> {
+    let upstream = x.send(worker, body).await?;
+    let (parts, body) = x.checked(worker, upstream).await?;
+    if !parts.status.is_success() {
+        let text = read_snippet(body).await;
+        let status = parts.status;
+        return Err(counted(EngineError::Refused { worker: worker.id().clone(), status, text }));
+    }
+    x.read_answer(worker, body).await.map(drop)
+}
+
+/// The prefill partner's failure, if it fails; pending forever once it succeeded.
+async fn failure_of(failed: oneshot::Receiver<ApiError>) -> ApiError {
+    match failed.await {
+        Ok(err) => err,
+        Err(_) => std::future::pending().await,
+    }
+}
+
+/// Aborts the prefill request when the PD dispatch is abandoned before the decode answer
+/// starts (decode failure, or the client leaving).
+struct AbortOnDrop(Option<tokio::task::JoinHandle<()>>);
+
+impl AbortOnDrop {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        if let Some(task) = self.0.take() {
+            task.abort();
+        }
+    }
+}

@@ -1,0 +1,48 @@
+//! A plain dispatch: one engine serves the whole request. Its in-flight guard is held until
+//! the answer is read or the stream ends; a streamed pick with a TTFT prediction reports the
+//! observed first byte beside it.
+
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::response::Response;
+use router_policies::Pick;
+use router_workers::Stage;
+
+use super::{Dispatch, header_value};
+use crate::error::ApiError;
+use crate::forward::FirstByte;
+use crate::metrics;
+
+pub(super) async fn dispatch(d: Dispatch<'_>, pick: Pick) -> Result<Response, ApiError> {
+    let prepared = d.prepared;
+    let tokens = prepared.tokens.as_deref();
+    let x = d.exchange;
+    let guard = x.ctx.dispatched(d.model, &pick, Stage::Plain, prepared.input_tokens, tokens);
+    let worker = &pick.worker;
+    let dispatched_at = Instant::now();
+    let upstream = x.send(worker, prepared.body.clone()).await.map_err(ApiError::Engine)?;
+    metrics::time_to_response_head(d.model.as_str(), d.started.elapsed());
+    let (parts, body) = x.checked(worker, upstream).await.map_err(ApiError::Engine)?;
+    let mut response = if x.streams(&parts) {
+        let response = x.stream(parts, body, vec![guard], worker, None);
+        match pick.predicted_ttft_ms {
+            Some(predicted_ms) => {
+                let model = d.model.clone();
+                response.map(|body| {
+                    Body::new(FirstByte::new(body, move || {
+                        let observed = dispatched_at.elapsed();
+                        metrics::ttft_prediction(model.as_str(), predicted_ms, observed);
+                    }))
+                })
+            }
+            None => response,
+        }
+    } else {
+        let response = x.whole(parts, body, worker).await.map_err(ApiError::Engine)?;
+        drop(guard);
+        response
+    };
+    response.headers_mut().insert("x-router-engine", header_value(worker.id().as_str()));
+    Ok(response)
+}

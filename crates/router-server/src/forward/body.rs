@@ -1,0 +1,307 @@
+//! Streamed answers: the engine's SSE body passed through as it arrives, holding the
+//! dispatch's in-flight guards until it ends, with the engine's silence bounded.
+//!
+//! Data frames that have already arrived are written as one (a burst of events costs one
+//! write), never waiting for more. A mid-stream failure, an engine silent for longer than its
+//! idle limit, or a failed prefill partner ends the stream with an SSE error event and is
+//! reported to the circuit breaker. Dropping the body (the client went away) releases the
+//! guards and drops the upstream response, which closes the engine connection and so cancels
+//! the request there.
+
+use std::convert::Infallible;
+use std::future::Future as _;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, header};
+use http_body::{Body, Frame, SizeHint};
+use router_state_load::InflightGuard;
+use router_workers::Worker;
+use tokio::sync::oneshot;
+use tokio::time::{Instant, Sleep};
+
+use super::{Outcome, OutcomeSink};
+use crate::error::{ApiError, BoxError, Chain, EngineError};
+use crate::metrics;
+
+/// Most bytes of already-arrived data frames merged into one write.
+const COALESCE_LIMIT: usize = 64 * 1024;
+
+/// An engine's streamed (SSE) response body on its way to the client.
+pub struct GuardedBody<B: Body = hyper::body::Incoming> {
+    inner: B,
+    guards: Vec<InflightGuard>,
+    worker: Arc<Worker>,
+    sink: Arc<dyn OutcomeSink>,
+    idle: Idle,
+    /// A prefill partner's failure, which ends this (decode) stream.
+    partner_failure: Option<oneshot::Receiver<ApiError>>,
+    /// A frame or error polled while coalescing, delivered on the next poll.
+    stashed: Option<Result<Frame<Bytes>, B::Error>>,
+    /// The engine's body ended while coalescing.
+    ended: bool,
+    finished: bool,
+}
+
+impl<B: Body> GuardedBody<B> {
+    /// Wraps an engine's streamed body. `idle_limit` bounds the silence between two frames.
+    pub fn new(
+        inner: B,
+        guards: Vec<InflightGuard>,
+        worker: Arc<Worker>,
+        sink: Arc<dyn OutcomeSink>,
+        idle_limit: Duration,
+        partner_failure: Option<oneshot::Receiver<ApiError>>,
+    ) -> Self {
+        Self {
+            inner,
+            guards,
+            worker,
+            sink,
+            idle: Idle::new(idle_limit),
+            partner_failure,
+            stashed: None,
+            ended: false,
+            finished: false,
+        }
+    }
+
+    fn finish(&mut self, outcome: Outcome) {
+        if !self.finished {
+            self.finished = true;
+            self.sink.record(&self.worker, outcome);
+            self.guards.clear();
+            self.partner_failure = None;
+        }
+    }
+
+    /// Ends the stream with `error` as an SSE error event, the engine's outcome recorded (and
+    /// its own failure counted).
+    fn fail(
+        &mut self,
+        outcome: Outcome,
+        error: &ApiError,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        tracing::warn!(error = %Chain(error), "stream ended with an error event");
+        if let ApiError::Engine(failure) = error {
+            metrics::engine_failure(failure.worker().as_str(), failure.kind());
+        }
+        self.finish(outcome);
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from(format!("data: {}\n\n", error.body()))))))
+    }
+}
+
+impl<B> GuardedBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError> + Unpin,
+{
+    /// Passes one polled result on, finishing the dispatch at the end or on an error.
+    fn deliver(
+        &mut self,
+        polled: Poll<Option<Result<Frame<Bytes>, B::Error>>>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        match polled {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => {
+                self.finish(Outcome::Success);
+                Poll::Ready(None)
+            }
+            Poll::Ready(Some(Ok(frame))) => Poll::Ready(Some(Ok(frame))),
+            Poll::Ready(Some(Err(source))) => {
+                let worker = self.worker.id().clone();
+                let source = source.into();
+                let error = ApiError::Engine(EngineError::MidResponse { worker, source });
+                self.fail(Outcome::Failure, &error)
+            }
+        }
+    }
+}
+
+impl<B> Body for GuardedBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError> + Unpin,
+{
+    type Data = Bytes;
+    /// Every failure becomes an error event: the stream itself never fails.
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        if this.finished {
+            return Poll::Ready(None);
+        }
+        if let Some(partner) = &mut this.partner_failure
+            && let Poll::Ready(result) = Pin::new(partner).poll(cx)
+        {
+            this.partner_failure = None;
+            if let Ok(error) = result {
+                // The decode engine did nothing wrong.
+                return this.fail(Outcome::Success, &error);
+            }
+        }
+        if let Some(stashed) = this.stashed.take() {
+            return this.deliver(Poll::Ready(Some(stashed)));
+        }
+        if this.ended {
+            return this.deliver(Poll::Ready(None));
+        }
+        let first = match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Pending => {
+                if this.idle.poll_expired(cx).is_ready() {
+                    let worker = this.worker.id().clone();
+                    let silence = this.idle.limit;
+                    let error = ApiError::Engine(EngineError::Stalled { worker, silence });
+                    return this.fail(Outcome::Failure, &error);
+                }
+                return Poll::Pending;
+            }
+            Poll::Ready(Some(Ok(frame))) => frame,
+            other => return this.deliver(other),
+        };
+        this.idle.progressed();
+        let data = match first.into_data() {
+            Ok(data) => data,
+            Err(frame) => return Poll::Ready(Some(Ok(frame))),
+        };
+        // Coalesce data frames that are already here (a burst of SSE events) into one write;
+        // never wait for more, so the first byte goes out as soon as it arrives.
+        let mut batch: Option<BytesMut> = None;
+        while batch.as_ref().map_or(data.len(), BytesMut::len) < COALESCE_LIMIT {
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(next))) => match next.into_data() {
+                    Ok(more) => {
+                        batch
+                            .get_or_insert_with(|| BytesMut::from(&data[..]))
+                            .extend_from_slice(&more);
+                    }
+                    Err(trailers) => {
+                        this.stashed = Some(Ok(trailers));
+                        break;
+                    }
+                },
+                Poll::Ready(Some(Err(err))) => {
+                    this.stashed = Some(Err(err));
+                    break;
+                }
+                Poll::Ready(None) => {
+                    this.ended = true;
+                    break;
+                }
+                Poll::Pending => break,
+            }
+        }
+        let data = batch.map_or(data, BytesMut::freeze);
+        Poll::Ready(Some(Ok(Frame::data(data))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.finished
+    }
+
+    /// A stream may gain an error event, so its length is never promised.
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+impl<B: Body> Drop for GuardedBody<B> {
+    fn drop(&mut self) {
+        // The client went away before the end: not the engine's fault.
+        self.finish(Outcome::Success);
+    }
+}
+
+/// The engine's silence, measured lazily: each frame only notes the time, and one timer,
+/// pushed back when it fires early, wakes the stream when the limit has really passed.
+struct Idle {
+    limit: Duration,
+    last_progress: Instant,
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+impl Idle {
+    fn new(limit: Duration) -> Self {
+        Self { limit, last_progress: Instant::now(), timer: None }
+    }
+
+    fn progressed(&mut self) {
+        self.last_progress = Instant::now();
+    }
+
+    /// Ready once the engine has been silent for the whole limit; else registers a wake-up.
+    fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        let deadline = self.last_progress + self.limit;
+        let timer = self.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+        loop {
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            if timer.deadline() >= deadline {
+                return Poll::Ready(());
+            }
+            timer.as_mut().reset(deadline);
+        }
+    }
+}
+
+/// A response body that runs a callback once, as its first data frame passes (the client's
+/// time to first token, for comparing a policy's prediction with what happened).
+pub struct FirstByte<B> {
+    inner: B,
+    on_first: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl<B> FirstByte<B> {
+    /// `inner`, calling `on_first` when its first data frame is polled.
+    pub fn new(inner: B, on_first: impl FnOnce() + Send + 'static) -> Self {
+        Self { inner, on_first: Some(Box::new(on_first)) }
+    }
+}
+
+impl<B: Body<Data = Bytes> + Unpin> Body for FirstByte<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && frame.is_data()
+            && let Some(on_first) = self.on_first.take()
+        {
+            on_first();
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Copies the engine's response headers that make sense end to end (content type, caching),
+/// never hop-by-hop ones.
+pub fn passthrough_headers(from: &HeaderMap, to: &mut HeaderMap) {
+    for name in [header::CONTENT_TYPE, header::CACHE_CONTROL] {
+        if let Some(value) = from.get(&name) {
+            to.insert(name, value.clone());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

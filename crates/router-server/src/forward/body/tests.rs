@@ -1,0 +1,225 @@
+//! The streaming body guard on scripted engine bodies: coalescing, mid-stream failure, a
+//! stalled engine, a failed prefill partner, the end and a client that leaves; each case with
+//! the outcome the circuit breaker hears and whether the in-flight guard is released.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use parking_lot::Mutex;
+use router_state_load::{Inflight, SystemClock};
+use router_workers::{ModelId, Stage, Worker, WorkerId};
+use tokio::sync::oneshot;
+
+use super::{COALESCE_LIMIT, GuardedBody};
+use crate::error::{ApiError, EngineError};
+use crate::forward::{Outcome, OutcomeSink};
+
+/// One step of a scripted engine body.
+enum Step {
+    Data(&'static str),
+    Big(usize),
+    Pending,
+    Fail,
+}
+
+/// An engine body that plays its steps, one per poll; `Pending` wakes itself so the next
+/// poll moves on. After the last step it ends, or stays silent when `stall` is set.
+struct Scripted {
+    steps: VecDeque<Step>,
+    stall: bool,
+}
+
+impl Scripted {
+    fn new(steps: impl IntoIterator<Item = Step>) -> Self {
+        Self { steps: steps.into_iter().collect(), stall: false }
+    }
+
+    fn stalling(steps: impl IntoIterator<Item = Step>) -> Self {
+        Self { stall: true, ..Self::new(steps) }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("connection reset by the engine")]
+struct Reset;
+
+impl Body for Scripted {
+    type Data = Bytes;
+    type Error = Reset;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Reset>>> {
+        match self.steps.pop_front() {
+            Some(Step::Data(text)) => Poll::Ready(Some(Ok(Frame::data(Bytes::from(text))))),
+            Some(Step::Big(len)) => {
+                Poll::Ready(Some(Ok(Frame::data(Bytes::from(vec![b'x'; len])))))
+            }
+            Some(Step::Pending) => {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            Some(Step::Fail) => Poll::Ready(Some(Err(Reset))),
+            None if self.stall => Poll::Pending,
+            None => Poll::Ready(None),
+        }
+    }
+}
+
+/// The circuit breaker's side: every outcome heard.
+#[derive(Default)]
+struct Recording(Mutex<Vec<Outcome>>);
+
+impl OutcomeSink for Recording {
+    fn record(&self, _: &Worker, outcome: Outcome) {
+        self.0.lock().push(outcome);
+    }
+}
+
+struct Fixture {
+    inflight: Inflight,
+    sink: Arc<Recording>,
+    worker: Arc<Worker>,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let worker = Worker::plain("e1", "http://127.0.0.1:9", &ModelId::new("m")).expect("valid");
+        Self {
+            inflight: Inflight::new(Arc::new(SystemClock)),
+            sink: Arc::default(),
+            worker: Arc::new(worker),
+        }
+    }
+
+    fn body(
+        &self,
+        engine: Scripted,
+        partner: Option<oneshot::Receiver<ApiError>>,
+    ) -> GuardedBody<Scripted> {
+        let guard = self.inflight.acquire(self.worker.id(), Stage::Plain);
+        let sink: Arc<dyn OutcomeSink> = self.sink.clone();
+        let idle = Duration::from_secs(300);
+        GuardedBody::new(engine, vec![guard], Arc::clone(&self.worker), sink, idle, partner)
+    }
+
+    fn held(&self) -> u64 {
+        self.inflight.count(self.worker.id())
+    }
+
+    fn outcomes(&self) -> Vec<Outcome> {
+        self.sink.0.lock().clone()
+    }
+}
+
+/// Every frame the client receives, as text.
+async fn frames(mut body: GuardedBody<Scripted>) -> Vec<String> {
+    let mut out = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let data = frame.expect("the guard never fails").into_data().expect("data");
+        out.push(String::from_utf8_lossy(&data).into_owned());
+    }
+    out
+}
+
+fn error_event(frame: &str) -> serde_json::Value {
+    let json = frame.strip_prefix("data: ").and_then(|f| f.strip_suffix("\n\n")).expect("event");
+    serde_json::from_str(json).expect("json event")
+}
+
+#[tokio::test]
+async fn arrived_frames_go_out_as_one_write_and_a_pending_engine_is_not_waited_for() {
+    let fixture = Fixture::new();
+    let engine = Scripted::new([
+        Step::Data("data: 1\n\n"),
+        Step::Data("data: 2\n\n"),
+        Step::Pending,
+        Step::Data("data: 3\n\n"),
+    ]);
+    let got = frames(fixture.body(engine, None)).await;
+    assert_eq!(got, ["data: 1\n\ndata: 2\n\n", "data: 3\n\n"]);
+    assert_eq!(fixture.outcomes(), [Outcome::Success]);
+    assert_eq!(fixture.held(), 0, "the guard is released at the end");
+}
+
+#[tokio::test]
+async fn coalescing_stops_at_its_limit() {
+    let fixture = Fixture::new();
+    let engine = Scripted::new([Step::Big(COALESCE_LIMIT - 1), Step::Big(10), Step::Big(10)]);
+    let got = frames(fixture.body(engine, None)).await;
+    let lengths: Vec<usize> = got.iter().map(String::len).collect();
+    assert_eq!(lengths, [COALESCE_LIMIT + 9, 10]);
+}
+
+#[tokio::test]
+async fn a_mid_stream_failure_is_an_error_event_and_the_engines_failure() {
+    let fixture = Fixture::new();
+    let engine = Scripted::new([Step::Data("data: 1\n\n"), Step::Pending, Step::Fail]);
+    let got = frames(fixture.body(engine, None)).await;
+    assert_eq!(got.len(), 2, "{got:?}");
+    let event = error_event(&got[1]);
+    assert_eq!(event["error"]["code"], "engine_failed", "{event}");
+    let message = event["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("e1 failed mid-response: connection reset"), "{message}");
+    assert_eq!(fixture.outcomes(), [Outcome::Failure]);
+    assert_eq!(fixture.held(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_engine_silent_past_its_idle_limit_ends_the_stream_as_a_timeout() {
+    let fixture = Fixture::new();
+    let body = fixture.body(Scripted::stalling([Step::Data("data: 1\n\n")]), None);
+    let started = tokio::time::Instant::now();
+    let got = frames(body).await;
+    assert!(started.elapsed() >= Duration::from_secs(300), "{:?}", started.elapsed());
+    assert_eq!(got.len(), 2, "{got:?}");
+    let event = error_event(&got[1]);
+    assert_eq!(event["error"]["code"], "engine_timeout", "{event}");
+    assert_eq!(fixture.outcomes(), [Outcome::Failure]);
+    assert_eq!(fixture.held(), 0);
+}
+
+#[tokio::test]
+async fn a_failed_prefill_partner_ends_the_decode_stream_without_blaming_decode() {
+    let fixture = Fixture::new();
+    let (failed, partner) = oneshot::channel();
+    let body = fixture.body(Scripted::stalling([Step::Data("data: 1\n\n")]), Some(partner));
+    let prefill = WorkerId::new("p1").expect("valid");
+    let text = "boom".to_owned();
+    let status = http::StatusCode::INTERNAL_SERVER_ERROR;
+    let _ = failed.send(ApiError::Prefill(EngineError::Status { worker: prefill, status, text }));
+    let got = frames(body).await;
+    let event = error_event(got.last().expect("an event"));
+    let message = event["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.starts_with("prefill engine p1 failed"), "{message}");
+    assert_eq!(fixture.outcomes(), [Outcome::Success]);
+    assert_eq!(fixture.held(), 0);
+}
+
+#[tokio::test]
+async fn a_partner_that_succeeds_changes_nothing() {
+    let fixture = Fixture::new();
+    let (succeeded, partner) = oneshot::channel::<ApiError>();
+    drop(succeeded);
+    let body = fixture.body(Scripted::new([Step::Data("data: 1\n\n")]), Some(partner));
+    assert_eq!(frames(body).await, ["data: 1\n\n"]);
+    assert_eq!(fixture.outcomes(), [Outcome::Success]);
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_releases_the_guard_without_blaming_the_engine() {
+    let fixture = Fixture::new();
+    let mut body = fixture.body(Scripted::stalling([Step::Data("data: 1\n\n")]), None);
+    assert!(body.frame().await.is_some());
+    assert_eq!(fixture.held(), 1);
+    drop(body);
+    assert_eq!(fixture.held(), 0);
+    assert_eq!(fixture.outcomes(), [Outcome::Success]);
+}

@@ -1,0 +1,216 @@
+//! The engine clients: pooled HTTP/1.1 and HTTP/2 (h2c, or TLS with ALPN for `https://`
+//! engines), one connection pool per thread that sends requests, so an event loop's requests
+//! travel on connections driven by that loop; the connection setup under its own timeout.
+
+use std::cell::RefCell;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::{Client, ResponseFuture};
+use hyper_util::rt::TokioExecutor;
+use router_workers::Worker;
+use rustls::ClientConfig;
+
+use crate::error::SendError;
+use crate::tls::TlsConfigError;
+
+/// The engine connector: plain TCP for `http://`, rustls for `https://`, the whole connection
+/// setup (TCP and TLS handshake) under the connect timeout.
+type EngineConnector = ConnectTimeout<HttpsConnector<HttpConnector>>;
+
+/// Bounds a connector's whole connection setup: `HttpConnector`'s own timeout covers only the
+/// TCP handshake, and an engine that accepts TCP but stalls its TLS handshake must still count
+/// as unreachable within `connect_timeout`.
+#[derive(Clone, Debug)]
+pub struct ConnectTimeout<C> {
+    inner: C,
+    timeout: Duration,
+}
+
+impl<C> tower::Service<http::Uri> for ConnectTimeout<C>
+where
+    C: tower::Service<http::Uri> + Send + 'static,
+    C::Future: Send + 'static,
+    C::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Response = C::Response;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<C::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let (connecting, timeout) = (self.inner.call(uri), self.timeout);
+        Box::pin(async move {
+            match tokio::time::timeout(timeout, connecting).await {
+                Ok(connected) => connected.map_err(Into::into),
+                Err(_) => Err(SetupTimeout(timeout).into()),
+            }
+        })
+    }
+}
+
+/// The connection setup (TCP and TLS handshake) outlasted the connect timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("connection setup took longer than {0:?}")]
+struct SetupTimeout(Duration);
+
+/// Connection and timeout settings of the engine clients.
+#[derive(Clone, Debug)]
+pub struct ForwardConfig {
+    /// Speak HTTP/2 with prior knowledge (h2c) instead of HTTP/1.1.
+    pub http2: bool,
+    /// Timeout to establish a connection.
+    pub connect_timeout: Duration,
+    /// Timeout for the response head.
+    pub request_timeout: Duration,
+    /// Idle pooled connections kept per engine.
+    pub pool_max_idle_per_host: usize,
+    /// TLS for `https://` engines; `None` = system roots only.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl Default for ForwardConfig {
+    fn default() -> Self {
+        Self {
+            http2: false,
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(1800),
+            pool_max_idle_per_host: 1024,
+            tls: None,
+        }
+    }
+}
+
+/// One connection pool to the engines.
+type EngineClient = Client<EngineConnector, Full<Bytes>>;
+
+thread_local! {
+    /// This thread's pool of each forwarder (by id): an event loop's requests use connections
+    /// driven by that same loop, so a request never wakes another thread.
+    static POOLS: RefCell<Vec<(u64, EngineClient)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The engine clients: one connection pool per thread that sends requests.
+#[derive(Clone, Debug)]
+pub struct Forwarder {
+    /// Names this forwarder's pools in each thread's table.
+    id: u64,
+    connector: EngineConnector,
+    /// The TLS settings in use (`config.tls`, or the system roots alone).
+    tls: Arc<ClientConfig>,
+    config: ForwardConfig,
+}
+
+impl Forwarder {
+    /// Builds the pooled client. HTTP/2 is prior knowledge (h2c) for `http://` engines and
+    /// negotiated by ALPN for `https://` ones.
+    pub fn new(config: ForwardConfig) -> Result<Self, TlsConfigError> {
+        let mut tcp = HttpConnector::new();
+        tcp.set_nodelay(true);
+        tcp.set_connect_timeout(Some(config.connect_timeout));
+        tcp.enforce_http(false);
+        let tls = match &config.tls {
+            Some(tls) => Arc::clone(tls),
+            None => crate::tls::engine_client_config(None)?,
+        };
+        let https =
+            HttpsConnectorBuilder::new().with_tls_config(ClientConfig::clone(&tls)).https_or_http();
+        let connector = if config.http2 {
+            https.enable_http2().wrap_connector(tcp)
+        } else {
+            https.enable_http1().wrap_connector(tcp)
+        };
+        let connector = ConnectTimeout { inner: connector, timeout: config.connect_timeout };
+        static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(Self { id, connector, tls, config })
+    }
+
+    /// Sends `request` through this thread's pool (created on first use).
+    fn request(&self, request: Request<Full<Bytes>>) -> ResponseFuture {
+        POOLS.with_borrow_mut(|pools| {
+            if let Some((_, client)) = pools.iter().find(|(id, _)| *id == self.id) {
+                return client.request(request);
+            }
+            let client = Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(90))
+                .pool_max_idle_per_host(self.config.pool_max_idle_per_host)
+                .http2_only(self.config.http2)
+                .build(self.connector.clone());
+            let response = client.request(request);
+            pools.push((self.id, client));
+            response
+        })
+    }
+
+    /// The TLS settings for `https://` engines, to share with other engine clients.
+    pub fn tls(&self) -> Arc<ClientConfig> {
+        Arc::clone(&self.tls)
+    }
+
+    /// POSTs the JSON `body` to `path` (`/v1/chat/completions`, say) on `worker` and waits
+    /// for the response head.
+    pub async fn send(
+        &self,
+        worker: &Worker,
+        path: &str,
+        body: Bytes,
+        request_id: &HeaderValue,
+    ) -> Result<Response<Incoming>, SendError> {
+        let url = format!("{}{path}", worker.url());
+        let mut request = Request::builder()
+            .method(Method::POST)
+            .uri(&url)
+            .header(header::CONTENT_TYPE, "application/json")
+            .header("x-request-id", request_id)
+            .body(Full::new(body))
+            .map_err(|source| SendError::Request { worker: worker.id().clone(), url, source })?;
+        authorize(&mut request, worker);
+        let worker = worker.id().clone();
+        match tokio::time::timeout(self.config.request_timeout, self.request(request)).await {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(source)) if source.is_connect() => {
+                Err(SendError::Unreachable { worker, source })
+            }
+            Ok(Err(source)) => Err(SendError::Failed { worker, source }),
+            Err(_) => Err(SendError::Timeout { worker, after: self.config.request_timeout }),
+        }
+    }
+
+    /// GETs `path` on `worker` with a timeout, returning the status (health checks).
+    pub async fn probe(
+        &self,
+        worker: &Worker,
+        path: &str,
+        timeout: Duration,
+    ) -> Option<StatusCode> {
+        let mut request =
+            Request::get(format!("{}{path}", worker.url())).body(Full::new(Bytes::new())).ok()?;
+        authorize(&mut request, worker);
+        let response = tokio::time::timeout(timeout, self.request(request)).await.ok()?.ok()?;
+        let status = response.status();
+        // Drain so the connection returns to the pool.
+        let _ = tokio::time::timeout(timeout, response.into_body().collect()).await;
+        Some(status)
+    }
+}
+
+/// Adds the engine's own credential; the client's `Authorization` never travels further than
+/// the router.
+fn authorize<B>(request: &mut Request<B>, worker: &Worker) {
+    if let Some(key) = worker.api_key() {
+        request.headers_mut().insert(header::AUTHORIZATION, key.authorization().clone());
+    }
+}

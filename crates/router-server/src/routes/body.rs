@@ -1,0 +1,101 @@
+//! A request's intake before preparation: its id, and its body read within the size and time
+//! limits (413 and 408), a refused body drained in the background so the client reads the
+//! answer.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{HeaderMap, HeaderValue, header};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+
+use crate::error::ApiError;
+
+/// The client's `x-request-id` when it is a sane token, else a fresh one.
+pub(crate) fn request_id(headers: &HeaderMap) -> HeaderValue {
+    headers
+        .get("x-request-id")
+        .filter(|v| {
+            let bytes = v.as_bytes();
+            !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(|b| b.is_ascii_graphic())
+        })
+        .cloned()
+        .unwrap_or_else(new_request_id)
+}
+
+/// Reads the whole body: at most `limit` bytes (413 as soon as a declared length or the bytes
+/// received exceed it) and within `secs` seconds (408).
+pub(crate) async fn read_body(
+    headers: &HeaderMap,
+    mut body: Body,
+    limit: usize,
+    secs: u64,
+) -> Result<Bytes, ApiError> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|length| length > limit as u64) {
+        // A client waiting for `100 Continue` has not sent the body: dropping it unread means
+        // it never will. Reading it would invite the upload.
+        let waits_for_continue = headers
+            .get(header::EXPECT)
+            .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+        if !waits_for_continue {
+            discard_in_background(body);
+        }
+        return Err(ApiError::BodyTooLarge { limit });
+    }
+    let read = async {
+        let mut chunks: Vec<Bytes> = Vec::new();
+        let mut total = 0usize;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|err| ApiError::InvalidRequest {
+                message: format!("reading the request body failed: {err}"),
+                param: None,
+            })?;
+            if let Ok(data) = frame.into_data() {
+                total += data.len();
+                if total > limit {
+                    return Err(ApiError::BodyTooLarge { limit });
+                }
+                chunks.push(data);
+            }
+        }
+        Ok(match chunks.len() {
+            // The usual case, one frame: no copy.
+            1 => chunks.pop().unwrap_or_default(),
+            _ => chunks.concat().into(),
+        })
+    };
+    let read = tokio::time::timeout(Duration::from_secs(secs), read)
+        .await
+        .map_err(|_| ApiError::BodyTimeout { secs })?;
+    if matches!(read, Err(ApiError::BodyTooLarge { .. })) {
+        discard_in_background(body);
+    }
+    read
+}
+
+/// Reads and drops the rest of a refused body for a few seconds, so that a client still
+/// sending it gets to read the 413 instead of a connection reset (NGINX's lingering close).
+/// Nothing is kept: memory stays bounded whatever the client sends.
+fn discard_in_background(mut body: Body) {
+    const LINGER: Duration = Duration::from_secs(5);
+    tokio::spawn(async move {
+        let drain = async { while let Some(Ok(_)) = body.frame().await {} };
+        let _ = tokio::time::timeout(LINGER, drain).await;
+    });
+}
+
+/// A fresh request id: a random per-process prefix and a counter, as 32 hex digits. Unique
+/// across restarts without a random-number syscall per request.
+fn new_request_id() -> HeaderValue {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static PREFIX: OnceLock<u64> = OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let prefix = *PREFIX.get_or_init(rand::random::<u64>);
+    let id = format!("{prefix:016x}{:016x}", COUNTER.fetch_add(1, Ordering::Relaxed));
+    HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+}

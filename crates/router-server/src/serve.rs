@@ -1,0 +1,127 @@
+//! One prepared request's way through the router: the bucket loop of router-buckets selects
+//! the engines, [`crate::dispatch`] sends to them, and an engine that could not be reached is
+//! selected around, within the retry budget. What the selection passed over feeds the metrics
+//! from the selection's own record.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::http::HeaderValue;
+use axum::response::Response;
+use router_buckets::{BucketRequest, BucketResolver, Selection, Skipped};
+use router_policies::PickError;
+use tracing::warn;
+
+use crate::app::AppContext;
+use crate::config::ModelRuntime;
+use crate::dispatch::{Dispatch, Exchange};
+use crate::error::{ApiError, Chain};
+use crate::metrics;
+use crate::prepare::PreparedRequest;
+
+/// What a request's metrics are labelled with, filled in as it becomes known.
+#[derive(Debug, Default)]
+pub struct Labels {
+    /// The served model's id (never the client's string: a wildcard model would otherwise
+    /// let clients mint series).
+    pub model: String,
+    /// The bucket of the last selection.
+    pub bucket: String,
+}
+
+/// Selects, dispatches and retries `prepared` for `model`.
+pub async fn serve(
+    ctx: &Arc<AppContext>,
+    model: &ModelRuntime,
+    prepared: &PreparedRequest,
+    request_id: &HeaderValue,
+    started: Instant,
+    labels: &mut Labels,
+) -> Result<Response, ApiError> {
+    let request = BucketRequest {
+        model: model.resolver.model(),
+        input_tokens: prepared.input_tokens,
+        expected_peak_tokens: prepared.expected_peak_tokens,
+        tokens: prepared.tokens.as_deref(),
+        session_key: prepared.session_key.as_deref(),
+        routing_key: prepared.routing_key.as_deref(),
+    };
+    let exchange = Exchange { ctx, request_id, streamed: prepared.chat.stream };
+    ctx.retry_budget().deposit_at(started);
+    let retry = &ctx.server().retry;
+    let mut retries = 0;
+    let mut failure: Option<ApiError> = None;
+    loop {
+        let selection = match select(ctx, &model.resolver, &request, &labels.model, started).await {
+            Ok(selection) => selection,
+            // A retry that finds nothing left to try reports the failure that caused it.
+            Err(err) => return Err(failure.unwrap_or(err)),
+        };
+        labels.bucket.clear();
+        labels.bucket.push_str(selection.bucket.id());
+        let dispatch = Dispatch {
+            exchange,
+            prepared,
+            model: request.model,
+            bucket: selection.bucket.id(),
+            started,
+        };
+        match dispatch.run(selection.pick).await {
+            Ok(mut response) => {
+                if retries > 0 {
+                    response.headers_mut().insert("x-router-retries", HeaderValue::from(retries));
+                }
+                return Ok(response);
+            }
+            Err(err) if err.is_retryable() && retries < retry.max_retries => {
+                if !ctx.retry_budget().withdraw() {
+                    metrics::retry_budget_exhausted(&labels.model);
+                    return Err(err);
+                }
+                retries += 1;
+                metrics::retry(&labels.model);
+                warn!(error = %Chain(&err), retry = retries, "engine unreachable; selecting again");
+                tokio::time::sleep(retry.backoff(retries)).await;
+                failure = Some(err);
+            }
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+/// The bucket loop (docs/design/POLICY_DESIGN.md §3, in router-buckets), with its record counted: each
+/// pick by policy, stage and reason; each bucket passed over, and each admission rejection
+/// met there.
+async fn select<'r>(
+    ctx: &AppContext,
+    resolver: &'r BucketResolver,
+    request: &BucketRequest<'_>,
+    model_label: &str,
+    started: Instant,
+) -> Result<Selection<'r>, ApiError> {
+    let outcome = resolver.select(ctx.registry(), request).await;
+    let skipped = match &outcome {
+        Ok(selection) => &selection.skipped,
+        Err(failure) => &failure.skipped,
+    };
+    for passed_over in skipped {
+        count_skipped(model_label, passed_over);
+    }
+    let selection = outcome.map_err(|failure| ApiError::Select(failure.error))?;
+    for (group, pick) in selection.picks() {
+        metrics::pick(group.policy().name(), group.stage().as_str(), pick.reason.as_str());
+    }
+    metrics::selection(model_label, started.elapsed());
+    Ok(selection)
+}
+
+fn count_skipped(model_label: &str, skipped: &Skipped<'_>) {
+    let reason = match &skipped.error.error {
+        PickError::NoCandidates { .. } => "no_candidates",
+        _ => "admission",
+    };
+    for rejection in skipped.error.error.rejections() {
+        metrics::admission_rejection(rejection.limit.as_str());
+    }
+    metrics::bucket_fallback(model_label, skipped.bucket.id(), reason);
+}
