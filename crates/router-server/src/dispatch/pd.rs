@@ -162,3 +162,6 @@ impl Drop for AbortOnDrop {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
