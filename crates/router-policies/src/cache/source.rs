@@ -23,10 +23,10 @@ impl BlockSize {
         NonZeroU32::new(tokens).map(Self)
     }
 
-    /// The block size of `worker`'s KV events; `None` when it publishes none (it then cannot
-    /// be known to hold cached blocks).
+    /// The block size of `worker` (its own, or its KV events'); `None` when it has neither
+    /// (it then cannot be known to hold cached blocks).
     pub fn of(worker: &Worker) -> Option<Self> {
-        worker.kv_events().and_then(|kv| Self::new(kv.block_size))
+        worker.block_size().and_then(Self::new)
     }
 
     /// Tokens per block.

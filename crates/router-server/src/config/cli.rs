@@ -276,18 +276,7 @@ impl ServeArgs {
 }
 
 fn spec(id: String, url: &str, role: Stage, bootstrap_port: Option<u16>) -> WorkerSpec {
-    WorkerSpec {
-        id,
-        url: url.to_owned(),
-        role,
-        model: None,
-        bootstrap_port,
-        dp_size: 1,
-        kv_events: None,
-        load_reporter: None,
-        load_poll: None,
-        api_key: None,
-    }
+    WorkerSpec { bootstrap_port, ..WorkerSpec::new(id, url, role) }
 }
 
 #[cfg(test)]
