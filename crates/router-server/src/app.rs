@@ -10,7 +10,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use parking_lot::Mutex;
 use router_policies::{BlockSize, LoadHandles, Pick, PolicyHandles, RequestTokens};
 use router_state_kv::{
-    IndexConfig, KvIndex, KvStats, KvSubscriptions, Predictions,
+    KvIndex, KvStats, KvSubscriptions, Predictions,
     SubscriptionConfig as KvSubscriptionConfig,
 };
 use router_state_load::{
@@ -69,8 +69,7 @@ impl AppContext {
             Arc::new(EngineReportedLoadTable::new(load_settings(config), Arc::clone(&clock)));
         let inflight = Arc::new(Inflight::new(clock));
         let predictions = config.kv.predictions().map(|c| Arc::new(Predictions::new(c)));
-        let mut kv_index =
-            KvIndex::new(IndexConfig { max_nodes_per_model: config.kv.max_index_nodes });
+        let mut kv_index = KvIndex::new(config.kv_index());
         if let Some(predictions) = &predictions {
             kv_index = kv_index.with_predictions(Arc::clone(predictions));
         }

@@ -158,9 +158,7 @@ async fn kv_indexer(file: &std::path::Path, listen: &str) -> Result<ExitCode> {
         let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
         anyhow::anyhow!("invalid configuration:\n  {}", lines.join("\n  "))
     })?;
-    let index = Arc::new(router_state_kv::KvIndex::new(router_state_kv::IndexConfig {
-        max_nodes_per_model: config.kv.max_index_nodes,
-    }));
+    let index = Arc::new(router_state_kv::KvIndex::new(config.kv_index()));
     let subscriptions = router_state_kv::KvSubscriptions::new(
         Arc::clone(&index),
         Arc::clone(&registry),

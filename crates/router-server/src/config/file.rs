@@ -130,7 +130,7 @@ impl Default for LoadConfig {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KvConfig {
-    /// Upper bound on radix-tree nodes across models.
+    /// Upper bound on radix-tree nodes across models, split evenly between them.
     pub max_index_nodes: usize,
     /// How long a dispatched request's blocks count as predicted entries on its engine before
     /// the engine's KV events confirm them; 0 turns predicted entries off.
@@ -306,6 +306,12 @@ pub enum ParseError {
 }
 
 impl ConfigFile {
+    /// The prefix index's settings: `kv.max_index_nodes` split evenly between the configured
+    /// models, so that the bound holds over all of them.
+    pub fn kv_index(&self) -> router_state_kv::IndexConfig {
+        router_state_kv::IndexConfig::new(self.kv.max_index_nodes, self.models.len())
+    }
+
     /// Reads and parses a configuration file.
     pub fn load(path: &Path) -> Result<Self, ParseError> {
         let text = std::fs::read_to_string(path)

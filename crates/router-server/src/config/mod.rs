@@ -109,6 +109,7 @@ pub fn build_models(
     if config.server.max_concurrent_requests == 0 {
         problems.push("server.max_concurrent_requests", "must be at least 1");
     }
+    kv_problems(config, &mut problems);
     let mut model_ids = HashSet::new();
     let mut runtimes = Vec::new();
     for (m, model) in config.models.iter().enumerate() {
@@ -130,6 +131,29 @@ pub fn build_models(
     if problems.0.is_empty() { Ok(runtimes) } else { Err(problems.0) }
 }
 
+/// The largest tree the prefix index can address (two node ids are sentinels).
+const MAX_TREE_NODES: usize = (u32::MAX - 2) as usize;
+
+/// `kv.max_index_nodes` must give every configured model a tree of at least one node and at
+/// most [`MAX_TREE_NODES`], since the bound is split evenly between them.
+fn kv_problems(config: &ConfigFile, problems: &mut Problems) {
+    let models = config.models.len().max(1);
+    let nodes = config.kv.max_index_nodes;
+    if nodes < models {
+        problems.push(
+            "kv.max_index_nodes",
+            format!("{nodes} is below the {models} configured models it is split between"),
+        );
+    } else if nodes / models > MAX_TREE_NODES {
+        problems.push(
+            "kv.max_index_nodes",
+            format!(
+                "{nodes} split between {models} models exceeds {MAX_TREE_NODES} nodes per model"
+            ),
+        );
+    }
+}
+
 /// Registers every configured worker in `registry` (what the `kv-indexer` process needs),
 /// with the same checks and field paths as [`build_models`].
 pub fn register_all_workers(
@@ -138,6 +162,7 @@ pub fn register_all_workers(
     engine_key: Option<&ApiKey>,
 ) -> Result<(), Vec<Problem>> {
     let mut problems = Problems::default();
+    kv_problems(config, &mut problems);
     for (m, model) in config.models.iter().enumerate() {
         register_workers(&format!("models[{m}]"), model, registry, engine_key, &mut problems);
     }
