@@ -194,8 +194,16 @@ pub struct AffinityConfig {
     pub session_id_header: String,
     /// Header carrying the routing key.
     pub routing_key_header: String,
-    /// Bindings idle this long expire, in seconds.
+    /// Bindings idle this long expire, in seconds: the default of both kinds below.
     pub idle_timeout_secs: u64,
+    /// Session bindings (`session_aware`) idle this long expire, in seconds; default
+    /// `idle_timeout_secs`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_idle_timeout_secs: Option<u64>,
+    /// Routing-key bindings (`sticky`) idle this long expire, in seconds; default
+    /// `idle_timeout_secs`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sticky_idle_timeout_secs: Option<u64>,
     /// How often expired bindings are swept, in seconds.
     pub eviction_interval_secs: u64,
     /// Most bindings kept; beyond it the least recently used go first.
@@ -208,8 +216,28 @@ impl Default for AffinityConfig {
             session_id_header: "x-session-id".to_owned(),
             routing_key_header: "x-routing-key".to_owned(),
             idle_timeout_secs: 600,
+            session_idle_timeout_secs: None,
+            sticky_idle_timeout_secs: None,
             eviction_interval_secs: 60,
             max_entries: 1_000_000,
+        }
+    }
+}
+
+impl AffinityConfig {
+    /// Idle expiry of session bindings, in seconds, with the key that set it.
+    pub fn session_idle_secs(&self) -> (u64, &'static str) {
+        match self.session_idle_timeout_secs {
+            Some(secs) => (secs, "session_idle_timeout_secs"),
+            None => (self.idle_timeout_secs, "idle_timeout_secs"),
+        }
+    }
+
+    /// Idle expiry of routing-key bindings, in seconds, with the key that set it.
+    pub fn sticky_idle_secs(&self) -> (u64, &'static str) {
+        match self.sticky_idle_timeout_secs {
+            Some(secs) => (secs, "sticky_idle_timeout_secs"),
+            None => (self.idle_timeout_secs, "idle_timeout_secs"),
         }
     }
 }

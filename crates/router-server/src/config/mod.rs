@@ -226,21 +226,26 @@ fn build_model(
         problems.push(format!("{path}.affinity"), "header names must not be empty");
     }
 
-    let store = || {
+    // One store per kind of binding, each with its own idle timeout; a zero timeout is
+    // reported at the key that set it.
+    let mut store = |(idle_secs, key): (u64, &str)| {
+        if idle_secs == 0 {
+            problems.push(format!("{path}.affinity.{key}"), "must be at least 1");
+            return None;
+        }
         let config = router_affinity::AffinityConfig {
-            idle_timeout: Duration::from_secs(model.affinity.idle_timeout_secs),
+            idle_timeout: Duration::from_secs(idle_secs),
             sweep_interval: Duration::from_secs(model.affinity.eviction_interval_secs),
             max_entries: model.affinity.max_entries,
         };
-        AffinityStore::new(config).map(Arc::new)
+        AffinityStore::new(config)
+            .map(Arc::new)
+            .map_err(|err| problems.push(format!("{path}.affinity"), err))
+            .ok()
     };
-    let (sessions, routing_keys) = match (store(), store()) {
-        (Ok(sessions), Ok(routing_keys)) => (sessions, routing_keys),
-        (Err(err), _) | (_, Err(err)) => {
-            problems.push(format!("{path}.affinity"), err);
-            return None;
-        }
-    };
+    let sessions = store(model.affinity.session_idle_secs());
+    let routing_keys = store(model.affinity.sticky_idle_secs());
+    let (Some(sessions), Some(routing_keys)) = (sessions, routing_keys) else { return None };
     let handles = &handles.clone().with_affinity(Arc::clone(&sessions), Arc::clone(&routing_keys));
 
     let pd_model = roles.values().any(|s| s.is_pd());
