@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use router_affinity::AffinityStore;
 use router_buckets::{Bucket, BucketGroups, BucketResolver, BucketSpec, EngineGroup, TokenLimits};
-use router_policies::PolicyHandles;
+use router_policies::{CachePrefixProvider, PolicyHandles};
 use router_workers::{ApiKey, ModelId, Stage, Worker, WorkerId, WorkerRegistry, WorkerSpec};
 
 pub use cli::{Cli, Command, ServeArgs, reject_dropped_options};
@@ -252,6 +252,7 @@ fn build_model(
     let mut buckets = Vec::new();
     for (b, bucket) in model.buckets.iter().enumerate() {
         let bpath = format!("{path}.buckets[{b}]");
+        check_prefix_groups(path, &bpath, model, &bucket.groups, problems);
         let Some(groups) = build_groups(&bpath, &bucket.groups, handles, problems) else {
             continue;
         };
@@ -313,6 +314,76 @@ fn build_model(
         sessions,
         routing_keys,
     })
+}
+
+/// The groups of a bucket with their paths and stages.
+fn each_group<'a>(
+    bpath: &str,
+    groups: &'a GroupsConfig,
+) -> impl Iterator<Item = (String, Stage, &'a GroupConfig)> {
+    let plain = groups.plain.iter().map(move |g| (format!("{bpath}.groups.plain"), Stage::Plain, g));
+    let pd = groups.pd.iter().flat_map(move |pd| {
+        [
+            (format!("{bpath}.groups.pd.prefill"), Stage::Prefill, &pd.prefill),
+            (format!("{bpath}.groups.pd.decode"), Stage::Decode, &pd.decode),
+        ]
+    });
+    plain.chain(pd)
+}
+
+/// A group whose policy reads cached prefixes (`cache_aware`, `predicted_ttft`) must be able
+/// to see a cache: its model has a tokenizer (the token ids to look up), and some configured
+/// worker of the group publishes KV events to the local index, or, for a remote indexer,
+/// declares its block size. A single engine without them only falls back to load for itself;
+/// a group whose configured workers all lack them never sees a hit. A group with no configured
+/// workers (filled through the admin API) is not judged.
+fn check_prefix_groups(
+    mpath: &str,
+    bpath: &str,
+    model: &ModelConfig,
+    groups: &GroupsConfig,
+    problems: &mut Problems,
+) {
+    for (gpath, stage, group) in each_group(bpath, groups) {
+        let Some(provider) = group.policy.prefix_provider() else { continue };
+        let policy = group.policy.policy_type();
+        let at = format!("{gpath}.policy");
+        if model.tokenizer.is_none() {
+            problems.push(
+                &at,
+                format!(
+                    "{policy} looks up the token ids of requests, but the model has no \
+                     tokenizer: set {mpath}.tokenizer"
+                ),
+            );
+        }
+        let members: Vec<&WorkerSpec> = match &group.worker_ids {
+            Some(ids) => model.workers.iter().filter(|w| ids.contains(&w.id)).collect(),
+            None => model.workers.iter().filter(|w| w.role == stage).collect(),
+        };
+        if members.is_empty() {
+            continue;
+        }
+        let message = match provider {
+            CachePrefixProvider::RadixTree if !members.iter().any(|w| w.kv_events.is_some()) => {
+                format!(
+                    "{policy} reads the local KV index, but no worker of this group publishes \
+                     KV events: give the workers kv_events {{endpoint: \"tcp://HOST:PORT\"}}, or \
+                     use cache_prefix_provider: indexer with a kv-indexer that receives them"
+                )
+            }
+            CachePrefixProvider::Indexer
+                if !members.iter().any(|w| w.block_size.is_some() || w.kv_events.is_some()) =>
+            {
+                format!(
+                    "{policy} asks the remote indexer in blocks of each engine's block size, \
+                     but no worker of this group declares one: give the workers block_size"
+                )
+            }
+            _ => continue,
+        };
+        problems.push(at, message);
+    }
 }
 
 fn build_groups(
