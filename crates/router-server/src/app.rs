@@ -22,7 +22,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Credentials;
-use crate::config::{ConfigFile, ModelRuntime, Problem, ServerConfig, build_models};
+use crate::config::{ConfigFile, ModelRuntime, Problem, ServerConfig, build_models, keeps_local_index};
 use crate::forward::{ForwardConfig, Forwarder, OutcomeSink};
 use crate::health::HealthBook;
 use crate::retry::RetryBudget;
@@ -34,7 +34,8 @@ pub struct AppContext {
     registry: Arc<WorkerRegistry>,
     load_table: Arc<EngineReportedLoadTable>,
     inflight: Arc<Inflight>,
-    kv_index: Arc<KvIndex>,
+    /// `None` in a remote-indexer deployment ([`keeps_local_index`]).
+    kv_index: Option<Arc<KvIndex>>,
     /// What this router just dispatched, before the engines' KV events say so; `None`: off.
     predictions: Option<Arc<Predictions>>,
     /// Taken by `start`.
@@ -69,22 +70,28 @@ impl AppContext {
             Arc::new(EngineReportedLoadTable::new(load_settings(config), Arc::clone(&clock)));
         let inflight = Arc::new(Inflight::new(clock));
         let predictions = config.kv.predictions().map(|c| Arc::new(Predictions::new(c)));
-        let mut kv_index = KvIndex::new(config.kv_index());
-        if let Some(predictions) = &predictions {
-            kv_index = kv_index.with_predictions(Arc::clone(predictions));
-        }
-        let kv_index = Arc::new(kv_index);
+        let kv_index = keeps_local_index(config).then(|| {
+            let mut kv_index = KvIndex::new(config.kv_index());
+            if let Some(predictions) = &predictions {
+                kv_index = kv_index.with_predictions(Arc::clone(predictions));
+            }
+            Arc::new(kv_index)
+        });
         let mut handles =
-            PolicyHandles::new(LoadHandles::new(Arc::clone(&load_table), Arc::clone(&inflight)))
-                .with_kv(Arc::clone(&kv_index));
+            PolicyHandles::new(LoadHandles::new(Arc::clone(&load_table), Arc::clone(&inflight)));
+        if let Some(kv_index) = &kv_index {
+            handles = handles.with_kv(Arc::clone(kv_index));
+        }
         if let Some(predictions) = &predictions {
             handles = handles.with_predictions(Arc::clone(predictions));
         }
-        let kv = KvSubscriptions::new(
-            Arc::clone(&kv_index),
-            Arc::clone(&registry),
-            KvSubscriptionConfig::default(),
-        );
+        let kv = kv_index.as_ref().map(|kv_index| {
+            KvSubscriptions::new(
+                Arc::clone(kv_index),
+                Arc::clone(&registry),
+                KvSubscriptionConfig::default(),
+            )
+        });
         let credentials = Credentials::resolve(&config.server).map_err(|err| {
             vec![Problem { path: err.variable.to_owned(), message: err.reason.to_owned() }]
         })?;
@@ -111,8 +118,8 @@ impl AppContext {
             registry,
             load_table,
             inflight,
-            kv_counters: kv.stats(),
-            kv_subscriptions: Mutex::new(Some(kv)),
+            kv_counters: kv.as_ref().map(KvSubscriptions::stats).unwrap_or_default(),
+            kv_subscriptions: Mutex::new(kv),
             kv_index,
             predictions,
             models,
@@ -243,9 +250,10 @@ impl AppContext {
         self.inflight.acquire_work(worker.id(), stage, work)
     }
 
-    /// The prefix index fed by KV events.
-    pub fn kv_index(&self) -> &Arc<KvIndex> {
-        &self.kv_index
+    /// The prefix index fed by KV events; `None` when every prefix lookup goes to a remote
+    /// indexer.
+    pub fn kv_index(&self) -> Option<&Arc<KvIndex>> {
+        self.kv_index.as_ref()
     }
 
     /// KV-event subscription counters.

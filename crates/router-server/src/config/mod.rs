@@ -316,6 +316,21 @@ fn build_model(
     })
 }
 
+/// Whether the router keeps a local prefix index fed by KV events. It does unless every group
+/// that reads cached prefixes asks a remote indexer: such a deployment needs neither a tree
+/// nor subscriptions of its own. (Without any prefix-reading group the index still shows the
+/// engines' caches in `/admin/state`.)
+pub fn keeps_local_index(config: &ConfigFile) -> bool {
+    let mut providers = config
+        .models
+        .iter()
+        .flat_map(|model| &model.buckets)
+        .flat_map(|bucket| each_group("", &bucket.groups))
+        .filter_map(|(_, _, group)| group.policy.prefix_provider())
+        .peekable();
+    providers.peek().is_none() || providers.any(|p| p == CachePrefixProvider::RadixTree)
+}
+
 /// The groups of a bucket with their paths and stages.
 fn each_group<'a>(
     bpath: &str,

@@ -152,13 +152,19 @@ pub async fn state(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
             entry
         })
         .collect();
-    let index = ctx.kv_index().stats();
+    // Without a local index (every lookup goes to a remote indexer) there is no tree here.
+    let index = ctx.kv_index().map(|index| index.stats()).unwrap_or_default();
     // Predicted entries are the router's own guesses, kept apart from what engines reported.
     let predicted = ctx.predictions().map(|p| p.blocks(std::time::Instant::now()));
     Json(json!({
         "models": models,
         "workers": workers,
-        "index": {"nodes": index.nodes, "bytes": index.bytes, "block_holders": index.block_holders},
+        "index": {
+            "local": ctx.kv_index().is_some(),
+            "nodes": index.nodes,
+            "bytes": index.bytes,
+            "block_holders": index.block_holders,
+        },
         "predicted_blocks": predicted,
     }))
 }

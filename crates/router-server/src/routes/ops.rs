@@ -78,8 +78,10 @@ fn refresh_state_gauges(ctx: &AppContext) {
             );
         }
     }
-    let index = ctx.kv_index().stats();
-    metrics::kv_index(index.nodes, index.bytes);
+    if let Some(index) = ctx.kv_index() {
+        let index = index.stats();
+        metrics::kv_index(index.nodes, index.bytes);
+    }
     if let Some(predictions) = ctx.predictions() {
         metrics::predicted_blocks(predictions.blocks(std::time::Instant::now()));
     }
