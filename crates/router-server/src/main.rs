@@ -23,6 +23,10 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let cli = Cli::parse();
+    if let Err(message) = cli.check() {
+        eprintln!("error: {message}");
+        return ExitCode::from(2);
+    }
     // This runtime runs the background services (subscriptions, health checks, the demo fleet,
     // the kv-indexer); clients are served by the event-loop threads of `Serving`.
     let runtime =
@@ -93,6 +97,7 @@ async fn serve(
             "nothing to serve: give --config FILE, --worker-urls, --pd-disaggregation or --demo"
         )
     };
+    args.apply_overrides(&mut config).map_err(anyhow::Error::msg)?;
     if let Some(host) = &args.host {
         config.server.host.clone_from(host);
     }
