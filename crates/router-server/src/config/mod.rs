@@ -495,3 +495,6 @@ pub fn summary<'a>(
     }
     out
 }
+
+#[cfg(test)]
+mod tests;
