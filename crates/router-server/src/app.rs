@@ -10,8 +10,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use parking_lot::Mutex;
 use router_policies::{BlockSize, LoadHandles, Pick, PolicyHandles, RequestTokens};
 use router_state_kv::{
-    KvIndex, KvStats, KvSubscriptions, Predictions,
-    SubscriptionConfig as KvSubscriptionConfig,
+    KvIndex, KvStats, KvSubscriptions, Predictions, SubscriptionConfig as KvSubscriptionConfig,
 };
 use router_state_load::{
     Clock, EngineReportedLoadTable, Inflight, InflightGuard, LoadSubscriptions, SubscriptionConfig,
@@ -22,7 +21,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Credentials;
-use crate::config::{ConfigFile, ModelRuntime, Problem, ServerConfig, build_models, keeps_local_index};
+use crate::config::{
+    ConfigFile, ModelRuntime, Problem, ServerConfig, build_models, keeps_local_index,
+};
 use crate::forward::{ForwardConfig, Forwarder, OutcomeSink};
 use crate::health::HealthBook;
 use crate::retry::RetryBudget;

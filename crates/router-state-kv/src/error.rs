@@ -132,7 +132,9 @@ pub enum IndexError {
         limit: u32,
     },
     /// The index already holds the most models its node bound is split between.
-    #[error("model {model} would be indexed beyond the {limit} models kv.max_index_nodes is split between")]
+    #[error(
+        "model {model} would be indexed beyond the {limit} models kv.max_index_nodes is split between"
+    )]
     TooManyModels {
         /// The model.
         model: router_workers::ModelId,

@@ -29,8 +29,14 @@ fn only_prefix_reading_types_have_a_prefix_provider() {
     for (text, provider) in [
         ("type: cache_aware", Some(RadixTree)),
         ("type: predicted_ttft", Some(RadixTree)),
-        ("{type: cache_aware, cache_prefix_provider: indexer, kv_indexer_endpoint: \"h:1\"}", Some(Indexer)),
-        ("{type: predicted_ttft, cache_prefix_provider: indexer, kv_indexer_endpoint: \"h:1\"}", Some(Indexer)),
+        (
+            "{type: cache_aware, cache_prefix_provider: indexer, kv_indexer_endpoint: \"h:1\"}",
+            Some(Indexer),
+        ),
+        (
+            "{type: predicted_ttft, cache_prefix_provider: indexer, kv_indexer_endpoint: \"h:1\"}",
+            Some(Indexer),
+        ),
         ("type: round_robin", None),
         ("type: power_of_two", None),
         ("type: load_based", None),

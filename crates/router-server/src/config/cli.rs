@@ -274,9 +274,9 @@ impl ServeArgs {
             }
         }
         if !self.pd_disaggregation
-            && let Some(flag) = quick
-                .iter()
-                .find(|f| ["--prefill", "--decode", "--prefill-policy", "--decode-policy"].contains(f))
+            && let Some(flag) = quick.iter().find(|f| {
+                ["--prefill", "--decode", "--prefill-policy", "--decode-policy"].contains(f)
+            })
         {
             return Err(format!("{flag} needs --pd-disaggregation"));
         }

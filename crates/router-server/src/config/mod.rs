@@ -336,7 +336,8 @@ fn each_group<'a>(
     bpath: &str,
     groups: &'a GroupsConfig,
 ) -> impl Iterator<Item = (String, Stage, &'a GroupConfig)> {
-    let plain = groups.plain.iter().map(move |g| (format!("{bpath}.groups.plain"), Stage::Plain, g));
+    let plain =
+        groups.plain.iter().map(move |g| (format!("{bpath}.groups.plain"), Stage::Plain, g));
     let pd = groups.pd.iter().flat_map(move |pd| {
         [
             (format!("{bpath}.groups.pd.prefill"), Stage::Prefill, &pd.prefill),

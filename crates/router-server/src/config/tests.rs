@@ -23,8 +23,10 @@ fn build(yaml: &str) -> Result<AppContext, Vec<Problem>> {
 }
 
 const PLAIN_KV: &str = r#"[{id: a, url: "http://127.0.0.1:1", kv_events: {endpoint: "tcp://127.0.0.1:5557"}}, {id: b, url: "http://127.0.0.1:2"}]"#;
-const PLAIN_NO_KV: &str = r#"[{id: a, url: "http://127.0.0.1:1"}, {id: b, url: "http://127.0.0.1:2"}]"#;
-const PLAIN_BLOCK_SIZE: &str = r#"[{id: a, url: "http://127.0.0.1:1", block_size: 32}, {id: b, url: "http://127.0.0.1:2"}]"#;
+const PLAIN_NO_KV: &str =
+    r#"[{id: a, url: "http://127.0.0.1:1"}, {id: b, url: "http://127.0.0.1:2"}]"#;
+const PLAIN_BLOCK_SIZE: &str =
+    r#"[{id: a, url: "http://127.0.0.1:1", block_size: 32}, {id: b, url: "http://127.0.0.1:2"}]"#;
 const INDEXER: &str = r#"kv_indexer_endpoint: "127.0.0.1:50060""#;
 
 /// Each configuration with the problem it must report (path, message fragment), or none.
@@ -75,7 +77,9 @@ fn prefix_reading_groups_need_a_tokenizer_and_a_cache_to_see() {
                 "",
                 &tok,
                 PLAIN_NO_KV,
-                &plain(&format!("{{type: cache_aware, cache_prefix_provider: indexer, {INDEXER}}}")),
+                &plain(&format!(
+                    "{{type: cache_aware, cache_prefix_provider: indexer, {INDEXER}}}"
+                )),
             ),
             Some((path, "give the workers block_size")),
         ),

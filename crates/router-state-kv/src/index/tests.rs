@@ -297,10 +297,8 @@ fn the_node_limit_holds_and_eviction_takes_unreferenced_leaves_first() {
 fn the_node_limit_holds_across_models_and_a_model_beyond_the_split_is_refused() {
     let index = KvIndex::new(IndexConfig::new(6, 2));
     let models = [ModelId::new("m"), ModelId::new("n")];
-    let holders: Vec<Holder> = models
-        .iter()
-        .map(|m| index.holder(m, &wid("a"), 1, 0, BS).expect("register"))
-        .collect();
+    let holders: Vec<Holder> =
+        models.iter().map(|m| index.holder(m, &wid("a"), 1, 0, BS).expect("register")).collect();
     for i in 0..20u32 {
         for holder in &holders {
             holder.apply(&[stored(None, &[u64::from(i)], &[i, i])]);
