@@ -29,13 +29,16 @@ const PLAIN_BLOCK_SIZE: &str =
     r#"[{id: a, url: "http://127.0.0.1:1", block_size: 32}, {id: b, url: "http://127.0.0.1:2"}]"#;
 const INDEXER: &str = r#"kv_indexer_endpoint: "127.0.0.1:50060""#;
 
-/// Each configuration with the problem it must report (path, message fragment), or none.
+/// A named configuration, with the problem it must report (path, message fragment) or none.
+type Case = (&'static str, String, Option<(&'static str, &'static str)>);
+
+/// Each configuration with the problem it must report, or none.
 #[test]
 fn prefix_reading_groups_need_a_tokenizer_and_a_cache_to_see() {
     let tok = format!("tokenizer: \"{}\"", tokenizer());
     let path = "models[0].buckets[0].groups.plain.policy";
     let plain = |policy: &str| format!("{{plain: {{policy: {policy}}}}}");
-    let cases: Vec<(&str, String, Option<(&str, &str)>)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "cache_aware without a tokenizer",
             one_model("", "", PLAIN_KV, &plain("{type: cache_aware}")),
