@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use parking_lot::Mutex;
-use router_policies::{BlockSize, LoadHandles, Pick, PolicyHandles, RequestTokens};
+use router_policies::{BlockSize, CacheSources, LoadHandles, Pick, PolicyHandles, RequestTokens};
 use router_state_kv::{
     KvIndex, KvStats, KvSubscriptions, Predictions, SubscriptionConfig as KvSubscriptionConfig,
 };
@@ -41,6 +41,8 @@ pub struct AppContext {
     predictions: Option<Arc<Predictions>>,
     /// Taken by `start`.
     kv_subscriptions: Mutex<Option<KvSubscriptions>>,
+    /// The prefix sources the policies read (for their lookup counters).
+    cache_sources: CacheSources,
     kv_counters: KvStats,
     models: HashMap<ModelId, ModelRuntime>,
     /// The model named `*`, which serves any model name.
@@ -121,6 +123,7 @@ impl AppContext {
             inflight,
             kv_counters: kv.as_ref().map(KvSubscriptions::stats).unwrap_or_default(),
             kv_subscriptions: Mutex::new(kv),
+            cache_sources: handles.cache,
             kv_index,
             predictions,
             models,
@@ -255,6 +258,11 @@ impl AppContext {
     /// indexer.
     pub fn kv_index(&self) -> Option<&Arc<KvIndex>> {
         self.kv_index.as_ref()
+    }
+
+    /// The prefix sources of the policies: the local index's and each remote indexer's.
+    pub fn cache_sources(&self) -> &CacheSources {
+        &self.cache_sources
     }
 
     /// KV-event subscription counters.
