@@ -150,7 +150,8 @@ fn file_equivalent(flag: &str) -> &'static str {
         "--model" => "models[].id",
         "--tokenizer" => "models[].tokenizer",
         "--filter" | "--max-in-flight" => "policy.admission.max_inflight_requests",
-        _ => "nothing: strict is the only affinity mode; drop the flag",
+        "--affinity-mode" => "nothing: strict is the only affinity mode; drop the flag",
+        _ => "its equivalent",
     }
 }
 
@@ -283,8 +284,8 @@ impl ServeArgs {
         Ok(())
     }
 
-    /// The flags that set on top of any configuration (file, demo or quick start): the admin
-    /// token, which the quick start also takes.
+    /// Applies the flags that go on top of any configuration (a file, the demo or a quick
+    /// start) and are not listen or logging settings: `--admin-token`.
     pub fn apply_overrides(&self, config: &mut ConfigFile) -> Result<(), String> {
         if let Some(token) = &self.admin_token {
             let token =

@@ -6,9 +6,8 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde_json::json;
-
 use router_policies::{MatchedTokens, SourceStats};
+use serde_json::json;
 
 use crate::app::AppContext;
 use crate::metrics;
