@@ -1,5 +1,5 @@
-//! The command-line contract: check-config, and dropped options rejected with their
-//! replacement.
+//! The command-line contract: check-config, dropped options rejected with their replacement,
+//! and flags that would have no effect refused by name.
 
 use std::process::Command;
 
@@ -110,6 +110,62 @@ fn check_config_accepts_https_engines_and_refuses_credentials_in_urls() {
 }
 
 #[test]
+fn a_quick_start_flag_beside_a_file_or_the_demo_is_an_error_naming_it() {
+    let file = TempPath::write("router.yaml", VALID);
+    for (args, flag) in [
+        (vec!["--config", &file.display(), "--policy", "cache_aware"], "--policy"),
+        (vec!["--config", &file.display(), "--max-in-flight", "8"], "--max-in-flight"),
+        (vec!["--config", &file.display(), "--filter", "overloaded"], "--filter"),
+        (vec!["--config", &file.display(), "--policy-arg", "min_load_choices=3"], "--policy-arg"),
+        (vec!["--config", &file.display(), "--tokenizer", "t.json"], "--tokenizer"),
+        (vec!["--config", &file.display(), "--model", "llama"], "--model"),
+        (vec!["--config", &file.display(), "--worker-urls", "http://127.0.0.1:9"], "--worker-urls"),
+        (vec!["--demo", "--policy", "round_robin"], "--policy"),
+        (vec!["--demo", "--max-in-flight", "8"], "--max-in-flight"),
+        (
+            vec!["--worker-urls", "http://127.0.0.1:9", "--decode-policy", "random"],
+            "--decode-policy",
+        ),
+        (vec!["--port", "0", "check-config", &file.display()], "--port"),
+    ] {
+        let (code, _, stderr) = run(&args);
+        assert_eq!(code, 2, "{args:?} must be refused: {stderr}");
+        assert!(stderr.contains(&format!("error: {flag} ")), "{args:?} names {flag}: {stderr}");
+    }
+}
+
+#[test]
+fn a_quick_start_with_cache_aware_says_how_to_give_the_engines_kv_events() {
+    let (code, _, stderr) =
+        run(&["--worker-urls", "http://127.0.0.1:9", "--policy", "cache_aware"]);
+    assert_ne!(code, 0, "{stderr}");
+    for needed in ["--policy cache_aware", "kv_events", "tokenizer", "--config"] {
+        assert!(stderr.contains(needed), "{needed}: {stderr}");
+    }
+}
+
+#[test]
+fn cache_aware_without_a_tokenizer_or_kv_events_is_an_error_with_the_path() {
+    // The prefill group of bucket 1 runs cache_aware, but the model has no tokenizer and the
+    // group's only worker publishes no KV events.
+    let second = r#"
+      - id: long-context
+        limits: {min: 4097}
+        groups:
+          pd:
+            prefill: {worker_ids: [P1], policy: {type: cache_aware}}
+            decode: {worker_ids: [D1]}
+"#;
+    let file = TempPath::write("router.yaml", &format!("{}{second}", VALID.trim_end()));
+    let (code, _, stderr) = run(&["check-config", &file.display()]);
+    assert_eq!(code, 1, "{stderr}");
+    let path = "models[0].buckets[1].groups.pd.prefill.policy";
+    assert!(stderr.contains(&format!("{path}: cache_aware looks up the token ids")), "{stderr}");
+    assert!(stderr.contains("set models[0].tokenizer"), "{stderr}");
+    assert!(stderr.contains(&format!("{path}: cache_aware reads the local KV index")), "{stderr}");
+}
+
+#[test]
 fn the_architecture_example_validates() {
     let example = r#"
 server:
@@ -119,6 +175,7 @@ server:
   max_body_bytes: 33554432
 models:
   - id: llama
+    tokenizer: TOKENIZER
     affinity: {session_id_header: x-session-id, routing_key_header: x-routing-key}
     workers:
       - id: P1
@@ -142,7 +199,9 @@ models:
               worker_ids: [D1]
               policy: {type: power_of_two}
 "#;
-    let file = TempPath::write("router.yaml", example);
+    // The example's `tokenizer.json`, as a file that exists here.
+    let tokenizer = router_sim::assets::tokenizer_path().display().to_string();
+    let file = TempPath::write("router.yaml", &example.replace("TOKENIZER", &tokenizer));
     let (code, stdout, stderr) = run(&["check-config", &file.display()]);
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("cache_aware"), "{stdout}");

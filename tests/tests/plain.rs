@@ -149,6 +149,56 @@ async fn admin_api_needs_the_token_and_manages_workers() {
 }
 
 #[tokio::test]
+async fn the_admin_api_takes_the_configuration_files_worker_object() {
+    let a = Engine::start("m", &[]);
+    let b = Engine::start("m", &[]);
+    let http = Http::default();
+    let auth = [("authorization", "Bearer t0ken"), ("content-type", "application/json")];
+    // A worker entry exactly as under models[].workers, without `model`.
+    let entry = |id: &str, url: &str| {
+        format!(
+            r#"{{"id": "{id}", "url": "{url}", "role": "plain", "dp_size": 1, "block_size": 16}}"#
+        )
+    };
+
+    // One model: the worker joins it.
+    let router = Router::with_config(&plain_config(&[&a], "round_robin"));
+    let reply = http
+        .send("POST", &format!("{}/admin/workers", router.url), &auth, entry("e2", &b.url))
+        .await;
+    assert_eq!(reply.status, 201, "{}", reply.body);
+    assert_eq!(reply.json()["model"], "m");
+    assert_eq!(reply.json()["block_size"], 16);
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..4 {
+        let reply = http.chat(&router.url, &chat_body("m", "x", 1), &[]).await;
+        seen.insert(reply.header("x-router-engine").expect("engine").to_owned());
+    }
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["e1", "e2"], "the added engine serves");
+
+    // Two models: which one is for the caller to say.
+    let two = format!(
+        "{}  - {{id: n, workers: [], buckets: [{{id: all, groups: {{plain: {{}}}}}}]}}\n",
+        plain_config(&[&a], "round_robin")
+    );
+    let router = Router::with_config(&two);
+    let url = format!("{}/admin/workers", router.url);
+    let reply = http.send("POST", &url, &auth, entry("e2", &b.url)).await;
+    assert_eq!(reply.status, 400, "{}", reply.body);
+    let error = &reply.json()["error"];
+    assert_eq!(error["param"], "model", "{error}");
+    assert!(
+        error["message"].as_str().is_some_and(|m| m.contains("'model' is required")),
+        "{error}"
+    );
+    let named = entry("e2", &b.url).replace(r#""role""#, r#""model": "n", "role""#);
+    let reply = http.send("POST", &url, &auth, named).await;
+    assert_eq!(reply.status, 201, "{}", reply.body);
+    let reply = http.chat(&router.url, &chat_body("n", "x", 1), &[]).await;
+    assert_eq!(reply.header("x-router-engine"), Some("e2"), "{}", reply.body);
+}
+
+#[tokio::test]
 async fn h2c_to_engines_works_streamed_and_not() {
     let a = Engine::start("m", &[]);
     let yaml = plain_config(&[&a], "round_robin").replace(

@@ -59,6 +59,7 @@ models:
     }
     assert!(blocks >= 60, "the prompt's blocks are indexed: {state}");
     assert!(state["index"]["nodes"].as_u64().unwrap_or(0) >= blocks, "{state}");
+    assert_eq!(state["index"]["local"], true, "{state}");
     assert_eq!(state["workers"][0]["kv"]["gaps"], 0);
 
     let metrics = http.get(&router.url, "/metrics", &[]).await.body;

@@ -53,7 +53,8 @@ pub use admission::{
 pub use affinity::{KeySource, MAX_BIND_ATTEMPTS};
 pub use cache::{
     BlockSize, CacheAwarePolicy, CacheSource, CacheSources, CachedPrefix, CachedPrefixes,
-    LookupError, PrefixMemo, PrefixOutcome, SourceStats, Unavailable,
+    LookupError, MATCHED_TOKEN_BOUNDS, MatchedTokens, PrefixMemo, PrefixOutcome, SourceStats,
+    Unavailable,
 };
 pub use config::{
     CacheAwareSettings, CachePrefixProvider, ConfigError, PolicyConfig, PolicyKind, PolicyType,

@@ -31,8 +31,8 @@ use crate::{
 ///   its requests in flight, `Inflight::inflight_tokens`), reason
 ///   [`PickReason::PredictedTtftLocal`];
 /// - **uncached** is this request's input minus the leading tokens the candidate holds, from
-///   the prefix source (KV index and predicted entries); every token without KV events, token
-///   ids or an answering source;
+///   the prefix source (KV index and predicted entries); every token without a block size
+///   (KV events, or `block_size` for a remote indexer), token ids or an answering source;
 /// - **rate** is the candidate's prefill rate derived from its reports, or
 ///   `default_prefill_tokens_per_sec` before the first estimate (a negative, NaN or zero
 ///   estimate is ignored).

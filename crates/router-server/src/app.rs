@@ -8,10 +8,9 @@ use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
 use parking_lot::Mutex;
-use router_policies::{BlockSize, LoadHandles, Pick, PolicyHandles, RequestTokens};
+use router_policies::{BlockSize, CacheSources, LoadHandles, Pick, PolicyHandles, RequestTokens};
 use router_state_kv::{
-    IndexConfig, KvIndex, KvStats, KvSubscriptions, Predictions,
-    SubscriptionConfig as KvSubscriptionConfig,
+    KvIndex, KvStats, KvSubscriptions, Predictions, SubscriptionConfig as KvSubscriptionConfig,
 };
 use router_state_load::{
     Clock, EngineReportedLoadTable, Inflight, InflightGuard, LoadSubscriptions, SubscriptionConfig,
@@ -22,7 +21,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Credentials;
-use crate::config::{ConfigFile, ModelRuntime, Problem, ServerConfig, build_models};
+use crate::config::{
+    ConfigFile, ModelRuntime, Problem, ServerConfig, build_models, keeps_local_index,
+};
 use crate::forward::{ForwardConfig, Forwarder, OutcomeSink};
 use crate::health::HealthBook;
 use crate::retry::RetryBudget;
@@ -34,11 +35,14 @@ pub struct AppContext {
     registry: Arc<WorkerRegistry>,
     load_table: Arc<EngineReportedLoadTable>,
     inflight: Arc<Inflight>,
-    kv_index: Arc<KvIndex>,
+    /// `None` in a remote-indexer deployment ([`keeps_local_index`]).
+    kv_index: Option<Arc<KvIndex>>,
     /// What this router just dispatched, before the engines' KV events say so; `None`: off.
     predictions: Option<Arc<Predictions>>,
     /// Taken by `start`.
     kv_subscriptions: Mutex<Option<KvSubscriptions>>,
+    /// The prefix sources the policies read (for their lookup counters).
+    cache_sources: CacheSources,
     kv_counters: KvStats,
     models: HashMap<ModelId, ModelRuntime>,
     /// The model named `*`, which serves any model name.
@@ -69,23 +73,28 @@ impl AppContext {
             Arc::new(EngineReportedLoadTable::new(load_settings(config), Arc::clone(&clock)));
         let inflight = Arc::new(Inflight::new(clock));
         let predictions = config.kv.predictions().map(|c| Arc::new(Predictions::new(c)));
-        let mut kv_index =
-            KvIndex::new(IndexConfig { max_nodes_per_model: config.kv.max_index_nodes });
-        if let Some(predictions) = &predictions {
-            kv_index = kv_index.with_predictions(Arc::clone(predictions));
-        }
-        let kv_index = Arc::new(kv_index);
+        let kv_index = keeps_local_index(config).then(|| {
+            let mut kv_index = KvIndex::new(config.kv_index());
+            if let Some(predictions) = &predictions {
+                kv_index = kv_index.with_predictions(Arc::clone(predictions));
+            }
+            Arc::new(kv_index)
+        });
         let mut handles =
-            PolicyHandles::new(LoadHandles::new(Arc::clone(&load_table), Arc::clone(&inflight)))
-                .with_kv(Arc::clone(&kv_index));
+            PolicyHandles::new(LoadHandles::new(Arc::clone(&load_table), Arc::clone(&inflight)));
+        if let Some(kv_index) = &kv_index {
+            handles = handles.with_kv(Arc::clone(kv_index));
+        }
         if let Some(predictions) = &predictions {
             handles = handles.with_predictions(Arc::clone(predictions));
         }
-        let kv = KvSubscriptions::new(
-            Arc::clone(&kv_index),
-            Arc::clone(&registry),
-            KvSubscriptionConfig::default(),
-        );
+        let kv = kv_index.as_ref().map(|kv_index| {
+            KvSubscriptions::new(
+                Arc::clone(kv_index),
+                Arc::clone(&registry),
+                KvSubscriptionConfig::default(),
+            )
+        });
         let credentials = Credentials::resolve(&config.server).map_err(|err| {
             vec![Problem { path: err.variable.to_owned(), message: err.reason.to_owned() }]
         })?;
@@ -112,8 +121,9 @@ impl AppContext {
             registry,
             load_table,
             inflight,
-            kv_counters: kv.stats(),
-            kv_subscriptions: Mutex::new(Some(kv)),
+            kv_counters: kv.as_ref().map(KvSubscriptions::stats).unwrap_or_default(),
+            kv_subscriptions: Mutex::new(kv),
+            cache_sources: handles.cache,
             kv_index,
             predictions,
             models,
@@ -244,9 +254,15 @@ impl AppContext {
         self.inflight.acquire_work(worker.id(), stage, work)
     }
 
-    /// The prefix index fed by KV events.
-    pub fn kv_index(&self) -> &Arc<KvIndex> {
-        &self.kv_index
+    /// The prefix index fed by KV events; `None` when every prefix lookup goes to a remote
+    /// indexer.
+    pub fn kv_index(&self) -> Option<&Arc<KvIndex>> {
+        self.kv_index.as_ref()
+    }
+
+    /// The prefix sources of the policies: the local index's and each remote indexer's.
+    pub fn cache_sources(&self) -> &CacheSources {
+        &self.cache_sources
     }
 
     /// KV-event subscription counters.

@@ -23,6 +23,10 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let cli = Cli::parse();
+    if let Err(message) = cli.check() {
+        eprintln!("error: {message}");
+        return ExitCode::from(2);
+    }
     // This runtime runs the background services (subscriptions, health checks, the demo fleet,
     // the kv-indexer); clients are served by the event-loop threads of `Serving`.
     let runtime =
@@ -93,6 +97,7 @@ async fn serve(
             "nothing to serve: give --config FILE, --worker-urls, --pd-disaggregation or --demo"
         )
     };
+    args.apply_overrides(&mut config).map_err(anyhow::Error::msg)?;
     if let Some(host) = &args.host {
         config.server.host.clone_from(host);
     }
@@ -158,9 +163,7 @@ async fn kv_indexer(file: &std::path::Path, listen: &str) -> Result<ExitCode> {
         let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
         anyhow::anyhow!("invalid configuration:\n  {}", lines.join("\n  "))
     })?;
-    let index = Arc::new(router_state_kv::KvIndex::new(router_state_kv::IndexConfig {
-        max_nodes_per_model: config.kv.max_index_nodes,
-    }));
+    let index = Arc::new(router_state_kv::KvIndex::new(config.kv_index()));
     let subscriptions = router_state_kv::KvSubscriptions::new(
         Arc::clone(&index),
         Arc::clone(&registry),

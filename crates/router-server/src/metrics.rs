@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use metrics::{Counter, Histogram, counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use router_policies::{MATCHED_TOKEN_BOUNDS, MatchedTokens, SourceStats};
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -197,6 +198,39 @@ pub fn kv_index(nodes: u64, bytes: u64) {
     gauge!("router_kv_index_bytes").set(bytes as f64);
 }
 
+/// The lookup outcomes of the prefix sources of one kind (`local` or `remote`), as absolute
+/// counts (set at scrape time).
+pub fn cache_lookups(source: &'static str, stats: &SourceStats) {
+    for (outcome, count) in stats.outcomes() {
+        counter!("router_cache_lookups_total", "source" => source, "outcome" => outcome)
+            .absolute(count);
+    }
+}
+
+/// `router_cache_matched_tokens`, a histogram per source kind, as Prometheus text. The
+/// sources keep these counts themselves (lock-free, on the lookup path), so the family is
+/// written here rather than through the recorder, which only takes single observations.
+pub fn cache_matched_tokens(sources: &[(&'static str, MatchedTokens)]) -> String {
+    use std::fmt::Write;
+    const NAME: &str = "router_cache_matched_tokens";
+    let mut out = String::new();
+    if sources.is_empty() {
+        return out;
+    }
+    let _ = writeln!(out, "# TYPE {NAME} histogram");
+    for (source, matched) in sources {
+        let mut cumulative = 0;
+        let bounds = MATCHED_TOKEN_BOUNDS.iter().map(ToString::to_string);
+        for (le, count) in bounds.chain(["+Inf".to_owned()]).zip(matched.counts) {
+            cumulative += count;
+            let _ = writeln!(out, "{NAME}_bucket{{source=\"{source}\",le=\"{le}\"}} {cumulative}");
+        }
+        let _ = writeln!(out, "{NAME}_sum{{source=\"{source}\"}} {}", matched.sum);
+        let _ = writeln!(out, "{NAME}_count{{source=\"{source}\"}} {cumulative}");
+    }
+    out
+}
+
 /// Unexpired predicted blocks (set at scrape time): the router's guesses, not engine truth.
 pub fn predicted_blocks(blocks: u64) {
     gauge!("router_kv_predicted_blocks").set(blocks as f64);
@@ -216,4 +250,34 @@ pub fn retry(model: &str) {
 /// A retry refused because the retry budget was spent.
 pub fn retry_budget_exhausted(model: &str) {
     counter!("router_retry_budget_exhausted_total", "model" => model.to_owned()).increment(1);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matched_tokens_render_as_a_cumulative_histogram_per_source() {
+        let mut counts = [0; MATCHED_TOKEN_BOUNDS.len() + 1];
+        counts[0] = 2; // misses
+        counts[2] = 1; // at most 64
+        counts[MATCHED_TOKEN_BOUNDS.len()] = 1; // above every bound
+        let local = MatchedTokens { counts, sum: 100_032 };
+        let text = cache_matched_tokens(&[("local", local), ("remote", MatchedTokens::default())]);
+        for line in [
+            "# TYPE router_cache_matched_tokens histogram",
+            r#"router_cache_matched_tokens_bucket{source="local",le="0"} 2"#,
+            r#"router_cache_matched_tokens_bucket{source="local",le="16"} 2"#,
+            r#"router_cache_matched_tokens_bucket{source="local",le="64"} 3"#,
+            r#"router_cache_matched_tokens_bucket{source="local",le="65536"} 3"#,
+            r#"router_cache_matched_tokens_bucket{source="local",le="+Inf"} 4"#,
+            r#"router_cache_matched_tokens_sum{source="local"} 100032"#,
+            r#"router_cache_matched_tokens_count{source="local"} 4"#,
+            r#"router_cache_matched_tokens_count{source="remote"} 0"#,
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line:?} missing from\n{text}");
+        }
+        assert_eq!(text.matches("# TYPE").count(), 1);
+        assert!(cache_matched_tokens(&[]).is_empty());
+    }
 }

@@ -166,7 +166,7 @@ fn fill(index: &KvIndex, blocks: u32) -> (Duration, u64) {
 
 fn apply(c: &mut Criterion<CpuTime>) {
     let blocks = blocks_per_worker();
-    let config = IndexConfig { max_nodes_per_model: 1 << 24 };
+    let config = IndexConfig::new(1 << 24, 1);
     let probe = KvIndex::new(config.clone());
     let (_, stored) = fill(&probe, blocks);
     let stats = probe.stats();

@@ -131,4 +131,14 @@ pub enum IndexError {
         /// The limit.
         limit: u32,
     },
+    /// The index already holds the most models its node bound is split between.
+    #[error(
+        "model {model} would be indexed beyond the {limit} models kv.max_index_nodes is split between"
+    )]
+    TooManyModels {
+        /// The model.
+        model: router_workers::ModelId,
+        /// The limit.
+        limit: usize,
+    },
 }

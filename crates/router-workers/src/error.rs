@@ -29,11 +29,21 @@ pub enum WorkerError {
         /// The worker.
         id: WorkerId,
     },
-    /// `kv_events.block_size` must be at least 1.
-    #[error("worker {id}: kv_events.block_size must be at least 1")]
+    /// `block_size` (or `kv_events.block_size`) must be at least 1.
+    #[error("worker {id}: block_size must be at least 1")]
     ZeroBlockSize {
         /// The worker.
         id: WorkerId,
+    },
+    /// `block_size` and `kv_events.block_size` disagree.
+    #[error("worker {id}: block_size {worker} differs from kv_events.block_size {events}")]
+    ConflictingBlockSize {
+        /// The worker.
+        id: WorkerId,
+        /// `block_size`.
+        worker: u32,
+        /// `kv_events.block_size`.
+        events: u32,
     },
     /// A KV-event endpoint that is not `tcp://host:port`.
     #[error("worker {id}: kv event endpoint {endpoint:?} must be tcp://host:port")]

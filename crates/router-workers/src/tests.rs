@@ -61,18 +61,7 @@ fn replace_may_change_kind_only_when_it_is_the_last_of_its_kind() {
 
 #[test]
 fn rejects_urls_that_are_not_http_or_carry_credentials() {
-    let spec = |url: &str| WorkerSpec {
-        id: "w".into(),
-        url: url.into(),
-        role: Stage::Plain,
-        model: None,
-        bootstrap_port: None,
-        dp_size: 1,
-        kv_events: None,
-        load_reporter: None,
-        load_poll: None,
-        api_key: None,
-    };
+    let spec = |url: &str| WorkerSpec::new("w", url, Stage::Plain);
     for url in ["ftp://h:1", "file:///etc/passwd", "h:1", "http://", "unix:/tmp/s"] {
         let err = Worker::from_spec(&spec(url), vec![model()]).expect_err(url);
         assert!(matches!(err, WorkerError::BadUrl { .. }), "{url}: {err}");
@@ -99,18 +88,53 @@ fn rejects_bad_worker_settings() {
     ));
     spec.bootstrap_port = None;
     assert!(matches!(Worker::from_spec(&spec, vec![]), Err(WorkerError::NoModel { .. })));
-    spec.kv_events = Some(KvEventsSpec {
-        endpoint: "10.0.0.1:5557".into(),
-        replay_endpoint: None,
-        topic: String::new(),
-        block_size: 16,
-        bind: false,
-    });
+    spec.kv_events = Some(KvEventsSpec::new("10.0.0.1:5557"));
     assert!(matches!(
         Worker::from_spec(&spec, vec![model()]),
         Err(WorkerError::BadKvEndpoint { .. })
     ));
     assert_eq!(WorkerId::new("  "), Err(WorkerError::EmptyId));
+}
+
+#[test]
+fn block_size_comes_from_the_worker_or_its_kv_events() {
+    // (worker entry, block size or the error it names)
+    for (json, expect) in [
+        (r#"{"id": "w", "url": "http://h:1"}"#, Ok(None)),
+        (r#"{"id": "w", "url": "http://h:1", "block_size": 32}"#, Ok(Some(32))),
+        (
+            r#"{"id": "w", "url": "http://h:1", "kv_events": {"endpoint": "tcp://h:5557"}}"#,
+            Ok(Some(DEFAULT_BLOCK_SIZE)),
+        ),
+        (
+            r#"{"id": "w", "url": "http://h:1", "kv_events": {"endpoint": "tcp://h:5557", "block_size": 64}}"#,
+            Ok(Some(64)),
+        ),
+        (
+            r#"{"id": "w", "url": "http://h:1", "block_size": 64, "kv_events": {"endpoint": "tcp://h:5557"}}"#,
+            Ok(Some(64)),
+        ),
+        (
+            r#"{"id": "w", "url": "http://h:1", "block_size": 32, "kv_events": {"endpoint": "tcp://h:5557", "block_size": 64}}"#,
+            Err("block_size 32 differs from kv_events.block_size 64"),
+        ),
+        (
+            r#"{"id": "w", "url": "http://h:1", "block_size": 0}"#,
+            Err("block_size must be at least 1"),
+        ),
+        (
+            r#"{"id": "w", "url": "http://h:1", "kv_events": {"endpoint": "tcp://h:5557", "block_size": 0}}"#,
+            Err("block_size must be at least 1"),
+        ),
+    ] {
+        let spec: WorkerSpec = serde_json::from_str(json).expect(json);
+        let got = Worker::from_spec(&spec, vec![model()]).map(|w| w.block_size());
+        match (got, expect) {
+            (Ok(size), Ok(want)) => assert_eq!(size, want, "{json}"),
+            (Err(err), Err(want)) => assert!(err.to_string().contains(want), "{json}: {err}"),
+            (got, want) => panic!("{json}: got {got:?}, want {want:?}"),
+        }
+    }
 }
 
 #[test]

@@ -120,17 +120,31 @@ pub struct KvEventsSpec {
     /// Topic prefix to subscribe to; empty subscribes to everything.
     #[serde(default)]
     pub topic: String,
-    /// Tokens per KV block on this engine. Events with another block size are skipped.
-    #[serde(default = "default_block_size")]
-    pub block_size: u32,
+    /// Tokens per KV block on this engine; absent: the worker's `block_size`, else
+    /// [`DEFAULT_BLOCK_SIZE`]. Events with another block size are skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u32>,
     /// Bind the router's SUB socket and let the engine connect, instead of connecting to it.
     /// Only for trusted networks.
     #[serde(default)]
     pub bind: bool,
 }
 
-fn default_block_size() -> u32 {
-    16
+/// Tokens per KV block of an engine with KV events whose configuration names none.
+pub const DEFAULT_BLOCK_SIZE: u32 = 16;
+
+impl KvEventsSpec {
+    /// Events published at `endpoint`, with no replay endpoint, topic or block size of their
+    /// own, connected to (not bound).
+    pub fn new(endpoint: impl Into<String>) -> Self {
+        Self {
+            endpoint: endpoint.into(),
+            replay_endpoint: None,
+            topic: String::new(),
+            block_size: None,
+            bind: false,
+        }
+    }
 }
 
 /// How the router learns an engine's load, when not from a gRPC load reporter.
@@ -165,8 +179,9 @@ pub struct WorkerSpec {
     /// `plain`, `prefill` or `decode`.
     #[serde(default = "default_role")]
     pub role: Stage,
-    /// Model served; the configuration file fills it from the enclosing model entry, the admin
-    /// API requires it.
+    /// Model served: in the configuration file the enclosing model entry (a different name is
+    /// an error); through the admin API the router's only model when it serves one, else
+    /// required.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
     /// Port of the prefill engine's bootstrap server for PD transfer (prefill only).
@@ -175,6 +190,11 @@ pub struct WorkerSpec {
     /// Number of data-parallel ranks behind this engine.
     #[serde(default = "default_dp_size", skip_serializing_if = "is_one")]
     pub dp_size: u32,
+    /// Tokens per KV block on this engine, which prefix lookups hash requests with. Needed
+    /// without `kv_events` when a remote indexer knows the engine's cache; with `kv_events`
+    /// it is their block size (and must equal `kv_events.block_size` when both are given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u32>,
     /// KV-event publisher of the engine.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_events: Option<KvEventsSpec>,
@@ -188,6 +208,27 @@ pub struct WorkerSpec {
     /// request to it. Never serialized: listings and dumps cannot leak it.
     #[serde(default, skip_serializing)]
     pub api_key: Option<ApiKey>,
+}
+
+impl WorkerSpec {
+    /// A worker `id` at `url` in `role`, with every optional setting at its default: one
+    /// data-parallel rank and no model, bootstrap port, block size, KV events, load source or
+    /// API key. Set others with struct update syntax (`WorkerSpec { dp_size: 2, ..spec }`).
+    pub fn new(id: impl Into<String>, url: impl Into<String>, role: Stage) -> Self {
+        Self {
+            id: id.into(),
+            url: url.into(),
+            role,
+            model: None,
+            bootstrap_port: None,
+            dp_size: 1,
+            block_size: None,
+            kv_events: None,
+            load_reporter: None,
+            load_poll: None,
+            api_key: None,
+        }
+    }
 }
 
 /// A credential: readable on purpose with [`ApiKey::expose`], never printed by `Debug` and
@@ -258,6 +299,7 @@ pub struct Worker {
     stage: Stage,
     bootstrap_port: Option<u16>,
     dp_size: u32,
+    block_size: Option<u32>,
     kv_events: Option<KvEventsSpec>,
     load_reporter: Option<String>,
     load_poll: Option<LoadPollSpec>,
@@ -280,10 +322,18 @@ impl Worker {
         if spec.bootstrap_port.is_some() && spec.role != Stage::Prefill {
             return Err(WorkerError::BootstrapPortOnNonPrefill { id, role: spec.role });
         }
-        if let Some(kv) = &spec.kv_events {
-            if kv.block_size == 0 {
-                return Err(WorkerError::ZeroBlockSize { id });
+        let events_block_size = spec.kv_events.as_ref().and_then(|kv| kv.block_size);
+        let block_size = match (spec.block_size, events_block_size) {
+            (Some(worker), Some(events)) if worker != events => {
+                return Err(WorkerError::ConflictingBlockSize { id, worker, events });
             }
+            (Some(size), _) | (None, Some(size)) => Some(size),
+            (None, None) => spec.kv_events.as_ref().map(|_| DEFAULT_BLOCK_SIZE),
+        };
+        if block_size == Some(0) {
+            return Err(WorkerError::ZeroBlockSize { id });
+        }
+        if let Some(kv) = &spec.kv_events {
             validate_zmq_endpoint(&id, &kv.endpoint)?;
             if let Some(replay) = &kv.replay_endpoint {
                 validate_zmq_endpoint(&id, replay)?;
@@ -296,6 +346,7 @@ impl Worker {
             stage: spec.role,
             bootstrap_port: spec.bootstrap_port,
             dp_size: spec.dp_size,
+            block_size,
             kv_events: spec.kv_events.clone(),
             load_reporter: spec.load_reporter.clone(),
             load_poll: spec.load_poll.clone(),
@@ -317,18 +368,7 @@ impl Worker {
         model: &ModelId,
         stage: Stage,
     ) -> Result<Self, WorkerError> {
-        let spec = WorkerSpec {
-            id: id.to_owned(),
-            url: url.to_owned(),
-            role: stage,
-            model: Some(model.to_string()),
-            bootstrap_port: None,
-            dp_size: 1,
-            kv_events: None,
-            load_reporter: None,
-            load_poll: None,
-            api_key: None,
-        };
+        let spec = WorkerSpec { model: Some(model.to_string()), ..WorkerSpec::new(id, url, stage) };
         Self::from_spec(&spec, vec![model.clone()])
     }
 
@@ -370,6 +410,13 @@ impl Worker {
     /// Number of data-parallel ranks.
     pub fn dp_size(&self) -> u32 {
         self.dp_size
+    }
+
+    /// Tokens per KV block: the configured `block_size`, else that of the KV events (by
+    /// default [`DEFAULT_BLOCK_SIZE`]); `None` for an engine with neither, whose cache no prefix
+    /// lookup can see.
+    pub fn block_size(&self) -> Option<u32> {
+        self.block_size
     }
 
     /// KV-event publisher settings, when the engine publishes events.

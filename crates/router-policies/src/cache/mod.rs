@@ -22,8 +22,8 @@ pub use memo::PrefixMemo;
 pub use policy::CacheAwarePolicy;
 pub(crate) use prefixes::Prefixes;
 pub use source::{
-    BlockSize, CacheSource, CacheSources, CachedPrefix, CachedPrefixes, LookupError, PrefixOutcome,
-    SourceStats, Unavailable,
+    BlockSize, CacheSource, CacheSources, CachedPrefix, CachedPrefixes, LookupError,
+    MATCHED_TOKEN_BOUNDS, MatchedTokens, PrefixOutcome, SourceStats, Unavailable,
 };
 
 #[cfg(test)]

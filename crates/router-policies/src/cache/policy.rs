@@ -21,12 +21,12 @@ use crate::{
 /// POLICY_REFERENCE.md, within the group's candidates only:
 ///
 /// 1. **Lookup**, once per prepared request per source and block size ([`PrefixMemo`]): the
-///    candidates' block size is their KV events' `block_size` (candidates without KV events
-///    cannot hold cached blocks). No lookup happens when no candidate publishes KV events or
-///    the input is shorter than the minimum hit (nothing could hit: a miss). A request without
-///    token ids, or a backend that is busy, timed out, unreachable or malformed, is
-///    *unavailable*: the fallback runs with [`PickReason::CacheUnavailable`] instead of
-///    [`PickReason::CacheMiss`].
+///    candidates' block size is their worker's ([`crate::BlockSize::of`]: its `block_size`, or
+///    its KV events'; candidates with neither cannot hold cached blocks). No lookup happens when
+///    no candidate has a block size or the input is shorter than the minimum hit (nothing could
+///    hit: a miss). A request without token ids, or a backend that is busy, timed out,
+///    unreachable or malformed, is *unavailable*: the fallback runs with
+///    [`PickReason::CacheUnavailable`] instead of [`PickReason::CacheMiss`].
 /// 2. **Hits**: matched tokens = leading blocks held x block size, capped at the input; a hit
 ///    needs at least `cache_affinity_min_matched_tokens` (and at least one block), and
 ///    matched / input of at least `cache_affinity_min_matched_ratio` when set.

@@ -18,8 +18,8 @@ pub(crate) struct Prefixes {
 
 impl Prefixes {
     /// The lookups a pick over `engines` needs, through the request's memo: one per distinct
-    /// block size of the candidates' KV events (candidates without KV events cannot hold
-    /// cached blocks). Nothing is looked up when no candidate publishes KV events or the input
+    /// block size of the candidates ([`BlockSize::of`]; candidates without one cannot hold
+    /// cached blocks). Nothing is looked up when no candidate has a block size or the input
     /// is shorter than `min_hit` tokens (nothing could hit). A request without token ids, or a
     /// backend that cannot answer, is *unavailable*.
     pub(crate) async fn look_up(
@@ -58,7 +58,7 @@ impl Prefixes {
         Ok(out)
     }
 
-    /// Leading tokens `worker` holds (0 without KV events or a lookup for its block size).
+    /// Leading tokens `worker` holds (0 without a block size or a lookup for it).
     pub(crate) fn matched(&self, worker: &Worker) -> u64 {
         let Some(block_size) = BlockSize::of(worker) else { return 0 };
         self.found

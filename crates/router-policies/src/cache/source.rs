@@ -23,10 +23,10 @@ impl BlockSize {
         NonZeroU32::new(tokens).map(Self)
     }
 
-    /// The block size of `worker`'s KV events; `None` when it publishes none (it then cannot
-    /// be known to hold cached blocks).
+    /// The block size of `worker` (its own, or its KV events'); `None` when it has neither
+    /// (it then cannot be known to hold cached blocks).
     pub fn of(worker: &Worker) -> Option<Self> {
-        worker.kv_events().and_then(|kv| Self::new(kv.block_size))
+        worker.block_size().and_then(Self::new)
     }
 
     /// Tokens per block.
@@ -220,6 +220,68 @@ impl SourceStats {
     pub fn unavailable(&self) -> u64 {
         self.busy + self.timeouts + self.unreachable + self.malformed
     }
+
+    /// Each outcome with its `snake_case` name (every lookup has exactly one): `found`,
+    /// `empty`, the [`Unavailable`] names `busy`, `timeout`, `unreachable`, `malformed`, and
+    /// `refused`.
+    pub fn outcomes(&self) -> [(&'static str, u64); 7] {
+        [
+            ("found", self.found),
+            ("empty", self.empty),
+            (Unavailable::Busy.as_str(), self.busy),
+            (Unavailable::Timeout.as_str(), self.timeouts),
+            (Unavailable::Unreachable.as_str(), self.unreachable),
+            (Unavailable::Malformed.as_str(), self.malformed),
+            ("refused", self.refused),
+        ]
+    }
+
+    /// These counters plus `other`'s.
+    pub fn merged(self, other: &SourceStats) -> SourceStats {
+        SourceStats {
+            lookups: self.lookups + other.lookups,
+            found: self.found + other.found,
+            empty: self.empty + other.empty,
+            busy: self.busy + other.busy,
+            timeouts: self.timeouts + other.timeouts,
+            unreachable: self.unreachable + other.unreachable,
+            malformed: self.malformed + other.malformed,
+            refused: self.refused + other.refused,
+        }
+    }
+}
+
+/// Upper bounds, in tokens, of the buckets of [`MatchedTokens`]; a last bucket holds the rest.
+pub const MATCHED_TOKEN_BOUNDS: [u64; 12] =
+    [0, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536];
+
+/// How many tokens the answered lookups of a source matched: for each lookup the longest
+/// prefix any worker holds (0 for a confirmed miss), counted in the buckets of
+/// [`MATCHED_TOKEN_BOUNDS`]. Unavailable and refused lookups are not counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MatchedTokens {
+    /// Lookups per bucket (not cumulative): `counts[i]` matched at most
+    /// `MATCHED_TOKEN_BOUNDS[i]` tokens and more than the bound before; the last, more than
+    /// every bound.
+    pub counts: [u64; MATCHED_TOKEN_BOUNDS.len() + 1],
+    /// Matched tokens summed over the counted lookups.
+    pub sum: u64,
+}
+
+impl MatchedTokens {
+    /// Lookups counted.
+    pub fn count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// These counts plus `other`'s.
+    pub fn merged(mut self, other: &MatchedTokens) -> MatchedTokens {
+        for (count, more) in self.counts.iter_mut().zip(other.counts) {
+            *count += more;
+        }
+        self.sum += other.sum;
+        self
+    }
 }
 
 #[derive(Default)]
@@ -232,6 +294,8 @@ struct Counters {
     unreachable: AtomicU64,
     malformed: AtomicU64,
     refused: AtomicU64,
+    matched: [AtomicU64; MATCHED_TOKEN_BOUNDS.len() + 1],
+    matched_sum: AtomicU64,
 }
 
 enum Backend {
@@ -314,6 +378,15 @@ impl CacheSource {
         }
     }
 
+    /// The matched tokens of the answered lookups so far.
+    pub fn matched_tokens(&self) -> MatchedTokens {
+        let c = &self.counters;
+        MatchedTokens {
+            counts: std::array::from_fn(|i| c.matched[i].load(Ordering::Relaxed)),
+            sum: c.matched_sum.load(Ordering::Relaxed),
+        }
+    }
+
     /// Which workers of `model` hold how much of `tokens`, hashed in blocks of `block_size`
     /// (with no LoRA name or cache salt: requests carry neither yet). Matched tokens are
     /// `blocks x block_size`, capped at `tokens.len()`.
@@ -374,6 +447,10 @@ impl CacheSource {
         let prefixes = CachedPrefixes::new(matches, block_size, query_tokens);
         let counter = if prefixes.is_empty() { &c.empty } else { &c.found };
         counter.fetch_add(1, Ordering::Relaxed);
+        let matched = prefixes.iter().map(|p| p.tokens).max().unwrap_or(0);
+        let bucket = MATCHED_TOKEN_BOUNDS.partition_point(|&bound| bound < matched);
+        c.matched[bucket].fetch_add(1, Ordering::Relaxed);
+        c.matched_sum.fetch_add(matched, Ordering::Relaxed);
         Ok(PrefixOutcome::Found(Arc::new(prefixes)))
     }
 }
@@ -413,6 +490,11 @@ impl CacheSources {
     /// The local index's source, when the application keeps a local index.
     pub fn local(&self) -> Option<&Arc<CacheSource>> {
         self.local.as_ref()
+    }
+
+    /// Every source: the local one (when kept), then the remote ones created so far.
+    pub fn all(&self) -> Vec<Arc<CacheSource>> {
+        self.local.iter().cloned().chain(self.remote.lock().iter().cloned()).collect()
     }
 
     /// These sources laying `predictions` over the remote indexers' answers (the local

@@ -621,6 +621,16 @@ impl PolicyConfig {
         self.kind.policy_type()
     }
 
+    /// Where this policy looks cached prefixes up: `Some` for the types that read them
+    /// (`cache_aware`, `predicted_ttft`), `None` for the others.
+    pub fn prefix_provider(&self) -> Option<CachePrefixProvider> {
+        match &self.kind {
+            PolicyKind::CacheAware(settings) => Some(settings.cache_prefix_provider),
+            PolicyKind::PredictedTtft(settings) => Some(settings.cache_prefix_provider),
+            _ => None,
+        }
+    }
+
     /// Checks ranges and combinations (deserialization already did).
     pub fn validate(&self) -> Result<(), ConfigError> {
         match &self.kind {

@@ -24,6 +24,31 @@ fn every_type_name_parses_with_default_admission() {
 }
 
 #[test]
+fn only_prefix_reading_types_have_a_prefix_provider() {
+    use CachePrefixProvider::{Indexer, RadixTree};
+    for (text, provider) in [
+        ("type: cache_aware", Some(RadixTree)),
+        ("type: predicted_ttft", Some(RadixTree)),
+        (
+            "{type: cache_aware, cache_prefix_provider: indexer, kv_indexer_endpoint: \"h:1\"}",
+            Some(Indexer),
+        ),
+        (
+            "{type: predicted_ttft, cache_prefix_provider: indexer, kv_indexer_endpoint: \"h:1\"}",
+            Some(Indexer),
+        ),
+        ("type: round_robin", None),
+        ("type: power_of_two", None),
+        ("type: load_based", None),
+        ("type: session_aware", None),
+        ("type: sticky", None),
+        ("type: random", None),
+    ] {
+        assert_eq!(yaml(text).expect(text).prefix_provider(), provider, "{text}");
+    }
+}
+
+#[test]
 fn cache_aware_defaults_are_the_reference_ones() {
     let config = yaml("type: cache_aware").expect("valid");
     let PolicyKind::CacheAware(settings) = config.kind else { panic!("{config:?}") };

@@ -1,9 +1,15 @@
 //! The command line: serving with a file, `check-config`, `kv-indexer`, `--demo`, and the
 //! quick-start flags that build a single bucket without a file.
+//!
+//! No flag is dropped without a word ([`Cli::check`]): a quick-start flag with `--config` or
+//! `--demo`, a PD flag without `--pd-disaggregation`, or a serving flag with a subcommand is
+//! an error naming it. `--host`, `--port`, `--log-json`, `--worker-threads` and
+//! `--admin-token` apply on top of a file or the demo.
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use router_policies::PolicyConfig;
 use router_workers::{ApiKey, Stage, WorkerSpec};
 use serde_json::{Map, Value, json};
 
@@ -51,7 +57,7 @@ pub enum Command {
 #[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Configuration file (YAML or JSON).
-    #[arg(long, conflicts_with_all = ["demo", "worker_urls", "pd_disaggregation"])]
+    #[arg(long, conflicts_with = "demo")]
     pub config: Option<PathBuf>,
     /// Run in front of an embedded simulated fleet.
     #[arg(long)]
@@ -86,9 +92,9 @@ pub struct ServeArgs {
     /// Quick start: policy of the decode group.
     #[arg(long, value_name = "NAME")]
     pub decode_policy: Option<String>,
-    /// Quick start: the model name served (`*` accepts any name).
-    #[arg(long, default_value = "*")]
-    pub model: String,
+    /// Quick start: the model name served (default `*`, which accepts any name).
+    #[arg(long)]
+    pub model: Option<String>,
     /// Quick start: tokenizer.json for the model.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
@@ -104,9 +110,49 @@ pub struct ServeArgs {
     /// Session-affinity mode; only `strict` (admitted-binding reuse) exists.
     #[arg(long, value_name = "MODE")]
     pub affinity_mode: Option<String>,
-    /// Admin API bearer token (or `ROUTER_ADMIN_TOKEN`).
+    /// Admin API bearer token (overrides `server.admin_token`; or `ROUTER_ADMIN_TOKEN`).
     #[arg(long)]
     pub admin_token: Option<String>,
+}
+
+impl Cli {
+    /// Checks that every flag given applies to what runs, so that none is ignored: serving
+    /// flags have no effect on a subcommand, and quick-start flags none on a file or the demo.
+    pub fn check(&self) -> Result<(), String> {
+        let Some(command) = &self.command else { return self.serve.check() };
+        let name = match command {
+            Command::CheckConfig { .. } => "check-config",
+            Command::KvIndexer { .. } => "kv-indexer",
+        };
+        let serving = self.worker_threads.map(|_| "--worker-threads");
+        match serving.into_iter().chain(self.serve.given().into_iter().map(|(flag, _)| flag)).next()
+        {
+            Some(flag) => Err(format!(
+                "{flag} applies only when serving, not to {name}: {name} reads everything from its \
+                 configuration file"
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Where a quick-start setting goes in a configuration file.
+fn file_equivalent(flag: &str) -> &'static str {
+    match flag {
+        "--worker-urls" => "models[].workers (role: plain)",
+        "--pd-disaggregation" | "--prefill" | "--decode" => {
+            "models[].workers (role: prefill with bootstrap_port, or decode) and a pd bucket"
+        }
+        "--policy" | "--prefill-policy" | "--decode-policy" => {
+            "models[].buckets[].groups.<group>.policy"
+        }
+        "--policy-arg" => "the keys of models[].buckets[].groups.<group>.policy",
+        "--model" => "models[].id",
+        "--tokenizer" => "models[].tokenizer",
+        "--filter" | "--max-in-flight" => "policy.admission.max_inflight_requests",
+        "--affinity-mode" => "nothing: strict is the only affinity mode; drop the flag",
+        _ => "its equivalent",
+    }
 }
 
 /// The in-flight cap `--filter overloaded` applies without `--max-in-flight`.
@@ -178,6 +224,77 @@ impl ServeArgs {
         !self.worker_urls.is_empty() || self.pd_disaggregation
     }
 
+    /// Every serving flag given, with whether it is quick-start only (it builds the
+    /// configuration that a file or the demo otherwise provides).
+    fn given(&self) -> Vec<(&'static str, bool)> {
+        let s = self;
+        [
+            ("--config", s.config.is_some(), false),
+            ("--demo", s.demo, false),
+            ("--host", s.host.is_some(), false),
+            ("--port", s.port.is_some(), false),
+            ("--log-json", s.log_json, false),
+            ("--admin-token", s.admin_token.is_some(), false),
+            ("--worker-urls", !s.worker_urls.is_empty(), true),
+            ("--pd-disaggregation", s.pd_disaggregation, true),
+            ("--prefill", !s.prefill.is_empty(), true),
+            ("--decode", !s.decode.is_empty(), true),
+            ("--policy", s.policy.is_some(), true),
+            ("--prefill-policy", s.prefill_policy.is_some(), true),
+            ("--decode-policy", s.decode_policy.is_some(), true),
+            ("--model", s.model.is_some(), true),
+            ("--tokenizer", s.tokenizer.is_some(), true),
+            ("--filter", !s.filter.is_empty(), true),
+            ("--max-in-flight", s.max_in_flight.is_some(), true),
+            ("--policy-arg", !s.policy_args.is_empty(), true),
+            ("--affinity-mode", s.affinity_mode.is_some(), true),
+        ]
+        .into_iter()
+        .filter(|(_, set, _)| *set)
+        .map(|(flag, _, quick)| (flag, quick))
+        .collect()
+    }
+
+    /// Quick-start flags only build a quick start, and the PD ones only a PD quick start.
+    fn check(&self) -> Result<(), String> {
+        let quick: Vec<&str> =
+            self.given().into_iter().filter(|(_, quick)| *quick).map(|(flag, _)| flag).collect();
+        if let Some(flag) = quick.first() {
+            if self.config.is_some() {
+                return Err(format!(
+                    "{flag} is a quick-start flag and has no effect with --config: set {} in \
+                     the configuration file instead",
+                    file_equivalent(flag)
+                ));
+            }
+            if self.demo {
+                return Err(format!(
+                    "{flag} is a quick-start flag and has no effect with --demo, whose fleet and \
+                     policies are fixed"
+                ));
+            }
+        }
+        if !self.pd_disaggregation
+            && let Some(flag) = quick.iter().find(|f| {
+                ["--prefill", "--decode", "--prefill-policy", "--decode-policy"].contains(f)
+            })
+        {
+            return Err(format!("{flag} needs --pd-disaggregation"));
+        }
+        Ok(())
+    }
+
+    /// Applies the flags that go on top of any configuration (a file, the demo or a quick
+    /// start) and are not listen or logging settings: `--admin-token`.
+    pub fn apply_overrides(&self, config: &mut ConfigFile) -> Result<(), String> {
+        if let Some(token) = &self.admin_token {
+            let token =
+                ApiKey::new(token.as_str()).map_err(|why| format!("--admin-token: {why}"))?;
+            config.server.admin_token = Some(token);
+        }
+        Ok(())
+    }
+
     /// Builds the configuration the quick-start flags describe: one model, one bucket.
     pub fn quick_start_config(&self) -> Result<ConfigFile, String> {
         if let Some(mode) = &self.affinity_mode
@@ -194,7 +311,7 @@ impl ServeArgs {
                 other => return Err(format!("--filter {other}: unknown filter (overloaded)")),
             }
         }
-        let group = |policy: Option<&str>| -> Result<GroupConfig, String> {
+        let group = |flag: &str, policy: Option<&str>| -> Result<GroupConfig, String> {
             let mut map = Map::new();
             map.insert("type".into(), policy.unwrap_or("round_robin").into());
             for arg in &self.policy_args {
@@ -207,8 +324,18 @@ impl ServeArgs {
             if let Some(cap) = inflight_cap {
                 map.insert("admission".into(), json!({"max_inflight_requests": cap}));
             }
-            let policy = serde_json::from_value(Value::Object(map))
+            let policy: PolicyConfig = serde_json::from_value(Value::Object(map))
                 .map_err(|err| format!("quick-start policy: {err}"))?;
+            if policy.prefix_provider().is_some() {
+                return Err(format!(
+                    "{flag} {} reads what the engines have cached, which quick-start flags \
+                     cannot declare (KV events, or block sizes for a remote indexer): write a \
+                     configuration file whose model has a tokenizer and whose workers carry \
+                     kv_events: {{endpoint: \"tcp://HOST:PORT\"}} (docs/configuration.md), and \
+                     serve it with --config; or use power_of_two or load_based",
+                    policy.policy_type()
+                ));
+            }
             Ok(GroupConfig { worker_ids: None, policy })
         };
         let mut workers = Vec::new();
@@ -240,25 +367,25 @@ impl ServeArgs {
             GroupsConfig {
                 plain: None,
                 pd: Some(PdGroupsConfig {
-                    prefill: group(self.prefill_policy.as_deref().or(self.policy.as_deref()))?,
-                    decode: group(self.decode_policy.as_deref().or(self.policy.as_deref()))?,
+                    prefill: match &self.prefill_policy {
+                        Some(name) => group("--prefill-policy", Some(name))?,
+                        None => group("--policy", self.policy.as_deref())?,
+                    },
+                    decode: match &self.decode_policy {
+                        Some(name) => group("--decode-policy", Some(name))?,
+                        None => group("--policy", self.policy.as_deref())?,
+                    },
                 }),
             }
         } else {
             for (i, url) in self.worker_urls.iter().enumerate() {
                 workers.push(spec(format!("worker-{}", i + 1), url, Stage::Plain, None));
             }
-            GroupsConfig { plain: Some(group(self.policy.as_deref())?), pd: None }
+            GroupsConfig { plain: Some(group("--policy", self.policy.as_deref())?), pd: None }
         };
         let mut config = ConfigFile::default();
-        config.server.admin_token = match &self.admin_token {
-            Some(token) => {
-                Some(ApiKey::new(token.as_str()).map_err(|why| format!("--admin-token: {why}"))?)
-            }
-            None => None,
-        };
         config.models.push(ModelConfig {
-            id: self.model.clone(),
+            id: self.model.clone().unwrap_or_else(|| "*".to_owned()),
             tokenizer: self.tokenizer.clone(),
             chat_template: None,
             affinity: Default::default(),
@@ -276,18 +403,7 @@ impl ServeArgs {
 }
 
 fn spec(id: String, url: &str, role: Stage, bootstrap_port: Option<u16>) -> WorkerSpec {
-    WorkerSpec {
-        id,
-        url: url.to_owned(),
-        role,
-        model: None,
-        bootstrap_port,
-        dp_size: 1,
-        kv_events: None,
-        load_reporter: None,
-        load_poll: None,
-        api_key: None,
-    }
+    WorkerSpec { bootstrap_port, ..WorkerSpec::new(id, url, role) }
 }
 
 #[cfg(test)]
@@ -358,6 +474,80 @@ mod tests {
         let pd = config.models[0].buckets[0].groups.pd.as_ref().expect("pd");
         assert_eq!(pd.prefill.policy.policy_type().to_string(), "power_of_two");
         assert_eq!(pd.decode.policy.policy_type().to_string(), "random");
+    }
+
+    #[test]
+    fn a_flag_that_would_have_no_effect_is_an_error_naming_it() {
+        // (command line, the flag named, another fragment of the message)
+        for (line, flag, mention) in [
+            ("--config r.yaml --policy cache_aware", "--policy", "groups.<group>.policy"),
+            ("--config r.yaml --max-in-flight 4", "--max-in-flight", "max_inflight_requests"),
+            ("--config r.yaml --filter overloaded", "--filter", "max_inflight_requests"),
+            ("--config r.yaml --policy-arg min_load_choices=3", "--policy-arg", "policy"),
+            ("--config r.yaml --tokenizer t.json", "--tokenizer", "models[].tokenizer"),
+            ("--config r.yaml --model m", "--model", "models[].id"),
+            ("--config r.yaml --worker-urls http://a:1", "--worker-urls", "models[].workers"),
+            ("--config r.yaml --pd-disaggregation", "--pd-disaggregation", "pd bucket"),
+            ("--config r.yaml --prefill http://p:1 9001", "--prefill", "bootstrap_port"),
+            ("--config r.yaml --decode-policy random", "--decode-policy", "policy"),
+            ("--config r.yaml --affinity-mode strict", "--affinity-mode", "drop the flag"),
+            ("--demo --policy random", "--policy", "--demo"),
+            ("--demo --worker-urls http://a:1", "--worker-urls", "--demo"),
+            ("--demo --tokenizer t.json", "--tokenizer", "--demo"),
+            ("--worker-urls http://a:1 --prefill-policy random", "--prefill-policy", "--pd-"),
+            ("--worker-urls http://a:1 --decode http://d:1", "--decode", "--pd-disaggregation"),
+            ("--port 1 check-config r.yaml", "--port", "check-config"),
+            ("--policy random kv-indexer --config r.yaml", "--policy", "kv-indexer"),
+            ("check-config r.yaml --worker-threads 2", "--worker-threads", "check-config"),
+        ] {
+            let err = parse(line).check().expect_err(line);
+            assert!(err.starts_with(flag), "{line}: {err}");
+            assert!(err.contains(mention), "{line}: {err}");
+        }
+        for line in [
+            "--config r.yaml --port 0 --host h --admin-token t --log-json --worker-threads 2",
+            "--demo --port 0 --admin-token t",
+            "--worker-urls http://a:1 --policy random --model m --tokenizer t.json",
+            "--pd-disaggregation --prefill http://p:1 --decode http://d:1 --prefill-policy random",
+            "check-config r.yaml",
+            "kv-indexer --config r.yaml",
+        ] {
+            parse(line).check().unwrap_or_else(|err| panic!("{line}: {err}"));
+        }
+    }
+
+    #[test]
+    fn the_admin_token_applies_on_top_of_any_configuration() {
+        let cli = parse("--config r.yaml --admin-token s3cret");
+        let mut config = ConfigFile::default();
+        cli.serve.apply_overrides(&mut config).expect("valid token");
+        assert_eq!(config.server.admin_token.as_ref().map(ApiKey::expose), Some("s3cret"));
+        let cli = Cli::try_parse_from(["router-server", "--demo", "--admin-token", "a b"]);
+        let err = cli.expect("parses").serve.apply_overrides(&mut config);
+        assert!(err.expect_err("a tab").contains("--admin-token"));
+    }
+
+    #[test]
+    fn a_quick_start_cannot_read_cached_prefixes_and_says_how_to_give_them() {
+        for (line, named) in [
+            ("--worker-urls http://a:1 --policy cache_aware", "--policy cache_aware"),
+            ("--worker-urls http://a:1 --policy predicted_ttft", "--policy predicted_ttft"),
+            (
+                "--pd-disaggregation --prefill http://p:1 --decode http://d:1 \
+                 --prefill-policy cache_aware",
+                "--prefill-policy cache_aware",
+            ),
+            (
+                "--pd-disaggregation --prefill http://p:1 --decode http://d:1 --policy cache_aware",
+                "--policy cache_aware",
+            ),
+        ] {
+            let err = parse(line).serve.quick_start_config().expect_err(line);
+            assert!(err.starts_with(named), "{line}: {err}");
+            for how in ["kv_events", "tokenizer", "--config"] {
+                assert!(err.contains(how), "{line}: {err}");
+            }
+        }
     }
 
     #[test]

@@ -135,7 +135,7 @@ impl Default for LoadConfig {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KvConfig {
-    /// Upper bound on radix-tree nodes across models.
+    /// Upper bound on radix-tree nodes across models, split evenly between them.
     pub max_index_nodes: usize,
     /// How long a dispatched request's blocks count as predicted entries on its engine before
     /// the engine's KV events confirm them; 0 turns predicted entries off.
@@ -199,8 +199,16 @@ pub struct AffinityConfig {
     pub session_id_header: String,
     /// Header carrying the routing key.
     pub routing_key_header: String,
-    /// Bindings idle this long expire, in seconds.
+    /// Bindings idle this long expire, in seconds: the default of both kinds below.
     pub idle_timeout_secs: u64,
+    /// Session bindings (`session_aware`) idle this long expire, in seconds; default
+    /// `idle_timeout_secs`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session_idle_timeout_secs: Option<u64>,
+    /// Routing-key bindings (`sticky`) idle this long expire, in seconds; default
+    /// `idle_timeout_secs`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sticky_idle_timeout_secs: Option<u64>,
     /// How often expired bindings are swept, in seconds.
     pub eviction_interval_secs: u64,
     /// Most bindings kept; beyond it the least recently used go first.
@@ -213,8 +221,28 @@ impl Default for AffinityConfig {
             session_id_header: "x-session-id".to_owned(),
             routing_key_header: "x-routing-key".to_owned(),
             idle_timeout_secs: 600,
+            session_idle_timeout_secs: None,
+            sticky_idle_timeout_secs: None,
             eviction_interval_secs: 60,
             max_entries: 1_000_000,
+        }
+    }
+}
+
+impl AffinityConfig {
+    /// Idle expiry of session bindings, in seconds, with the key that set it.
+    pub fn session_idle_secs(&self) -> (u64, &'static str) {
+        match self.session_idle_timeout_secs {
+            Some(secs) => (secs, "session_idle_timeout_secs"),
+            None => (self.idle_timeout_secs, "idle_timeout_secs"),
+        }
+    }
+
+    /// Idle expiry of routing-key bindings, in seconds, with the key that set it.
+    pub fn sticky_idle_secs(&self) -> (u64, &'static str) {
+        match self.sticky_idle_timeout_secs {
+            Some(secs) => (secs, "sticky_idle_timeout_secs"),
+            None => (self.idle_timeout_secs, "idle_timeout_secs"),
         }
     }
 }
@@ -311,6 +339,12 @@ pub enum ParseError {
 }
 
 impl ConfigFile {
+    /// The prefix index's settings: `kv.max_index_nodes` split evenly between the configured
+    /// models, so that the bound holds over all of them.
+    pub fn kv_index(&self) -> router_state_kv::IndexConfig {
+        router_state_kv::IndexConfig::new(self.kv.max_index_nodes, self.models.len())
+    }
+
     /// Reads and parses a configuration file.
     pub fn load(path: &Path) -> Result<Self, ParseError> {
         let text = std::fs::read_to_string(path)

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use router_affinity::AffinityStore;
 use router_buckets::{Bucket, BucketGroups, BucketResolver, BucketSpec, EngineGroup, TokenLimits};
-use router_policies::PolicyHandles;
+use router_policies::{CachePrefixProvider, PolicyHandles};
 use router_workers::{ApiKey, ModelId, Stage, Worker, WorkerId, WorkerRegistry, WorkerSpec};
 
 pub use cli::{Cli, Command, ServeArgs, reject_dropped_options};
@@ -110,6 +110,7 @@ pub fn build_models(
     if config.server.max_concurrent_requests == 0 {
         problems.push("server.max_concurrent_requests", "must be at least 1");
     }
+    kv_problems(config, &mut problems);
     let mut model_ids = HashSet::new();
     let mut runtimes = Vec::new();
     for (m, model) in config.models.iter().enumerate() {
@@ -131,6 +132,29 @@ pub fn build_models(
     if problems.0.is_empty() { Ok(runtimes) } else { Err(problems.0) }
 }
 
+/// The largest tree the prefix index can address (two node ids are sentinels).
+const MAX_TREE_NODES: usize = (u32::MAX - 2) as usize;
+
+/// `kv.max_index_nodes` must give every configured model a tree of at least one node and at
+/// most [`MAX_TREE_NODES`], since the bound is split evenly between them.
+fn kv_problems(config: &ConfigFile, problems: &mut Problems) {
+    let models = config.models.len().max(1);
+    let nodes = config.kv.max_index_nodes;
+    if nodes < models {
+        problems.push(
+            "kv.max_index_nodes",
+            format!("{nodes} is below the {models} configured models it is split between"),
+        );
+    } else if nodes / models > MAX_TREE_NODES {
+        problems.push(
+            "kv.max_index_nodes",
+            format!(
+                "{nodes} split between {models} models exceeds {MAX_TREE_NODES} nodes per model"
+            ),
+        );
+    }
+}
+
 /// Registers every configured worker in `registry` (what the `kv-indexer` process needs),
 /// with the same checks and field paths as [`build_models`].
 pub fn register_all_workers(
@@ -139,6 +163,7 @@ pub fn register_all_workers(
     engine_key: Option<&ApiKey>,
 ) -> Result<(), Vec<Problem>> {
     let mut problems = Problems::default();
+    kv_problems(config, &mut problems);
     for (m, model) in config.models.iter().enumerate() {
         register_workers(&format!("models[{m}]"), model, registry, engine_key, &mut problems);
     }
@@ -202,27 +227,33 @@ fn build_model(
         problems.push(format!("{path}.affinity"), "header names must not be empty");
     }
 
-    let store = || {
+    // One store per kind of binding, each with its own idle timeout; a zero timeout is
+    // reported at the key that set it.
+    let mut store = |(idle_secs, key): (u64, &str)| {
+        if idle_secs == 0 {
+            problems.push(format!("{path}.affinity.{key}"), "must be at least 1");
+            return None;
+        }
         let config = router_affinity::AffinityConfig {
-            idle_timeout: Duration::from_secs(model.affinity.idle_timeout_secs),
+            idle_timeout: Duration::from_secs(idle_secs),
             sweep_interval: Duration::from_secs(model.affinity.eviction_interval_secs),
             max_entries: model.affinity.max_entries,
         };
-        AffinityStore::new(config).map(Arc::new)
+        AffinityStore::new(config)
+            .map(Arc::new)
+            .map_err(|err| problems.push(format!("{path}.affinity"), err))
+            .ok()
     };
-    let (sessions, routing_keys) = match (store(), store()) {
-        (Ok(sessions), Ok(routing_keys)) => (sessions, routing_keys),
-        (Err(err), _) | (_, Err(err)) => {
-            problems.push(format!("{path}.affinity"), err);
-            return None;
-        }
-    };
+    let sessions = store(model.affinity.session_idle_secs());
+    let routing_keys = store(model.affinity.sticky_idle_secs());
+    let (Some(sessions), Some(routing_keys)) = (sessions, routing_keys) else { return None };
     let handles = &handles.clone().with_affinity(Arc::clone(&sessions), Arc::clone(&routing_keys));
 
     let pd_model = roles.values().any(|s| s.is_pd());
     let mut buckets = Vec::new();
     for (b, bucket) in model.buckets.iter().enumerate() {
         let bpath = format!("{path}.buckets[{b}]");
+        check_prefix_groups(path, &bpath, model, &bucket.groups, problems);
         let Some(groups) = build_groups(&bpath, &bucket.groups, handles, problems) else {
             continue;
         };
@@ -284,6 +315,92 @@ fn build_model(
         sessions,
         routing_keys,
     })
+}
+
+/// Whether the router keeps a local prefix index fed by KV events. It does unless every group
+/// that reads cached prefixes asks a remote indexer: such a deployment needs neither a tree
+/// nor subscriptions of its own. (Without any prefix-reading group the index still shows the
+/// engines' caches in `/admin/state`.)
+pub fn keeps_local_index(config: &ConfigFile) -> bool {
+    let mut providers = config
+        .models
+        .iter()
+        .flat_map(|model| &model.buckets)
+        .flat_map(|bucket| each_group("", &bucket.groups))
+        .filter_map(|(_, _, group)| group.policy.prefix_provider())
+        .peekable();
+    providers.peek().is_none() || providers.any(|p| p == CachePrefixProvider::RadixTree)
+}
+
+/// The groups of a bucket with their paths and stages.
+fn each_group<'a>(
+    bpath: &str,
+    groups: &'a GroupsConfig,
+) -> impl Iterator<Item = (String, Stage, &'a GroupConfig)> {
+    let plain =
+        groups.plain.iter().map(move |g| (format!("{bpath}.groups.plain"), Stage::Plain, g));
+    let pd = groups.pd.iter().flat_map(move |pd| {
+        [
+            (format!("{bpath}.groups.pd.prefill"), Stage::Prefill, &pd.prefill),
+            (format!("{bpath}.groups.pd.decode"), Stage::Decode, &pd.decode),
+        ]
+    });
+    plain.chain(pd)
+}
+
+/// A group whose policy reads cached prefixes (`cache_aware`, `predicted_ttft`) must be able
+/// to see a cache: its model has a tokenizer (the token ids to look up), and some configured
+/// worker of the group publishes KV events to the local index, or, for a remote indexer,
+/// declares its block size. A single engine without them only falls back to load for itself;
+/// a group whose configured workers all lack them never sees a hit. A group with no configured
+/// workers (filled through the admin API) is not judged.
+fn check_prefix_groups(
+    mpath: &str,
+    bpath: &str,
+    model: &ModelConfig,
+    groups: &GroupsConfig,
+    problems: &mut Problems,
+) {
+    for (gpath, stage, group) in each_group(bpath, groups) {
+        let Some(provider) = group.policy.prefix_provider() else { continue };
+        let policy = group.policy.policy_type();
+        let at = format!("{gpath}.policy");
+        if model.tokenizer.is_none() {
+            problems.push(
+                &at,
+                format!(
+                    "{policy} looks up the token ids of requests, but the model has no \
+                     tokenizer: set {mpath}.tokenizer"
+                ),
+            );
+        }
+        let members: Vec<&WorkerSpec> = match &group.worker_ids {
+            Some(ids) => model.workers.iter().filter(|w| ids.contains(&w.id)).collect(),
+            None => model.workers.iter().filter(|w| w.role == stage).collect(),
+        };
+        if members.is_empty() {
+            continue;
+        }
+        let message = match provider {
+            CachePrefixProvider::RadixTree if !members.iter().any(|w| w.kv_events.is_some()) => {
+                format!(
+                    "{policy} reads the local KV index, but no worker of this group publishes \
+                     KV events: give the workers kv_events {{endpoint: \"tcp://HOST:PORT\"}}, or \
+                     use cache_prefix_provider: indexer with a kv-indexer that receives them"
+                )
+            }
+            CachePrefixProvider::Indexer
+                if !members.iter().any(|w| w.block_size.is_some() || w.kv_events.is_some()) =>
+            {
+                format!(
+                    "{policy} asks the remote indexer in blocks of each engine's block size, \
+                     but no worker of this group declares one: give the workers block_size"
+                )
+            }
+            _ => continue,
+        };
+        problems.push(at, message);
+    }
 }
 
 fn build_groups(
@@ -380,3 +497,6 @@ pub fn summary<'a>(
     }
     out
 }
+
+#[cfg(test)]
+mod tests;

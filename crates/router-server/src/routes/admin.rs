@@ -24,6 +24,7 @@ fn worker_json(ctx: &AppContext, worker: &Worker) -> Value {
         "inflight": ctx.inflight().count(worker.id()),
         "breaker": ctx.health().breaker(worker.id()),
         "dp_size": worker.dp_size(),
+        "block_size": worker.block_size(),
         "bootstrap_port": worker.bootstrap_port(),
         "kv_events": worker.kv_events(),
         "load_reporter": worker.load_reporter(),
@@ -36,7 +37,8 @@ pub async fn list_workers(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
     Json(json!({"workers": workers}))
 }
 
-/// `POST /admin/workers`: a worker object as in the configuration file, with `model`.
+/// `POST /admin/workers`: a worker object exactly as in the configuration file. Its `model`
+/// may be left out when the router serves one model; with several it names the one to join.
 pub async fn add_worker(
     State(ctx): State<Arc<AppContext>>,
     body: axum::body::Bytes,
@@ -44,14 +46,12 @@ pub async fn add_worker(
     let spec: WorkerSpec = serde_json::from_slice(&body).map_err(|err| {
         ApiError::InvalidRequest { message: format!("invalid worker: {err}"), param: None }
     })?;
-    let Some(model) = spec.model.clone() else {
-        return Err(ApiError::InvalidRequest {
-            message: "'model' is required when adding a worker".into(),
-            param: Some("model".into()),
-        });
+    let model_id: ModelId = match spec.model.as_deref() {
+        Some(name) => {
+            ctx.model(name).ok_or_else(|| ApiError::UnknownModel(name.to_owned()))?.id.clone()
+        }
+        None => only_model(&ctx)?,
     };
-    let served = ctx.model(&model).ok_or_else(|| ApiError::UnknownModel(model.clone()))?;
-    let model_id: ModelId = served.id.clone();
     let invalid =
         |err: WorkerError| ApiError::InvalidRequest { message: err.to_string(), param: None };
     let spec = with_engine_key(&spec, ctx.credentials().engine_default.as_ref());
@@ -68,6 +68,24 @@ pub async fn add_worker(
             .into_response()),
         Err(err) => Err(invalid(err)),
     }
+}
+
+/// The model a worker without `model` joins: the router's only one.
+fn only_model(ctx: &AppContext) -> Result<ModelId, ApiError> {
+    let models: Vec<&ModelId> = ctx.models().map(|m| &m.id).collect();
+    if let [only] = models.as_slice() {
+        return Ok((*only).clone());
+    }
+    let mut ids: Vec<&str> = models.iter().map(|id| id.as_str()).collect();
+    ids.sort_unstable();
+    Err(ApiError::InvalidRequest {
+        message: format!(
+            "'model' is required: this router serves {} models ({})",
+            ids.len(),
+            ids.join(", ")
+        ),
+        param: Some("model".into()),
+    })
 }
 
 /// `DELETE /admin/workers/{id}`.
@@ -152,13 +170,19 @@ pub async fn state(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
             entry
         })
         .collect();
-    let index = ctx.kv_index().stats();
+    // Without a local index (every lookup goes to a remote indexer) there is no tree here.
+    let index = ctx.kv_index().map(|index| index.stats()).unwrap_or_default();
     // Predicted entries are the router's own guesses, kept apart from what engines reported.
     let predicted = ctx.predictions().map(|p| p.blocks(std::time::Instant::now()));
     Json(json!({
         "models": models,
         "workers": workers,
-        "index": {"nodes": index.nodes, "bytes": index.bytes, "block_holders": index.block_holders},
+        "index": {
+            "local": ctx.kv_index().is_some(),
+            "nodes": index.nodes,
+            "bytes": index.bytes,
+            "block_holders": index.block_holders,
+        },
         "predicted_blocks": predicted,
     }))
 }

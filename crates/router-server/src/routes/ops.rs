@@ -6,6 +6,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use router_policies::{MatchedTokens, SourceStats};
 use serde_json::json;
 
 use crate::app::AppContext;
@@ -51,7 +52,33 @@ pub async fn readiness(State(ctx): State<Arc<AppContext>>) -> Response {
 /// `GET /metrics`: Prometheus text, with the state gauges refreshed first.
 pub async fn prometheus(State(ctx): State<Arc<AppContext>>) -> Response {
     refresh_state_gauges(&ctx);
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], ctx.metrics().render()).into_response()
+    let sources = cache_sources(&ctx);
+    for (kind, stats, _) in &sources {
+        metrics::cache_lookups(kind, stats);
+    }
+    let mut text = ctx.metrics().render();
+    if !text.is_empty() && !text.ends_with('\n') {
+        text.push('\n');
+    }
+    let matched: Vec<_> = sources.iter().map(|(kind, _, matched)| (*kind, *matched)).collect();
+    text.push_str(&metrics::cache_matched_tokens(&matched));
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
+}
+
+/// The lookup counters of the prefix sources, summed per kind (`local`, `remote`).
+fn cache_sources(ctx: &AppContext) -> Vec<(&'static str, SourceStats, MatchedTokens)> {
+    let mut kinds: Vec<(&'static str, SourceStats, MatchedTokens)> = Vec::new();
+    for source in ctx.cache_sources().all() {
+        let (stats, matched) = (source.stats(), source.matched_tokens());
+        match kinds.iter_mut().find(|(kind, _, _)| *kind == source.kind()) {
+            Some(entry) => {
+                entry.1 = entry.1.merged(&stats);
+                entry.2 = entry.2.merged(&matched);
+            }
+            None => kinds.push((source.kind(), stats, matched)),
+        }
+    }
+    kinds
 }
 
 fn refresh_state_gauges(ctx: &AppContext) {
@@ -78,8 +105,10 @@ fn refresh_state_gauges(ctx: &AppContext) {
             );
         }
     }
-    let index = ctx.kv_index().stats();
-    metrics::kv_index(index.nodes, index.bytes);
+    if let Some(index) = ctx.kv_index() {
+        let index = index.stats();
+        metrics::kv_index(index.nodes, index.bytes);
+    }
     if let Some(predictions) = ctx.predictions() {
         metrics::predicted_blocks(predictions.blocks(std::time::Instant::now()));
     }

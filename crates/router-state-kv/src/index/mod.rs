@@ -1,5 +1,9 @@
 //! The prefix index: one radix tree per model of which (worker, rank) holds which block.
 //!
+//! Its node bound holds over all models together: [`IndexConfig::max_nodes`] is split evenly
+//! between the [`IndexConfig::models`] trees it may hold, and a holder for one model more is
+//! refused ([`IndexError::TooManyModels`]).
+//!
 //! [`KvIndex`] is shared as `Arc<KvIndex>`. Writers go through a [`Holder`] handle (one per
 //! worker incarnation, data-parallel rank and model); readers call [`KvIndex::lookup`].
 //! Each model's tree sits behind a fair `RwLock`: lookups share it, and a writer yields it to
@@ -30,13 +34,28 @@ pub const WRITE_CHUNK: usize = 256;
 /// Index settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IndexConfig {
-    /// Most nodes (blocks) each model's tree keeps; beyond it the CLOCK hand evicts leaves.
-    pub max_nodes_per_model: usize,
+    /// Most nodes (blocks) over all models' trees together.
+    pub max_nodes: usize,
+    /// Most models indexed. Each model's tree keeps at most `max_nodes / models` nodes
+    /// (beyond it the CLOCK hand evicts leaves), so the total never exceeds `max_nodes`.
+    pub models: usize,
 }
 
 impl Default for IndexConfig {
     fn default() -> Self {
-        Self { max_nodes_per_model: 1 << 22 }
+        Self { max_nodes: 1 << 22, models: 1 }
+    }
+}
+
+impl IndexConfig {
+    /// `max_nodes` split evenly between `models` trees.
+    pub fn new(max_nodes: usize, models: usize) -> Self {
+        Self { max_nodes, models }
+    }
+
+    /// The share of one model's tree: `max_nodes / models`.
+    pub fn max_nodes_per_model(&self) -> usize {
+        self.max_nodes / self.models.max(1)
     }
 }
 
@@ -227,26 +246,33 @@ impl KvIndex {
         self.models.read().get(model).cloned()
     }
 
-    fn model_or_insert(&self, model: &ModelId) -> Arc<ModelIndex> {
+    fn model_or_insert(&self, model: &ModelId) -> Result<Arc<ModelIndex>, IndexError> {
         if let Some(found) = self.model(model) {
-            return found;
+            return Ok(found);
         }
         let mut models = self.models.write();
-        Arc::clone(models.entry(model.clone()).or_insert_with(|| {
+        if !models.contains_key(model) && models.len() >= self.config.models {
+            return Err(IndexError::TooManyModels {
+                model: model.clone(),
+                limit: self.config.models,
+            });
+        }
+        Ok(Arc::clone(models.entry(model.clone()).or_insert_with(|| {
             Arc::new(ModelIndex {
                 model: model.clone(),
-                tree: RwLock::new(Tree::new(self.config.max_nodes_per_model)),
+                tree: RwLock::new(Tree::new(self.config.max_nodes_per_model())),
                 nodes: AtomicU64::new(0),
                 bytes: AtomicU64::new(0),
                 block_holders: AtomicU64::new(0),
                 holders: AtomicU64::new(0),
                 evicted: AtomicU64::new(0),
             })
-        }))
+        })))
     }
 
     /// The write handle of one worker incarnation's rank in one model, created on first use
-    /// (the same identity gets the same handle back).
+    /// (the same identity gets the same handle back). Refused for a model beyond
+    /// [`IndexConfig::models`] and beyond the holder limit of a tree.
     pub fn holder(
         &self,
         model: &ModelId,
@@ -255,7 +281,7 @@ impl KvIndex {
         rank: u32,
         block_size: u32,
     ) -> Result<Holder, IndexError> {
-        let index = self.model_or_insert(model);
+        let index = self.model_or_insert(model)?;
         let mut tree = index.tree.write();
         let (slot, generation, shared) =
             tree.register(worker, incarnation, rank).ok_or_else(|| IndexError::TooManyHolders {

@@ -272,7 +272,7 @@ fn blocks_after_foreign_extra_keys_are_not_stored_but_lora_keys_are_fine() {
 
 #[test]
 fn the_node_limit_holds_and_eviction_takes_unreferenced_leaves_first() {
-    let index = KvIndex::new(IndexConfig { max_nodes_per_model: 4 });
+    let index = KvIndex::new(IndexConfig::new(4, 1));
     let a = holder(&index, "a", 0);
     let b = holder(&index, "b", 0);
     // A hot chain of 3 blocks, and cold single blocks pushed through the rest of the space.
@@ -294,8 +294,28 @@ fn the_node_limit_holds_and_eviction_takes_unreferenced_leaves_first() {
 }
 
 #[test]
+fn the_node_limit_holds_across_models_and_a_model_beyond_the_split_is_refused() {
+    let index = KvIndex::new(IndexConfig::new(6, 2));
+    let models = [ModelId::new("m"), ModelId::new("n")];
+    let holders: Vec<Holder> =
+        models.iter().map(|m| index.holder(m, &wid("a"), 1, 0, BS).expect("register")).collect();
+    for i in 0..20u32 {
+        for holder in &holders {
+            holder.apply(&[stored(None, &[u64::from(i)], &[i, i])]);
+        }
+        let stats = index.stats();
+        assert!(stats.nodes <= 6, "{stats:?}");
+        assert!(stats.models.iter().all(|m| m.nodes <= 3), "{stats:?}");
+    }
+    assert_eq!(index.stats().nodes, 6, "each model keeps its half");
+    let err = index.holder(&ModelId::new("o"), &wid("a"), 1, 0, BS).expect_err("a third model");
+    assert!(matches!(err, IndexError::TooManyModels { limit: 2, .. }), "{err}");
+    index.holder(&models[1], &wid("b"), 1, 0, BS).expect("a known model takes more holders");
+}
+
+#[test]
 fn a_one_node_index_reports_full_instead_of_evicting_the_parent_it_extends() {
-    let index = KvIndex::new(IndexConfig { max_nodes_per_model: 1 });
+    let index = KvIndex::new(IndexConfig::new(1, 1));
     let a = holder(&index, "a", 0);
     let report = a.apply(&[stored(None, &[1, 2], &[1, 1, 2, 2])]);
     assert_eq!(report.stored, 1);
@@ -530,7 +550,7 @@ proptest! {
         queries in proptest::collection::vec(proptest::collection::vec(0u32..3, 0..10), 1..6),
         limit in 1usize..8,
     ) {
-        let index = KvIndex::new(IndexConfig { max_nodes_per_model: limit });
+        let index = KvIndex::new(IndexConfig::new(limit, 1));
         let mut incarnation = 1;
         let mut holders: Vec<Holder> = HOLDERS
             .iter()

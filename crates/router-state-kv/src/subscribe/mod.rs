@@ -167,7 +167,9 @@ impl KvSubscriptions {
         tracker: &TaskTracker,
         cancel: &CancellationToken,
     ) {
-        let Some(spec) = worker.kv_events() else { return };
+        let (Some(spec), Some(block_size)) = (worker.kv_events(), worker.block_size()) else {
+            return;
+        };
         if let Some(previous) = running.get(worker.id()) {
             let incarnation = previous.incarnation;
             self.stop_incarnation(worker.id(), incarnation, running);
@@ -194,13 +196,8 @@ impl KvSubscriptions {
                 self.stats.register(worker.id(), worker.incarnation(), rank, endpoint.clone());
             let mut holders = Vec::new();
             for model in worker.models() {
-                match self.index.holder(
-                    model,
-                    worker.id(),
-                    worker.incarnation(),
-                    rank,
-                    spec.block_size,
-                ) {
+                match self.index.holder(model, worker.id(), worker.incarnation(), rank, block_size)
+                {
                     Ok(holder) => holders.push(holder),
                     Err(error) => tracing::error!(worker = %worker.id(), rank, %error,
                         "cannot index kv events"),

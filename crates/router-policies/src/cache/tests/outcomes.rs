@@ -8,8 +8,8 @@ use router_workers::Stage;
 
 use super::fixture::{Recording, World, eng, prompt, running_cap, wid};
 use crate::{
-    BlockSize, CacheAwareSettings, CacheSource, CachedPrefixes, PickError, PickReason, Policy,
-    PrefixOutcome, RequestTokens, SourceStats,
+    BlockSize, CacheAwareSettings, CacheSource, CachedPrefixes, MATCHED_TOKEN_BOUNDS, PickError,
+    PickReason, Policy, PrefixOutcome, RequestTokens, SourceStats,
 };
 
 fn settings() -> CacheAwareSettings {
@@ -72,6 +72,11 @@ fn the_local_source_counts_found_and_confirmed_misses_apart() {
         world.source.stats(),
         SourceStats { lookups: 2, found: 1, empty: 1, ..SourceStats::default() }
     );
+    // The hit matched 32 tokens (bucket "at most 64"), the miss none (bucket "0").
+    let matched = world.source.matched_tokens();
+    assert_eq!((matched.count(), matched.sum), (2, 32));
+    assert_eq!((matched.counts[0], matched.counts[2]), (1, 1));
+    assert_eq!(MATCHED_TOKEN_BOUNDS[2], 64);
     assert_eq!(world.source.kind(), "local");
     assert!(world.source.remote_client().is_none());
 }

@@ -101,6 +101,10 @@ async fn a_server_that_is_down_is_unavailable_and_counted_apart() {
         source.stats(),
         SourceStats { lookups: 1, unreachable: 1, ..SourceStats::default() }
     );
+    assert_eq!(source.matched_tokens().count(), 0, "an unavailable lookup matched nothing");
+    let outcomes = source.stats().outcomes();
+    assert_eq!(outcomes.iter().map(|(_, n)| n).sum::<u64>(), source.stats().lookups);
+    assert!(outcomes.contains(&("unreachable", 1)), "{outcomes:?}");
 }
 
 #[tokio::test(start_paused = true)]

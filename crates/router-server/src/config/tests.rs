@@ -1,0 +1,245 @@
+//! Building the routing objects from a configuration: every problem is reported with the path
+//! of the field it is about, and what builds is what the file says.
+
+use super::*;
+use crate::app::AppContext;
+
+fn tokenizer() -> String {
+    router_sim::assets::tokenizer_path().display().to_string()
+}
+
+/// A one-model configuration: `workers` and `groups` are YAML flow text, `model_extra` more
+/// keys of the model (`tokenizer: ...`), `top` more top-level sections.
+fn one_model(top: &str, model_extra: &str, workers: &str, groups: &str) -> String {
+    format!(
+        "{top}\nmodels:\n  - id: m\n    {model_extra}\n    workers: {workers}\n    buckets:\n      \
+         - {{id: all, groups: {groups}}}\n"
+    )
+}
+
+fn build(yaml: &str) -> Result<AppContext, Vec<Problem>> {
+    let config = ConfigFile::parse(yaml).unwrap_or_else(|err| panic!("{err}\n{yaml}"));
+    AppContext::build(&config)
+}
+
+const PLAIN_KV: &str = r#"[{id: a, url: "http://127.0.0.1:1", kv_events: {endpoint: "tcp://127.0.0.1:5557"}}, {id: b, url: "http://127.0.0.1:2"}]"#;
+const PLAIN_NO_KV: &str =
+    r#"[{id: a, url: "http://127.0.0.1:1"}, {id: b, url: "http://127.0.0.1:2"}]"#;
+const PLAIN_BLOCK_SIZE: &str =
+    r#"[{id: a, url: "http://127.0.0.1:1", block_size: 32}, {id: b, url: "http://127.0.0.1:2"}]"#;
+const INDEXER: &str = r#"kv_indexer_endpoint: "127.0.0.1:50060""#;
+
+/// A named configuration, with the problem it must report (path, message fragment) or none.
+type Case = (&'static str, String, Option<(&'static str, &'static str)>);
+
+/// Each configuration with the problem it must report, or none.
+#[test]
+fn prefix_reading_groups_need_a_tokenizer_and_a_cache_to_see() {
+    let tok = format!("tokenizer: \"{}\"", tokenizer());
+    let path = "models[0].buckets[0].groups.plain.policy";
+    let plain = |policy: &str| format!("{{plain: {{policy: {policy}}}}}");
+    let cases: Vec<Case> = vec![
+        (
+            "cache_aware without a tokenizer",
+            one_model("", "", PLAIN_KV, &plain("{type: cache_aware}")),
+            Some((path, "no tokenizer: set models[0].tokenizer")),
+        ),
+        (
+            "predicted_ttft without a tokenizer",
+            one_model("", "", PLAIN_KV, &plain("{type: predicted_ttft}")),
+            Some((path, "predicted_ttft looks up the token ids")),
+        ),
+        (
+            "cache_aware where no worker publishes KV events",
+            one_model("", &tok, PLAIN_NO_KV, &plain("{type: cache_aware}")),
+            Some((path, "no worker of this group publishes KV events")),
+        ),
+        (
+            "predicted_ttft where no worker publishes KV events",
+            one_model("", &tok, PLAIN_NO_KV, &plain("{type: predicted_ttft}")),
+            Some((path, "kv_events {endpoint")),
+        ),
+        (
+            "a block size alone does not feed the local index",
+            one_model("", &tok, PLAIN_BLOCK_SIZE, &plain("{type: cache_aware}")),
+            Some((path, "publishes KV events")),
+        ),
+        (
+            "one worker of two with KV events is enough",
+            one_model("", &tok, PLAIN_KV, &plain("{type: cache_aware}")),
+            None,
+        ),
+        (
+            "a group filled through the admin API is not judged",
+            one_model("", &tok, "[]", &plain("{type: cache_aware}")),
+            None,
+        ),
+        (
+            "a remote indexer without any block size",
+            one_model(
+                "",
+                &tok,
+                PLAIN_NO_KV,
+                &plain(&format!(
+                    "{{type: cache_aware, cache_prefix_provider: indexer, {INDEXER}}}"
+                )),
+            ),
+            Some((path, "give the workers block_size")),
+        ),
+        (
+            "a remote indexer with a block size needs no KV events",
+            one_model(
+                "",
+                &tok,
+                PLAIN_BLOCK_SIZE,
+                &plain(&format!(
+                    "{{type: predicted_ttft, cache_prefix_provider: indexer, {INDEXER}}}"
+                )),
+            ),
+            None,
+        ),
+        (
+            "the events of a worker outside the group do not count",
+            format!(
+                "models:\n  - id: m\n    {tok}\n    workers:\n      \
+                 - {{id: P1, url: \"http://127.0.0.1:1\", role: prefill}}\n      \
+                 - {{id: P2, url: \"http://127.0.0.1:2\", role: prefill, kv_events: {{endpoint: \"tcp://127.0.0.1:5557\"}}}}\n      \
+                 - {{id: D1, url: \"http://127.0.0.1:3\", role: decode}}\n    buckets:\n      \
+                 - {{id: a, groups: {{pd: {{prefill: {{worker_ids: [P2], policy: {{type: cache_aware}}}}, decode: {{}}}}}}}}\n      \
+                 - {{id: b, groups: {{pd: {{prefill: {{worker_ids: [P1], policy: {{type: cache_aware}}}}, decode: {{}}}}}}}}\n"
+            ),
+            Some(("models[0].buckets[1].groups.pd.prefill.policy", "publishes KV events")),
+        ),
+        (
+            "load-only policies need neither",
+            one_model("", "", PLAIN_NO_KV, &plain("{type: power_of_two}")),
+            None,
+        ),
+    ];
+    for (name, yaml, expect) in cases {
+        match (build(&yaml), expect) {
+            (Ok(_), None) => {}
+            (Err(problems), Some((path, fragment))) => assert!(
+                problems.iter().any(|p| p.path == path && p.message.contains(fragment)),
+                "{name}: expected {path}: ...{fragment}..., got {problems:?}"
+            ),
+            (Ok(_), Some(expected)) => panic!("{name}: built, expected {expected:?}"),
+            (Err(problems), None) => panic!("{name}: {problems:?}"),
+        }
+    }
+}
+
+#[test]
+fn settings_out_of_range_name_their_key() {
+    let workers = PLAIN_NO_KV;
+    let groups = "{plain: {}}";
+    let two_models = format!(
+        "kv: {{max_index_nodes: 1}}\nmodels:\n  - {{id: m, workers: [], buckets: [{{id: a, groups: {groups}}}]}}\n  \
+         - {{id: n, workers: [], buckets: [{{id: a, groups: {groups}}}]}}\n"
+    );
+    let cases: Vec<(&str, String, &str, &str)> = vec![
+        (
+            "no index nodes",
+            one_model("kv: {max_index_nodes: 0}", "", workers, groups),
+            "kv.max_index_nodes",
+            "0 is below the 1 configured models",
+        ),
+        ("fewer nodes than models", two_models, "kv.max_index_nodes", "split between"),
+        (
+            "more nodes per model than a tree can address",
+            one_model("kv: {max_index_nodes: 10000000000}", "", workers, groups),
+            "kv.max_index_nodes",
+            "exceeds 4294967293 nodes per model",
+        ),
+        (
+            "a zero session idle timeout",
+            one_model("", "affinity: {session_idle_timeout_secs: 0}", workers, groups),
+            "models[0].affinity.session_idle_timeout_secs",
+            "at least 1",
+        ),
+        (
+            "a zero sticky idle timeout",
+            one_model("", "affinity: {sticky_idle_timeout_secs: 0}", workers, groups),
+            "models[0].affinity.sticky_idle_timeout_secs",
+            "at least 1",
+        ),
+        (
+            "a zero shared idle timeout",
+            one_model("", "affinity: {idle_timeout_secs: 0}", workers, groups),
+            "models[0].affinity.idle_timeout_secs",
+            "at least 1",
+        ),
+        (
+            "a worker's block size against its events'",
+            one_model(
+                "",
+                "",
+                r#"[{id: a, url: "http://127.0.0.1:1", block_size: 32, kv_events: {endpoint: "tcp://127.0.0.1:5557", block_size: 16}}]"#,
+                groups,
+            ),
+            "models[0].workers[0]",
+            "block_size 32 differs from kv_events.block_size 16",
+        ),
+    ];
+    for (name, yaml, path, fragment) in cases {
+        let problems = build(&yaml).err().unwrap_or_else(|| panic!("{name}: built"));
+        assert!(
+            problems.iter().any(|p| p.path == path && p.message.contains(fragment)),
+            "{name}: expected {path}: ...{fragment}..., got {problems:?}"
+        );
+    }
+}
+
+#[test]
+fn session_and_sticky_bindings_expire_on_their_own_timeouts() {
+    let idle = |affinity: &str| {
+        let yaml = one_model("", affinity, PLAIN_NO_KV, "{plain: {}}");
+        let ctx = build(&yaml).expect("builds");
+        let model = ctx.models().next().expect("one model");
+        (model.sessions.config().idle_timeout, model.routing_keys.config().idle_timeout)
+    };
+    let secs = Duration::from_secs;
+    assert_eq!(idle(""), (secs(600), secs(600)), "both default to idle_timeout_secs");
+    assert_eq!(idle("affinity: {idle_timeout_secs: 30}"), (secs(30), secs(30)));
+    assert_eq!(
+        idle("affinity: {idle_timeout_secs: 30, session_idle_timeout_secs: 3600}"),
+        (secs(3600), secs(30))
+    );
+    assert_eq!(
+        idle("affinity: {session_idle_timeout_secs: 3600, sticky_idle_timeout_secs: 86400}"),
+        (secs(3600), secs(86400))
+    );
+}
+
+#[test]
+fn only_a_deployment_whose_prefix_lookups_all_go_remote_has_no_local_index() {
+    let tok = format!("tokenizer: \"{}\"", tokenizer());
+    let remote = format!("{{type: cache_aware, cache_prefix_provider: indexer, {INDEXER}}}");
+    for (name, groups, local) in [
+        ("load only", "{plain: {policy: {type: power_of_two}}}".to_owned(), true),
+        ("local prefix lookups", "{plain: {policy: {type: cache_aware}}}".to_owned(), true),
+        ("remote prefix lookups", format!("{{plain: {{policy: {remote}}}}}"), false),
+    ] {
+        let yaml = one_model("", &tok, PLAIN_KV, &groups);
+        let config = ConfigFile::parse(&yaml).expect("parses");
+        assert_eq!(keeps_local_index(&config), local, "{name}");
+        let ctx = AppContext::build(&config).unwrap_or_else(|p| panic!("{name}: {p:?}"));
+        assert_eq!(ctx.kv_index().is_some(), local, "{name}");
+    }
+    // A remote group beside a local one keeps the local index for the latter.
+    let yaml = format!(
+        "models:\n  - id: m\n    {tok}\n    workers: {PLAIN_KV}\n    buckets:\n      \
+         - {{id: a, limits: {{max: 100}}, groups: {{plain: {{policy: {remote}}}}}}}\n      \
+         - {{id: b, groups: {{plain: {{policy: {{type: cache_aware}}}}}}}}\n"
+    );
+    assert!(keeps_local_index(&ConfigFile::parse(&yaml).expect("parses")));
+}
+
+#[test]
+fn the_index_bound_is_split_between_the_configured_models() {
+    let yaml = "kv: {max_index_nodes: 1000}\nmodels:\n  - {id: m, buckets: [{id: a, groups: {plain: {}}}]}\n  \
+                - {id: n, buckets: [{id: a, groups: {plain: {}}}]}\n  \
+                - {id: o, buckets: [{id: a, groups: {plain: {}}}]}\n";
+    let index = ConfigFile::parse(yaml).expect("parses").kv_index();
+    assert_eq!((index.max_nodes, index.models, index.max_nodes_per_model()), (1000, 3, 333));
+}
