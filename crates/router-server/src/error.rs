@@ -75,6 +75,9 @@ pub enum ApiError {
     /// Something named by the path does not exist (admin API).
     #[error("{0}")]
     NotFound(String),
+    /// A worker with this id is already registered (admin API).
+    #[error(transparent)]
+    WorkerExists(router_workers::WorkerError),
 }
 
 /// Why an exchange with one engine failed.
@@ -260,6 +263,7 @@ impl ApiError {
         match self {
             ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::UnknownModel(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::WorkerExists(_) => StatusCode::CONFLICT,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Select(err) => select_status(err),
@@ -288,6 +292,7 @@ impl ApiError {
             }
             ApiError::Unauthorized(_) => ("authentication_error", "unauthorized"),
             ApiError::NotFound(_) => ("invalid_request_error", "not_found"),
+            ApiError::WorkerExists(_) => ("invalid_request_error", "invalid_request"),
         }
     }
 
@@ -301,6 +306,7 @@ impl ApiError {
         let (kind, code) = self.kind();
         let param = match self {
             ApiError::InvalidRequest { param, .. } => param.clone(),
+            ApiError::WorkerExists(_) => Some("id".into()),
             _ => None,
         };
         let message = Chain(self).to_string();

@@ -94,6 +94,10 @@ async fn every_error_has_one_status_type_and_code() {
         (ApiError::Overloaded, 503, "service_unavailable", "overloaded"),
         (ApiError::ShuttingDown, 503, "service_unavailable", "shutting_down"),
         (ApiError::NotFound("worker x".into()), 404, "invalid_request_error", "not_found"),
+        (
+            ApiError::WorkerExists(router_workers::WorkerError::Duplicate { id: worker("e1") }),
+            409, "invalid_request_error", "invalid_request",
+        ),
     ];
     for (error, code, kind, label) in cases {
         let name = format!("{error:?}");

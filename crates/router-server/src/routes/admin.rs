@@ -58,14 +58,7 @@ pub async fn add_worker(
     let worker = Worker::from_spec(&spec, vec![model_id]).map_err(invalid)?;
     match ctx.registry().add(worker) {
         Ok(worker) => Ok((StatusCode::CREATED, Json(worker_json(&ctx, &worker))).into_response()),
-        Err(err @ WorkerError::Duplicate { .. }) => Ok((
-            StatusCode::CONFLICT,
-            Json(
-                ApiError::InvalidRequest { message: err.to_string(), param: Some("id".into()) }
-                    .body(),
-            ),
-        )
-            .into_response()),
+        Err(err @ WorkerError::Duplicate { .. }) => Err(ApiError::WorkerExists(err)),
         Err(err) => Err(invalid(err)),
     }
 }
