@@ -187,3 +187,6 @@ impl ChatTemplate {
         Ok(Self { env, names, named, special_tokens })
     }
 }
+
+#[cfg(test)]
+mod tests;
