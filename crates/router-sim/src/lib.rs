@@ -6,7 +6,8 @@
 //!   ([`engine::ApiKey`]) and TLS ([`engine::TlsError`] for unusable files).
 //! - [`load`]: the workload generator ([`load::run`] with a [`load::LoadConfig`]), including
 //!   trace replay and its oracles ([`load::trace_oracle`]).
-//! - [`tokens`]: chat-template rendering and tokenization shared with routers.
+//! - [`tokens`]: the engine's request preparation: chat-template rendering (router-chat-template,
+//!   which the router renders with too) and tokenization.
 //! - [`assets`]: paths of the shipped byte-level tokenizer and ChatML template.
 //!
 //! It encodes KV events with its own code, never router-state-kv's, so that a wire bug cannot

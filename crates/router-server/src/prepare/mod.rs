@@ -1,7 +1,6 @@
 //! Request preparation, once per request: parse and validate, render the chat template,
 //! tokenize (or estimate), compute the expected peak, and read the affinity keys.
 
-mod template;
 mod validate;
 
 use std::path::Path;
@@ -11,7 +10,7 @@ use bytes::Bytes;
 use router_policies::RequestTokens;
 use serde_json::Value;
 
-pub use template::{ChatTemplate, TemplateError};
+pub use router_chat_template::{ChatTemplate, TemplateError};
 pub use validate::{ChatRequest, InvalidRequest, parse_chat_request};
 
 /// Fields that only the router may set; a client's values are removed before forwarding.

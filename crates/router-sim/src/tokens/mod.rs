@@ -5,20 +5,19 @@
 //!   (`<|im_start|>role\ncontent<|im_end|>\n` per message, then `<|im_start|>assistant\n`) and one
 //!   token per UTF-8 byte (token id = byte value);
 //! - from a `tokenizer.json` ([`Preprocessor::from_tokenizer_file`]): the Hugging Face tokenizer
-//!   in that file and the `chat_template` of the `tokenizer_config.json` beside it (or a
-//!   `chat_template.jinja` there), rendered with minijinja the way `transformers` configures
-//!   Jinja.
+//!   in that file and the chat template transformers finds beside it (`tokenizer_config.json`'s
+//!   `chat_template`, or `chat_template.jinja`), rendered by router-chat-template, the
+//!   implementation the router renders with too.
 //!
 //! Message contents are normalised to plain strings first (text parts of an OpenAI content
 //! array are concatenated, `null` becomes empty), so both modes see the same input.
 
 mod bytelevel;
-mod template;
 
 use std::path::{Path, PathBuf};
 
 pub use bytelevel::byte_level_tokenizer_json;
-use template::JinjaTemplate;
+use router_chat_template::{ChatTemplate, TemplateError};
 
 /// One chat message after normalisation: a role and its text.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -49,45 +48,19 @@ pub enum PrepareError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    /// The tokenizer configuration beside the tokenizer could not be read.
-    #[error("cannot read {path}")]
-    ReadConfig {
-        /// The file that failed.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The tokenizer configuration is not valid JSON.
-    #[error("invalid json in {path}")]
-    ParseConfig {
-        /// The file that failed.
-        path: PathBuf,
-        /// The parse error.
-        #[source]
-        source: serde_json::Error,
-    },
-    /// Neither `tokenizer_config.json` nor `chat_template.jinja` beside the tokenizer has a
-    /// chat template.
-    #[error(
-        "no chat template beside {path} (tokenizer_config.json chat_template or chat_template.jinja)"
-    )]
-    NoChatTemplate {
+    /// The chat template beside the tokenizer could not be loaded: none there, unreadable, or
+    /// it does not compile.
+    #[error("cannot load the chat template beside {path}")]
+    Template {
         /// The tokenizer file.
         path: PathBuf,
-    },
-    /// The chat template does not compile.
-    #[error("invalid chat template from {path}")]
-    CompileTemplate {
-        /// Where the template came from.
-        path: PathBuf,
-        /// The template error.
+        /// Why.
         #[source]
-        source: minijinja::Error,
+        source: TemplateError,
     },
     /// Rendering the chat template failed (for example `raise_exception` in the template).
     #[error("chat template rendering failed")]
-    Render(#[source] minijinja::Error),
+    Render(#[source] TemplateError),
     /// Tokenizing the rendered prompt failed.
     #[error("tokenization failed")]
     Encode(#[source] Box<dyn std::error::Error + Send + Sync>),
@@ -98,7 +71,7 @@ pub enum PrepareError {
 
 enum Template {
     ChatMl,
-    Jinja(Box<JinjaTemplate>),
+    Jinja(Box<ChatTemplate>),
 }
 
 enum Tokens {
@@ -130,7 +103,9 @@ impl Preprocessor {
     pub fn from_tokenizer_file(path: &Path) -> Result<Self, PrepareError> {
         let tokenizer = tokenizers::Tokenizer::from_file(path)
             .map_err(|source| PrepareError::LoadTokenizer { path: path.to_owned(), source })?;
-        let template = JinjaTemplate::beside(path)?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let template = ChatTemplate::from_dir(dir)
+            .map_err(|source| PrepareError::Template { path: path.to_owned(), source })?;
         Ok(Self {
             template: Template::Jinja(Box::new(template)),
             tokens: Tokens::HuggingFace(Box::new(tokenizer)),
@@ -147,7 +122,9 @@ impl Preprocessor {
     pub fn render(&self, messages: &[ChatMessage]) -> Result<String, PrepareError> {
         match &self.template {
             Template::ChatMl => Ok(render_chatml(messages)),
-            Template::Jinja(template) => template.render(messages),
+            Template::Jinja(template) => {
+                template.render(messages, None).map_err(PrepareError::Render)
+            }
         }
     }
 

@@ -1,5 +1,5 @@
 //! The tokenizer and chat template the engine applies: the shipped assets, ChatML rendering,
-//! the transformers helpers, and agreement with the built-in ones.
+//! and agreement with the built-in ones (the template helpers are router-chat-template's).
 
 use proptest::prelude::*;
 
@@ -54,31 +54,21 @@ fn missing_template_is_an_error_naming_the_file() {
     let tokenizer = dir.join("tokenizer.json");
     std::fs::write(&tokenizer, byte_level_tokenizer_json()).expect("write");
     let err = Preprocessor::from_tokenizer_file(&tokenizer).expect_err("no template");
-    assert!(matches!(err, PrepareError::NoChatTemplate { .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            PrepareError::Template {
+                source: router_chat_template::TemplateError::NotFound { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(err.to_string().contains("tokenizer.json"));
     std::fs::write(dir.join("chat_template.jinja"), "{{ messages[0].content }}!").expect("write");
     let pre = Preprocessor::from_tokenizer_file(&tokenizer).expect("jinja file beside");
     assert_eq!(pre.render(&[ChatMessage::new("user", "x")]).expect("render"), "x!");
     std::fs::remove_dir_all(&dir).expect("cleanup");
-}
-
-#[test]
-fn template_helpers_behave_like_transformers() {
-    let t = template::compile_for_test(
-        "{{ {'a': [1, 'x<y'], 'b': none} | tojson }}|{{ messages[0].content.strip().upper() }}",
-    )
-    .expect("compiles");
-    let out = t.render(&[ChatMessage::new("user", "  hi  ")]).expect("render");
-    assert_eq!(out, r#"{"a": [1, "x<y"], "b": null}|HI"#);
-
-    let t = template::compile_for_test("{{ raise_exception('roles must alternate') }}")
-        .expect("compiles");
-    let err = t.render(&[]).expect_err("raises");
-    assert!(format!("{:?}", err).contains("roles must alternate"));
-
-    let t = template::compile_for_test("{{ strftime_now('%Y') }}").expect("compiles");
-    let year: i32 = t.render(&[]).expect("render").parse().expect("a year");
-    assert!(year >= 2024);
 }
 
 fn message() -> impl Strategy<Value = ChatMessage> {
