@@ -299,7 +299,7 @@ fn build_model(
         Some(tokenizer) => match Tokenization::load(tokenizer, model.chat_template.as_deref()) {
             Ok(t) => Some(Arc::new(t)),
             Err(err) => {
-                problems.push(format!("{path}.tokenizer"), err);
+                problems.push(format!("{path}.tokenizer"), crate::error::Chain(&err));
                 None
             }
         },

@@ -32,27 +32,28 @@ impl std::fmt::Debug for Tokenization {
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizeError {
     /// The tokenizer file could not be loaded.
-    #[error("loading tokenizer {path}: {message}")]
+    #[error("loading tokenizer {path}")]
     Load {
         /// The file.
         path: String,
-        /// The tokenizers crate's message.
-        message: String,
+        /// The tokenizers crate's error.
+        #[source]
+        source: tokenizers::Error,
     },
     /// The chat template could not be loaded or rendered.
     #[error(transparent)]
     Template(#[from] TemplateError),
     /// Encoding failed.
-    #[error("tokenizing: {0}")]
-    Encode(String),
+    #[error("tokenizing the rendered prompt")]
+    Encode(#[source] tokenizers::Error),
 }
 
 impl Tokenization {
     /// Loads `tokenizer.json` and the chat template: `chat_template` when given, else the one
     /// in the `tokenizer_config.json` beside the tokenizer.
     pub fn load(tokenizer: &Path, chat_template: Option<&Path>) -> Result<Self, TokenizeError> {
-        let loaded = tokenizers::Tokenizer::from_file(tokenizer).map_err(|err| {
-            TokenizeError::Load { path: tokenizer.display().to_string(), message: err.to_string() }
+        let loaded = tokenizers::Tokenizer::from_file(tokenizer).map_err(|source| {
+            TokenizeError::Load { path: tokenizer.display().to_string(), source }
         })?;
         let config = tokenizer.with_file_name("tokenizer_config.json");
         let template = match chat_template {
@@ -68,7 +69,7 @@ impl Tokenization {
         let encoding = self
             .tokenizer
             .encode_fast(text, false)
-            .map_err(|err| TokenizeError::Encode(err.to_string()))?;
+            .map_err(TokenizeError::Encode)?;
         Ok(encoding.get_ids().to_vec())
     }
 }
@@ -105,7 +106,7 @@ pub enum PrepareError {
     Tokenize(#[from] TokenizeError),
 }
 
-/// Prepares a parsed request. `headers` yields the session and routing keys.
+/// Prepares a parsed request: `session` and `routing` are the affinity keys from their headers.
 pub fn prepare(
     raw: Bytes,
     chat: ChatRequest,
