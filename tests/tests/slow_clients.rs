@@ -1,7 +1,7 @@
-//! Slow and stalled clients (RELIABILITY.md, HTTP front end): a request head trickled forever,
-//! a body that never finishes, and a streaming client that stops reading. Each one is cut off at
-//! its configured timeout and leaves nothing held: no connection, no in-flight count, no engine
-//! request.
+//! Slow and stalled clients (docs/design/RELIABILITY.md, HTTP front end): a request head
+//! trickled forever, a body that never finishes, and a streaming client that stops reading. Each
+//! one is cut off at its configured timeout and leaves nothing held: no connection, no in-flight
+//! count, no engine request.
 
 use std::time::Duration;
 
