@@ -1,3 +1,7 @@
+//! The worker registry: id, kind and URL rules, lookups by model and stage, removal, the change
+//! feed and incarnations, concurrent adds, and a proptest of the invariants under arbitrary
+//! changes.
+
 use std::sync::Arc;
 
 use proptest::prelude::*;
