@@ -61,22 +61,9 @@ fn fleet() -> Fleet {
     for i in 0..ENGINES {
         let id = format!("engine-{i:02}");
         let spec = WorkerSpec {
-            id: id.clone(),
-            url: format!("http://{id}.bench:8000"),
-            role: Stage::Prefill,
             model: Some("bench".to_owned()),
-            bootstrap_port: None,
-            dp_size: 1,
-            kv_events: Some(KvEventsSpec {
-                endpoint: format!("tcp://{id}.bench:5557"),
-                replay_endpoint: None,
-                topic: String::new(),
-                block_size: BS,
-                bind: false,
-            }),
-            load_reporter: None,
-            load_poll: None,
-            api_key: None,
+            kv_events: Some(KvEventsSpec::new(format!("tcp://{id}.bench:5557"), BS)),
+            ..WorkerSpec::new(&id, format!("http://{id}.bench:8000"), Stage::Prefill)
         };
         let worker = Arc::new(Worker::from_spec(&spec, vec![model.clone()]).expect("valid"));
         table.register(&worker);

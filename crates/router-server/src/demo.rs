@@ -75,22 +75,13 @@ fn engine_config(role: Stage) -> EngineConfig {
 
 fn worker(id: String, engine: &RunningEngine, role: Stage, block_size: u32) -> WorkerSpec {
     WorkerSpec {
-        id,
-        url: engine.url(),
-        role,
-        model: None,
         bootstrap_port: engine.bootstrap_addr().map(|a| a.port()),
-        dp_size: 1,
         kv_events: engine.kv_events_endpoint().map(|endpoint| KvEventsSpec {
-            endpoint: endpoint.to_owned(),
             replay_endpoint: engine.kv_replay_endpoint().map(str::to_owned),
-            topic: String::new(),
-            block_size,
-            bind: false,
+            ..KvEventsSpec::new(endpoint, block_size)
         }),
         load_reporter: engine.load_reporter_addr().map(|addr| addr.to_string()),
-        load_poll: None,
-        api_key: None,
+        ..WorkerSpec::new(id, engine.url(), role)
     }
 }
 

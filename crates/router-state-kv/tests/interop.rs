@@ -93,23 +93,17 @@ fn model() -> ModelId {
 }
 
 fn worker(id: &str, endpoint: String, replay: Option<String>, dp_size: u32, bind: bool) -> Worker {
+    let kv_events = KvEventsSpec {
+        replay_endpoint: replay,
+        topic: "kv@w".into(),
+        bind,
+        ..KvEventsSpec::new(endpoint, BS)
+    };
     let spec = WorkerSpec {
-        id: id.into(),
-        url: "http://127.0.0.1:1".into(),
-        role: router_workers::Stage::Plain,
         model: Some("llama".into()),
-        bootstrap_port: None,
         dp_size,
-        kv_events: Some(KvEventsSpec {
-            endpoint,
-            replay_endpoint: replay,
-            topic: "kv@w".into(),
-            block_size: BS,
-            bind,
-        }),
-        load_reporter: None,
-        load_poll: None,
-        api_key: None,
+        kv_events: Some(kv_events),
+        ..WorkerSpec::new(id, "http://127.0.0.1:1", router_workers::Stage::Plain)
     };
     Worker::from_spec(&spec, vec![model()]).expect("valid worker")
 }

@@ -65,18 +65,7 @@ fn replace_may_change_kind_only_when_it_is_the_last_of_its_kind() {
 
 #[test]
 fn rejects_urls_that_are_not_http_or_carry_credentials() {
-    let spec = |url: &str| WorkerSpec {
-        id: "w".into(),
-        url: url.into(),
-        role: Stage::Plain,
-        model: None,
-        bootstrap_port: None,
-        dp_size: 1,
-        kv_events: None,
-        load_reporter: None,
-        load_poll: None,
-        api_key: None,
-    };
+    let spec = |url: &str| WorkerSpec::new("w", url, Stage::Plain);
     for url in ["ftp://h:1", "file:///etc/passwd", "h:1", "http://", "unix:/tmp/s"] {
         let err = Worker::from_spec(&spec(url), vec![model()]).expect_err(url);
         assert!(matches!(err, WorkerError::BadUrl { .. }), "{url}: {err}");
@@ -103,18 +92,24 @@ fn rejects_bad_worker_settings() {
     ));
     spec.bootstrap_port = None;
     assert!(matches!(Worker::from_spec(&spec, vec![]), Err(WorkerError::NoModel { .. })));
-    spec.kv_events = Some(KvEventsSpec {
-        endpoint: "10.0.0.1:5557".into(),
-        replay_endpoint: None,
-        topic: String::new(),
-        block_size: 16,
-        bind: false,
-    });
+    spec.kv_events = Some(KvEventsSpec::new("10.0.0.1:5557", 16));
     assert!(matches!(
         Worker::from_spec(&spec, vec![model()]),
         Err(WorkerError::BadKvEndpoint { .. })
     ));
     assert_eq!(WorkerId::new("  "), Err(WorkerError::EmptyId));
+}
+
+#[test]
+fn the_constructors_read_like_an_entry_naming_only_their_arguments() {
+    let entry = r#"{"id": "w", "url": "http://h", "role": "decode",
+        "kv_events": {"endpoint": "tcp://h:5557", "block_size": 32}}"#;
+    let read: WorkerSpec = serde_json::from_str(entry).expect("entry");
+    let built = WorkerSpec {
+        kv_events: Some(KvEventsSpec::new("tcp://h:5557", 32)),
+        ..WorkerSpec::new("w", "http://h", Stage::Decode)
+    };
+    assert_eq!(read, built);
 }
 
 #[test]

@@ -133,6 +133,21 @@ fn default_block_size() -> u32 {
     16
 }
 
+impl KvEventsSpec {
+    /// Events published on `endpoint` in blocks of `block_size` tokens, with the rest as a
+    /// configuration entry that names only those two reads: no replay endpoint, every topic,
+    /// the router connecting. Set the others with struct update syntax.
+    pub fn new(endpoint: impl Into<String>, block_size: u32) -> Self {
+        Self {
+            endpoint: endpoint.into(),
+            replay_endpoint: None,
+            topic: String::new(),
+            block_size,
+            bind: false,
+        }
+    }
+}
+
 /// How the router learns an engine's load, when not from a gRPC load reporter.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -246,6 +261,27 @@ fn default_role() -> Stage {
     Stage::Plain
 }
 
+impl WorkerSpec {
+    /// Engine `id` at `url` in `role`, with every other setting as a configuration entry that
+    /// names only those three reads: no model, no bootstrap port, one data-parallel rank, no KV
+    /// events, no load reports, no API key. Set the others with struct update syntax:
+    /// `WorkerSpec { dp_size: 2, ..WorkerSpec::new("e1", "http://e1:8000", Stage::Plain) }`.
+    pub fn new(id: impl Into<String>, url: impl Into<String>, role: Stage) -> Self {
+        Self {
+            id: id.into(),
+            url: url.into(),
+            role,
+            model: None,
+            bootstrap_port: None,
+            dp_size: default_dp_size(),
+            kv_events: None,
+            load_reporter: None,
+            load_poll: None,
+            api_key: None,
+        }
+    }
+}
+
 static NEXT_INCARNATION: AtomicU64 = AtomicU64::new(1);
 
 /// One engine. Shared as `Arc<Worker>`; everything but health is immutable, so a changed
@@ -317,18 +353,7 @@ impl Worker {
         model: &ModelId,
         stage: Stage,
     ) -> Result<Self, WorkerError> {
-        let spec = WorkerSpec {
-            id: id.to_owned(),
-            url: url.to_owned(),
-            role: stage,
-            model: Some(model.to_string()),
-            bootstrap_port: None,
-            dp_size: 1,
-            kv_events: None,
-            load_reporter: None,
-            load_poll: None,
-            api_key: None,
-        };
+        let spec = WorkerSpec { model: Some(model.to_string()), ..WorkerSpec::new(id, url, stage) };
         Self::from_spec(&spec, vec![model.clone()])
     }
 

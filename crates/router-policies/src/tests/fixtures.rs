@@ -141,16 +141,9 @@ impl Fleet {
         for e in engines {
             let dp_size = if matches!(e.load, Load::RankIncomplete(_)) { 2 } else { 1 };
             let spec = WorkerSpec {
-                id: e.id.to_owned(),
-                url: format!("http://{}.test:8000", e.id),
-                role: stage,
                 model: Some("m".to_owned()),
-                bootstrap_port: None,
                 dp_size,
-                kv_events: None,
-                load_reporter: None,
-                load_poll: None,
-                api_key: None,
+                ..WorkerSpec::new(e.id, format!("http://{}.test:8000", e.id), stage)
             };
             let worker =
                 Arc::new(Worker::from_spec(&spec, vec![fleet.model.clone()]).expect("valid spec"));

@@ -67,16 +67,8 @@ async fn load_reporter_streams_native_reports_that_follow_the_engine() {
         Arc::new(EngineReportedLoadTable::new(TableConfig::default(), SystemClock::shared()));
     let registry = Arc::new(WorkerRegistry::new());
     let spec = WorkerSpec {
-        id: "sim-1".to_owned(),
-        url: sim.url().to_owned(),
-        role: Stage::Plain,
-        model: None,
-        bootstrap_port: None,
-        dp_size: 1,
-        kv_events: None,
         load_reporter: Some(reporter),
-        load_poll: None,
-        api_key: None,
+        ..WorkerSpec::new("sim-1", sim.url(), Stage::Plain)
     };
     registry.add(Worker::from_spec(&spec, vec![ModelId::new("m")]).expect("worker")).expect("add");
     let config =

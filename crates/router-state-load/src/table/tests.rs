@@ -12,18 +12,7 @@ use super::*;
 use crate::{ManualClock, RankSample, Report, ReportKind};
 
 fn worker(id: &str, dp_size: u32) -> Worker {
-    let spec = WorkerSpec {
-        id: id.to_owned(),
-        url: "http://127.0.0.1:1".to_owned(),
-        role: Stage::Plain,
-        model: None,
-        bootstrap_port: None,
-        dp_size,
-        kv_events: None,
-        load_reporter: None,
-        load_poll: None,
-        api_key: None,
-    };
+    let spec = WorkerSpec { dp_size, ..WorkerSpec::new(id, "http://127.0.0.1:1", Stage::Plain) };
     Worker::from_spec(&spec, vec![ModelId::new("m")]).expect("valid worker")
 }
 

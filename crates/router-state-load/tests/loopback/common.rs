@@ -197,18 +197,7 @@ pub fn wire_report(
 }
 
 pub fn spec(id: &str, dp_size: u32) -> WorkerSpec {
-    WorkerSpec {
-        id: id.to_owned(),
-        url: "http://127.0.0.1:9".to_owned(),
-        role: Stage::Plain,
-        model: None,
-        bootstrap_port: None,
-        dp_size,
-        kv_events: None,
-        load_reporter: None,
-        load_poll: None,
-        api_key: None,
-    }
+    WorkerSpec { dp_size, ..WorkerSpec::new(id, "http://127.0.0.1:9", Stage::Plain) }
 }
 
 pub fn reporter_worker(id: &str, dp_size: u32, addr: SocketAddr) -> Worker {

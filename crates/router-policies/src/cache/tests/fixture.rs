@@ -156,22 +156,11 @@ impl World {
         let mut guards = Vec::new();
         for (n, e) in engines.iter().enumerate() {
             let spec = WorkerSpec {
-                id: e.id.to_owned(),
-                url: format!("http://{}.test:8000", e.id),
-                role: stage,
                 model: Some("m".to_owned()),
-                bootstrap_port: None,
-                dp_size: 1,
-                kv_events: e.block_size.map(|block_size| KvEventsSpec {
-                    endpoint: format!("tcp://{}.test:5557", e.id),
-                    replay_endpoint: None,
-                    topic: String::new(),
-                    block_size,
-                    bind: false,
-                }),
-                load_reporter: None,
-                load_poll: None,
-                api_key: None,
+                kv_events: e
+                    .block_size
+                    .map(|size| KvEventsSpec::new(format!("tcp://{}.test:5557", e.id), size)),
+                ..WorkerSpec::new(e.id, format!("http://{}.test:8000", e.id), stage)
             };
             let worker = Arc::new(Worker::from_spec(&spec, vec![model.clone()]).expect("valid"));
             table.register(&worker);
