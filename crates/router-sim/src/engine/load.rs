@@ -128,8 +128,8 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn sglang_json_has_the_core_fields_per_rank() {
+    /// One rank with every field set, captured one second after the epoch.
+    fn snapshot() -> LoadSnapshot {
         let rank = RankLoad {
             dp_rank: 0,
             running: 2,
@@ -145,8 +145,12 @@ mod tests {
             gen_throughput: 12.3456,
             cache_hit_rate: 0.123456,
         };
-        let snapshot =
-            LoadSnapshot { captured_at: UNIX_EPOCH + Duration::from_secs(1), ranks: vec![rank] };
+        LoadSnapshot { captured_at: UNIX_EPOCH + Duration::from_secs(1), ranks: vec![rank] }
+    }
+
+    #[test]
+    fn sglang_json_has_the_core_fields_per_rank() {
+        let snapshot = snapshot();
         let json = snapshot.to_sglang_json();
         assert_eq!(json["timestamp"], "1970-01-01T00:00:01.000000+00:00");
         let load = &json["loads"][0];
@@ -172,23 +176,7 @@ mod tests {
 
     #[test]
     fn every_rank_becomes_a_native_sample_with_the_prefill_counters() {
-        let rank = RankLoad {
-            dp_rank: 0,
-            running: 2,
-            waiting: 3,
-            waiting_uncached_tokens: 400,
-            kv_used_tokens: 1_000,
-            kv_capacity_tokens: 8_192,
-            total_kv_tokens: 1_900,
-            max_running: 7,
-            total_prefill_uncached_tokens: 12_345,
-            total_prefill_busy_us: 6_789,
-            cached_blocks: 99,
-            gen_throughput: 10.0,
-            cache_hit_rate: 0.5,
-        };
-        let snapshot =
-            LoadSnapshot { captured_at: UNIX_EPOCH + Duration::from_secs(1), ranks: vec![rank] };
+        let snapshot = snapshot();
         let engine = snapshot.to_engine_snapshot(EngineStatus::Serving);
         assert_eq!(engine.status, EngineStatus::Serving);
         assert_eq!(engine.dp_size, 1);
@@ -196,9 +184,9 @@ mod tests {
         assert!(sample.has_native_gauges(), "a NATIVE report needs every native gauge");
         assert_eq!(
             sample,
-            RankSample::basic(0, 2, 3, 1_000, 8_192)
-                .with_native(400, 1_900, 7)
-                .with_prefill_counters(12_345, 6_789)
+            RankSample::basic(0, 2, 1, 1000, 3000)
+                .with_native(30, 1040, 8)
+                .with_prefill_counters(5, 6)
         );
         assert_eq!(sample.age, Duration::ZERO);
     }
