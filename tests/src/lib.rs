@@ -18,6 +18,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use router_test_support::poll_until;
 
 /// Path of a workspace binary, built by cargo next to the test executable.
 pub fn binary(name: &str) -> PathBuf {
@@ -187,13 +188,17 @@ pub fn kv_engines(n: usize, tokenizer: &str, extra: &[&str]) -> Vec<Engine> {
         .collect()
 }
 
+/// The admin token of the configurations built here ([`kv_router_yaml`]), for
+/// [`Router::admin_state`] and the waits that read it.
+pub const ADMIN_TOKEN: &str = "e2e-admin";
+
 /// A router configuration serving model `m` from `engines` (started by [`kv_engines`]) in one
 /// bucket whose plain group runs `policy` (a YAML flow mapping such as `{type: predicted_ttft}`),
-/// with load reports polled every 50 ms.
+/// with load reports every 50 ms and [`ADMIN_TOKEN`].
 pub fn kv_router_yaml(engines: &[Engine], tokenizer: &str, policy: &str) -> String {
     let workers = kv_workers_yaml(engines);
     format!(
-        "server: {{port: 0}}\nload: {{report_interval_ms: 50}}\nmodels:\n  - id: m\n    tokenizer: \"{tokenizer}\"\n    workers:\n{workers}    buckets:\n      \
+        "server: {{port: 0, admin_token: {ADMIN_TOKEN}}}\nload: {{report_interval_ms: 50}}\nmodels:\n  - id: m\n    tokenizer: \"{tokenizer}\"\n    workers:\n{workers}    buckets:\n      \
          - id: all\n        groups: {{plain: {{policy: {policy}}}}}\n"
     )
 }
@@ -249,6 +254,45 @@ impl Router {
         let process = Process::spawn("router-server", args, "router listening on ");
         let url = process.url_after("router listening on ");
         Self { process, url, _config: None }
+    }
+
+    /// `GET /admin/state` with the configuration's `server.admin_token`.
+    pub async fn admin_state(&self, http: &Http, admin_token: &str) -> serde_json::Value {
+        let bearer = format!("Bearer {admin_token}");
+        let reply = http.get(&self.url, "/admin/state", &[("authorization", &bearer)]).await;
+        assert_eq!(reply.status, 200, "/admin/state: {}", reply.body);
+        reply.json()
+    }
+
+    /// Waits until every worker's entry in `/admin/state` satisfies `ready` (fails the test
+    /// after [`router_test_support::PATIENCE`], showing the last state).
+    pub async fn wait_for_workers(
+        &self,
+        http: &Http,
+        admin_token: &str,
+        what: &str,
+        ready: impl Fn(&serde_json::Value) -> bool,
+    ) {
+        let mut last = serde_json::Value::Null;
+        let all_ready = poll_until(async || {
+            last = self.admin_state(http, admin_token).await;
+            last["workers"].as_array().is_some_and(|workers| workers.iter().all(&ready))
+        });
+        assert!(all_ready.await, "gave up waiting for: {what}; last /admin/state: {last}");
+    }
+
+    /// Waits until the router has what routing on live state needs from every worker: its
+    /// KV-event subscription connected (for a worker publishing events, so that no event is
+    /// lost to a subscription still connecting) and a fresh report from its gRPC load
+    /// reporter (for a worker with one). A worker polled over HTTP (`load_poll`) is not
+    /// waited for: `/admin/state` does not say which workers are.
+    pub async fn wait_until_ready(&self, http: &Http, admin_token: &str) {
+        let ready = |worker: &serde_json::Value| {
+            (worker["kv_events"].is_null() || worker["kv"]["subscribed"] == true)
+                && (worker["load_reporter"].is_null() || worker["load"]["freshness"] == "fresh")
+        };
+        let what = "every KV subscription connected and every load reporter heard";
+        self.wait_for_workers(http, admin_token, what, ready).await;
     }
 }
 
@@ -379,9 +423,32 @@ impl Http {
 
 /// Router-local in-flight requests of the router's first worker, from `/admin/state`.
 pub async fn inflight(http: &Http, router: &Router, admin_token: &str) -> u64 {
-    let bearer = format!("Bearer {admin_token}");
-    let state = http.get(&router.url, "/admin/state", &[("authorization", &bearer)]).await.json();
+    let state = router.admin_state(http, admin_token).await;
     state["workers"][0]["inflight"].as_u64().expect("inflight count")
+}
+
+/// The entry of worker `id` in an `/admin/state` answer (`null` when it has none).
+pub fn worker_state<'a>(state: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
+    state["workers"]
+        .as_array()
+        .and_then(|workers| workers.iter().find(|w| w["id"] == id))
+        .unwrap_or(&serde_json::Value::Null)
+}
+
+/// The blocks of worker `id` in the router's KV index, from `/admin/state`.
+pub async fn kv_blocks(http: &Http, router: &Router, admin_token: &str, id: &str) -> u64 {
+    let state = router.admin_state(http, admin_token).await;
+    worker_state(&state, id)["kv"]["blocks"].as_u64().unwrap_or(0)
+}
+
+/// Picks the router has counted so far (`router_picks_total`, every policy and reason).
+pub async fn picks(http: &Http, router: &Router) -> f64 {
+    let metrics = http.get(&router.url, "/metrics", &[]).await.body;
+    metrics
+        .lines()
+        .filter(|line| line.starts_with("router_picks_total"))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// Requests running on a simulated engine, from its `/v1/loads`.
@@ -393,18 +460,6 @@ pub async fn engine_running(http: &Http, engine: &Engine) -> u64 {
         .or_else(|| loads["loads"].as_array().cloned())
         .unwrap_or_default();
     ranks.iter().filter_map(|r| r["num_running_reqs"].as_u64()).sum()
-}
-
-/// Polls `check` every 25 ms until it holds (true) or `limit` has passed (false).
-pub async fn eventually(limit: Duration, mut check: impl AsyncFnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + limit;
-    while tokio::time::Instant::now() < deadline {
-        if check().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    false
 }
 
 /// A chat body with one user message.

@@ -1,6 +1,6 @@
-//! The three credentials (RELIABILITY.md, Security): clients present a client key, the router
-//! presents each engine's own key (never the client's), the admin API has its own token. None
-//! of them is interchangeable, and none shows up in listings or metrics.
+//! The three credentials (docs/design/RELIABILITY.md, Security): clients present a client key,
+//! the router presents each engine's own key (never the client's), the admin API has its own
+//! token. None of them is interchangeable, and none shows up in listings or metrics.
 
 use router_e2e::{Engine, Http, Router, chat_body};
 

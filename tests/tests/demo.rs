@@ -1,6 +1,7 @@
 //! `router-server --demo`: the README's first command serves a working fleet.
 
 use router_e2e::{Http, Router, chat_body};
+use router_test_support::eventually;
 
 #[tokio::test]
 async fn the_demo_serves_plain_and_pd_models() {
@@ -16,15 +17,10 @@ async fn the_demo_serves_plain_and_pd_models() {
 
     // Every engine streams load reports over gRPC and publishes KV events.
     let fresh = r#"router_load_report_state{worker="engine-1",state="fresh"} 1"#;
-    let mut metrics = String::new();
-    for _ in 0..100 {
-        metrics = http.get(&router.url, "/metrics", &[]).await.body;
-        if metrics.contains(fresh)
-            && metrics.contains(r#"router_kv_events{worker="engine-1",counter="blocks"}"#)
-        {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
-    assert!(metrics.contains(fresh), "{metrics}");
+    let kv = r#"router_kv_events{worker="engine-1",counter="blocks"}"#;
+    eventually("a fresh load report and KV events from engine-1", async || {
+        let metrics = http.get(&router.url, "/metrics", &[]).await.body;
+        metrics.contains(fresh) && metrics.contains(kv)
+    })
+    .await;
 }

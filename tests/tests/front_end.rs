@@ -1,5 +1,5 @@
-//! The HTTP front end's hostile-input rows of RELIABILITY.md that the JSON tests do not cover:
-//! oversized heads, too many headers, unusable request ids, and hop-by-hop headers.
+//! The HTTP front end's hostile-input rows of docs/design/RELIABILITY.md that the JSON tests do
+//! not cover: oversized heads, too many headers, unusable request ids, and hop-by-hop headers.
 
 use std::time::Duration;
 

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Full};
-use router_e2e::{Engine, Http, Router, chat_body, engine_running, eventually, inflight};
+use router_e2e::{Engine, Http, Router, chat_body, engine_running, inflight};
+use router_test_support::eventually;
 
 fn config(engine: &Engine) -> String {
     format!(
@@ -41,15 +42,9 @@ async fn a_client_that_disconnects_cancels_the_engine_request() {
     assert_eq!(engine_running(&http, &engine).await, 1);
 
     drop(stream);
-    assert!(
-        eventually(Duration::from_secs(5), async || inflight(&http, &router, "t").await == 0).await,
-        "guard released"
-    );
-    assert!(
-        eventually(Duration::from_secs(5), async || engine_running(&http, &engine).await == 0)
-            .await,
-        "engine request cancelled"
-    );
+    eventually("guard released", async || inflight(&http, &router, "t").await == 0).await;
+    eventually("engine request cancelled", async || engine_running(&http, &engine).await == 0)
+        .await;
 }
 
 #[tokio::test]
@@ -63,19 +58,15 @@ async fn sigterm_drains_in_flight_requests_then_exits() {
         let http = http.clone();
         async move { http.chat(&url, &chat_body("m", "slow", 30), &[]).await }
     });
-    assert!(
-        eventually(Duration::from_secs(5), async || inflight(&http, &router, "t").await == 1).await
-    );
+    eventually("the streaming request in flight", async || {
+        inflight(&http, &router, "t").await == 1
+    })
+    .await;
     router.process.terminate();
-    assert!(
-        eventually(Duration::from_secs(5), async || http
-            .get(&router.url, "/readiness", &[])
-            .await
-            .status
-            == 503)
-        .await,
-        "readiness turns 503 while draining"
-    );
+    eventually("readiness turns 503 while draining", async || {
+        http.get(&router.url, "/readiness", &[]).await.status == 503
+    })
+    .await;
     let refused = http.chat(&router.url, &chat_body("m", "late", 1), &[]).await;
     assert_eq!(refused.status, 503, "new requests are refused while draining");
     let reply = slow.await.expect("task");
@@ -101,9 +92,8 @@ async fn a_flood_beyond_the_concurrency_limit_gets_503_with_retry_after() {
         let http = http.clone();
         async move { http.chat(&url, &chat_body("m", "slow", 30), &[]).await }
     });
-    assert!(
-        eventually(Duration::from_secs(5), async || inflight(&http, &router, "t").await == 1).await
-    );
+    eventually("the first request in flight", async || inflight(&http, &router, "t").await == 1)
+        .await;
     let refused = http.chat(&router.url, &chat_body("m", "one too many", 1), &[]).await;
     assert_eq!(refused.status, 503, "{}", refused.body);
     assert_eq!(refused.json()["error"]["code"], "overloaded");
@@ -128,9 +118,8 @@ async fn an_engine_dying_mid_stream_ends_the_stream_with_an_error_event() {
         let http = http.clone();
         async move { http.chat(&url, &body, &[]).await }
     });
-    assert!(
-        eventually(Duration::from_secs(5), async || inflight(&http, &router, "t").await == 1).await
-    );
+    eventually("the long stream in flight", async || inflight(&http, &router, "t").await == 1)
+        .await;
     // The engine answers this one, then exits and cuts the stream above.
     let short = http.chat(&router.url, &chat_body("m", "quick", 1), &[]).await;
     assert_eq!(short.status, 200);
@@ -139,9 +128,7 @@ async fn an_engine_dying_mid_stream_ends_the_stream_with_an_error_event() {
     let last = reply.body.lines().rfind(|l| l.starts_with("data: ")).unwrap_or_default().to_owned();
     assert!(last.contains("\"error\""), "the stream ends with an error event: {}", reply.body);
     assert!(!reply.body.contains("[DONE]"), "{}", reply.body);
-    assert!(
-        eventually(Duration::from_secs(5), async || inflight(&http, &router, "t").await == 0).await
-    );
+    eventually("the cut stream released", async || inflight(&http, &router, "t").await == 0).await;
 }
 
 #[tokio::test]

@@ -4,9 +4,13 @@
 //! prediction beside the observed time to first token. The load comparison against round robin
 //! is `predicted_ttft_under_load.rs`, a binary of its own so that nothing runs beside it.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use router_e2e::{Http, Router, chat_body, kv_engines, kv_router_yaml};
+use router_e2e::{
+    ADMIN_TOKEN, Http, Router, chat_body, engine_running, kv_engines, kv_router_yaml, picks,
+    worker_state,
+};
+use router_test_support::eventually;
 
 #[tokio::test]
 async fn a_burst_of_siblings_stays_on_one_engine_until_its_queue_makes_another_faster() {
@@ -16,9 +20,9 @@ async fn a_burst_of_siblings_stays_on_one_engine_until_its_queue_makes_another_f
     let fleet = kv_engines(4, &tokenizer, &["--prefill-tokens-per-sec", "4000"]);
     let policy = "{type: predicted_ttft, default_prefill_tokens_per_sec: 4000}";
     let router = Router::with_config(&kv_router_yaml(&fleet, &tokenizer, policy));
-    tokio::time::sleep(Duration::from_millis(400)).await;
-
     let http = Http::default();
+    router.wait_until_ready(&http, ADMIN_TOKEN).await;
+
     let prefix = "You are a careful assistant. Here is a long shared document to read. ".repeat(24);
     let send = |i: usize| {
         let (http, url, body) = (
@@ -34,12 +38,32 @@ async fn a_burst_of_siblings_stays_on_one_engine_until_its_queue_makes_another_f
         })
     };
     let first = send(0);
-    // Let a load report show the first sibling in its prefill (no longer waiting).
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    // Let a load report show the first sibling in its prefill (no longer waiting): the engine
+    // runs it, then a report received after that reaches the router.
+    let mut engine = 0;
+    eventually("the first sibling in its prefill", async || {
+        for (n, e) in fleet.iter().enumerate() {
+            if engine_running(&http, e).await == 1 {
+                engine = n;
+                return true;
+            }
+        }
+        false
+    })
+    .await;
+    let running_since = Instant::now();
+    let id = format!("e{}", engine + 1);
+    eventually("a load report from after its prefill started", async || {
+        let state = router.admin_state(&http, ADMIN_TOKEN).await;
+        let age = worker_state(&state, &id)["load"]["age_ms"].as_u64();
+        age.is_some_and(|age| Duration::from_millis(age) < running_since.elapsed())
+    })
+    .await;
+    // The siblings follow one another: each is placed before the next is sent.
     let mut rest = Vec::new();
     for i in 1..=14 {
         rest.push(send(i));
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        eventually("the sibling placed", async || picks(&http, &router).await > i as f64).await;
     }
     let (home, prompt) = first.await.expect("first");
     assert!(prompt > 400, "a long shared prefix: {prompt} prompt tokens");
@@ -69,8 +93,8 @@ async fn a_streamed_pick_reports_predicted_against_observed_ttft() {
     let tokenizer = router_sim::assets::tokenizer_path().display().to_string();
     let fleet = kv_engines(2, &tokenizer, &[]);
     let router = Router::with_config(&kv_router_yaml(&fleet, &tokenizer, "{type: predicted_ttft}"));
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let http = Http::default();
+    router.wait_until_ready(&http, ADMIN_TOKEN).await;
     let mut body = chat_body("m", "Tell me a story about a lighthouse keeper.", 4);
     body["stream"] = true.into();
     let reply = http.chat(&router.url, &body, &[]).await;

@@ -5,9 +5,8 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::Duration;
 
-use router_e2e::{Router, binary, kv_engines, kv_router_yaml};
+use router_e2e::{ADMIN_TOKEN, Http, Router, binary, kv_engines, kv_router_yaml};
 
 /// The engines' prefill rate. Slow enough that simulated queueing, not the debug build's own
 /// overhead on a busy machine, decides the tail.
@@ -25,7 +24,8 @@ fn loaded_replay(policy: &str) -> serde_json::Value {
         &["--kv-capacity-tokens", "16384", "--prefill-tokens-per-sec", PREFILL_TOKENS_PER_SEC],
     );
     let router = Router::with_config(&kv_router_yaml(&fleet, &tokenizer, policy));
-    std::thread::sleep(Duration::from_millis(400));
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(router.wait_until_ready(&Http::default(), ADMIN_TOKEN));
     let output = Command::new(binary("router-sim"))
         .args(["load", "--target", &router.url, "--model", "m", "--json"])
         .args(["--trace", &trace.display().to_string(), "--trace-length-scale", "0.0625"])

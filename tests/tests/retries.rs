@@ -1,6 +1,6 @@
-//! Retries (RELIABILITY.md, Engines failing): only when the engine could not be reached, as a
-//! fresh selection that no longer sees it, visible in `x-router-retries` and the metrics, and
-//! under a budget.
+//! Retries (docs/design/RELIABILITY.md, Engines failing): only when the engine could not be
+//! reached, as a fresh selection that no longer sees it, visible in `x-router-retries` and the
+//! metrics, and under a budget.
 
 use router_e2e::{Engine, Http, Router, chat_body};
 

@@ -1,11 +1,12 @@
-//! Slow and stalled clients (RELIABILITY.md, HTTP front end): a request head trickled forever,
-//! a body that never finishes, and a streaming client that stops reading. Each one is cut off at
-//! its configured timeout and leaves nothing held: no connection, no in-flight count, no engine
-//! request.
+//! Slow and stalled clients (docs/design/RELIABILITY.md, HTTP front end): a request head
+//! trickled forever, a body that never finishes, and a streaming client that stops reading. Each
+//! one is cut off at its configured timeout and leaves nothing held: no connection, no in-flight
+//! count, no engine request.
 
 use std::time::Duration;
 
-use router_e2e::{Engine, Http, Router, chat_body, engine_running, eventually, inflight};
+use router_e2e::{Engine, Http, Router, chat_body, engine_running, inflight};
+use router_test_support::eventually;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 
@@ -48,6 +49,7 @@ async fn a_request_head_trickled_slowly_is_cut_off_at_the_header_timeout() {
     let mut slow = TcpStream::connect(address(&router)).await.expect("connect");
     slow.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: router\r\n").await.expect("write");
     // One more header line well inside the timeout, then nothing: the head never completes.
+    // The pause is what the test is about (a client slower than the router), not a wait.
     tokio::time::sleep(Duration::from_millis(300)).await;
     slow.write_all(b"content-type: application/json\r\n").await.expect("write");
 
@@ -124,23 +126,20 @@ async fn a_streaming_client_that_stops_reading_is_cut_off_and_the_engine_request
     client.write_all(request.as_bytes()).await.expect("send the request");
 
     let http = Http::default();
-    assert!(
-        eventually(Duration::from_secs(10), async || engine_running(&http, &engine).await == 1)
-            .await,
-        "the engine never started the request"
-    );
+    eventually("the engine running the request", async || {
+        engine_running(&http, &engine).await == 1
+    })
+    .await;
     // The client reads nothing. Within the write timeout (plus the time to fill the buffers)
     // the router gives up on it: its in-flight count drops and the engine request is dropped.
-    assert!(
-        eventually(Duration::from_secs(10), async || inflight(&http, &router, "t").await == 0)
-            .await,
-        "the router still holds the stalled stream"
-    );
-    assert!(
-        eventually(Duration::from_secs(10), async || engine_running(&http, &engine).await == 0)
-            .await,
-        "the engine is still generating for a client that left"
-    );
+    eventually("the router releasing the stalled stream", async || {
+        inflight(&http, &router, "t").await == 0
+    })
+    .await;
+    eventually("the engine dropping the request of a client that left", async || {
+        engine_running(&http, &engine).await == 0
+    })
+    .await;
     // What the client can still read is a cut stream: the final [DONE] never came.
     let received = read_until_closed(&mut client, Duration::from_secs(10)).await;
     assert!(received.starts_with("HTTP/1.1 200"), "{}", &received[..received.len().min(200)]);

@@ -1,9 +1,8 @@
 //! Live state end to end: the router subscribes to a real engine's KV events over ZeroMQ and
 //! polls its load, and both show in `/admin/state` and `/metrics`.
 
-use std::time::Duration;
-
-use router_e2e::{Engine, Http, Router, chat_body};
+use router_e2e::{Engine, Http, Router, chat_body, kv_blocks};
+use router_test_support::eventually;
 
 #[tokio::test]
 async fn kv_events_and_load_reports_reach_the_router() {
@@ -30,33 +29,20 @@ models:
     );
     let router = Router::with_config(&yaml);
     let http = Http::default();
-    let auth = [("authorization", "Bearer t")];
 
-    let mut state = serde_json::Value::Null;
-    for _ in 0..100 {
-        state = http.get(&router.url, "/admin/state", &auth).await.json();
-        if state["workers"][0]["kv"]["subscribed"] == true
-            && state["workers"][0]["load"]["freshness"] == "fresh"
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(state["workers"][0]["kv"]["subscribed"], true, "{state}");
-    assert_eq!(state["workers"][0]["load"]["freshness"], "fresh", "{state}");
+    let ready =
+        |w: &serde_json::Value| w["kv"]["subscribed"] == true && w["load"]["freshness"] == "fresh";
+    router.wait_for_workers(&http, "t", "a KV subscription and a fresh polled load", ready).await;
 
     let long_prompt = "the same long system prompt ".repeat(40);
     let reply = http.chat(&router.url, &chat_body("m", &long_prompt, 2), &[]).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
-    let mut blocks = 0;
-    for _ in 0..100 {
-        state = http.get(&router.url, "/admin/state", &auth).await.json();
-        blocks = state["workers"][0]["kv"]["blocks"].as_u64().unwrap_or(0);
-        if blocks > 0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    eventually("the prompt's blocks in the index", async || {
+        kv_blocks(&http, &router, "t", "e1").await > 0
+    })
+    .await;
+    let state = router.admin_state(&http, "t").await;
+    let blocks = state["workers"][0]["kv"]["blocks"].as_u64().unwrap_or(0);
     assert!(blocks >= 60, "the prompt's blocks are indexed: {state}");
     assert!(state["index"]["nodes"].as_u64().unwrap_or(0) >= blocks, "{state}");
     assert_eq!(state["index"]["local"], true, "{state}");

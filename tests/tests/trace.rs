@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use router_e2e::{Engine, Router, binary};
+use router_e2e::{ADMIN_TOKEN, Engine, Http, Router, binary};
 
 #[tokio::test]
 async fn a_trace_slice_replays_through_the_router_with_consistent_accounting() {
@@ -43,10 +43,10 @@ async fn a_trace_slice_replays_through_the_router_with_consistent_accounting() {
         })
         .collect();
     let router = Router::with_config(&format!(
-        "server: {{port: 0}}\nmodels:\n  - id: m\n    tokenizer: \"{tokenizer}\"\n    workers:\n{workers}    buckets:\n      \
+        "server: {{port: 0, admin_token: {ADMIN_TOKEN}}}\nmodels:\n  - id: m\n    tokenizer: \"{tokenizer}\"\n    workers:\n{workers}    buckets:\n      \
          - id: all\n        groups: {{plain: {{policy: {{type: cache_aware, cache_affinity_min_matched_tokens: 64}}}}}}\n"
     ));
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    router.wait_until_ready(&Http::default(), ADMIN_TOKEN).await;
 
     let output = tokio::task::spawn_blocking(move || {
         Command::new(binary("router-sim"))

@@ -8,6 +8,7 @@ mod bench;
 mod codegen;
 mod deps;
 mod lint;
+mod tidy;
 
 use std::process::{Command, ExitCode};
 
@@ -19,11 +20,12 @@ commands:
   codegen [--check]   regenerate crates/router-proto from proto/*.proto (--check: fail if stale)
   deps                check internal dependency edges against ARCHITECTURE.md
   lint                cargo fmt --check, clippy -D warnings, rustdoc -D warnings
+  tidy                //! headers, module cycles, references to documents outside the repository
   bench [--quick] [--only overhead|policies|quality] [--no-build] [--case TEXT]
                       end-to-end benchmark against the simulated fleet; writes docs/benchmarks.md
                       (--only: run one section and replace only it on the page; --case: only the
                       overhead cases whose name contains TEXT, nothing written)
-  ci                  lint, deps, codegen --check, then every test";
+  ci                  lint, deps, tidy, codegen --check, then every test";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -48,6 +50,11 @@ fn run(args: &[&str]) -> Result<()> {
             Ok(())
         }
         ["lint"] => lint::run(&root),
+        ["tidy"] => {
+            tidy::check_workspace(&root)?;
+            eprintln!("xtask tidy: headers, module graph and references are in order");
+            Ok(())
+        }
         ["bench", rest @ ..] => {
             let quick = rest.contains(&"--quick");
             let only = match rest.iter().position(|a| *a == "--only").and_then(|i| rest.get(i + 1))
@@ -78,6 +85,7 @@ fn run(args: &[&str]) -> Result<()> {
 fn ci(root: &std::path::Path) -> Result<()> {
     lint::run(root)?;
     deps::check_workspace(root)?;
+    tidy::check_workspace(root)?;
     codegen::check(root)?;
     // Binaries first: the end-to-end tests run router-server and router-sim as processes.
     cargo(root, &["build", "--workspace", "--bins"])?;

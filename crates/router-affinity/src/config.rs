@@ -2,12 +2,12 @@
 
 use std::time::Duration;
 
-/// Default idle timeout: a binding unused for this long expires (POLICY_REFERENCE.md,
-/// `session_idle_secs` and the sticky idle timeout).
+/// Default idle timeout: a binding unused for this long expires
+/// (docs/design/POLICY_REFERENCE.md, `session_idle_secs` and the sticky idle timeout).
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Default interval between sweeps of expired bindings (the session and sticky eviction
-/// interval of POLICY_REFERENCE.md).
+/// interval of docs/design/POLICY_REFERENCE.md).
 pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(60);
 
 /// Default maximum number of bindings one store holds.

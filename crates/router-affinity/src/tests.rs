@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use router_test_support::settle;
 use router_workers::{ModelId, Stage, Worker, WorkerRegistry};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -36,17 +37,6 @@ async fn let_tasks_run() {
     for _ in 0..16 {
         tokio::task::yield_now().await;
     }
-}
-
-/// Lets spawned tasks on a current-thread runtime run until `done` holds.
-async fn settle(what: &str, mut done: impl FnMut() -> bool) {
-    for _ in 0..1000 {
-        if done() {
-            return;
-        }
-        tokio::task::yield_now().await;
-    }
-    panic!("{what}: not reached after 1000 scheduler turns");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,7 @@
 //! Buckets: length-first resolution and complete plain or PD engine selection.
 //!
 //! Owns [`BucketResolver`], [`Bucket`], [`BucketGroups`], [`EngineGroup`] and their validation.
-//! It implements POLICY_DESIGN.md §2 and §3:
+//! It implements docs/design/POLICY_DESIGN.md §2 and §3:
 //!
 //! 1. [`BucketResolver::resolve`] keeps the buckets whose inclusive input range contains the
 //!    input and whose context capacity holds the expected peak (or the input, when the output

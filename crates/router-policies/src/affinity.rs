@@ -1,6 +1,6 @@
-//! The binding rules the session-aware and sticky policies share (POLICY_DESIGN.md §5 and §6
-//! "Affinity state"). The two policies differ only in the header that names the binding, the
-//! store they keep bindings in, and the fallback they run.
+//! The binding rules the session-aware and sticky policies share (docs/design/POLICY_DESIGN.md
+//! §5 and §6 "Affinity state"). The two policies differ only in the header that names the
+//! binding, the store they keep bindings in, and the fallback they run.
 //!
 //! For a request with a key, within the scope (model, bucket id, stage, key):
 //! 1. A live binding whose engine is one of the candidates, in the same incarnation

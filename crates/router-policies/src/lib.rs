@@ -75,4 +75,4 @@ pub use session_aware::SessionAwarePolicy;
 pub use sticky::StickyPolicy;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

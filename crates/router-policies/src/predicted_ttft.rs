@@ -25,7 +25,7 @@ use crate::{
 /// For each candidate, predicted TTFT = (queued + uncached) / rate, where
 /// - **queued** is the prefill work waiting there: the engine-reported waiting uncached tokens
 ///   plus the work this router dispatched to it since the report's capture time (the
-///   recent-dispatch correction of POLICY_DESIGN §5, in tokens:
+///   recent-dispatch correction of docs/design/POLICY_DESIGN.md §5, in tokens:
 ///   `Inflight::dispatched_tokens_since`). When any candidate lacks a fresh, complete native
 ///   report, every candidate is compared by router-local work instead (the uncached tokens of
 ///   its requests in flight, `Inflight::inflight_tokens`), reason

@@ -1,6 +1,6 @@
 //! Pure pressure comparison: one totally ordered key per engine.
 //!
-//! POLICY_REFERENCE.md's comparison, stage by stage:
+//! The comparison of docs/design/POLICY_REFERENCE.md, stage by stage:
 //! - plain and prefill: estimated prefill queue time (when every compared engine has one), then
 //!   waiting uncached tokens, waiting requests, running requests;
 //! - decode: waiting requests, running requests, KV usage fraction, used KV tokens;
@@ -12,7 +12,7 @@
 //! gets a [`PressureKey`] that is compared with plain `Ord`. Comparing pairs with a rule that
 //! looks at both sides ("queue time when both have it") is not transitive over three engines, so
 //! nothing here sorts with a pairwise comparator. For two engines the result is exactly the
-//! pairwise rule of POLICY_DESIGN.md §4.
+//! pairwise rule of docs/design/POLICY_DESIGN.md §4.
 
 use router_state_load::{EngineLoad, NativeLoad};
 use router_workers::Stage;

@@ -1,4 +1,4 @@
-//! The router's three credentials (RELIABILITY.md, Security), kept apart:
+//! The router's three credentials (docs/design/RELIABILITY.md, Security), kept apart:
 //! - client to router: `server.api_keys` (or `ROUTER_API_KEY`), required on `/v1/` when set;
 //! - router to engine: each worker's `api_key`, else `server.engine_api_key` (or
 //!   `ROUTER_ENGINE_API_KEY`), sent as `Authorization: Bearer` and never the client's header;

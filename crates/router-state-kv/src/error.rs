@@ -36,7 +36,7 @@ pub enum DecodeError {
     Msgpack(#[source] rmp_serde::decode::Error),
 }
 
-/// A ZeroMQ message that does not have the framing of KV_EVENTS.md.
+/// A ZeroMQ message that does not have the framing of docs/design/wire/KV_EVENTS.md.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum FrameError {

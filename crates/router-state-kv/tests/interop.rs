@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use router_state_kv::hash::Salt;
 use router_state_kv::{KvIndex, KvStats, KvSubscriptions, SkipReason, SubscriptionConfig};
+use router_test_support::on_change;
 use router_workers::{KvEventsSpec, ModelId, Worker, WorkerId, WorkerRegistry, WorkerSpec};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
@@ -145,17 +146,11 @@ async fn settle(
 async fn wait_subscribed(stats: &KvStats, id: &str, ranks: usize) {
     let id = WorkerId::new(id).expect("id");
     let mut changes = stats.changes();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
+    let subscribed = on_change(&mut changes, || {
         let snapshot = stats.worker(&id);
-        if snapshot.len() == ranks && snapshot.iter().all(|r| r.subscribed) {
-            return;
-        }
-        timeout(deadline - Instant::now(), changes.changed())
-            .await
-            .unwrap_or_else(|_| panic!("{id} not subscribed: {snapshot:#?}"))
-            .expect("stats alive");
-    }
+        (snapshot.len() == ranks && snapshot.iter().all(|r| r.subscribed)).then_some(())
+    });
+    assert!(subscribed.await.is_some(), "{id} not subscribed: {:#?}", stats.worker(&id));
 }
 
 fn config() -> SubscriptionConfig {

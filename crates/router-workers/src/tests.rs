@@ -1,3 +1,7 @@
+//! The worker registry: id, kind and URL rules, lookups by model and stage, removal, the change
+//! feed and incarnations, concurrent adds, and a proptest of the invariants under arbitrary
+//! changes.
+
 use std::sync::Arc;
 
 use proptest::prelude::*;
@@ -135,6 +139,18 @@ fn block_size_comes_from_the_worker_or_its_kv_events() {
             (got, want) => panic!("{json}: got {got:?}, want {want:?}"),
         }
     }
+}
+
+#[test]
+fn the_constructors_read_like_an_entry_naming_only_their_arguments() {
+    let entry = r#"{"id": "w", "url": "http://h", "role": "decode",
+        "kv_events": {"endpoint": "tcp://h:5557", "block_size": 32}}"#;
+    let read: WorkerSpec = serde_json::from_str(entry).expect("entry");
+    let built = WorkerSpec {
+        kv_events: Some(KvEventsSpec { block_size: Some(32), ..KvEventsSpec::new("tcp://h:5557") }),
+        ..WorkerSpec::new("w", "http://h", Stage::Decode)
+    };
+    assert_eq!(read, built);
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! The example of POLICY_DESIGN.md §7, as a test.
+//! The example of docs/design/POLICY_DESIGN.md §7, as a test.
 
 use router_buckets::{BucketPick, BucketResolver};
 use router_workers::{Stage, WorkerRegistry};

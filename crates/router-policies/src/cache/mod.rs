@@ -11,7 +11,8 @@
 //!   carried by [`RequestTokens`](crate::RequestTokens) across bucket attempts and stages.
 //! - `Prefixes` (`prefixes.rs`): the lookups one pick needs, shared by `cache_aware` and
 //!   `predicted_ttft`.
-//! - [`CacheAwarePolicy`] (`policy.rs`): the selection algorithm of POLICY_REFERENCE.md.
+//! - [`CacheAwarePolicy`] (`policy.rs`): the selection algorithm of
+//!   docs/design/POLICY_REFERENCE.md.
 
 mod memo;
 mod policy;

@@ -18,7 +18,7 @@ use crate::{
 };
 
 /// Cache-aware selection (`cache_aware`), for plain and prefill groups. The algorithm of
-/// POLICY_REFERENCE.md, within the group's candidates only:
+/// docs/design/POLICY_REFERENCE.md, within the group's candidates only:
 ///
 /// 1. **Lookup**, once per prepared request per source and block size ([`PrefixMemo`]): the
 ///    candidates' block size is their worker's ([`crate::BlockSize::of`]: its `block_size`, or

@@ -2,8 +2,8 @@
 //!
 //! Deserialization rejects, each with the path of the offending field: unknown fields, settings
 //! that do not apply to the policy type (`policy.min_load_choices` on `round_robin`), invalid
-//! values, and the dropped policy names and options of POLICY_DESIGN.md §7 (with what replaces
-//! them). Defaults are those of POLICY_REFERENCE.md.
+//! values, and the dropped policy names and options of docs/design/POLICY_DESIGN.md §7 (with
+//! what replaces them). Defaults are those of docs/design/POLICY_REFERENCE.md.
 //!
 //! Construction ([`PolicyConfig::build`]) receives the application's shared state handles;
 //! policies never create their own subscriptions.
@@ -265,7 +265,7 @@ pub struct StickySettings {
     pub fallback: StickyFallback,
 }
 
-/// `cache_aware` tuning, with POLICY_REFERENCE.md's defaults.
+/// `cache_aware` tuning, with the defaults of docs/design/POLICY_REFERENCE.md.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CacheAwareSettings {
     /// Local index or remote indexer.

@@ -9,7 +9,8 @@ use router_state_load::{EngineLoad, EngineStatus, NativeLoad, ReportKind};
 use router_workers::Stage;
 
 use super::*;
-use crate::cache::tests::fixture::{Eng, Recording, World, eng, running_cap, wid};
+use crate::cache::tests::fixture::{Eng, World, eng, wid};
+use crate::tests::doubles::{Recording, running_cap};
 use crate::{AdmissionLimits, PickError, PickReason, PredictedTtftSettings};
 
 /// One token per millisecond, so predicted milliseconds read as tokens.

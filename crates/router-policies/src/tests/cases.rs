@@ -3,6 +3,7 @@
 
 use router_workers::Stage;
 
+use super::doubles::running_cap;
 use super::fixtures::{
     Engine, Fleet, Load, Numbers, basic, engine, native, native_cap, native_queued,
 };
@@ -39,10 +40,6 @@ impl Case {
         self.input_tokens = tokens;
         self
     }
-}
-
-fn running_cap(cap: u64) -> AdmissionLimits {
-    AdmissionLimits { max_running_requests: Some(cap), ..AdmissionLimits::default() }
 }
 
 fn zero() -> Load {

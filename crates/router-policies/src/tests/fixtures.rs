@@ -2,21 +2,16 @@
 //! ingestion API, with a manual clock.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::FutureExt;
-use parking_lot::Mutex;
 use router_state_load::{
     EngineReportedLoadTable, Inflight, InflightGuard, ManualClock, RankSample, Report, ReportKind,
     TableConfig,
 };
-use router_workers::{ModelId, Stage, Worker, WorkerId, WorkerSpec};
+use router_workers::{ModelId, Stage, Worker, WorkerSpec};
 
-use crate::{
-    AdmissionLimits, EngineAdmission, EngineMetrics, LoadHandles, Pick, PickError, PickRequest,
-    Policy, PolicyHandles, Rejection,
-};
+use crate::{LoadHandles, Pick, PickError, PickRequest, Policy, PolicyHandles};
 
 /// The numbers of a report (one rank, or split over two for a rank-incomplete one).
 #[derive(Clone, Copy, Debug, Default)]
@@ -232,31 +227,5 @@ impl Fleet {
             routing_key: None,
         };
         policy.pick(engines, &request).now_or_never().expect("local policies are ready at once")
-    }
-}
-
-/// Admission limits that record every engine they were asked about.
-#[derive(Debug, Default)]
-pub(crate) struct Recording {
-    pub limits: AdmissionLimits,
-    pub calls: AtomicUsize,
-    pub seen: Mutex<Vec<(WorkerId, EngineMetrics)>>,
-}
-
-impl Recording {
-    pub(crate) fn new(limits: AdmissionLimits) -> Arc<Self> {
-        Arc::new(Self { limits, ..Self::default() })
-    }
-
-    pub(crate) fn calls(&self) -> usize {
-        self.calls.load(Ordering::Relaxed)
-    }
-}
-
-impl EngineAdmission for Recording {
-    fn check(&self, engine: &Worker, metrics: &EngineMetrics) -> Result<(), Rejection> {
-        self.calls.fetch_add(1, Ordering::Relaxed);
-        self.seen.lock().push((engine.id().clone(), *metrics));
-        self.limits.check(engine, metrics)
     }
 }

@@ -2,6 +2,7 @@
 //! rules that need a closer look (admission counts, construction).
 
 mod cases;
+pub(crate) mod doubles;
 mod fixtures;
 mod props;
 
@@ -10,16 +11,13 @@ use std::sync::Arc;
 use router_state_load::ReportKind;
 use router_workers::Stage;
 
-use fixtures::{Fleet, Load, Recording, basic, engine, native};
+use doubles::{Recording, running_cap};
+use fixtures::{Fleet, Load, basic, engine, native};
 
 use crate::{
-    AdmissionLimits, ConfigError, EngineMetrics, LeastLoadPolicy, PickError, PickReason,
-    PolicyConfig, PolicyKind, PolicyType, PowerOfTwoPolicy, StickyFallback, pick_fallback,
+    ConfigError, EngineMetrics, LeastLoadPolicy, PickError, PickReason, PolicyConfig, PolicyKind,
+    PolicyType, PowerOfTwoPolicy, StickyFallback, pick_fallback,
 };
-
-fn running_cap(cap: u64) -> AdmissionLimits {
-    AdmissionLimits { max_running_requests: Some(cap), ..AdmissionLimits::default() }
-}
 
 #[test]
 fn metrics_come_only_from_a_usable_report() {
@@ -111,8 +109,7 @@ fn least_load_checks_in_load_order_and_stops_at_the_first_admitted() {
     let policy = LeastLoadPolicy::new(fleet.load()).with_admission(admission.clone());
     let pick = fleet.pick(&policy, 1).expect("c is admitted");
     assert_eq!(pick.worker.id().as_str(), "c");
-    let order: Vec<_> = admission.seen.lock().iter().map(|(id, _)| id.to_string()).collect();
-    assert_eq!(order, ["b", "a", "c"]);
+    assert_eq!(admission.order(), ["b", "a", "c"]);
 }
 
 #[test]

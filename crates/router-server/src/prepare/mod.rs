@@ -66,10 +66,7 @@ impl Tokenization {
     /// Renders and tokenizes a request's messages.
     pub fn encode(&self, request: &ChatRequest) -> Result<Vec<u32>, TokenizeError> {
         let text = self.template.render(request.messages(), request.body.get("tools"))?;
-        let encoding = self
-            .tokenizer
-            .encode_fast(text, false)
-            .map_err(TokenizeError::Encode)?;
+        let encoding = self.tokenizer.encode_fast(text, false).map_err(TokenizeError::Encode)?;
         Ok(encoding.get_ids().to_vec())
     }
 }

@@ -1,14 +1,13 @@
-//! Load snapshots: what the engine reports about its queue and KV use, per data-parallel
-//! rank (the simulator has one rank). [`LoadSource::snapshot`] is one lock and one pass over
-//! the running batch, cheap enough for any report interval; `GET /v1/loads` serves it in
-//! SGLang's JSON shape.
+//! Load snapshots, as plain data: what the engine reports about its queue and KV use, per
+//! data-parallel rank (the simulator has one rank), and the two shapes they are served in:
+//! SGLang's JSON for `GET /v1/loads`, and the NATIVE samples the gRPC load reporter sends.
+//! [`LoadSource`](super::LoadSource), beside the scheduler, takes them.
 
-use std::sync::Arc;
 use std::time::SystemTime;
 
+use router_state_load::reporter::EngineSnapshot;
+use router_state_load::{EngineStatus, RankSample};
 use serde::Serialize;
-
-use super::scheduler::Scheduler;
 
 /// The load of one data-parallel rank.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -43,6 +42,21 @@ pub struct RankLoad {
     pub cache_hit_rate: f64,
 }
 
+impl RankLoad {
+    /// This rank as a NATIVE [`RankSample`] of age zero.
+    pub fn to_rank_sample(&self) -> RankSample {
+        RankSample::basic(
+            self.dp_rank,
+            self.running,
+            self.waiting,
+            self.kv_used_tokens,
+            self.kv_capacity_tokens,
+        )
+        .with_native(self.waiting_uncached_tokens, self.total_kv_tokens, self.max_running)
+        .with_prefill_counters(self.total_prefill_uncached_tokens, self.total_prefill_busy_us)
+    }
+}
+
 /// The whole engine's load at one instant.
 #[derive(Clone, Debug, PartialEq)]
 pub struct LoadSnapshot {
@@ -53,6 +67,15 @@ pub struct LoadSnapshot {
 }
 
 impl LoadSnapshot {
+    /// What the load reporter sends for this snapshot: every rank as a NATIVE sample.
+    pub fn to_engine_snapshot(&self, status: EngineStatus) -> EngineSnapshot {
+        EngineSnapshot {
+            status,
+            dp_size: u32::try_from(self.ranks.len()).unwrap_or(u32::MAX),
+            ranks: self.ranks.iter().map(RankLoad::to_rank_sample).collect(),
+        }
+    }
+
     /// SGLang's `GET /v1/loads` body: `{"timestamp", "version", "loads": [...]}` with the
     /// twelve core fields per rank, plus the rank's `timestamp` and the cumulative prefill
     /// counters (`total_prefill_uncached_tokens`, `total_prefill_busy_us`).
@@ -99,32 +122,14 @@ fn round(value: f64, digits: i32) -> f64 {
     (value * scale).round() / scale
 }
 
-/// A cloneable handle that takes load snapshots of a running engine (for a load reporter,
-/// `/v1/loads`, or an embedding process).
-#[derive(Clone, Debug)]
-pub struct LoadSource {
-    scheduler: Arc<Scheduler>,
-}
-
-impl LoadSource {
-    pub(crate) fn new(scheduler: Arc<Scheduler>) -> Self {
-        Self { scheduler }
-    }
-
-    /// The engine's load now: every rank, consistent within a rank.
-    pub fn snapshot(&self) -> LoadSnapshot {
-        LoadSnapshot { captured_at: SystemTime::now(), ranks: vec![self.scheduler.load()] }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
     use super::*;
 
-    #[test]
-    fn sglang_json_has_the_core_fields_per_rank() {
+    /// One rank with every field set, captured one second after the epoch.
+    fn snapshot() -> LoadSnapshot {
         let rank = RankLoad {
             dp_rank: 0,
             running: 2,
@@ -140,8 +145,12 @@ mod tests {
             gen_throughput: 12.3456,
             cache_hit_rate: 0.123456,
         };
-        let snapshot =
-            LoadSnapshot { captured_at: UNIX_EPOCH + Duration::from_secs(1), ranks: vec![rank] };
+        LoadSnapshot { captured_at: UNIX_EPOCH + Duration::from_secs(1), ranks: vec![rank] }
+    }
+
+    #[test]
+    fn sglang_json_has_the_core_fields_per_rank() {
+        let snapshot = snapshot();
         let json = snapshot.to_sglang_json();
         assert_eq!(json["timestamp"], "1970-01-01T00:00:01.000000+00:00");
         let load = &json["loads"][0];
@@ -163,5 +172,22 @@ mod tests {
         ] {
             assert_eq!(load[key].as_f64(), Some(value), "{key}");
         }
+    }
+
+    #[test]
+    fn every_rank_becomes_a_native_sample_with_the_prefill_counters() {
+        let snapshot = snapshot();
+        let engine = snapshot.to_engine_snapshot(EngineStatus::Serving);
+        assert_eq!(engine.status, EngineStatus::Serving);
+        assert_eq!(engine.dp_size, 1);
+        let sample = engine.ranks[0];
+        assert!(sample.has_native_gauges(), "a NATIVE report needs every native gauge");
+        assert_eq!(
+            sample,
+            RankSample::basic(0, 2, 1, 1000, 3000)
+                .with_native(30, 1040, 8)
+                .with_prefill_counters(5, 6)
+        );
+        assert_eq!(sample.age, Duration::ZERO);
     }
 }

@@ -44,8 +44,8 @@ pub use api_key::ApiKey;
 pub use config::EngineConfig;
 pub use events::{KvEvent, KvFormat, UnknownKvFormat};
 pub use faults::Faults;
-pub use load::{LoadSnapshot, LoadSource, RankLoad};
-pub use scheduler::SubmitError;
+pub use load::{LoadSnapshot, RankLoad};
+pub use scheduler::{LoadSource, SubmitError};
 pub use tls::TlsError;
 
 use crate::tokens::{PrepareError, Preprocessor};

@@ -1,3 +1,7 @@
+//! The engine's OpenAI surface: non-streamed and streamed chat (chunks, usage, `[DONE]`),
+//! cached tokens over a repeated prefix, tokenizer agreement, OpenAI-shaped errors, the probes
+//! and the load endpoints.
+
 use http::StatusCode;
 use serde_json::json;
 

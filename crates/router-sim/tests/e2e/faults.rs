@@ -1,3 +1,6 @@
+//! Injected faults: failure rates, a stalled first byte, an engine that exits after N answers
+//! and cuts its other streams, and an engine that publishes no KV events.
+
 use std::time::Duration;
 
 use http::{Method, StatusCode};

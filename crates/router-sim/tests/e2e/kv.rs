@@ -1,3 +1,6 @@
+//! KV events as subscribers see them: every wire format (vLLM and SGLang, map and array forms),
+//! replay from a sequence number, removals on eviction and the all-cleared event on a flush.
+
 use std::time::Duration;
 
 use bytes::Bytes;

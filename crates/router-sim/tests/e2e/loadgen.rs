@@ -1,3 +1,6 @@
+//! The workload generator against one engine: session mode reports cache hits, rate mode
+//! counts its errors.
+
 use serde_json::Value;
 
 use crate::common::*;

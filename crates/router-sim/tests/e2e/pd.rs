@@ -1,3 +1,6 @@
+//! Prefill/decode engines meeting on a bootstrap room, and the errors for a missing, mismatched
+//! or failed room.
+
 use http::StatusCode;
 use serde_json::{Value, json};
 

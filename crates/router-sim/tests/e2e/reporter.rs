@@ -9,13 +9,12 @@ use router_state_load::{
     EngineLoad, EngineReportedLoadTable, EngineStatus, LoadSubscriptions, ReportKind,
     SubscriptionConfig, SystemClock, TableConfig,
 };
+use router_test_support::{PATIENCE, on_change};
 use router_workers::{ModelId, Stage, Worker, WorkerId, WorkerRegistry, WorkerSpec};
 use tokio_util::sync::CancellationToken;
 
 use crate::common::*;
 
-/// Upper bound on every wait; reaching it fails the test (it is not a timing assertion).
-const PATIENCE: Duration = Duration::from_secs(20);
 const PREFILL_RATE: f64 = 100_000.0;
 
 /// Waits until the engine's usable load satisfies `condition`, re-checking on every table change.
@@ -26,17 +25,11 @@ async fn wait_load(
     condition: impl Fn(&EngineLoad) -> bool,
 ) -> EngineLoad {
     let mut changes = table.changes();
-    let found = tokio::time::timeout(PATIENCE, async {
-        loop {
-            changes.mark_unchanged();
-            if let Some(load) = table.snapshot().get(worker).filter(|l| condition(l)) {
-                return *load;
-            }
-            changes.changed().await.expect("table alive");
-        }
-    })
-    .await;
-    found.unwrap_or_else(|_| panic!("gave up waiting for {what}; status: {:?}", table.status()))
+    let found =
+        on_change(&mut changes, || table.snapshot().get(worker).filter(|l| condition(l)).copied());
+    found
+        .await
+        .unwrap_or_else(|| panic!("gave up waiting for {what}; status: {:?}", table.status()))
 }
 
 #[tokio::test]

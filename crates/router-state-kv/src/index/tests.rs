@@ -1,3 +1,7 @@
+//! The prefix index: stores, lookups, removals, clears and tiers per holder, skipped events by
+//! reason, the node limit and eviction, chunked batches beside concurrent readers, and
+//! proptests against a reference model.
+
 use std::collections::{BTreeMap, HashMap};
 
 use proptest::prelude::*;

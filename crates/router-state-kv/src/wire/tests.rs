@@ -1,3 +1,6 @@
+//! The msgpack event decoder: the golden payloads, map and array forms, hash and token-pair
+//! normalisation, malformed and absurd input as errors (never panics), and fuzz-like proptests.
+
 use proptest::prelude::*;
 use rmpv::Value;
 

@@ -1,3 +1,7 @@
+//! Router-local in-flight accounting: one count per engine, guards released on completion,
+//! error, panic and cancellation, the dispatch ledger, and a proptest that counts equal live
+//! guards.
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -4,8 +4,8 @@
 //! baselines, rate limit and counters; every change publishes a new immutable map through an
 //! `ArcSwap`, so readers ([`EngineReportedLoadTable::snapshot`]) never lock and never wait.
 //!
-//! Rules (LOAD_REPORTS.md): freshness is judged on the receipt time; (instance, sequence) must
-//! move forward; only reports covering exactly ranks `0..dp_size` are usable, and a
+//! Rules (docs/design/LOAD_REPORTS.md): freshness is judged on the receipt time; (instance,
+//! sequence) must move forward; only reports covering exactly ranks `0..dp_size` are usable, and a
 //! rank-incomplete report also clears the previous one (a silent rank must not look idle);
 //! NATIVE needs every native gauge on every rank; ranks are summed and the aggregate is as old
 //! as its oldest rank. Rejected reports change nothing but the counters.

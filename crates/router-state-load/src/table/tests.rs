@@ -1,3 +1,7 @@
+//! The engine-reported load table under a manual clock: freshness on receipt, sequences and
+//! instances, rank completeness, rejected and rate-limited reports, replaced and removed
+//! workers, snapshots and change signals.
+
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -2,7 +2,6 @@
 //! one speaking the same gRPC API), a router side (registry, table, subscriptions), and waiting
 //! on table changes.
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +16,7 @@ use router_state_load::{
     EngineLoadStatus, EngineReportedLoadTable, EngineStatus, LoadSubscriptions, ManualClock,
     RankSample, ReportIntervalControl, SubscriptionConfig, TableConfig,
 };
+use router_test_support::on_change;
 use router_workers::{LoadPollSpec, ModelId, Stage, Worker, WorkerRegistry, WorkerSpec};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -25,8 +25,7 @@ use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
-/// Upper bound on any wait in these tests; reaching it is a failure, not a timing assertion.
-pub const PATIENCE: Duration = Duration::from_secs(20);
+pub use router_test_support::{PATIENCE, eventually};
 
 /// An engine's numbers, settable by the test.
 #[derive(Debug)]
@@ -286,28 +285,6 @@ pub async fn wait_for_table(
     what: &str,
     condition: impl Fn(&EngineReportedLoadTable) -> bool,
 ) {
-    let mut changes = table.changes();
-    let waited = tokio::time::timeout(PATIENCE, async {
-        loop {
-            changes.mark_unchanged();
-            if condition(table) {
-                return;
-            }
-            changes.changed().await.expect("table alive");
-        }
-    })
-    .await;
-    assert!(waited.is_ok(), "gave up waiting for: {what}; status: {:?}", table.status());
-}
-
-/// Waits for a condition nothing signals (engine-side subscriber counts), re-checking it
-/// every few milliseconds; only the upper bound is a time, and reaching it fails the test.
-pub async fn eventually<F: Future<Output = bool>>(what: &str, mut check: impl FnMut() -> F) {
-    let waited = tokio::time::timeout(PATIENCE, async {
-        while !check().await {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
-    assert!(waited.is_ok(), "gave up waiting for: {what}");
+    let waited = on_change(&mut table.changes(), || condition(table).then_some(())).await;
+    assert!(waited.is_some(), "gave up waiting for: {what}; status: {:?}", table.status());
 }

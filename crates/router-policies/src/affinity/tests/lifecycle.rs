@@ -7,6 +7,7 @@ use std::time::Duration;
 use futures::executor::block_on;
 use proptest::prelude::*;
 use router_affinity::{AffinityConfig, AffinityStore, Binding, follow_registry};
+use router_test_support::settle;
 use router_workers::{Stage, Worker, WorkerRegistry};
 use tokio_util::sync::CancellationToken;
 
@@ -125,17 +126,6 @@ async fn idle_bindings_expire_and_the_key_binds_afresh() {
     tokio::time::advance(idle).await;
     assert_eq!(store.sweep(tokio::time::Instant::now()), 1);
     assert!(store.is_empty());
-}
-
-/// Lets the follower task run on the current-thread runtime until `done` holds.
-async fn settle(what: &str, mut done: impl FnMut() -> bool) {
-    for _ in 0..1000 {
-        if done() {
-            return;
-        }
-        tokio::task::yield_now().await;
-    }
-    panic!("{what}: not reached after 1000 scheduler turns");
 }
 
 #[tokio::test]

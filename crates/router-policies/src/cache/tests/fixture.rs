@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use futures::FutureExt;
-use parking_lot::Mutex;
 use router_state_kv::wire::{BlockStored, Event, MediumField};
 use router_state_kv::{KvIndex, Medium};
 use router_state_load::{
@@ -14,8 +13,8 @@ use router_state_load::{
 use router_workers::{KvEventsSpec, ModelId, Stage, Worker, WorkerId, WorkerSpec};
 
 use crate::{
-    AdmissionLimits, CacheAwarePolicy, CacheAwareSettings, CacheSource, EngineAdmission,
-    EngineMetrics, LoadHandles, Pick, PickError, PickRequest, Policy, Rejection, RequestTokens,
+    CacheAwarePolicy, CacheAwareSettings, CacheSource, LoadHandles, Pick, PickError, PickRequest,
+    Policy, RequestTokens,
 };
 
 /// The block size of the fixture's engines unless set otherwise.
@@ -267,33 +266,4 @@ impl World {
 
 pub(crate) fn wid(id: &str) -> WorkerId {
     WorkerId::new(id).expect("non-empty id")
-}
-
-/// Admission limits that record every engine they were asked about, in order.
-#[derive(Debug, Default)]
-pub(crate) struct Recording {
-    pub limits: AdmissionLimits,
-    pub seen: Mutex<Vec<WorkerId>>,
-}
-
-impl Recording {
-    pub(crate) fn new(limits: AdmissionLimits) -> Arc<Self> {
-        Arc::new(Self { limits, ..Self::default() })
-    }
-
-    pub(crate) fn order(&self) -> Vec<String> {
-        self.seen.lock().iter().map(ToString::to_string).collect()
-    }
-}
-
-impl EngineAdmission for Recording {
-    fn check(&self, engine: &Worker, metrics: &EngineMetrics) -> Result<(), Rejection> {
-        self.seen.lock().push(engine.id().clone());
-        self.limits.check(engine, metrics)
-    }
-}
-
-/// Admission capping reported running requests.
-pub(crate) fn running_cap(cap: u64) -> AdmissionLimits {
-    AdmissionLimits { max_running_requests: Some(cap), ..AdmissionLimits::default() }
 }

@@ -6,7 +6,8 @@ use futures::FutureExt;
 use router_state_kv::{KvIndex, Medium, PrefixMatch, PrefixMatches};
 use router_workers::Stage;
 
-use super::fixture::{Recording, World, eng, prompt, running_cap, wid};
+use super::fixture::{World, eng, prompt, wid};
+use crate::tests::doubles::{Recording, running_cap};
 use crate::{
     BlockSize, CacheAwareSettings, CacheSource, CachedPrefixes, MATCHED_TOKEN_BOUNDS, PickError,
     PickReason, Policy, PrefixOutcome, RequestTokens, SourceStats,

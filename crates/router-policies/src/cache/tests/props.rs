@@ -7,7 +7,8 @@ use std::collections::BTreeSet;
 use proptest::prelude::*;
 use router_workers::Stage;
 
-use super::fixture::{BS, Eng, World, eng, running_cap};
+use super::fixture::{BS, Eng, World, eng};
+use crate::tests::doubles::running_cap;
 use crate::{CacheAwareSettings, EngineAdmission, EngineMetrics, PickError, PickReason};
 
 const IDS: [&str; 8] = ["e0", "e1", "e2", "e3", "e4", "e5", "e6", "e7"];

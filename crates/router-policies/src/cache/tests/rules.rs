@@ -5,7 +5,8 @@ use std::sync::Arc;
 
 use router_workers::Stage;
 
-use super::fixture::{BS, Eng, World, eng, running_cap};
+use super::fixture::{BS, Eng, World, eng};
+use crate::tests::doubles::running_cap;
 use crate::{CacheAwareSettings, PickError, PickReason};
 
 use PickReason::{CacheHit, CacheMiss, SaturationPin};

@@ -1,5 +1,5 @@
 //! Msgpack encoding of event batches, byte-compatible with the engines' msgspec structs
-//! (`../wire/golden.txt` in the design folder is the reference).
+//! (`docs/design/wire/golden.txt` is the reference).
 //!
 //! Batch: `[ts: f64, [event, ...], dp_rank]`. Map-encoded events carry the fields the engines
 //! emit with `omit_defaults`; array-encoded ones carry every position of the old structs.

@@ -1,5 +1,5 @@
-//! The encoder against the engines' own payloads (hex copied from `wire/golden.txt`), and a
-//! decode-back check of a realistic batch with rmpv.
+//! The encoder against the engines' own payloads (hex copied from `docs/design/wire/golden.txt`),
+//! and a decode-back check of a realistic batch with rmpv.
 
 use rmpv::Value;
 

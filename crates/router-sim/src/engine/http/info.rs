@@ -12,7 +12,7 @@ use serde_json::json;
 
 use super::Engine;
 use super::error::ApiError;
-use crate::engine::load::LoadSource;
+use crate::engine::LoadSource;
 
 pub(crate) async fn models(State(engine): State<Arc<Engine>>) -> Json<serde_json::Value> {
     let config = &engine.config;

@@ -16,7 +16,7 @@
 mod state;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use parking_lot::Mutex;
 use tokio::sync::{Notify, mpsc};
@@ -27,7 +27,7 @@ pub use state::SubmitError;
 use state::{Pass, State};
 
 use crate::engine::events::Publisher;
-use crate::engine::load::RankLoad;
+use crate::engine::load::{LoadSnapshot, RankLoad};
 
 /// How much a pass costs.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -190,6 +190,25 @@ impl Scheduler {
     #[cfg(test)]
     pub(crate) fn with_state<R>(&self, f: impl FnOnce(&State) -> R) -> R {
         f(&self.state.lock())
+    }
+}
+
+/// A cloneable handle that takes load snapshots of a running engine (for a load reporter,
+/// `/v1/loads`, or an embedding process). A snapshot is one lock and one pass over the running
+/// batch, cheap enough for any report interval.
+#[derive(Clone, Debug)]
+pub struct LoadSource {
+    scheduler: Arc<Scheduler>,
+}
+
+impl LoadSource {
+    pub(crate) fn new(scheduler: Arc<Scheduler>) -> Self {
+        Self { scheduler }
+    }
+
+    /// The engine's load now: every rank, consistent within a rank.
+    pub fn snapshot(&self) -> LoadSnapshot {
+        LoadSnapshot { captured_at: SystemTime::now(), ranks: vec![self.scheduler.load()] }
     }
 }
 
