@@ -77,7 +77,7 @@ pub enum BucketError {
 /// A model's bucket collection that cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum ResolverError {
+pub enum ResolverBuildError {
     /// A model needs at least one bucket.
     #[error("model {model} has no buckets")]
     NoBuckets {

@@ -81,7 +81,7 @@ mod resolver;
 
 pub use bucket::{Bucket, BucketGroups, BucketPick, BucketRequest, BucketSpec, TokenLimits};
 pub use error::{
-    BucketError, GroupError, MembershipError, ResolveError, ResolverError, SelectError,
+    BucketError, GroupError, MembershipError, ResolveError, ResolverBuildError, SelectError,
     StagePickError,
 };
 pub use group::EngineGroup;

@@ -5,7 +5,9 @@ use std::collections::{HashMap, HashSet};
 use router_policies::{Pick, Rejection};
 use router_workers::{ModelId, Stage, WorkerId, WorkerRegistry};
 
-use crate::error::{MembershipError, ResolveError, ResolverError, SelectError, StagePickError};
+use crate::error::{
+    MembershipError, ResolveError, ResolverBuildError, SelectError, StagePickError,
+};
 use crate::{Bucket, BucketPick, BucketRequest, EngineGroup};
 
 /// A model's bucket collection, ordered once at construction.
@@ -21,20 +23,20 @@ pub struct BucketResolver {
 impl BucketResolver {
     /// Builds `model`'s resolver. Fails on no buckets, a repeated bucket id, or a mix of plain
     /// and PD buckets (a model is served by one kind of engine only).
-    pub fn new(model: ModelId, buckets: Vec<Bucket>) -> Result<Self, ResolverError> {
+    pub fn new(model: ModelId, buckets: Vec<Bucket>) -> Result<Self, ResolverBuildError> {
         if buckets.is_empty() {
-            return Err(ResolverError::NoBuckets { model });
+            return Err(ResolverBuildError::NoBuckets { model });
         }
         let mut seen = HashSet::with_capacity(buckets.len());
         for bucket in &buckets {
             if !seen.insert(bucket.id()) {
-                return Err(ResolverError::DuplicateId { model, id: bucket.id().to_owned() });
+                return Err(ResolverBuildError::DuplicateId { model, id: bucket.id().to_owned() });
             }
         }
         let plain = buckets.iter().find(|b| !b.groups().is_pd());
         let pd = buckets.iter().find(|b| b.groups().is_pd());
         if let (Some(plain), Some(pd)) = (plain, pd) {
-            return Err(ResolverError::MixedKinds {
+            return Err(ResolverBuildError::MixedKinds {
                 model,
                 plain: plain.id().to_owned(),
                 pd: pd.id().to_owned(),

@@ -13,7 +13,7 @@ use std::time::Duration;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use futures::FutureExt;
 use router_policies::{
-    AdmissionLimits, LoadHandles, PickRequest, Policy, PolicyConfig, PolicyHandles, PolicyKind,
+    AdmissionLimits, LoadHandles, PickRequest, Policy, PolicyConfig, PolicyHandles, PolicySettings,
 };
 use router_state_load::{
     EngineReportedLoadTable, Inflight, InflightGuard, ManualClock, RankSample, Report, ReportKind,
@@ -74,12 +74,12 @@ fn bench_picks(c: &mut Criterion) {
     };
     let admits_all = AdmissionLimits { max_running_requests: Some(1 << 20), ..Default::default() };
     let variants = [
-        ("round_robin", PolicyKind::RoundRobin, AdmissionLimits::default()),
-        ("random", PolicyKind::Random, AdmissionLimits::default()),
-        ("power_of_two", PolicyKind::PowerOfTwo, AdmissionLimits::default()),
-        ("load_based", PolicyKind::LoadBased, AdmissionLimits::default()),
-        ("round_robin+admission", PolicyKind::RoundRobin, admits_all),
-        ("power_of_two+admission", PolicyKind::PowerOfTwo, admits_all),
+        ("round_robin", PolicySettings::RoundRobin, AdmissionLimits::default()),
+        ("random", PolicySettings::Random, AdmissionLimits::default()),
+        ("power_of_two", PolicySettings::PowerOfTwo, AdmissionLimits::default()),
+        ("load_based", PolicySettings::LoadBased, AdmissionLimits::default()),
+        ("round_robin+admission", PolicySettings::RoundRobin, admits_all),
+        ("power_of_two+admission", PolicySettings::PowerOfTwo, admits_all),
     ];
     let mut group = c.benchmark_group("pick");
     group.warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));

@@ -88,7 +88,7 @@ impl fmt::Display for Rejection {
 /// without a fresh, complete report (never zero); the router-local in-flight count is always
 /// known.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct EngineMetrics {
+pub struct EngineObservation {
     /// Reported running requests.
     pub running_requests: Option<u64>,
     /// Reported waiting requests.
@@ -101,7 +101,7 @@ pub struct EngineMetrics {
     pub inflight_requests: u64,
 }
 
-impl EngineMetrics {
+impl EngineObservation {
     /// What admission knows about an engine from its snapshot entry and its router-local
     /// in-flight count.
     ///
@@ -124,11 +124,11 @@ impl EngineMetrics {
 /// where their algorithm says; it does not rank engines, pick replacements or fetch telemetry.
 pub trait EngineAdmission: Send + Sync + fmt::Debug {
     /// Checks `engine` against its observed `metrics`: `Err` names the cap it is at.
-    fn check(&self, engine: &Worker, metrics: &EngineMetrics) -> Result<(), Rejection>;
+    fn check(&self, engine: &Worker, metrics: &EngineObservation) -> Result<(), Rejection>;
 }
 
 impl EngineAdmission for AdmissionLimits {
-    fn check(&self, engine: &Worker, metrics: &EngineMetrics) -> Result<(), Rejection> {
+    fn check(&self, engine: &Worker, metrics: &EngineObservation) -> Result<(), Rejection> {
         let checks = [
             (Limit::RunningRequests, self.max_running_requests, metrics.running_requests),
             (Limit::WaitingRequests, self.max_waiting_requests, metrics.waiting_requests),
@@ -168,7 +168,7 @@ pub(crate) fn admit(
     inflight: u64,
 ) -> Result<(), PickError> {
     admission
-        .check(engine, &EngineMetrics::observe(load, inflight))
+        .check(engine, &EngineObservation::observe(load, inflight))
         .map_err(PickError::AdmissionRejected)
 }
 
@@ -180,7 +180,7 @@ pub(crate) fn rejection(
     load: Option<&EngineLoad>,
     inflight: u64,
 ) -> Option<Rejection> {
-    admission?.check(engine, &EngineMetrics::observe(load, inflight)).err()
+    admission?.check(engine, &EngineObservation::observe(load, inflight)).err()
 }
 
 /// An admission check together with the load state it observes, for policies that otherwise

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use router_affinity::{AffinityStore, Binding, Scope, ScopeError};
 use router_workers::Worker;
 
-use crate::{AdmissionCheck, Pick, PickError, PickReason, PickRequest, Policy, pick_fallback};
+use crate::{AdmissionCheck, Pick, PickError, PickReason, PickRequest, Policy};
 
 /// How many compare-and-sets one pick may lose to other picks before it gives up. Each lost
 /// one hands back the binding that won, so two rounds settle any race between picks that see
@@ -172,7 +172,9 @@ impl Affinity {
         engines: &[Arc<Worker>],
         request: &PickRequest<'_>,
     ) -> Result<Arc<Worker>, PickError> {
-        let pick = pick_fallback(self.fallback.as_ref(), engines, request).await?;
+        // The fallback reads its own state; this policy checks its own admission on the
+        // engine it returns.
+        let pick = self.fallback.pick(engines, request).await?;
         let Some(worker) = Binding::of(&pick.worker).find_in(engines) else {
             return Err(PickError::OutsideCandidates { worker: pick.worker.id().clone() });
         };

@@ -46,18 +46,6 @@ pub trait Policy: Send + Sync + fmt::Debug {
     }
 }
 
-/// Runs a nested fallback policy on the same candidates and request.
-///
-/// The fallback reads its own state; nothing is shared with the caller. The owning policy
-/// remains responsible for checking its own admission on the engine the fallback returns.
-pub fn pick_fallback<'a>(
-    fallback: &'a dyn Policy,
-    engines: &'a [Arc<Worker>],
-    request: &'a PickRequest<'a>,
-) -> BoxFuture<'a, Result<Pick, PickError>> {
-    fallback.pick(engines, request)
-}
-
 /// The facts of one request, as one engine group sees them. Built by the bucket for each
 /// group it asks; carries no HTTP body, state handles or observations.
 #[derive(Clone, Copy, Debug)]

@@ -48,7 +48,7 @@ mod session_aware;
 mod sticky;
 
 pub use admission::{
-    AdmissionCheck, AdmissionLimits, EngineAdmission, EngineMetrics, Limit, Rejection,
+    AdmissionCheck, AdmissionLimits, EngineAdmission, EngineObservation, Limit, Rejection,
 };
 pub use affinity::{KeySource, MAX_BIND_ATTEMPTS};
 pub use cache::{
@@ -57,12 +57,10 @@ pub use cache::{
     Unavailable,
 };
 pub use config::{
-    CacheAwareSettings, CachePrefixProvider, ConfigError, PolicyConfig, PolicyKind, PolicyType,
+    CacheAwareSettings, CachePrefixProvider, ConfigError, PolicyConfig, PolicySettings, PolicyType,
     PredictedTtftSettings, StickyFallback, StickySettings, removed_policy_type, removed_setting,
 };
-pub use contract::{
-    Pick, PickError, PickReason, PickRequest, Policy, RequestTokens, pick_fallback,
-};
+pub use contract::{Pick, PickError, PickReason, PickRequest, Policy, RequestTokens};
 pub use handles::{LoadHandles, PolicyHandles};
 pub use least_load::LeastLoadPolicy;
 pub use power_of_two::{LoadChoice, PowerOfTwoPolicy, min_load_choices};

@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::Credentials;
 use crate::config::{
-    ConfigFile, ModelRuntime, Problem, ServerConfig, build_models, keeps_local_index,
+    ConfigFile, ModelRuntime, Problem, ServerSection, build_models, keeps_local_index,
 };
 use crate::forward::{ForwardConfig, Forwarder, OutcomeSink};
 use crate::health::HealthBook;
@@ -30,7 +30,7 @@ use crate::retry::RetryBudget;
 
 /// Everything a request handler needs, shared by all of them.
 pub struct AppContext {
-    server: ServerConfig,
+    server: ServerSection,
     load_report_interval: Duration,
     registry: Arc<WorkerRegistry>,
     load_table: Arc<EngineReportedLoadTable>,
@@ -301,7 +301,7 @@ impl AppContext {
     }
 
     /// The server settings.
-    pub fn server(&self) -> &ServerConfig {
+    pub fn server(&self) -> &ServerSection {
         &self.server
     }
 
@@ -318,12 +318,6 @@ impl AppContext {
     /// Router-local in-flight requests across every engine.
     pub fn total_inflight(&self) -> u64 {
         self.registry.workers().iter().map(|w| self.inflight.count(w.id())).sum()
-    }
-
-    /// Whether every model can make a complete selection in at least one bucket.
-    pub fn ready(&self) -> bool {
-        !self.is_draining()
-            && self.models.values().all(|m| m.resolver.has_candidates(&self.registry))
     }
 }
 

@@ -16,15 +16,15 @@ use axum::response::{IntoResponse, Response};
 use router_workers::ApiKey;
 use subtle::ConstantTimeEq;
 
-use crate::config::ServerConfig;
+use crate::config::ServerSection;
 use crate::error::ApiError;
 
 /// Environment variable holding the client key when `server.api_keys` is empty.
-pub const CLIENT_KEY_ENV: &str = "ROUTER_API_KEY";
+pub(crate) const CLIENT_KEY_ENV: &str = "ROUTER_API_KEY";
 /// Environment variable holding the engine key when `server.engine_api_key` is unset.
-pub const ENGINE_KEY_ENV: &str = "ROUTER_ENGINE_API_KEY";
+pub(crate) const ENGINE_KEY_ENV: &str = "ROUTER_ENGINE_API_KEY";
 /// Environment variable holding the admin token when `server.admin_token` is unset.
-pub const ADMIN_TOKEN_ENV: &str = "ROUTER_ADMIN_TOKEN";
+pub(crate) const ADMIN_TOKEN_ENV: &str = "ROUTER_ADMIN_TOKEN";
 
 /// The credentials in force, resolved once from the configuration and the environment.
 #[derive(Clone, Debug, Default)]
@@ -85,7 +85,7 @@ pub struct CredentialError {
 
 impl Credentials {
     /// Reads `server` and, for what it leaves unset, the environment.
-    pub fn resolve(server: &ServerConfig) -> Result<Self, CredentialError> {
+    pub fn resolve(server: &ServerSection) -> Result<Self, CredentialError> {
         let from_env = |variable: &'static str| match std::env::var(variable) {
             Ok(value) if !value.is_empty() => {
                 ApiKey::new(value).map(Some).map_err(|reason| CredentialError { variable, reason })
@@ -110,7 +110,7 @@ impl Credentials {
 }
 
 /// The bearer token of `headers`, if any (the scheme is case-insensitive, RFC 9110 §11.1).
-pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
     let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
@@ -118,7 +118,7 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
 
 /// Middleware of the client API: with client keys configured, a request without one of them
 /// gets 401 before anything else happens.
-pub async fn require_api_key(
+pub(crate) async fn require_api_key(
     State(credentials): State<Arc<Credentials>>,
     request: Request,
     next: Next,
@@ -137,7 +137,7 @@ pub async fn require_api_key(
 }
 
 /// Middleware of the admin API: off (404) without a token, 401 without the right one.
-pub async fn require_admin_token(
+pub(crate) async fn require_admin_token(
     State(credentials): State<Arc<Credentials>>,
     request: Request,
     next: Next,

@@ -16,12 +16,12 @@ use router_workers::WorkerId;
 use crate::prepare::{InvalidRequest, PrepareError};
 
 /// A body's or transport's error, as the HTTP crates box them.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// An error answered to the client.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ApiError {
+pub(crate) enum ApiError {
     /// The request is malformed or names a bad parameter.
     #[error("{message}")]
     InvalidRequest {
@@ -83,7 +83,7 @@ pub enum ApiError {
 /// Why an exchange with one engine failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum EngineError {
+pub(crate) enum EngineError {
     /// The request could not be sent, or no response head came back.
     #[error(transparent)]
     Send(#[from] SendError),
@@ -213,7 +213,7 @@ impl SendError {
 
 impl EngineError {
     /// The engine.
-    pub fn worker(&self) -> &WorkerId {
+    pub(crate) fn worker(&self) -> &WorkerId {
         match self {
             EngineError::Send(err) => err.worker(),
             EngineError::Status { worker, .. }
@@ -226,7 +226,7 @@ impl EngineError {
     }
 
     /// A metrics label (`router_engine_failures_total{kind}`).
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             EngineError::Send(err) => err.kind(),
             EngineError::Status { .. } => "status",
@@ -254,12 +254,12 @@ impl EngineError {
 impl ApiError {
     /// Whether the bucket loop may select again and resend: only a plain dispatch's engine
     /// that received nothing.
-    pub fn is_retryable(&self) -> bool {
+    pub(crate) fn is_retryable(&self) -> bool {
         matches!(self, ApiError::Engine(EngineError::Send(SendError::Unreachable { .. })))
     }
 
     /// The HTTP status of this error.
-    pub fn status(&self) -> StatusCode {
+    pub(crate) fn status(&self) -> StatusCode {
         match self {
             ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::UnknownModel(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
@@ -277,7 +277,7 @@ impl ApiError {
     }
 
     /// The OpenAI `type` and `code` fields.
-    pub fn kind(&self) -> (&'static str, &'static str) {
+    pub(crate) fn kind(&self) -> (&'static str, &'static str) {
         match self {
             ApiError::InvalidRequest { .. } => ("invalid_request_error", "invalid_request"),
             ApiError::UnknownModel(_) => ("invalid_request_error", "model_not_found"),
@@ -296,13 +296,8 @@ impl ApiError {
         }
     }
 
-    /// A short label for metrics.
-    pub fn code(&self) -> &'static str {
-        self.kind().1
-    }
-
     /// The JSON body.
-    pub fn body(&self) -> serde_json::Value {
+    pub(crate) fn body(&self) -> serde_json::Value {
         let (kind, code) = self.kind();
         let param = match self {
             ApiError::InvalidRequest { param, .. } => param.clone(),
@@ -384,7 +379,7 @@ impl From<PrepareError> for ApiError {
 }
 
 /// An error and its causes, outermost first, joined by `": "`.
-pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
+pub(crate) struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
 
 impl fmt::Display for Chain<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -17,7 +17,7 @@ use crate::forward::{Forwarder, Outcome, OutcomeSink};
 /// Health checking and circuit-breaker settings.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct HealthConfig {
+pub struct HealthSection {
     /// Seconds between probes.
     pub interval_secs: u64,
     /// Probe timeout in seconds.
@@ -34,7 +34,7 @@ pub struct HealthConfig {
     pub breaker_open_secs: u64,
 }
 
-impl Default for HealthConfig {
+impl Default for HealthSection {
     fn default() -> Self {
         Self {
             interval_secs: 10,
@@ -82,7 +82,7 @@ impl EngineHealth {
 #[derive(Debug)]
 pub struct HealthBook {
     registry: Arc<WorkerRegistry>,
-    config: HealthConfig,
+    config: HealthSection,
     engines: Mutex<HashMap<WorkerId, EngineHealth>>,
 }
 
@@ -100,12 +100,12 @@ pub enum BreakerState {
 
 impl HealthBook {
     /// A book over `registry`.
-    pub fn new(registry: Arc<WorkerRegistry>, config: HealthConfig) -> Self {
+    pub fn new(registry: Arc<WorkerRegistry>, config: HealthSection) -> Self {
         Self { registry, config, engines: Mutex::new(HashMap::new()) }
     }
 
     /// The configuration.
-    pub fn config(&self) -> &HealthConfig {
+    pub fn config(&self) -> &HealthSection {
         &self.config
     }
 
@@ -118,7 +118,7 @@ impl HealthBook {
         }
     }
 
-    fn update(&self, worker: &Worker, change: impl FnOnce(&mut EngineHealth, &HealthConfig)) {
+    fn update(&self, worker: &Worker, change: impl FnOnce(&mut EngineHealth, &HealthSection)) {
         let healthy = {
             let mut engines = self.engines.lock();
             let entry = engines
@@ -250,7 +250,7 @@ mod tests {
         let worker = registry
             .add(Worker::plain("e1", "http://127.0.0.1:1", &ModelId::new("m")).expect("worker"))
             .expect("add");
-        let book = HealthBook::new(Arc::clone(&registry), HealthConfig::default());
+        let book = HealthBook::new(Arc::clone(&registry), HealthSection::default());
         (registry, worker, book)
     }
 

@@ -17,7 +17,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use crate::error::ApiError;
 
 /// Admits a request while `slots` (`server.max_concurrent_requests` of them) has a permit.
-pub async fn concurrency(
+pub(crate) async fn concurrency(
     State(slots): State<Arc<Semaphore>>,
     request: Request,
     next: Next,

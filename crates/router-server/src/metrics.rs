@@ -20,7 +20,7 @@ const LATENCY_BUCKETS: &[f64] =
 const RATIO_BUCKETS: &[f64] = &[0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0, 8.0];
 
 /// Installs the process-wide recorder once and returns its handle.
-pub fn install() -> PrometheusHandle {
+pub(crate) fn install() -> PrometheusHandle {
     HANDLE
         .get_or_init(|| {
             let recorder = PrometheusBuilder::new()
@@ -77,7 +77,7 @@ fn with_model(model: &str, f: impl FnOnce(&str, &mut ModelSeries)) {
 }
 
 /// A finished chat request.
-pub fn request(model: &str, bucket: &str, status: u16, elapsed: Duration) {
+pub(crate) fn request(model: &str, bucket: &str, status: u16, elapsed: Duration) {
     with_model(model, |model, series| {
         if !series.buckets.contains_key(bucket) {
             let duration = histogram!("router_request_duration_seconds", "model" => model.to_owned(), "bucket" => bucket.to_owned());
@@ -99,12 +99,12 @@ pub fn request(model: &str, bucket: &str, status: u16, elapsed: Duration) {
 }
 
 /// Time from receiving the request to the engine's response head.
-pub fn time_to_response_head(model: &str, elapsed: Duration) {
+pub(crate) fn time_to_response_head(model: &str, elapsed: Duration) {
     record_model_histogram(model, "router_upstream_head_seconds", |s| &mut s.head, elapsed);
 }
 
 /// Time the router spent preparing and selecting, before dispatch.
-pub fn selection(model: &str, elapsed: Duration) {
+pub(crate) fn selection(model: &str, elapsed: Duration) {
     record_model_histogram(model, "router_selection_seconds", |s| &mut s.selection, elapsed);
 }
 
@@ -124,7 +124,7 @@ fn record_model_histogram(
 
 /// A streamed request whose policy predicted its time to first token (`predicted_ttft`):
 /// the prediction, what the client saw from dispatch to the first byte, and their ratio.
-pub fn ttft_prediction(model: &str, predicted_ms: f64, observed: Duration) {
+pub(crate) fn ttft_prediction(model: &str, predicted_ms: f64, observed: Duration) {
     let observed_s = observed.as_secs_f64();
     histogram!("router_predicted_ttft_seconds", "model" => model.to_owned())
         .record(predicted_ms / 1000.0);
@@ -136,35 +136,35 @@ pub fn ttft_prediction(model: &str, predicted_ms: f64, observed: Duration) {
 }
 
 /// A successful pick by a policy.
-pub fn pick(policy: &'static str, stage: &'static str, reason: &'static str) {
+pub(crate) fn pick(policy: &'static str, stage: &'static str, reason: &'static str) {
     counter!("router_picks_total", "policy" => policy, "stage" => stage, "reason" => reason)
         .increment(1);
 }
 
 /// An admission rejection met while selecting.
-pub fn admission_rejection(limit: &'static str) {
+pub(crate) fn admission_rejection(limit: &'static str) {
     counter!("router_admission_rejections_total", "limit" => limit).increment(1);
 }
 
 /// A bucket that could not supply a complete selection, so the next one was tried.
-pub fn bucket_fallback(model: &str, bucket: &str, reason: &'static str) {
+pub(crate) fn bucket_fallback(model: &str, bucket: &str, reason: &'static str) {
     counter!("router_bucket_fallbacks_total", "model" => model.to_owned(), "bucket" => bucket.to_owned(), "reason" => reason)
         .increment(1);
 }
 
 /// A dispatch to an engine that failed.
-pub fn engine_failure(worker: &str, kind: &'static str) {
+pub(crate) fn engine_failure(worker: &str, kind: &'static str) {
     counter!("router_engine_failures_total", "worker" => worker.to_owned(), "kind" => kind)
         .increment(1);
 }
 
 /// Router-local in-flight requests of an engine (set at scrape time).
-pub fn inflight(worker: &str, count: u64) {
+pub(crate) fn inflight(worker: &str, count: u64) {
     gauge!("router_engine_inflight", "worker" => worker.to_owned()).set(count as f64);
 }
 
 /// Engine health as the router sees it (set at scrape time).
-pub fn engine_healthy(worker: &str, healthy: bool) {
+pub(crate) fn engine_healthy(worker: &str, healthy: bool) {
     gauge!("router_engine_healthy", "worker" => worker.to_owned()).set(if healthy {
         1.0
     } else {
@@ -173,7 +173,7 @@ pub fn engine_healthy(worker: &str, healthy: bool) {
 }
 
 /// Load-report freshness of an engine: 1 for the state it is in, 0 for the others.
-pub fn load_freshness(worker: &str, state: &'static str, age_ms: Option<u64>) {
+pub(crate) fn load_freshness(worker: &str, state: &'static str, age_ms: Option<u64>) {
     for candidate in ["fresh", "stale", "missing"] {
         gauge!("router_load_report_state", "worker" => worker.to_owned(), "state" => candidate)
             .set(if candidate == state { 1.0 } else { 0.0 });
@@ -185,7 +185,7 @@ pub fn load_freshness(worker: &str, state: &'static str, age_ms: Option<u64>) {
 }
 
 /// KV-event counters of one engine rank (absolute values, set at scrape time).
-pub fn kv_worker(worker: &str, counters: &[(&'static str, u64)]) {
+pub(crate) fn kv_worker(worker: &str, counters: &[(&'static str, u64)]) {
     for (name, value) in counters {
         gauge!("router_kv_events", "worker" => worker.to_owned(), "counter" => *name)
             .set(*value as f64);
@@ -193,14 +193,14 @@ pub fn kv_worker(worker: &str, counters: &[(&'static str, u64)]) {
 }
 
 /// Size of the prefix index (set at scrape time).
-pub fn kv_index(nodes: u64, bytes: u64) {
+pub(crate) fn kv_index(nodes: u64, bytes: u64) {
     gauge!("router_kv_index_nodes").set(nodes as f64);
     gauge!("router_kv_index_bytes").set(bytes as f64);
 }
 
 /// The lookup outcomes of the prefix sources of one kind (`local` or `remote`), as absolute
 /// counts (set at scrape time).
-pub fn cache_lookups(source: &'static str, stats: &SourceStats) {
+pub(crate) fn cache_lookups(source: &'static str, stats: &SourceStats) {
     for (outcome, count) in stats.outcomes() {
         counter!("router_cache_lookups_total", "source" => source, "outcome" => outcome)
             .absolute(count);
@@ -210,7 +210,7 @@ pub fn cache_lookups(source: &'static str, stats: &SourceStats) {
 /// `router_cache_matched_tokens`, a histogram per source kind, as Prometheus text. The
 /// sources keep these counts themselves (lock-free, on the lookup path), so the family is
 /// written here rather than through the recorder, which only takes single observations.
-pub fn cache_matched_tokens(sources: &[(&'static str, MatchedTokens)]) -> String {
+pub(crate) fn cache_matched_tokens(sources: &[(&'static str, MatchedTokens)]) -> String {
     use std::fmt::Write;
     const NAME: &str = "router_cache_matched_tokens";
     let mut out = String::new();
@@ -232,23 +232,23 @@ pub fn cache_matched_tokens(sources: &[(&'static str, MatchedTokens)]) -> String
 }
 
 /// Unexpired predicted blocks (set at scrape time): the router's guesses, not engine truth.
-pub fn predicted_blocks(blocks: u64) {
+pub(crate) fn predicted_blocks(blocks: u64) {
     gauge!("router_kv_predicted_blocks").set(blocks as f64);
 }
 
 /// A client request refused before it reached the chat handler: `overloaded` (the concurrency
 /// bound) or `unauthorized` (no valid client key).
-pub fn refused(reason: &'static str) {
+pub(crate) fn refused(reason: &'static str) {
     counter!("router_requests_refused_total", "reason" => reason).increment(1);
 }
 
 /// A dispatch retried after an engine could not be reached.
-pub fn retry(model: &str) {
+pub(crate) fn retry(model: &str) {
     counter!("router_retries_total", "model" => model.to_owned()).increment(1);
 }
 
 /// A retry refused because the retry budget was spent.
-pub fn retry_budget_exhausted(model: &str) {
+pub(crate) fn retry_budget_exhausted(model: &str) {
     counter!("router_retry_budget_exhausted_total", "model" => model.to_owned()).increment(1);
 }
 

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 /// `server.retry`: how dispatches to unreachable engines are retried.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct RetryConfig {
+pub struct RetrySection {
     /// Retries per request after the first attempt; 0 turns retries off.
     pub max_retries: u32,
     /// Delay before the first retry, doubled for each further one (with jitter).
@@ -33,7 +33,7 @@ pub struct RetryConfig {
     pub budget_window_secs: u64,
 }
 
-impl Default for RetryConfig {
+impl Default for RetrySection {
     fn default() -> Self {
         Self {
             max_retries: 2,
@@ -45,7 +45,7 @@ impl Default for RetryConfig {
     }
 }
 
-impl RetryConfig {
+impl RetrySection {
     /// Problems with these settings, as (field, message).
     pub fn problems(&self) -> Vec<(&'static str, &'static str)> {
         let mut problems = Vec::new();
@@ -94,11 +94,11 @@ pub struct RetryBudget {
 
 impl RetryBudget {
     /// A budget as `config` sets it, starting now.
-    pub fn new(config: &RetryConfig) -> Self {
+    pub fn new(config: &RetrySection) -> Self {
         Self::starting_at(config, Instant::now())
     }
 
-    fn starting_at(config: &RetryConfig, origin: Instant) -> Self {
+    fn starting_at(config: &RetrySection, origin: Instant) -> Self {
         let seconds = config.budget_window_secs.max(1);
         Self {
             ratio: config.budget_ratio,
@@ -189,12 +189,12 @@ impl SecondRing {
 mod tests {
     use super::*;
 
-    fn config(ratio: f64, min_per_sec: f64) -> RetryConfig {
-        RetryConfig {
+    fn config(ratio: f64, min_per_sec: f64) -> RetrySection {
+        RetrySection {
             budget_ratio: ratio,
             budget_min_per_sec: min_per_sec,
             budget_window_secs: 10,
-            ..RetryConfig::default()
+            ..RetrySection::default()
         }
     }
 
@@ -257,7 +257,7 @@ mod tests {
 
     #[test]
     fn backoff_doubles_with_jitter() {
-        let config = RetryConfig { backoff_ms: 100, ..RetryConfig::default() };
+        let config = RetrySection { backoff_ms: 100, ..RetrySection::default() };
         for retry in 1..=3 {
             let base = Duration::from_millis(100 << (retry - 1));
             let delay = config.backoff(retry);
@@ -267,7 +267,7 @@ mod tests {
 
     #[test]
     fn settings_out_of_range_are_named() {
-        let bad = RetryConfig {
+        let bad = RetrySection {
             budget_ratio: 2.0,
             budget_min_per_sec: -1.0,
             budget_window_secs: 0,
@@ -285,6 +285,6 @@ mod tests {
                 "backoff_ms"
             ]
         );
-        assert!(RetryConfig::default().problems().is_empty());
+        assert!(RetrySection::default().problems().is_empty());
     }
 }

@@ -21,7 +21,7 @@ use crate::prepare::PreparedRequest;
 
 /// What a request's metrics are labelled with, filled in as it becomes known.
 #[derive(Debug, Default)]
-pub struct Labels {
+pub(crate) struct Labels {
     /// The served model's id (never the client's string: a wildcard model would otherwise
     /// let clients mint series).
     pub model: String,
@@ -30,7 +30,7 @@ pub struct Labels {
 }
 
 /// Selects, dispatches and retries `prepared` for `model`.
-pub async fn serve(
+pub(crate) async fn serve(
     ctx: &Arc<AppContext>,
     model: &ModelRuntime,
     prepared: &PreparedRequest,

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::app::AppContext;
-use crate::config::ServerConfig;
+use crate::config::ServerSection;
 use crate::routes::{admin, chat, ops};
 use crate::{auth, limit};
 
@@ -59,8 +59,8 @@ struct ConnectionLimits {
     max_header_bytes: usize,
 }
 
-impl From<&ServerConfig> for ConnectionLimits {
-    fn from(server: &ServerConfig) -> Self {
+impl From<&ServerSection> for ConnectionLimits {
+    fn from(server: &ServerSection) -> Self {
         Self {
             header_read: Duration::from_secs(server.header_read_timeout_secs),
             write: Duration::from_secs(server.client_write_timeout_secs),

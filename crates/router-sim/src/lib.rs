@@ -4,7 +4,7 @@
 //! - [`engine`]: one simulated engine ([`engine::serve`] with an [`engine::EngineConfig`]), with
 //!   its optional gRPC load reporter (router-state-load's engine-side service), API key
 //!   ([`engine::ApiKey`]) and TLS ([`engine::TlsError`] for unusable files).
-//! - [`load`]: the workload generator ([`load::run`] with a [`load::LoadConfig`]), including
+//! - [`load`]: the workload generator ([`load::run`] with a [`load::LoadgenConfig`]), including
 //!   trace replay and its oracles ([`load::trace_oracle`]).
 //! - [`tokens`]: the engine's request preparation: chat-template rendering (router-chat-template,
 //!   which the router renders with too) and tokenization.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use router_sim::engine::{self, ApiKey, EngineConfig, Exit, Faults, KvFormat};
-use router_sim::load::{self, Arrival, LoadConfig, Pace, SessionSpec, TraceSpec, Workload};
+use router_sim::load::{self, Arrival, LoadgenConfig, Pace, SessionSpec, TraceSpec, Workload};
 use router_workers::Stage;
 use tokio_util::sync::CancellationToken;
 
@@ -262,8 +262,8 @@ struct LoadArgs {
 }
 
 impl LoadArgs {
-    fn config(&self) -> anyhow::Result<LoadConfig> {
-        let mut config = LoadConfig::new(&self.target, &self.model);
+    fn config(&self) -> anyhow::Result<LoadgenConfig> {
+        let mut config = LoadgenConfig::new(&self.target, &self.model);
         if let Some(secs) = self.duration {
             anyhow::ensure!(
                 secs.is_finite() && secs > 0.0,

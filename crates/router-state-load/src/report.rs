@@ -76,7 +76,7 @@ impl EngineStatus {
 
 /// The numbers of one data-parallel rank at one moment, as an engine states them.
 ///
-/// Used both by engines (what a [`crate::reporter::LoadSnapshotSource`] returns) and by the
+/// Used both by engines (what a [`crate::reporter::EngineSnapshotSource`] returns) and by the
 /// router (what a received [`Report`] carries). `None` means the engine did not say, never zero.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct RankSample {

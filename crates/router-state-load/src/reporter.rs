@@ -1,5 +1,5 @@
 //! The engine side of load reporting: a tonic `LoadReporter` service that an engine, a sidecar
-//! beside it, or the simulator runs, fed by a [`LoadSnapshotSource`].
+//! beside it, or the simulator runs, fed by a [`EngineSnapshotSource`].
 //!
 //! The service answers each `Subscribe` call with a report at once and then one per interval
 //! the router asked for (clamped to [`ReporterConfig`]'s bounds), reports again at once when the
@@ -10,10 +10,10 @@
 //!
 //! ```no_run
 //! # use std::sync::Arc;
-//! # use router_state_load::reporter::{self, EngineSnapshot, LoadSnapshotSource};
+//! # use router_state_load::reporter::{self, EngineSnapshot, EngineSnapshotSource};
 //! # use router_state_load::{EngineStatus, RankSample};
 //! # async fn run() -> Result<(), reporter::ServeError> {
-//! let source: Arc<dyn LoadSnapshotSource> = Arc::new(|| EngineSnapshot {
+//! let source: Arc<dyn EngineSnapshotSource> = Arc::new(|| EngineSnapshot {
 //!     status: EngineStatus::Serving,
 //!     dp_size: 1,
 //!     ranks: vec![RankSample::basic(0, 3, 1, 4096, 65536)],
@@ -59,12 +59,12 @@ pub struct EngineSnapshot {
 
 /// Where the service gets the engine's current numbers. Called once per report sent, on the
 /// async runtime, so it must be cheap and must not block.
-pub trait LoadSnapshotSource: Send + Sync + 'static {
+pub trait EngineSnapshotSource: Send + Sync + 'static {
     /// The engine's numbers now.
     fn snapshot(&self) -> EngineSnapshot;
 }
 
-impl<F> LoadSnapshotSource for F
+impl<F> EngineSnapshotSource for F
 where
     F: Fn() -> EngineSnapshot + Send + Sync + 'static,
 {
@@ -127,7 +127,7 @@ pub enum ServeError {
 }
 
 struct Shared {
-    source: Arc<dyn LoadSnapshotSource>,
+    source: Arc<dyn EngineSnapshotSource>,
     config: ReporterConfig,
     sequence: AtomicU64,
     subscribers: AtomicUsize,
@@ -152,7 +152,7 @@ impl fmt::Debug for LoadReporterService {
 
 impl LoadReporterService {
     /// A service reporting what `source` returns.
-    pub fn new(source: Arc<dyn LoadSnapshotSource>, config: ReporterConfig) -> Self {
+    pub fn new(source: Arc<dyn EngineSnapshotSource>, config: ReporterConfig) -> Self {
         Self {
             shared: Arc::new(Shared {
                 source,
@@ -323,7 +323,7 @@ async fn stream_reports(
 /// Serves the reporter with default settings on `addr` until `cancel` fires.
 pub async fn serve(
     addr: SocketAddr,
-    source: Arc<dyn LoadSnapshotSource>,
+    source: Arc<dyn EngineSnapshotSource>,
     cancel: CancellationToken,
 ) -> Result<(), ServeError> {
     let listener =

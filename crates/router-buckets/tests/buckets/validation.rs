@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use router_buckets::{
     Bucket, BucketError, BucketGroups, BucketResolver, BucketSpec, EngineGroup, GroupError,
-    MembershipError, ResolverError, TokenLimits,
+    MembershipError, ResolverBuildError, TokenLimits,
 };
 use router_policies::Policy;
 use router_workers::{ModelId, Stage};
@@ -109,7 +109,7 @@ fn buckets_reject_bad_ids_ranges_and_slots() {
 fn resolvers_reject_no_buckets_duplicates_and_mixed_kinds() {
     let model = model();
     let err = BucketResolver::new(model.clone(), Vec::new()).expect_err("empty");
-    assert_eq!(err, ResolverError::NoBuckets { model: model.clone() });
+    assert_eq!(err, ResolverBuildError::NoBuckets { model: model.clone() });
 
     let err = BucketResolver::new(
         model.clone(),
@@ -120,7 +120,7 @@ fn resolvers_reject_no_buckets_duplicates_and_mixed_kinds() {
         ],
     )
     .expect_err("duplicate");
-    assert_eq!(err, ResolverError::DuplicateId { model: model.clone(), id: "a".into() });
+    assert_eq!(err, ResolverBuildError::DuplicateId { model: model.clone(), id: "a".into() });
     assert_eq!(err.to_string(), "model llama: duplicate bucket id a");
 
     let first = Scripted::first();
@@ -132,7 +132,10 @@ fn resolvers_reject_no_buckets_duplicates_and_mixed_kinds() {
         ],
     )
     .expect_err("mixed");
-    assert_eq!(err, ResolverError::MixedKinds { model, plain: "plain".into(), pd: "pd".into() });
+    assert_eq!(
+        err,
+        ResolverBuildError::MixedKinds { model, plain: "plain".into(), pd: "pd".into() }
+    );
 
     let resolver = BucketResolver::new(
         ModelId::new("qwen"),

@@ -566,7 +566,7 @@ fn prefix_source(
 
 /// A policy type with its tuning.
 #[derive(Clone, Debug, PartialEq)]
-pub enum PolicyKind {
+pub enum PolicySettings {
     /// `round_robin`
     RoundRobin,
     /// `random`
@@ -585,18 +585,18 @@ pub enum PolicyKind {
     PredictedTtft(Box<PredictedTtftSettings>),
 }
 
-impl PolicyKind {
+impl PolicySettings {
     /// The type of this kind.
     pub fn policy_type(&self) -> PolicyType {
         match self {
-            PolicyKind::RoundRobin => PolicyType::RoundRobin,
-            PolicyKind::Random => PolicyType::Random,
-            PolicyKind::PowerOfTwo => PolicyType::PowerOfTwo,
-            PolicyKind::LoadBased => PolicyType::LoadBased,
-            PolicyKind::SessionAware => PolicyType::SessionAware,
-            PolicyKind::Sticky(_) => PolicyType::Sticky,
-            PolicyKind::CacheAware(_) => PolicyType::CacheAware,
-            PolicyKind::PredictedTtft(_) => PolicyType::PredictedTtft,
+            PolicySettings::RoundRobin => PolicyType::RoundRobin,
+            PolicySettings::Random => PolicyType::Random,
+            PolicySettings::PowerOfTwo => PolicyType::PowerOfTwo,
+            PolicySettings::LoadBased => PolicyType::LoadBased,
+            PolicySettings::SessionAware => PolicyType::SessionAware,
+            PolicySettings::Sticky(_) => PolicyType::Sticky,
+            PolicySettings::CacheAware(_) => PolicyType::CacheAware,
+            PolicySettings::PredictedTtft(_) => PolicyType::PredictedTtft,
         }
     }
 }
@@ -605,14 +605,14 @@ impl PolicyKind {
 #[derive(Clone, Debug, PartialEq)]
 pub struct PolicyConfig {
     /// Type and tuning.
-    pub kind: PolicyKind,
+    pub kind: PolicySettings,
     /// Hard per-engine caps; the default admits everything.
     pub admission: AdmissionLimits,
 }
 
 impl PolicyConfig {
     /// `kind` with default admission.
-    pub fn new(kind: PolicyKind) -> Self {
+    pub fn new(kind: PolicySettings) -> Self {
         Self { kind, admission: AdmissionLimits::default() }
     }
 
@@ -625,8 +625,8 @@ impl PolicyConfig {
     /// (`cache_aware`, `predicted_ttft`), `None` for the others.
     pub fn prefix_provider(&self) -> Option<CachePrefixProvider> {
         match &self.kind {
-            PolicyKind::CacheAware(settings) => Some(settings.cache_prefix_provider),
-            PolicyKind::PredictedTtft(settings) => Some(settings.cache_prefix_provider),
+            PolicySettings::CacheAware(settings) => Some(settings.cache_prefix_provider),
+            PolicySettings::PredictedTtft(settings) => Some(settings.cache_prefix_provider),
             _ => None,
         }
     }
@@ -634,8 +634,8 @@ impl PolicyConfig {
     /// Checks ranges and combinations (deserialization already did).
     pub fn validate(&self) -> Result<(), ConfigError> {
         match &self.kind {
-            PolicyKind::CacheAware(settings) => settings.validate(),
-            PolicyKind::PredictedTtft(settings) => settings.validate(),
+            PolicySettings::CacheAware(settings) => settings.validate(),
+            PolicySettings::PredictedTtft(settings) => settings.validate(),
             _ => Ok(()),
         }
     }
@@ -655,30 +655,30 @@ impl PolicyConfig {
         let checked =
             |admission: Arc<dyn EngineAdmission>| AdmissionCheck::new(admission, load.clone());
         Ok(match &self.kind {
-            PolicyKind::RoundRobin => match admission {
+            PolicySettings::RoundRobin => match admission {
                 None => Arc::new(RoundRobinPolicy::new()),
                 Some(a) => Arc::new(RoundRobinPolicy::new().with_admission(checked(a))),
             },
-            PolicyKind::Random => match admission {
+            PolicySettings::Random => match admission {
                 None => Arc::new(RandomPolicy::new()),
                 Some(a) => Arc::new(RandomPolicy::new().with_admission(checked(a))),
             },
-            PolicyKind::PowerOfTwo => match admission {
+            PolicySettings::PowerOfTwo => match admission {
                 None => Arc::new(PowerOfTwoPolicy::new(load)),
                 Some(a) => Arc::new(PowerOfTwoPolicy::new(load).with_admission(a)),
             },
-            PolicyKind::LoadBased => match admission {
+            PolicySettings::LoadBased => match admission {
                 None => Arc::new(LeastLoadPolicy::new(load)),
                 Some(a) => Arc::new(LeastLoadPolicy::new(load).with_admission(a)),
             },
-            PolicyKind::SessionAware => {
+            PolicySettings::SessionAware => {
                 let policy = SessionAwarePolicy::new(Arc::clone(&handles.sessions), load);
                 match admission {
                     None => Arc::new(policy),
                     Some(a) => Arc::new(policy.with_admission(a)),
                 }
             }
-            PolicyKind::Sticky(settings) => {
+            PolicySettings::Sticky(settings) => {
                 let fallback = settings.fallback.build(handles);
                 let policy = StickyPolicy::new(Arc::clone(&handles.routing_keys), fallback);
                 match admission {
@@ -686,7 +686,7 @@ impl PolicyConfig {
                     Some(a) => Arc::new(policy.with_admission(checked(a))),
                 }
             }
-            PolicyKind::CacheAware(settings) => {
+            PolicySettings::CacheAware(settings) => {
                 let source = prefix_source(
                     handles,
                     PolicyType::CacheAware,
@@ -699,7 +699,7 @@ impl PolicyConfig {
                     Some(a) => Arc::new(policy.with_admission(a)),
                 }
             }
-            PolicyKind::PredictedTtft(settings) => {
+            PolicySettings::PredictedTtft(settings) => {
                 let source = prefix_source(
                     handles,
                     PolicyType::PredictedTtft,

@@ -6,7 +6,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 
 use super::{
-    AdmissionLimits, CacheAwareSettings, ConfigError, PolicyConfig, PolicyKind, PolicyType,
+    AdmissionLimits, CacheAwareSettings, ConfigError, PolicyConfig, PolicySettings, PolicyType,
     PredictedTtftSettings, StickySettings, removed_policy_type, removed_setting,
 };
 
@@ -143,16 +143,16 @@ impl Raw {
             }
         }
         let kind = match policy {
-            PolicyType::RoundRobin => PolicyKind::RoundRobin,
-            PolicyType::Random => PolicyKind::Random,
-            PolicyType::PowerOfTwo => PolicyKind::PowerOfTwo,
-            PolicyType::LoadBased => PolicyKind::LoadBased,
-            PolicyType::SessionAware => PolicyKind::SessionAware,
-            PolicyType::Sticky => PolicyKind::Sticky(self.sticky),
+            PolicyType::RoundRobin => PolicySettings::RoundRobin,
+            PolicyType::Random => PolicySettings::Random,
+            PolicyType::PowerOfTwo => PolicySettings::PowerOfTwo,
+            PolicyType::LoadBased => PolicySettings::LoadBased,
+            PolicyType::SessionAware => PolicySettings::SessionAware,
+            PolicyType::Sticky => PolicySettings::Sticky(self.sticky),
             PolicyType::PredictedTtft => {
-                PolicyKind::PredictedTtft(Box::new(self.predicted.with_source_of(&self.cache)))
+                PolicySettings::PredictedTtft(Box::new(self.predicted.with_source_of(&self.cache)))
             }
-            PolicyType::CacheAware => PolicyKind::CacheAware(Box::new(self.cache)),
+            PolicyType::CacheAware => PolicySettings::CacheAware(Box::new(self.cache)),
         };
         let config = PolicyConfig { kind, admission: self.admission.unwrap_or_default() };
         config.validate()?;

@@ -51,7 +51,7 @@ fn only_prefix_reading_types_have_a_prefix_provider() {
 #[test]
 fn cache_aware_defaults_are_the_reference_ones() {
     let config = yaml("type: cache_aware").expect("valid");
-    let PolicyKind::CacheAware(settings) = config.kind else { panic!("{config:?}") };
+    let PolicySettings::CacheAware(settings) = config.kind else { panic!("{config:?}") };
     assert_eq!(settings.cache_prefix_provider, CachePrefixProvider::RadixTree);
     assert_eq!(settings.cache_affinity_min_matched_tokens, 1024);
     assert_eq!(settings.cache_affinity_min_matched_ratio, None);
@@ -74,7 +74,7 @@ fn cache_aware_defaults_are_the_reference_ones() {
 #[test]
 fn sticky_fallback_defaults_to_round_robin_and_takes_the_four_choices() {
     let config = yaml("type: sticky").expect("valid");
-    assert_eq!(config.kind, PolicyKind::Sticky(StickySettings::default()));
+    assert_eq!(config.kind, PolicySettings::Sticky(StickySettings::default()));
     assert_eq!(StickySettings::default().fallback, StickyFallback::RoundRobin);
     for (name, fallback) in [
         ("round_robin", StickyFallback::RoundRobin),
@@ -83,7 +83,7 @@ fn sticky_fallback_defaults_to_round_robin_and_takes_the_four_choices() {
         ("load_based", StickyFallback::LoadBased),
     ] {
         let config = yaml(&format!("{{type: sticky, fallback: {name}}}")).expect(name);
-        assert_eq!(config.kind, PolicyKind::Sticky(StickySettings { fallback }));
+        assert_eq!(config.kind, PolicySettings::Sticky(StickySettings { fallback }));
     }
     let err = yaml("{type: sticky, fallback: cache_aware}").expect_err("not a fallback");
     assert!(err.contains("fallback: unknown variant `cache_aware`"), "{err}");
@@ -107,7 +107,7 @@ pressure_abs_threshold_ms: 50
     assert_eq!(config.admission.max_running_requests, Some(64));
     assert_eq!(config.admission.max_kv_tokens, Some(1_048_576));
     assert_eq!(config.admission.max_inflight_requests, None);
-    let PolicyKind::CacheAware(settings) = config.kind else { panic!("{config:?}") };
+    let PolicySettings::CacheAware(settings) = config.kind else { panic!("{config:?}") };
     assert_eq!(settings.cache_prefix_provider, CachePrefixProvider::Indexer);
     assert_eq!(settings.kv_indexer_endpoint.len(), 2);
     assert_eq!(settings.cache_affinity_min_matched_ratio, Some(0.25));
@@ -119,7 +119,7 @@ pressure_abs_threshold_ms: 50
     let single =
         yaml("{type: cache_aware, cache_prefix_provider: indexer, kv_indexer_endpoint: \"h:1\"}")
             .expect("one address");
-    let PolicyKind::CacheAware(settings) = single.kind else { panic!("{single:?}") };
+    let PolicySettings::CacheAware(settings) = single.kind else { panic!("{single:?}") };
     assert_eq!(settings.kv_indexer_endpoint, vec!["h:1".to_owned()]);
 }
 
@@ -324,7 +324,7 @@ fn json_is_accepted_too() {
 fn programmatic_configs_are_validated_too() {
     let settings =
         CacheAwareSettings { pressure_rel_threshold: 0.5, ..CacheAwareSettings::default() };
-    let config = PolicyConfig::new(PolicyKind::CacheAware(Box::new(settings)));
+    let config = PolicyConfig::new(PolicySettings::CacheAware(Box::new(settings)));
     let err = config.validate().expect_err("rel threshold below 1");
     assert!(
         matches!(err, ConfigError::InvalidValue { ref field, .. } if field == "policy.pressure_rel_threshold")
@@ -348,7 +348,7 @@ fn predicted_ttft_reads_its_settings_and_the_shared_source_fields() {
         "{type: predicted_ttft, default_prefill_tokens_per_sec: 20000, near_tie_ratio: 0.1, near_tie_ms: 2, cache_prefix_provider: indexer, kv_indexer_endpoint: 'http://127.0.0.1:9'}",
     )
     .expect("valid");
-    let PolicyKind::PredictedTtft(settings) = &config.kind else { panic!("{config:?}") };
+    let PolicySettings::PredictedTtft(settings) = &config.kind else { panic!("{config:?}") };
     assert_eq!(settings.default_prefill_tokens_per_sec, 20_000.0);
     assert_eq!((settings.near_tie_ratio, settings.near_tie_ms), (0.1, 2.0));
     assert_eq!(settings.cache_prefix_provider, CachePrefixProvider::Indexer);

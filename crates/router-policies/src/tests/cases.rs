@@ -7,7 +7,7 @@ use super::doubles::running_cap;
 use super::fixtures::{
     Engine, Fleet, Load, Numbers, basic, engine, native, native_cap, native_queued,
 };
-use crate::{AdmissionLimits, Limit, PickError, PickReason, PolicyConfig, PolicyKind};
+use crate::{AdmissionLimits, Limit, PickError, PickReason, PolicyConfig, PolicySettings};
 
 #[derive(Debug)]
 enum Expect {
@@ -52,7 +52,7 @@ fn heavy() -> Load {
 
 /// Builds `kind` with the case's admission over a fleet of the case's engines and checks the
 /// outcome. Runs several times: the expectations hold whichever order the engines are sampled.
-fn run(kind: &PolicyKind, cases: &[Case], repeats: usize) {
+fn run(kind: &PolicySettings, cases: &[Case], repeats: usize) {
     for case in cases {
         let fleet = Fleet::new(case.stage, &case.engines);
         let config = PolicyConfig { kind: kind.clone(), admission: case.admission };
@@ -289,7 +289,7 @@ fn power_of_two_fixtures() {
         .admission(running_cap(5)),
         case("no candidates", plain, vec![], NoCandidates).admission(running_cap(0)),
     ];
-    run(&PolicyKind::PowerOfTwo, &cases, 16);
+    run(&PolicySettings::PowerOfTwo, &cases, 16);
 }
 
 #[test]
@@ -433,7 +433,7 @@ fn least_load_fixtures() {
         .admission(running_cap(5)),
         case("no candidates", decode, vec![], NoCandidates).admission(running_cap(0)),
     ];
-    run(&PolicyKind::LoadBased, &cases, 1);
+    run(&PolicySettings::LoadBased, &cases, 1);
 }
 
 #[test]
@@ -457,8 +457,8 @@ fn round_robin_and_random_fixtures() {
             case("no candidates", Stage::Prefill, vec![], NoCandidates).admission(running_cap(0)),
         ]
     };
-    run(&PolicyKind::RoundRobin, &one(PickReason::OnlyCandidate), 3);
-    run(&PolicyKind::Random, &one(PickReason::OnlyCandidate), 3);
+    run(&PolicySettings::RoundRobin, &one(PickReason::OnlyCandidate), 3);
+    run(&PolicySettings::Random, &one(PickReason::OnlyCandidate), 3);
 }
 
 #[test]
@@ -467,7 +467,7 @@ fn round_robin_rotates_and_admits_the_engine_it_reached() {
         Stage::Decode,
         &[engine("a", zero()), engine("b", native(9, 0, 0, 0)), engine("c", zero())],
     );
-    let config = PolicyConfig { kind: PolicyKind::RoundRobin, admission: running_cap(5) };
+    let config = PolicyConfig { kind: PolicySettings::RoundRobin, admission: running_cap(5) };
     let policy = config.build(&fleet.handles()).expect("buildable");
     let mut seen = Vec::new();
     for _ in 0..6 {
@@ -486,7 +486,7 @@ fn round_robin_rotates_and_admits_the_engine_it_reached() {
 #[test]
 fn random_reports_its_reason_and_admits_its_draw() {
     let fleet = Fleet::new(Stage::Plain, &[engine("a", native(9, 0, 0, 0)), engine("b", zero())]);
-    let config = PolicyConfig { kind: PolicyKind::Random, admission: running_cap(5) };
+    let config = PolicyConfig { kind: PolicySettings::Random, admission: running_cap(5) };
     let policy = config.build(&fleet.handles()).expect("buildable");
     let (mut picked, mut rejected) = (0, 0);
     for _ in 0..64 {

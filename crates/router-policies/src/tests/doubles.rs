@@ -5,14 +5,14 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use router_workers::{Worker, WorkerId};
 
-use crate::{AdmissionLimits, EngineAdmission, EngineMetrics, Rejection};
+use crate::{AdmissionLimits, EngineAdmission, EngineObservation, Rejection};
 
 /// Admission limits that record every engine they were asked about, in order, with the
 /// metrics they were given.
 #[derive(Debug, Default)]
 pub(crate) struct Recording {
     pub(crate) limits: AdmissionLimits,
-    pub(crate) seen: Mutex<Vec<(WorkerId, EngineMetrics)>>,
+    pub(crate) seen: Mutex<Vec<(WorkerId, EngineObservation)>>,
 }
 
 impl Recording {
@@ -32,7 +32,7 @@ impl Recording {
 }
 
 impl EngineAdmission for Recording {
-    fn check(&self, engine: &Worker, metrics: &EngineMetrics) -> Result<(), Rejection> {
+    fn check(&self, engine: &Worker, metrics: &EngineObservation) -> Result<(), Rejection> {
         self.seen.lock().push((engine.id().clone(), *metrics));
         self.limits.check(engine, metrics)
     }

@@ -15,8 +15,8 @@ use doubles::{Recording, running_cap};
 use fixtures::{Fleet, Load, basic, engine, native};
 
 use crate::{
-    ConfigError, EngineMetrics, LeastLoadPolicy, PickError, PickReason, PolicyConfig, PolicyKind,
-    PolicyType, PowerOfTwoPolicy, StickyFallback, pick_fallback,
+    ConfigError, EngineObservation, LeastLoadPolicy, PickError, PickReason, PolicyConfig,
+    PolicySettings, PolicyType, PowerOfTwoPolicy, StickyFallback,
 };
 
 #[test]
@@ -32,14 +32,14 @@ fn metrics_come_only_from_a_usable_report() {
     let snapshot = fleet.table.snapshot();
     let get = |i: usize| snapshot.get(fleet.workers[i].id());
 
-    let missing = EngineMetrics::observe(get(0), 2);
-    assert_eq!(missing, EngineMetrics { inflight_requests: 2, ..EngineMetrics::default() });
+    let missing = EngineObservation::observe(get(0), 2);
+    assert_eq!(missing, EngineObservation { inflight_requests: 2, ..EngineObservation::default() });
 
-    let basic = EngineMetrics::observe(get(1), 1);
+    let basic = EngineObservation::observe(get(1), 1);
     assert_eq!(get(1).map(|l| l.kind), Some(ReportKind::Basic));
     assert_eq!(
         basic,
-        EngineMetrics {
+        EngineObservation {
             running_requests: Some(3),
             waiting_requests: Some(4),
             kv_tokens: None,
@@ -49,10 +49,10 @@ fn metrics_come_only_from_a_usable_report() {
     );
 
     // The fixture reports total KV tokens as used + uncached.
-    let native = EngineMetrics::observe(get(2), 0);
+    let native = EngineObservation::observe(get(2), 0);
     assert_eq!(
         native,
-        EngineMetrics {
+        EngineObservation {
             running_requests: Some(3),
             waiting_requests: Some(4),
             kv_tokens: Some(11),
@@ -117,10 +117,10 @@ fn construction_covers_the_load_policies_and_cache_aware() {
     let fleet = Fleet::new(Stage::Plain, &[engine("a", Load::Missing)]);
     let handles = fleet.handles();
     for (kind, name) in [
-        (PolicyKind::RoundRobin, "round_robin"),
-        (PolicyKind::Random, "random"),
-        (PolicyKind::PowerOfTwo, "power_of_two"),
-        (PolicyKind::LoadBased, "load_based"),
+        (PolicySettings::RoundRobin, "round_robin"),
+        (PolicySettings::Random, "random"),
+        (PolicySettings::PowerOfTwo, "power_of_two"),
+        (PolicySettings::LoadBased, "load_based"),
     ] {
         let policy = PolicyConfig::new(kind).build(&handles).expect(name);
         assert_eq!(policy.name(), name);
@@ -148,9 +148,12 @@ fn construction_covers_the_load_policies_and_cache_aware() {
 #[test]
 fn configured_admission_is_attached() {
     let fleet = Fleet::new(Stage::Plain, &[engine("a", native(9, 0, 0, 0))]);
-    for kind in
-        [PolicyKind::RoundRobin, PolicyKind::Random, PolicyKind::PowerOfTwo, PolicyKind::LoadBased]
-    {
+    for kind in [
+        PolicySettings::RoundRobin,
+        PolicySettings::Random,
+        PolicySettings::PowerOfTwo,
+        PolicySettings::LoadBased,
+    ] {
         let unlimited = PolicyConfig::new(kind.clone()).build(&fleet.handles()).expect("valid");
         assert!(fleet.pick(unlimited.as_ref(), 1).is_ok());
         let capped = PolicyConfig { kind, admission: running_cap(9) };
@@ -178,27 +181,4 @@ fn sticky_fallbacks_are_built_without_admission() {
         let pick = fleet.pick(policy.as_ref(), 1).expect("no admission in a fallback");
         assert!(fleet.workers.iter().any(|w| Arc::ptr_eq(w, &pick.worker)), "{request_stage}");
     }
-}
-
-#[test]
-fn pick_fallback_runs_the_nested_policy() {
-    let fleet = Fleet::new(
-        Stage::Plain,
-        &[engine("a", Load::Missing).inflight(1), engine("b", Load::Missing)],
-    );
-    let fallback = LeastLoadPolicy::new(fleet.load());
-    let request = crate::PickRequest {
-        model: &fleet.model,
-        stage: Stage::Plain,
-        bucket: "b",
-        input_tokens: 1,
-        expected_peak_tokens: None,
-        tokens: None,
-        session_key: None,
-        routing_key: None,
-    };
-    let pick = futures::FutureExt::now_or_never(pick_fallback(&fallback, &fleet.workers, &request))
-        .expect("ready")
-        .expect("picked");
-    assert_eq!((pick.worker.id().as_str(), pick.reason), ("b", PickReason::LeastLocalLoad));
 }

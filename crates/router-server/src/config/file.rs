@@ -1,7 +1,9 @@
 //! The configuration file: types, defaults and parsing (YAML, or JSON which YAML accepts).
 //!
 //! Unknown fields are errors everywhere; parse errors name the field path
-//! (`models[0].buckets[1].limits.max`).
+//! (`models[0].buckets[1].limits.max`). A top-level section is a `*Section` (`ServerSection`,
+//! `AffinitySection`, ...), so it never reads like the domain crate's own settings
+//! (`router_affinity::AffinityConfig`); an entry inside one is a `*Config` (`BucketConfig`).
 
 use std::path::{Path, PathBuf};
 
@@ -9,8 +11,8 @@ use router_policies::PolicyConfig;
 use router_workers::{ApiKey, WorkerSpec};
 use serde::{Deserialize, Serialize};
 
-use crate::health::HealthConfig;
-use crate::retry::RetryConfig;
+use crate::health::HealthSection;
+use crate::retry::RetrySection;
 
 /// The whole configuration file.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -18,16 +20,16 @@ use crate::retry::RetryConfig;
 pub struct ConfigFile {
     /// Listener, limits and operations.
     #[serde(default)]
-    pub server: ServerConfig,
+    pub server: ServerSection,
     /// Engine health checks and the circuit breaker.
     #[serde(default)]
-    pub health: HealthConfig,
+    pub health: HealthSection,
     /// Load-report settings.
     #[serde(default)]
-    pub load: LoadConfig,
+    pub load: LoadSection,
     /// KV-event settings.
     #[serde(default)]
-    pub kv: KvConfig,
+    pub kv: KvSection,
     /// Served models, each with its engines and buckets.
     #[serde(default)]
     pub models: Vec<ModelConfig>,
@@ -36,7 +38,7 @@ pub struct ConfigFile {
 /// `server`: listener, limits and operations.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct ServerConfig {
+pub struct ServerSection {
     /// Listen address (`--host` overrides).
     pub host: String,
     /// Listen port (`--port` overrides).
@@ -82,14 +84,14 @@ pub struct ServerConfig {
     /// reading its stream) closes the connection, which cancels the engine request.
     pub client_write_timeout_secs: u64,
     /// Retries of dispatches to engines that could not be reached.
-    pub retry: RetryConfig,
+    pub retry: RetrySection,
     /// Speak HTTP/2 with prior knowledge (h2c) to engines instead of HTTP/1.1.
     pub upstream_http2: bool,
     /// Emit logs as JSON lines.
     pub log_json: bool,
 }
 
-impl Default for ServerConfig {
+impl Default for ServerSection {
     fn default() -> Self {
         Self {
             host: "127.0.0.1".to_owned(),
@@ -108,7 +110,7 @@ impl Default for ServerConfig {
             header_read_timeout_secs: 30,
             body_read_timeout_secs: 60,
             client_write_timeout_secs: 60,
-            retry: RetryConfig::default(),
+            retry: RetrySection::default(),
             upstream_http2: false,
             log_json: false,
         }
@@ -118,14 +120,14 @@ impl Default for ServerConfig {
 /// `load`: how engine load reports are judged.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct LoadConfig {
+pub struct LoadSection {
     /// Interval the router asks reporters to stream at, in milliseconds.
     pub report_interval_ms: u64,
     /// A report older than this (by receipt time) is stale, in milliseconds.
     pub stale_after_ms: u64,
 }
 
-impl Default for LoadConfig {
+impl Default for LoadSection {
     fn default() -> Self {
         Self { report_interval_ms: 500, stale_after_ms: 3000 }
     }
@@ -134,7 +136,7 @@ impl Default for LoadConfig {
 /// `kv`: the KV-event index.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct KvConfig {
+pub struct KvSection {
     /// Upper bound on radix-tree nodes across models, split evenly between them.
     pub max_index_nodes: usize,
     /// How long a dispatched request's blocks count as predicted entries on its engine before
@@ -144,7 +146,7 @@ pub struct KvConfig {
     pub predicted_max_blocks_per_worker: usize,
 }
 
-impl Default for KvConfig {
+impl Default for KvSection {
     fn default() -> Self {
         Self {
             max_index_nodes: 4_000_000,
@@ -154,7 +156,7 @@ impl Default for KvConfig {
     }
 }
 
-impl KvConfig {
+impl KvSection {
     /// The predicted-entry settings, `None` when they are off.
     pub fn predictions(&self) -> Option<router_state_kv::PredictionConfig> {
         (self.predicted_ttl_ms > 0 && self.predicted_max_blocks_per_worker > 0).then(|| {
@@ -182,7 +184,7 @@ pub struct ModelConfig {
     pub chat_template: Option<PathBuf>,
     /// Session and routing-key headers and binding expiry.
     #[serde(default)]
-    pub affinity: AffinityConfig,
+    pub affinity: AffinitySection,
     /// The engines serving this model.
     #[serde(default)]
     pub workers: Vec<WorkerSpec>,
@@ -194,7 +196,7 @@ pub struct ModelConfig {
 /// `affinity` of a model.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
-pub struct AffinityConfig {
+pub struct AffinitySection {
     /// Header carrying the session id.
     pub session_id_header: String,
     /// Header carrying the routing key.
@@ -215,7 +217,7 @@ pub struct AffinityConfig {
     pub max_entries: usize,
 }
 
-impl Default for AffinityConfig {
+impl Default for AffinitySection {
     fn default() -> Self {
         Self {
             session_id_header: "x-session-id".to_owned(),
@@ -229,7 +231,7 @@ impl Default for AffinityConfig {
     }
 }
 
-impl AffinityConfig {
+impl AffinitySection {
     /// Idle expiry of session bindings, in seconds, with the key that set it.
     pub fn session_idle_secs(&self) -> (u64, &'static str) {
         match self.session_idle_timeout_secs {
@@ -313,7 +315,7 @@ pub struct GroupConfig {
 }
 
 fn default_policy() -> PolicyConfig {
-    PolicyConfig::new(router_policies::PolicyKind::RoundRobin)
+    PolicyConfig::new(router_policies::PolicySettings::RoundRobin)
 }
 
 /// A configuration that could not be read or parsed.

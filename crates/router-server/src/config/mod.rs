@@ -20,8 +20,8 @@ use router_workers::{ApiKey, ModelId, Stage, Worker, WorkerId, WorkerRegistry, W
 
 pub use cli::{Cli, Command, ServeArgs, reject_dropped_options};
 pub use file::{
-    AffinityConfig, BucketConfig, ConfigFile, GroupConfig, GroupsConfig, KvConfig, LimitsConfig,
-    LoadConfig, ModelConfig, ParseError, PdGroupsConfig, ServerConfig,
+    AffinitySection, BucketConfig, ConfigFile, GroupConfig, GroupsConfig, KvSection, LimitsConfig,
+    LoadSection, ModelConfig, ParseError, PdGroupsConfig, ServerSection,
 };
 
 use crate::prepare::Tokenization;
@@ -54,7 +54,7 @@ pub struct ModelRuntime {
     /// Tokenizer and chat template, when configured.
     pub tokenization: Option<Arc<Tokenization>>,
     /// Affinity headers and expiry.
-    pub affinity: AffinityConfig,
+    pub affinity: AffinitySection,
 }
 
 impl fmt::Debug for ModelRuntime {

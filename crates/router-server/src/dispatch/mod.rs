@@ -40,7 +40,7 @@ const WHOLE_ANSWER_LIMIT: usize = 64 * 1024 * 1024;
 
 /// One request on its way to the engines of a selection.
 #[derive(Clone, Copy)]
-pub struct Dispatch<'a> {
+pub(crate) struct Dispatch<'a> {
     /// How to talk to the engines.
     pub exchange: Exchange<'a>,
     /// The prepared request.
@@ -56,7 +56,7 @@ pub struct Dispatch<'a> {
 /// What one exchange with an engine needs: the shared services, the request id and whether
 /// the client asked for a stream.
 #[derive(Clone, Copy)]
-pub struct Exchange<'a> {
+pub(crate) struct Exchange<'a> {
     /// The shared services.
     pub ctx: &'a Arc<AppContext>,
     /// Sent to the engines as `x-request-id`.
@@ -68,7 +68,7 @@ pub struct Exchange<'a> {
 impl Dispatch<'_> {
     /// Sends the request to `pick`'s engines and returns the client's response, labelled with
     /// the engines and the bucket.
-    pub async fn run(self, pick: BucketPick) -> Result<Response, ApiError> {
+    pub(crate) async fn run(self, pick: BucketPick) -> Result<Response, ApiError> {
         let mut response = match pick {
             BucketPick::Plain(pick) => plain::dispatch(self, pick).await?,
             BucketPick::Pd { prefill, decode } => pd::dispatch(self, prefill, decode).await?,

@@ -22,18 +22,18 @@ use super::{Dispatch, Exchange, counted, header_value, read_snippet};
 use crate::error::{ApiError, Chain, EngineError};
 
 /// SGLang's default bootstrap port, used when a prefill worker does not name one.
-pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
+pub(super) const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
 
 /// How long a decode engine's 5xx waits for its prefill partner's failure to explain it.
 const PARTNER_GRACE: Duration = Duration::from_secs(2);
 
 /// A random 63-bit bootstrap room, as SGLang expects.
-pub fn bootstrap_room() -> u64 {
+pub(super) fn bootstrap_room() -> u64 {
     rand::random::<u64>() >> 1
 }
 
 /// The body both engines get: the client's plus the bootstrap fields.
-pub fn with_bootstrap(
+pub(super) fn with_bootstrap(
     body: &serde_json::Map<String, serde_json::Value>,
     prefill: &Worker,
     room: u64,

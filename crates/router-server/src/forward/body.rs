@@ -31,7 +31,7 @@ use crate::metrics;
 const COALESCE_LIMIT: usize = 64 * 1024;
 
 /// An engine's streamed (SSE) response body on its way to the client.
-pub struct GuardedBody<B: Body = hyper::body::Incoming> {
+pub(crate) struct GuardedBody<B: Body = hyper::body::Incoming> {
     inner: B,
     guards: Vec<InflightGuard>,
     worker: Arc<Worker>,
@@ -48,7 +48,7 @@ pub struct GuardedBody<B: Body = hyper::body::Incoming> {
 
 impl<B: Body> GuardedBody<B> {
     /// Wraps an engine's streamed body. `idle_limit` bounds the silence between two frames.
-    pub fn new(
+    pub(crate) fn new(
         inner: B,
         guards: Vec<InflightGuard>,
         worker: Arc<Worker>,
@@ -254,14 +254,14 @@ impl Idle {
 
 /// A response body that runs a callback once, as its first data frame passes (the client's
 /// time to first token, for comparing a policy's prediction with what happened).
-pub struct FirstByte<B> {
+pub(crate) struct FirstByte<B> {
     inner: B,
     on_first: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl<B> FirstByte<B> {
     /// `inner`, calling `on_first` when its first data frame is polled.
-    pub fn new(inner: B, on_first: impl FnOnce() + Send + 'static) -> Self {
+    pub(crate) fn new(inner: B, on_first: impl FnOnce() + Send + 'static) -> Self {
         Self { inner, on_first: Some(Box::new(on_first)) }
     }
 }
@@ -295,7 +295,7 @@ impl<B: Body<Data = Bytes> + Unpin> Body for FirstByte<B> {
 
 /// Copies the engine's response headers that make sense end to end (content type, caching),
 /// never hop-by-hop ones.
-pub fn passthrough_headers(from: &HeaderMap, to: &mut HeaderMap) {
+pub(crate) fn passthrough_headers(from: &HeaderMap, to: &mut HeaderMap) {
     for name in [header::CONTENT_TYPE, header::CACHE_CONTROL] {
         if let Some(value) = from.get(&name) {
             to.insert(name, value.clone());

@@ -30,7 +30,7 @@ type EngineConnector = ConnectTimeout<HttpsConnector<HttpConnector>>;
 /// TCP handshake, and an engine that accepts TCP but stalls its TLS handshake must still count
 /// as unreachable within `connect_timeout`.
 #[derive(Clone, Debug)]
-pub struct ConnectTimeout<C> {
+pub(crate) struct ConnectTimeout<C> {
     inner: C,
     timeout: Duration,
 }

@@ -6,8 +6,8 @@
 mod body;
 mod client;
 
-pub use body::{FirstByte, GuardedBody, passthrough_headers};
-pub use client::{ConnectTimeout, ForwardConfig, Forwarder};
+pub(crate) use body::{FirstByte, GuardedBody, passthrough_headers};
+pub(crate) use client::{ForwardConfig, Forwarder};
 
 use router_workers::Worker;
 

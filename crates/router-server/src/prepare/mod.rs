@@ -10,8 +10,8 @@ use bytes::Bytes;
 use router_policies::RequestTokens;
 use serde_json::Value;
 
-pub use router_chat_template::{ChatTemplate, TemplateError};
-pub use validate::{ChatRequest, InvalidRequest, parse_chat_request};
+pub(crate) use router_chat_template::{ChatTemplate, TemplateError};
+pub(crate) use validate::{ChatRequest, InvalidRequest, parse_chat_request};
 
 /// Fields that only the router may set; a client's values are removed before forwarding.
 const ROUTER_OWNED_FIELDS: [&str; 3] = ["bootstrap_host", "bootstrap_port", "bootstrap_room"];
@@ -74,7 +74,7 @@ impl Tokenization {
 /// Everything the router needs about one request, computed once and shared by every bucket
 /// attempt and the dispatch.
 #[derive(Debug)]
-pub struct PreparedRequest {
+pub(crate) struct PreparedRequest {
     /// The validated request.
     pub chat: ChatRequest,
     /// The body to forward: the client's bytes, or a re-serialisation without router-owned
@@ -94,7 +94,7 @@ pub struct PreparedRequest {
 
 /// Why a request could not be prepared.
 #[derive(Debug, thiserror::Error)]
-pub enum PrepareError {
+pub(crate) enum PrepareError {
     /// The client's request is invalid (400).
     #[error(transparent)]
     Invalid(#[from] InvalidRequest),
@@ -104,7 +104,7 @@ pub enum PrepareError {
 }
 
 /// Prepares a parsed request: `session` and `routing` are the affinity keys from their headers.
-pub fn prepare(
+pub(crate) fn prepare(
     raw: Bytes,
     chat: ChatRequest,
     tokenization: Option<&Tokenization>,

@@ -9,7 +9,7 @@ use serde_json::{Map, Value};
 /// A request that failed validation: a 400 naming what is wrong.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{message}")]
-pub struct InvalidRequest {
+pub(crate) struct InvalidRequest {
     /// What is wrong, naming the field.
     pub message: String,
     /// The offending parameter, when there is one.
@@ -46,7 +46,7 @@ impl ChatRequest {
 const MAX_OUTPUT_TOKENS: u64 = 1 << 24;
 
 /// Parses and validates a chat completion body.
-pub fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, InvalidRequest> {
+pub(crate) fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, InvalidRequest> {
     let value: Value = serde_json::from_slice(body).map_err(|err| InvalidRequest {
         message: format!("request body is not valid JSON: {err}"),
         param: None,

@@ -32,14 +32,14 @@ fn worker_json(ctx: &AppContext, worker: &Worker) -> Value {
 }
 
 /// `GET /admin/workers`.
-pub async fn list_workers(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
+pub(crate) async fn list_workers(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
     let workers: Vec<_> = ctx.registry().workers().iter().map(|w| worker_json(&ctx, w)).collect();
     Json(json!({"workers": workers}))
 }
 
 /// `POST /admin/workers`: a worker object exactly as in the configuration file. Its `model`
 /// may be left out when the router serves one model; with several it names the one to join.
-pub async fn add_worker(
+pub(crate) async fn add_worker(
     State(ctx): State<Arc<AppContext>>,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
@@ -82,7 +82,7 @@ fn only_model(ctx: &AppContext) -> Result<ModelId, ApiError> {
 }
 
 /// `DELETE /admin/workers/{id}`.
-pub async fn remove_worker(
+pub(crate) async fn remove_worker(
     State(ctx): State<Arc<AppContext>>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
@@ -92,7 +92,7 @@ pub async fn remove_worker(
 }
 
 /// `GET /admin/state`: buckets, workers with their KV and load state, and the index size.
-pub async fn state(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
+pub(crate) async fn state(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
     let mut models: Vec<Value> = ctx
         .models()
         .map(|model| {

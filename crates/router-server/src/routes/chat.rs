@@ -19,7 +19,7 @@ use crate::prepare::{PreparedRequest, parse_chat_request, prepare};
 use crate::serve::{Labels, serve};
 
 /// The chat endpoint.
-pub async fn chat_completions(
+pub(crate) async fn chat_completions(
     State(ctx): State<Arc<AppContext>>,
     headers: HeaderMap,
     body: Body,

@@ -1,6 +1,6 @@
 //! HTTP handlers.
 
-pub mod admin;
+pub(crate) mod admin;
 mod body;
-pub mod chat;
-pub mod ops;
+pub(crate) mod chat;
+pub(crate) mod ops;

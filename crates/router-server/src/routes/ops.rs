@@ -13,7 +13,7 @@ use crate::app::AppContext;
 use crate::metrics;
 
 /// `GET /v1/models`: the OpenAI list shape.
-pub async fn models(State(ctx): State<Arc<AppContext>>) -> Json<serde_json::Value> {
+pub(crate) async fn models(State(ctx): State<Arc<AppContext>>) -> Json<serde_json::Value> {
     let mut ids: Vec<&str> = ctx.models().map(|m| m.id.as_str()).collect();
     ids.sort_unstable();
     let data: Vec<_> = ids
@@ -24,12 +24,12 @@ pub async fn models(State(ctx): State<Arc<AppContext>>) -> Json<serde_json::Valu
 }
 
 /// `GET /health`: the process is alive.
-pub async fn health() -> &'static str {
+pub(crate) async fn health() -> &'static str {
     "ok"
 }
 
 /// `GET /readiness`: every model has a complete selection possible in at least one bucket.
-pub async fn readiness(State(ctx): State<Arc<AppContext>>) -> Response {
+pub(crate) async fn readiness(State(ctx): State<Arc<AppContext>>) -> Response {
     if ctx.is_draining() {
         return (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response();
     }
@@ -50,7 +50,7 @@ pub async fn readiness(State(ctx): State<Arc<AppContext>>) -> Response {
 }
 
 /// `GET /metrics`: Prometheus text, with the state gauges refreshed first.
-pub async fn prometheus(State(ctx): State<Arc<AppContext>>) -> Response {
+pub(crate) async fn prometheus(State(ctx): State<Arc<AppContext>>) -> Response {
     refresh_state_gauges(&ctx);
     let sources = cache_sources(&ctx);
     for (kind, stats, _) in &sources {

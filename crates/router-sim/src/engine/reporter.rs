@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use router_state_load::EngineStatus;
 use router_state_load::reporter::{
-    EngineSnapshot, LoadReporterService, LoadSnapshotSource, ReporterConfig, serve_with,
+    EngineSnapshot, EngineSnapshotSource, LoadReporterService, ReporterConfig, serve_with,
 };
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -26,7 +26,7 @@ struct Source {
     dying: CancellationToken,
 }
 
-impl LoadSnapshotSource for Source {
+impl EngineSnapshotSource for Source {
     fn snapshot(&self) -> EngineSnapshot {
         let status =
             if self.dying.is_cancelled() { EngineStatus::Draining } else { EngineStatus::Serving };
@@ -44,7 +44,7 @@ pub(super) fn start(
     stop: CancellationToken,
     tracker: &TaskTracker,
 ) {
-    let source: Arc<dyn LoadSnapshotSource> = Arc::new(Source { loads, dying });
+    let source: Arc<dyn EngineSnapshotSource> = Arc::new(Source { loads, dying });
     let service = LoadReporterService::new(source, ReporterConfig::default());
     tracker.spawn(async move {
         if let Err(error) = serve_with(listener, service, stop).await {

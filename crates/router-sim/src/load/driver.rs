@@ -13,10 +13,10 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 
 use super::client::{Client, Outcome};
-use super::report::Report;
+use super::report::RunReport;
 use super::trace::Replay;
 use super::workload::{Message, Session, SessionSpec, SplitMix};
-use super::{Arrival, LoadConfig};
+use super::{Arrival, LoadgenConfig};
 
 /// Sessions ready for their next turn, and how many still have turns to play.
 struct Pool {
@@ -96,7 +96,11 @@ async fn play(
     session
 }
 
-pub(crate) async fn sessions(config: &LoadConfig, spec: &SessionSpec, client: Client) -> Report {
+pub(crate) async fn sessions(
+    config: &LoadgenConfig,
+    spec: &SessionSpec,
+    client: Client,
+) -> RunReport {
     let pool = Arc::new(Pool::new(Session::all(spec)));
     let results = Arc::new(Results::default());
     let start = Instant::now();
@@ -156,12 +160,12 @@ pub(crate) async fn sessions(config: &LoadConfig, spec: &SessionSpec, client: Cl
     }
     let elapsed = start.elapsed().min(config.duration);
     let (outcomes, sent) = results.take();
-    Report::new(&outcomes, elapsed, sent, None)
+    RunReport::new(&outcomes, elapsed, sent, None)
 }
 
 /// Replays a prepared trace on its own clock: each request at its time (once fewer than
 /// `max_in_flight` are in flight), its prompt text made in its own task.
-pub(crate) async fn trace(config: &LoadConfig, replay: Replay, client: Client) -> Report {
+pub(crate) async fn trace(config: &LoadgenConfig, replay: Replay, client: Client) -> RunReport {
     let replay = Arc::new(replay);
     let results = Arc::new(Results::default());
     let start = Instant::now();
@@ -200,5 +204,5 @@ pub(crate) async fn trace(config: &LoadConfig, replay: Replay, client: Client) -
     let elapsed = start.elapsed().min(config.duration);
     let (outcomes, sent) = results.take();
     let judged = replay.report_over(usize::try_from(sent).unwrap_or(usize::MAX));
-    Report::new(&outcomes, elapsed, sent, Some(judged))
+    RunReport::new(&outcomes, elapsed, sent, Some(judged))
 }

@@ -1,6 +1,6 @@
 //! The workload generator: multi-turn chat sessions that share system prompts (or a
 //! Mooncake-style trace replay with its oracle hit rates), sent as streamed chat requests with
-//! `stream_options.include_usage`, measured into a [`Report`].
+//! `stream_options.include_usage`, measured into a [`RunReport`].
 //!
 //! Bounded: a run stops when every session has played its turns (or every trace request has
 //! been answered) or when `duration` has passed, whichever comes first; requests still in
@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use report::Distribution;
-pub use report::Report;
+pub use report::RunReport;
 pub use trace::{FleetOracle, OracleReport, Pace, ReplayReport, ScaledLoad, Schedule, TraceSpec};
 pub use workload::SessionSpec;
 
@@ -37,13 +37,13 @@ pub enum Workload {
     /// Multi-turn chat sessions.
     Sessions(SessionSpec),
     /// A request trace, replayed on its own clock (arrival is ignored; at most
-    /// [`LoadConfig::max_in_flight`] requests in flight).
+    /// [`LoadgenConfig::max_in_flight`] requests in flight).
     Trace(TraceSpec),
 }
 
 /// One run of the generator.
 #[derive(Clone, Debug, PartialEq)]
-pub struct LoadConfig {
+pub struct LoadgenConfig {
     /// Base URL of the router or engine (`--target`); `/v1/chat/completions` is appended
     /// unless already there.
     pub target: String,
@@ -61,7 +61,7 @@ pub struct LoadConfig {
     pub max_in_flight: usize,
 }
 
-impl LoadConfig {
+impl LoadgenConfig {
     /// A session workload with the command-line defaults.
     pub fn new(target: impl Into<String>, model: impl Into<String>) -> Self {
         Self {
@@ -160,7 +160,7 @@ pub enum LoadError {
     },
 }
 
-fn validate(config: &LoadConfig) -> Result<(), LoadError> {
+fn validate(config: &LoadgenConfig) -> Result<(), LoadError> {
     let bad = |flag: &'static str, reason: String| Err(LoadError::Config { flag, reason });
     match config.arrival {
         Arrival::Concurrency(0) => return bad("--concurrency", "must be at least 1".into()),
@@ -194,7 +194,7 @@ pub fn trace_oracle(spec: &TraceSpec) -> Result<OracleReport, LoadError> {
 }
 
 /// Runs the workload against `config.target` and reports what it measured.
-pub async fn run(config: &LoadConfig) -> Result<Report, LoadError> {
+pub async fn run(config: &LoadgenConfig) -> Result<RunReport, LoadError> {
     validate(config)?;
     let client =
         client::Client::new(&config.target, &config.model, config.session_header.as_deref())?;

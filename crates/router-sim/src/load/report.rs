@@ -14,7 +14,7 @@ use super::trace::ReplayReport;
 
 /// What a run measured.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Report {
+pub struct RunReport {
     /// Requests sent (finished or still in flight when the run ended).
     pub sent: u64,
     /// Requests that finished, successfully or not.
@@ -110,7 +110,7 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-impl Report {
+impl RunReport {
     /// Builds the report of `outcomes` over `elapsed`, of `sent` requests.
     pub(crate) fn new(
         outcomes: &[Outcome],
@@ -118,7 +118,7 @@ impl Report {
         sent: u64,
         replay: Option<ReplayReport>,
     ) -> Self {
-        let mut report = Report { elapsed, sent, replay, ..Report::default() };
+        let mut report = RunReport { elapsed, sent, replay, ..RunReport::default() };
         let mut ttfts = Vec::new();
         let mut latencies = Vec::new();
         for outcome in outcomes {
@@ -364,7 +364,7 @@ mod tests {
                 ..Outcome::default()
             },
         ];
-        let report = Report::new(&outcomes, Duration::from_secs(2), 5, None);
+        let report = RunReport::new(&outcomes, Duration::from_secs(2), 5, None);
         assert_eq!((report.sent, report.requests, report.ok, report.errors), (5, 4, 3, 1));
         assert_eq!(report.throughput_rps, 1.5);
         assert_eq!(report.cache_hit_rate, 200.0 / 400.0);
@@ -394,7 +394,7 @@ mod tests {
 
     #[test]
     fn no_header_means_empty_share() {
-        let report = Report::new(&[ok(1, 10, 0, None)], Duration::from_secs(1), 1, None);
+        let report = RunReport::new(&[ok(1, 10, 0, None)], Duration::from_secs(1), 1, None);
         assert!(report.engine_share.is_empty());
         assert_eq!(report.to_json()["engine_share"], json!({}));
     }
@@ -407,7 +407,7 @@ mod tests {
             schedule: Schedule { time_scale: 2.5, scaled: None },
             ..ReplayReport::default()
         };
-        let report = Report::new(&[ok(1, 40, 8, None)], Duration::from_secs(1), 1, Some(replay));
+        let report = RunReport::new(&[ok(1, 40, 8, None)], Duration::from_secs(1), 1, Some(replay));
         let json = report.to_json();
         assert_eq!(json["cache_hit_rate"], json!(0.2));
         assert_eq!(json["oracle_hit_rate"], json!(0.25));
@@ -438,7 +438,7 @@ mod tests {
             ttft_floor_ms: Distribution::of(vec![3.0, 1.0, 2.0]),
             offered_load: Some(0.8),
         };
-        let report = Report::new(&[ok(1, 40, 8, None)], Duration::from_secs(1), 1, Some(replay));
+        let report = RunReport::new(&[ok(1, 40, 8, None)], Duration::from_secs(1), 1, Some(replay));
         let json = report.to_json();
         assert_eq!(json["oracle_fleet_hit_rate"], json!(0.15));
         assert_eq!(json["fleet_capacity_tokens"], json!(4096));
@@ -478,7 +478,7 @@ mod tests {
                 ..Outcome::default()
             },
         ];
-        let report = Report::new(&outcomes, Duration::from_secs(1), 5, None);
+        let report = RunReport::new(&outcomes, Duration::from_secs(1), 5, None);
         // e1: 80 + 200, e2: 0, e3: 120, e4 (failed only): 0; of 400.
         let tokens: Vec<_> = report.engine_uncached_tokens.values().copied().collect();
         assert_eq!(tokens, [280, 0, 120, 0]);
@@ -494,7 +494,7 @@ mod tests {
         assert!(report.summary().contains("ttft p50 20.0 ms, p90 40.0 ms, p99 40.0 ms"));
         assert!(report.summary().contains("uncached share max/mean 2.800"));
 
-        let none = Report::new(&[ok(1, 10, 0, None)], Duration::from_secs(1), 1, None);
+        let none = RunReport::new(&[ok(1, 10, 0, None)], Duration::from_secs(1), 1, None);
         assert!(none.engine_uncached_tokens.is_empty());
         assert_eq!(none.to_json()["uncached_share_max_over_mean"], Value::Null);
     }

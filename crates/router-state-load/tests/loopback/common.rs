@@ -10,7 +10,7 @@ use parking_lot::Mutex;
 use router_proto::router::load::v1 as pb;
 use router_proto::router::load::v1::load_reporter_server::{LoadReporter, LoadReporterServer};
 use router_state_load::reporter::{
-    EngineSnapshot, LoadReporterService, LoadSnapshotSource, ReporterConfig,
+    EngineSnapshot, EngineSnapshotSource, LoadReporterService, ReporterConfig,
 };
 use router_state_load::{
     EngineLoadStatus, EngineReportedLoadTable, EngineStatus, LoadSubscriptions, ManualClock,
@@ -31,7 +31,7 @@ pub use router_test_support::{PATIENCE, eventually};
 #[derive(Debug)]
 pub struct EngineNumbers(pub Mutex<EngineSnapshot>);
 
-impl LoadSnapshotSource for EngineNumbers {
+impl EngineSnapshotSource for EngineNumbers {
     fn snapshot(&self) -> EngineSnapshot {
         self.0.lock().clone()
     }

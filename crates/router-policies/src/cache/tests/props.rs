@@ -9,7 +9,7 @@ use router_workers::Stage;
 
 use super::fixture::{BS, Eng, World, eng};
 use crate::tests::doubles::running_cap;
-use crate::{CacheAwareSettings, EngineAdmission, EngineMetrics, PickError, PickReason};
+use crate::{CacheAwareSettings, EngineAdmission, EngineObservation, PickError, PickReason};
 
 const IDS: [&str; 8] = ["e0", "e1", "e2", "e3", "e4", "e5", "e6", "e7"];
 const INPUT: usize = 8 * BS as usize;
@@ -65,7 +65,7 @@ proptest! {
         let snapshot = world.table.snapshot();
         let admitted = |i: usize| {
             let worker = &world.workers[i];
-            let metrics = EngineMetrics::observe(
+            let metrics = EngineObservation::observe(
                 snapshot.get(worker.id()),
                 world.inflight.count(worker.id()),
             );

@@ -182,7 +182,7 @@ async fn configured_policies_share_one_client_per_indexer() {
     let config: PolicyConfig = serde_yaml_ng::from_str(&yaml).expect("valid");
     let (first, second) =
         (config.build(&handles).expect("built"), config.build(&handles).expect("built"));
-    let crate::PolicyKind::CacheAware(settings) = &config.kind else { panic!("{config:?}") };
+    let crate::PolicySettings::CacheAware(settings) = &config.kind else { panic!("{config:?}") };
     let shared = handles.cache.remote(&settings.indexer_client()).expect("valid");
 
     let tokens = RequestTokens::new(prompt(4096));

@@ -230,6 +230,6 @@ async fn a_pd_failure_is_never_retried() {
         let ctx = context(prefill, decode).await;
         let err = dispatch(&ctx, false).await.expect_err("fails");
         assert!(!err.is_retryable(), "{err:?}");
-        assert_eq!(err.code(), "engine_unreachable");
+        assert_eq!(err.kind().1, "engine_unreachable");
     }
 }
