@@ -203,6 +203,12 @@ impl AppContext {
             .or_else(|| self.wildcard.as_ref().and_then(|w| self.models.get(w)))
     }
 
+    /// The model a request that names none is for (`/generate`): the only one served.
+    pub fn sole_model(&self) -> Option<&ModelRuntime> {
+        let mut models = self.models.values();
+        models.next().filter(|_| models.next().is_none())
+    }
+
     /// Every served model.
     pub fn models(&self) -> impl Iterator<Item = &ModelRuntime> {
         self.models.values()

@@ -46,7 +46,8 @@ pub(crate) async fn serve(
         session_key: prepared.session_key.as_deref(),
         routing_key: prepared.routing_key.as_deref(),
     };
-    let exchange = Exchange { ctx, request_id, streamed: prepared.chat.stream };
+    let (path, streamed) = (prepared.request.endpoint.path(), prepared.request.stream);
+    let exchange = Exchange { ctx, request_id, path, streamed };
     ctx.retry_budget().deposit_at(started);
     let retry = &ctx.server().retry;
     let mut retries = 0;

@@ -20,7 +20,7 @@ use tracing::{debug, info, warn};
 
 use crate::app::AppContext;
 use crate::config::ServerSection;
-use crate::routes::{admin, chat, ops};
+use crate::routes::{admin, inference, ops};
 use crate::{auth, limit};
 
 /// The router's HTTP routes over `ctx`.
@@ -30,12 +30,12 @@ pub fn routes(ctx: Arc<AppContext>) -> Router {
         .route("/admin/workers/{id}", delete(admin::remove_worker))
         .route("/admin/state", get(admin::state))
         .route_layer(from_fn_with_state(Arc::clone(ctx.credentials()), auth::require_admin_token));
+    // One bound on concurrent inference requests, whichever endpoint they use.
+    let slot = || from_fn_with_state(Arc::clone(ctx.request_slots()), limit::concurrency);
     let client_routes = Router::new()
-        .route(
-            "/v1/chat/completions",
-            post(chat::chat_completions)
-                .layer(from_fn_with_state(Arc::clone(ctx.request_slots()), limit::concurrency)),
-        )
+        .route("/v1/chat/completions", post(inference::chat_completions).layer(slot()))
+        .route("/v1/completions", post(inference::completions).layer(slot()))
+        .route("/generate", post(inference::generate).layer(slot()))
         .route("/v1/models", get(ops::models))
         .route_layer(from_fn_with_state(Arc::clone(ctx.credentials()), auth::require_api_key));
     Router::new()

@@ -61,6 +61,8 @@ pub struct ServerSection {
     pub worker_threads: Option<usize>,
     /// Largest accepted request body, in bytes.
     pub max_body_bytes: usize,
+    /// Most prompts in one batched completions or `/generate` request; beyond it 400.
+    pub max_batch_size: usize,
     /// Largest accepted request head (request line and headers), in bytes; beyond it 431.
     pub max_header_bytes: usize,
     /// Chat requests in flight at once; beyond it the router answers 503 with `Retry-After`.
@@ -102,6 +104,7 @@ impl Default for ServerSection {
             engine_ca_file: None,
             worker_threads: None,
             max_body_bytes: 32 * 1024 * 1024,
+            max_batch_size: 256,
             max_header_bytes: 64 * 1024,
             max_concurrent_requests: 16_384,
             request_timeout_secs: 1800,

@@ -88,6 +88,9 @@ pub fn build_models(
     if config.server.max_body_bytes == 0 {
         problems.push("server.max_body_bytes", "must be at least 1");
     }
+    if config.server.max_batch_size == 0 {
+        problems.push("server.max_batch_size", "must be at least 1");
+    }
     for (path, secs) in [
         ("server.header_read_timeout_secs", config.server.header_read_timeout_secs),
         ("server.body_read_timeout_secs", config.server.body_read_timeout_secs),

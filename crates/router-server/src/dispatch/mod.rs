@@ -32,9 +32,6 @@ use crate::forward::{GuardedBody, Outcome, OutcomeSink as _, passthrough_headers
 use crate::metrics;
 use crate::prepare::PreparedRequest;
 
-/// The engines' chat endpoint.
-const CHAT_PATH: &str = "/v1/chat/completions";
-
 /// Largest whole (non-streamed) answer the router buffers, in bytes.
 const WHOLE_ANSWER_LIMIT: usize = 64 * 1024 * 1024;
 
@@ -53,10 +50,12 @@ pub(crate) struct Dispatch<'a> {
     pub started: Instant,
 }
 
-/// What one exchange with an engine needs: the shared services, the request id and whether
-/// the client asked for a stream.
+/// What one exchange with an engine needs: the shared services, the request id, the engine's
+/// path (the API the client used) and whether the client asked for a stream.
 #[derive(Clone, Copy)]
 pub(crate) struct Exchange<'a> {
+    /// The engine's path, as [`crate::prepare::Endpoint::path`].
+    pub path: &'static str,
     /// The shared services.
     pub ctx: &'a Arc<AppContext>,
     /// Sent to the engines as `x-request-id`.
@@ -86,7 +85,7 @@ impl Exchange<'_> {
         worker: &Worker,
         body: Bytes,
     ) -> Result<hyper::Response<Incoming>, EngineError> {
-        let sent = self.ctx.forwarder().send(worker, CHAT_PATH, body, self.request_id).await;
+        let sent = self.ctx.forwarder().send(worker, self.path, body, self.request_id).await;
         sent.map_err(|err| {
             let outcome = match err {
                 SendError::Unreachable { .. } => Outcome::Unreachable,

@@ -20,6 +20,7 @@ use tracing::{Instrument, warn};
 
 use super::{Dispatch, Exchange, counted, header_value, read_snippet};
 use crate::error::{ApiError, Chain, EngineError};
+use crate::prepare::Endpoint;
 
 /// SGLang's default bootstrap port, used when a prefill worker does not name one.
 pub(super) const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
@@ -28,23 +29,31 @@ pub(super) const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
 const PARTNER_GRACE: Duration = Duration::from_secs(2);
 
 /// A random 63-bit bootstrap room, as SGLang expects.
-pub(super) fn bootstrap_room() -> u64 {
+fn bootstrap_room() -> u64 {
     rand::random::<u64>() >> 1
 }
 
-/// The body both engines get: the client's plus the bootstrap fields.
+/// The body both engines get: the client's plus the bootstrap fields. `rooms` asks for a list
+/// of that many rooms (a `/generate` batch, one room per prompt, as SGLang's batch requests
+/// take them); otherwise one room, from which an engine numbers the runs of a multi-prompt
+/// completion itself.
 pub(super) fn with_bootstrap(
     body: &serde_json::Map<String, serde_json::Value>,
     prefill: &Worker,
-    room: u64,
+    rooms: Option<usize>,
 ) -> Bytes {
+    use serde_json::Value;
+    let room = match rooms {
+        None => Value::from(bootstrap_room()),
+        Some(k) => (0..k).map(|_| Value::from(bootstrap_room())).collect(),
+    };
     let mut body = body.clone();
     body.insert("bootstrap_host".into(), prefill.host().into());
     body.insert(
         "bootstrap_port".into(),
         prefill.bootstrap_port().unwrap_or(DEFAULT_BOOTSTRAP_PORT).into(),
     );
-    body.insert("bootstrap_room".into(), room.into());
+    body.insert("bootstrap_room".into(), room);
     Bytes::from(serde_json::to_vec(&body).expect("a JSON map serialises"))
 }
 
@@ -59,16 +68,18 @@ pub(super) async fn dispatch(
         x.ctx.dispatched(d.model, &prefill, Stage::Prefill, prepared.input_tokens, tokens);
     let decode_guard =
         x.ctx.dispatched(d.model, &decode, Stage::Decode, prepared.input_tokens, tokens);
-    let body = with_bootstrap(&prepared.chat.body, &prefill.worker, bootstrap_room());
+    let request = &prepared.request;
+    let rooms = request.batch.filter(|_| request.endpoint == Endpoint::Generate);
+    let body = with_bootstrap(&request.body, &prefill.worker, rooms);
 
     let (failed_tx, mut failed_rx) = oneshot::channel::<ApiError>();
     let prefill_task = {
         let (ctx, worker, body) = (Arc::clone(x.ctx), Arc::clone(&prefill.worker), body.clone());
-        let (request_id, streamed) = (x.request_id.clone(), x.streamed);
+        let (request_id, path, streamed) = (x.request_id.clone(), x.path, x.streamed);
         tokio::spawn(
             async move {
                 let _guard = prefill_guard;
-                let x = Exchange { ctx: &ctx, request_id: &request_id, streamed };
+                let x = Exchange { ctx: &ctx, request_id: &request_id, path, streamed };
                 if let Err(err) = run_prefill(x, &worker, body).await {
                     let err = ApiError::Prefill(err);
                     warn!(error = %Chain(&err), "prefill failed");

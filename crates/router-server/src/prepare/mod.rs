@@ -1,5 +1,7 @@
-//! Request preparation, once per request: parse and validate, render the chat template,
-//! tokenize (or estimate), compute the expected peak, and read the affinity keys.
+//! Request preparation, once per request, for every inference endpoint: parse and validate,
+//! render the chat template (chat) or take the prompt as text or token ids (completions,
+//! `/generate`), tokenize (or estimate), compute the expected peak, and read the affinity
+//! keys. Token ids a client sends are used for routing as they are, tokenizer or not.
 
 mod validate;
 
@@ -11,7 +13,7 @@ use router_policies::RequestTokens;
 use serde_json::Value;
 
 pub(crate) use router_chat_template::{ChatTemplate, TemplateError};
-pub(crate) use validate::{ChatRequest, InvalidRequest, parse_chat_request};
+pub(crate) use validate::{Endpoint, InferenceRequest, InvalidRequest, Prompt, parse_request};
 
 /// Fields that only the router may set; a client's values are removed before forwarding.
 const ROUTER_OWNED_FIELDS: [&str; 3] = ["bootstrap_host", "bootstrap_port", "bootstrap_room"];
@@ -63,10 +65,21 @@ impl Tokenization {
         Ok(Self { tokenizer: loaded, template })
     }
 
-    /// Renders and tokenizes a request's messages.
-    pub fn encode(&self, request: &ChatRequest) -> Result<Vec<u32>, TokenizeError> {
+    /// Renders and tokenizes a chat request's messages (the template holds the special
+    /// tokens, so none are added).
+    pub(crate) fn encode_messages(
+        &self,
+        request: &InferenceRequest,
+    ) -> Result<Vec<u32>, TokenizeError> {
         let text = self.template.render(request.messages(), request.body.get("tools"))?;
         let encoding = self.tokenizer.encode_fast(text, false).map_err(TokenizeError::Encode)?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Tokenizes a raw text prompt with the tokenizer's special tokens, as the engines do for
+    /// completions and `/generate` text.
+    pub(crate) fn encode_text(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
+        let encoding = self.tokenizer.encode_fast(text, true).map_err(TokenizeError::Encode)?;
         Ok(encoding.get_ids().to_vec())
     }
 }
@@ -76,7 +89,7 @@ impl Tokenization {
 #[derive(Debug)]
 pub(crate) struct PreparedRequest {
     /// The validated request.
-    pub chat: ChatRequest,
+    pub request: InferenceRequest,
     /// The body to forward: the client's bytes, or a re-serialisation without router-owned
     /// fields when the client set any.
     pub body: Bytes,
@@ -84,7 +97,7 @@ pub(crate) struct PreparedRequest {
     pub input_tokens: u64,
     /// Input plus requested output, when the output is bounded.
     pub expected_peak_tokens: Option<u64>,
-    /// The prompt's token ids, when the model has a tokenizer.
+    /// The (first) prompt's token ids: given by the client, or from the model's tokenizer.
     pub tokens: Option<Arc<RequestTokens>>,
     /// Session key from the configured header.
     pub session_key: Option<String>,
@@ -104,33 +117,50 @@ pub(crate) enum PrepareError {
 }
 
 /// Prepares a parsed request: `session` and `routing` are the affinity keys from their headers.
+///
+/// A batch counts the tokens of all its prompts; prefix lookups use the first one's.
 pub(crate) fn prepare(
     raw: Bytes,
-    chat: ChatRequest,
+    request: InferenceRequest,
     tokenization: Option<&Tokenization>,
     session_key: Option<&str>,
     routing_key: Option<&str>,
 ) -> Result<PreparedRequest, PrepareError> {
-    let (input_tokens, tokens) = match tokenization {
-        Some(tokenization) => {
-            let ids = tokenization.encode(&chat)?;
-            (ids.len() as u64, Some(Arc::new(RequestTokens::new(ids))))
-        }
-        None => (estimate_tokens(&chat), None),
+    let lengths_and_first = |ids: Vec<Vec<u32>>| {
+        let total = ids.iter().map(|ids| ids.len() as u64).sum::<u64>();
+        (total, ids.into_iter().next().map(|first| Arc::new(RequestTokens::new(first))))
     };
-    let expected_peak_tokens = match chat.max_output_tokens {
-        Some(output) => Some(input_tokens.checked_add(output).ok_or_else(|| InvalidRequest {
-            message: "input plus max_tokens overflows".to_owned(),
-            param: Some("max_tokens".to_owned()),
-        })?),
+    let (input_tokens, tokens) = match (&request.prompt, tokenization) {
+        (Prompt::Ids(ids), _) => {
+            let total = ids.iter().map(|ids| ids.len() as u64).sum::<u64>();
+            (total, ids.first().map(|first| Arc::new(RequestTokens::new(first.clone()))))
+        }
+        (Prompt::Messages, Some(tokenization)) => {
+            lengths_and_first(vec![tokenization.encode_messages(&request)?])
+        }
+        (Prompt::Texts(texts), Some(tokenization)) => lengths_and_first(
+            texts.iter().map(|text| tokenization.encode_text(text)).collect::<Result<_, _>>()?,
+        ),
+        (_, None) => (estimate_tokens(&request), None),
+    };
+    let expected_peak_tokens = match request.max_output_tokens {
+        Some(output) => Some(
+            output
+                .checked_mul(request.sequences)
+                .and_then(|output| input_tokens.checked_add(output))
+                .ok_or_else(|| InvalidRequest {
+                    message: "input plus max_tokens overflows".to_owned(),
+                    param: Some("max_tokens".to_owned()),
+                })?,
+        ),
         None => None,
     };
-    let body = if ROUTER_OWNED_FIELDS.iter().any(|f| chat.body.contains_key(*f)) {
-        let mut cleaned = chat.body.clone();
+    let body = if ROUTER_OWNED_FIELDS.iter().any(|f| request.body.contains_key(*f)) {
+        let mut cleaned = request.body.clone();
         for field in ROUTER_OWNED_FIELDS {
             cleaned.remove(field);
         }
-        Bytes::from(serde_json::to_vec(&cleaned).unwrap_or_default())
+        Bytes::from(serde_json::to_vec(&cleaned).expect("a JSON map serialises"))
     } else {
         raw
     };
@@ -142,13 +172,13 @@ pub(crate) fn prepare(
         tokens,
         session_key: non_empty(session_key),
         routing_key: non_empty(routing_key),
-        chat,
+        request,
     })
 }
 
-/// A size estimate without a tokenizer: about four bytes of message text per token, plus a few
-/// tokens of template framing per message.
-fn estimate_tokens(chat: &ChatRequest) -> u64 {
+/// A size estimate without a tokenizer: about four bytes of text per token, plus a few tokens
+/// of template framing per chat message.
+fn estimate_tokens(request: &InferenceRequest) -> u64 {
     fn text_len(value: &Value) -> usize {
         match value {
             Value::String(s) => s.len(),
@@ -157,18 +187,25 @@ fn estimate_tokens(chat: &ChatRequest) -> u64 {
             _ => 0,
         }
     }
-    let messages = chat.messages();
-    let bytes: usize = messages.iter().map(text_len).sum();
-    (bytes.div_ceil(4) + 4 * messages.len()).max(1) as u64
+    let estimate = match &request.prompt {
+        Prompt::Messages => {
+            let messages = request.messages();
+            let bytes: usize = messages.iter().map(text_len).sum();
+            bytes.div_ceil(4) + 4 * messages.len()
+        }
+        Prompt::Texts(texts) => texts.iter().map(|text| text.len().div_ceil(4)).sum(),
+        Prompt::Ids(ids) => ids.iter().map(Vec::len).sum(),
+    };
+    estimate.max(1) as u64
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn chat(body: &str) -> (Bytes, ChatRequest) {
+    fn chat(body: &str) -> (Bytes, InferenceRequest) {
         let raw = Bytes::from(body.to_owned());
-        let chat = parse_chat_request(&raw).expect("valid");
+        let chat = parse_request(Endpoint::Chat, &raw, 4).expect("valid");
         (raw, chat)
     }
 

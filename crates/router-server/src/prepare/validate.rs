@@ -1,8 +1,10 @@
-//! Parsing and validating an OpenAI chat completion request.
+//! Parsing and validating the three inference requests: OpenAI chat completions, OpenAI
+//! (legacy) completions and SGLang's native `/generate`.
 //!
 //! The body is parsed once into a JSON value (serde_json caps nesting depth, so hostile
 //! nesting is an error, not a stack overflow), then the fields the router relies on or that an
-//! engine would reject are checked, each error naming its field.
+//! engine would reject are checked, each error naming its field. The body itself is forwarded
+//! as the client sent it.
 
 use serde_json::{Map, Value};
 
@@ -17,27 +19,69 @@ pub(crate) struct InvalidRequest {
 }
 
 impl InvalidRequest {
-    fn field(param: &str, what: impl std::fmt::Display) -> Self {
+    pub(crate) fn field(param: &str, what: impl std::fmt::Display) -> Self {
         Self { message: format!("'{param}' {what}"), param: Some(param.to_owned()) }
     }
 }
 
-/// The fields of a chat request the router reads. The body itself is forwarded unchanged.
-#[derive(Debug)]
-pub struct ChatRequest {
-    /// The whole parsed body.
-    pub body: Map<String, Value>,
-    /// `model`.
-    pub model: String,
-    /// `stream`, false when absent.
-    pub stream: bool,
-    /// `max_completion_tokens`, else `max_tokens`.
-    pub max_output_tokens: Option<u64>,
+/// The API a request came in through; the engine is asked through the same one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/completions`.
+    Completions,
+    /// SGLang's `POST /generate`.
+    Generate,
 }
 
-impl ChatRequest {
-    /// `messages` (validated to be a non-empty array of objects).
-    pub fn messages(&self) -> &[Value] {
+impl Endpoint {
+    /// The engine's path for this API.
+    pub(crate) fn path(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+            Endpoint::Generate => "/generate",
+        }
+    }
+}
+
+/// What the model is asked to continue.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Prompt {
+    /// Chat messages (the body's validated `messages`), rendered by the chat template.
+    Messages,
+    /// Raw text prompts, tokenized without a template.
+    Texts(Vec<String>),
+    /// Token-id prompts, used as given.
+    Ids(Vec<Vec<u32>>),
+}
+
+/// The fields of an inference request the router reads.
+#[derive(Debug)]
+pub(crate) struct InferenceRequest {
+    /// The API it came in through.
+    pub endpoint: Endpoint,
+    /// The whole parsed body.
+    pub body: Map<String, Value>,
+    /// `model`; only `/generate` may leave it out.
+    pub model: Option<String>,
+    /// `stream`, false when absent.
+    pub stream: bool,
+    /// The output bound of each sequence: `max_completion_tokens`, else `max_tokens`
+    /// (`sampling_params.max_new_tokens` for `/generate`).
+    pub max_output_tokens: Option<u64>,
+    /// The prompts.
+    pub prompt: Prompt,
+    /// The number of prompts when the request is a batch (a list of prompts), else `None`.
+    pub batch: Option<usize>,
+    /// Sequences generated: prompts times `n`.
+    pub sequences: u64,
+}
+
+impl InferenceRequest {
+    /// `messages` (validated to be a non-empty array of objects); empty for other prompts.
+    pub(crate) fn messages(&self) -> &[Value] {
         self.body.get("messages").and_then(Value::as_array).map_or(&[], Vec::as_slice)
     }
 }
@@ -45,8 +89,12 @@ impl ChatRequest {
 /// Upper bound accepted for `max_tokens`; anything larger is a client error, not a budget.
 const MAX_OUTPUT_TOKENS: u64 = 1 << 24;
 
-/// Parses and validates a chat completion body.
-pub(crate) fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, InvalidRequest> {
+/// Parses and validates a body of `endpoint`; a batch may hold at most `max_batch` prompts.
+pub(crate) fn parse_request(
+    endpoint: Endpoint,
+    body: &[u8],
+    max_batch: usize,
+) -> Result<InferenceRequest, InvalidRequest> {
     let value: Value = serde_json::from_slice(body).map_err(|err| InvalidRequest {
         message: format!("request body is not valid JSON: {err}"),
         param: None,
@@ -57,44 +105,132 @@ pub(crate) fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, InvalidRequ
             param: None,
         });
     };
-
-    let model = match body.get("model") {
-        Some(Value::String(model)) if !model.is_empty() => model.clone(),
-        Some(Value::String(_)) => return Err(InvalidRequest::field("model", "must not be empty")),
-        Some(_) => return Err(InvalidRequest::field("model", "must be a string")),
-        None => return Err(InvalidRequest::field("model", "is required")),
+    let model = match (body.get("model"), endpoint) {
+        (Some(Value::String(model)), _) if !model.is_empty() => Some(model.clone()),
+        (Some(Value::String(_)), _) => {
+            return Err(InvalidRequest::field("model", "must not be empty"));
+        }
+        (None | Some(Value::Null), Endpoint::Generate) => None,
+        (None, _) => return Err(InvalidRequest::field("model", "is required")),
+        (Some(_), _) => return Err(InvalidRequest::field("model", "must be a string")),
     };
-    validate_messages(body.get("messages"))?;
-
     let stream = match body.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(stream)) => *stream,
         Some(_) => return Err(InvalidRequest::field("stream", "must be a boolean")),
     };
+    let (prompt, batch, max_output_tokens, n) = match endpoint {
+        Endpoint::Chat => {
+            validate_messages(body.get("messages"))?;
+            let (max_output_tokens, n) = openai_sampling(&body)?;
+            (Prompt::Messages, None, max_output_tokens, n)
+        }
+        Endpoint::Completions => {
+            let (prompt, batch) = match body.get("prompt") {
+                None | Some(Value::Null) => {
+                    return Err(InvalidRequest::field("prompt", "is required"));
+                }
+                Some(prompt) => prompts("prompt", prompt, Shapes::Any, max_batch)?,
+            };
+            optional_bool(&body, "echo")?;
+            let (max_output_tokens, n) = openai_sampling(&body)?;
+            (prompt, batch, max_output_tokens, n)
+        }
+        Endpoint::Generate => {
+            let present = |field| body.get(field).filter(|v| !v.is_null());
+            let (prompt, batch) = match (present("text"), present("input_ids")) {
+                (Some(text), None) => prompts("text", text, Shapes::Text, max_batch)?,
+                (None, Some(ids)) => prompts("input_ids", ids, Shapes::Ids, max_batch)?,
+                (Some(_), Some(_)) => {
+                    return Err(InvalidRequest::field("text", "and 'input_ids' are exclusive"));
+                }
+                (None, None) => {
+                    return Err(InvalidRequest::field("text", "or 'input_ids' is required"));
+                }
+            };
+            for field in ["rid", "return_logprob"] {
+                per_item(&body, field, batch)?;
+            }
+            let (max_output_tokens, n) = generate_sampling(&body)?;
+            (prompt, batch, max_output_tokens, n)
+        }
+    };
+    let sequences = batch.unwrap_or(1) as u64 * n;
+    Ok(InferenceRequest { endpoint, body, model, stream, max_output_tokens, prompt, batch, sequences })
+}
+
+/// The OpenAI sampling fields of chat and completions: the output bound and `n`.
+fn openai_sampling(body: &Map<String, Value>) -> Result<(Option<u64>, u64), InvalidRequest> {
     if let Some(options) = body.get("stream_options")
         && !options.is_null()
         && !options.is_object()
     {
         return Err(InvalidRequest::field("stream_options", "must be an object"));
     }
+    let max_tokens = optional_count(body, "max_tokens")?;
+    let max_completion_tokens = optional_count(body, "max_completion_tokens")?;
+    optional_range(body, "temperature", 0.0, 2.0)?;
+    optional_range(body, "top_p", 0.0, 1.0)?;
+    optional_range(body, "min_p", 0.0, 1.0)?;
+    optional_range(body, "presence_penalty", -2.0, 2.0)?;
+    optional_range(body, "frequency_penalty", -2.0, 2.0)?;
+    optional_range(body, "repetition_penalty", 0.0, 2.0)?;
+    let n = sample_count(body, "n")?;
+    top_k_and_stop(body, "")?;
+    Ok((max_completion_tokens.or(max_tokens), n))
+}
 
-    let max_tokens = optional_count(&body, "max_tokens")?;
-    let max_completion_tokens = optional_count(&body, "max_completion_tokens")?;
-    optional_range(&body, "temperature", 0.0, 2.0)?;
-    optional_range(&body, "top_p", 0.0, 1.0)?;
-    optional_range(&body, "min_p", 0.0, 1.0)?;
-    optional_range(&body, "presence_penalty", -2.0, 2.0)?;
-    optional_range(&body, "frequency_penalty", -2.0, 2.0)?;
-    optional_range(&body, "repetition_penalty", 0.0, 2.0)?;
-    if let Some(n) = optional_count(&body, "n")?
-        && !(1..=128).contains(&n)
-    {
-        return Err(InvalidRequest::field("n", format!("must be between 1 and 128, got {n}")));
+/// SGLang's `sampling_params`: the output bound and `n`.
+fn generate_sampling(body: &Map<String, Value>) -> Result<(Option<u64>, u64), InvalidRequest> {
+    let params = match body.get("sampling_params") {
+        None | Some(Value::Null) => return Ok((None, 1)),
+        Some(Value::Object(params)) => params,
+        Some(_) => return Err(InvalidRequest::field("sampling_params", "must be an object")),
+    };
+    let at = |field: &str| format!("sampling_params.{field}");
+    let max_new_tokens = optional_count(params, "max_new_tokens").map_err(|e| renamed(e, &at("max_new_tokens")))?;
+    for (field, min, max) in [
+        ("temperature", 0.0, f64::MAX),
+        ("top_p", f64::MIN_POSITIVE, 1.0),
+        ("min_p", 0.0, 1.0),
+        ("presence_penalty", -2.0, 2.0),
+        ("frequency_penalty", -2.0, 2.0),
+        ("repetition_penalty", 0.0, 2.0),
+    ] {
+        optional_range(params, field, min, max).map_err(|e| renamed(e, &at(field)))?;
     }
+    let n = sample_count(params, "n").map_err(|e| renamed(e, &at("n")))?;
+    top_k_and_stop(params, "sampling_params.")?;
+    Ok((max_new_tokens, n))
+}
+
+/// `error`, reported at `path` (a field inside an object).
+fn renamed(error: InvalidRequest, path: &str) -> InvalidRequest {
+    let field = error.param.clone().unwrap_or_default();
+    InvalidRequest {
+        message: error.message.replacen(&format!("'{field}'"), &format!("'{path}'"), 1),
+        param: Some(path.to_owned()),
+    }
+}
+
+/// `n` (1 to 128, 1 when absent).
+fn sample_count(body: &Map<String, Value>, field: &str) -> Result<u64, InvalidRequest> {
+    match optional_count(body, field)? {
+        None => Ok(1),
+        Some(n) if (1..=128).contains(&n) => Ok(n),
+        Some(n) => Err(InvalidRequest::field(field, format!("must be between 1 and 128, got {n}"))),
+    }
+}
+
+/// `top_k` (-1 or positive) and `stop` (a string or up to 16), under `prefix` for errors.
+fn top_k_and_stop(body: &Map<String, Value>, prefix: &str) -> Result<(), InvalidRequest> {
     if let Some(top_k) = body.get("top_k").filter(|v| !v.is_null()) {
         match top_k.as_i64() {
             Some(k) if k == -1 || k >= 1 => {}
-            _ => return Err(InvalidRequest::field("top_k", "must be -1 or a positive integer")),
+            _ => {
+                let field = format!("{prefix}top_k");
+                return Err(InvalidRequest::field(&field, "must be -1 or a positive integer"));
+            }
         }
     }
     if let Some(stop) = body.get("stop") {
@@ -104,11 +240,125 @@ pub(crate) fn parse_chat_request(body: &[u8]) -> Result<ChatRequest, InvalidRequ
             _ => false,
         };
         if !ok {
-            return Err(InvalidRequest::field("stop", "must be a string or up to 16 strings"));
+            let field = format!("{prefix}stop");
+            return Err(InvalidRequest::field(&field, "must be a string or up to 16 strings"));
         }
     }
+    Ok(())
+}
 
-    Ok(ChatRequest { model, stream, max_output_tokens: max_completion_tokens.or(max_tokens), body })
+/// The prompt forms a field accepts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shapes {
+    /// Text or token ids, single or batched (`prompt`).
+    Any,
+    /// A string or a list of strings (`text`).
+    Text,
+    /// A list of token ids or a list of such lists (`input_ids`).
+    Ids,
+}
+
+impl Shapes {
+    fn describe(self) -> &'static str {
+        match self {
+            Shapes::Any => {
+                "must be a string, a list of strings, a list of token ids or a list of lists of \
+                 token ids"
+            }
+            Shapes::Text => "must be a string or a list of strings",
+            Shapes::Ids => "must be a list of token ids or a list of lists of token ids",
+        }
+    }
+}
+
+/// A prompt field in one of its accepted `shapes`; the batch size when it is a list of
+/// prompts.
+fn prompts(
+    field: &str,
+    value: &Value,
+    shapes: Shapes,
+    max_batch: usize,
+) -> Result<(Prompt, Option<usize>), InvalidRequest> {
+    let shape_error = || InvalidRequest::field(field, shapes.describe());
+    let (text, ids) = (shapes != Shapes::Ids, shapes != Shapes::Text);
+    let items = match value {
+        Value::String(one) if text => return Ok((Prompt::Texts(vec![one.clone()]), None)),
+        Value::Array(items) if items.is_empty() => {
+            return Err(InvalidRequest::field(field, "must not be empty"));
+        }
+        Value::Array(items) => items,
+        _ => return Err(shape_error()),
+    };
+    let batch = |len: usize| {
+        if len > max_batch {
+            Err(InvalidRequest::field(field, format!("holds {len} prompts, more than the batch limit of {max_batch}")))
+        } else {
+            Ok(Some(len))
+        }
+    };
+    match &items[0] {
+        Value::String(_) if text => {
+            let texts: Option<Vec<String>> =
+                items.iter().map(|item| item.as_str().map(str::to_owned)).collect();
+            let texts = texts.ok_or_else(shape_error)?;
+            let batch = batch(texts.len())?;
+            Ok((Prompt::Texts(texts), batch))
+        }
+        Value::Number(_) if ids => Ok((Prompt::Ids(vec![token_ids(field, items)?]), None)),
+        Value::Array(_) if ids => {
+            let batch = batch(items.len())?;
+            let ids = items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| match item {
+                    Value::Array(ids) if !ids.is_empty() => token_ids(field, ids),
+                    Value::Array(_) => {
+                        Err(InvalidRequest::field(&format!("{field}[{i}]"), "must not be empty"))
+                    }
+                    _ => Err(shape_error()),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((Prompt::Ids(ids), batch))
+        }
+        _ => Err(shape_error()),
+    }
+}
+
+/// A list of token ids (each fitting in 32 bits).
+fn token_ids(field: &str, items: &[Value]) -> Result<Vec<u32>, InvalidRequest> {
+    items
+        .iter()
+        .map(|id| id.as_u64().and_then(|id| u32::try_from(id).ok()))
+        .collect::<Option<Vec<u32>>>()
+        .ok_or_else(|| {
+            InvalidRequest::field(field, "must hold token ids: non-negative integers below 2^32")
+        })
+}
+
+/// A per-item field of `/generate` (`rid`, `return_logprob`): a scalar, or for a batch a list
+/// of one value per prompt.
+fn per_item(
+    body: &Map<String, Value>,
+    field: &str,
+    batch: Option<usize>,
+) -> Result<(), InvalidRequest> {
+    match (body.get(field), batch) {
+        (Some(Value::Array(items)), Some(len)) if items.len() != len => Err(InvalidRequest::field(
+            field,
+            format!("holds {} values for a batch of {len} prompts", items.len()),
+        )),
+        (Some(Value::Array(_)), None) => {
+            Err(InvalidRequest::field(field, "may be a list only for a batch of prompts"))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn optional_bool(body: &Map<String, Value>, field: &str) -> Result<(), InvalidRequest> {
+    match body.get(field) {
+        None | Some(Value::Null | Value::Bool(_)) => Ok(()),
+        Some(_) => Err(InvalidRequest::field(field, "must be a boolean")),
+    }
 }
 
 fn validate_messages(messages: Option<&Value>) -> Result<(), InvalidRequest> {
@@ -185,16 +435,18 @@ mod tests {
     use super::*;
 
     fn err(body: &str) -> InvalidRequest {
-        parse_chat_request(body.as_bytes()).expect_err(body)
+        parse_request(Endpoint::Chat, body.as_bytes(), 4).expect_err(body)
     }
 
     #[test]
     fn accepts_a_plain_request() {
-        let req = parse_chat_request(
+        let req = parse_request(
+            Endpoint::Chat,
             br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":8}"#,
+            4,
         )
         .expect("valid");
-        assert_eq!(req.model, "m");
+        assert_eq!(req.model.as_deref(), Some("m"));
         assert!(!req.stream);
         assert_eq!(req.max_output_tokens, Some(8));
         assert_eq!(req.messages().len(), 1);
@@ -202,9 +454,11 @@ mod tests {
 
     #[test]
     fn max_completion_tokens_wins_over_max_tokens() {
-        let req = parse_chat_request(
+        let req = parse_request(
+            Endpoint::Chat,
             br#"{"model":"m","messages":[{"role":"user","content":"x"}],
                 "max_tokens":8,"max_completion_tokens":3,"stream":true}"#,
+            4,
         )
         .expect("valid");
         assert_eq!(req.max_output_tokens, Some(3));
@@ -253,5 +507,81 @@ mod tests {
         let deep = "[".repeat(100_000);
         assert!(err(&deep).message.contains("not valid JSON"));
         assert!(err(r#"{"model":"m","messages":[],"x":1e999}"#).message.contains("not valid JSON"));
+    }
+
+    fn parsed(endpoint: Endpoint, body: &str) -> InferenceRequest {
+        parse_request(endpoint, body.as_bytes(), 4).expect(body)
+    }
+
+    #[test]
+    fn completion_prompts_in_every_shape() {
+        let texts = |t: &[&str]| Prompt::Texts(t.iter().map(|s| (*s).to_owned()).collect());
+        #[rustfmt::skip]
+        let cases = [
+            (r#""prompt":"hi""#, texts(&["hi"]), None),
+            (r#""prompt":["a","b"]"#, texts(&["a", "b"]), Some(2)),
+            (r#""prompt":[1,2,3]"#, Prompt::Ids(vec![vec![1, 2, 3]]), None),
+            (r#""prompt":[[1],[2,3]]"#, Prompt::Ids(vec![vec![1], vec![2, 3]]), Some(2)),
+        ];
+        for (fields, prompt, batch) in cases {
+            let body = format!(r#"{{"model":"m",{fields},"max_tokens":5,"n":2}}"#);
+            let req = parsed(Endpoint::Completions, &body);
+            assert_eq!(req.prompt, prompt, "{body}");
+            assert_eq!(req.batch, batch, "{body}");
+            assert_eq!(req.max_output_tokens, Some(5));
+            assert_eq!(req.sequences, 2 * batch.unwrap_or(1) as u64, "{body}");
+        }
+    }
+
+    #[test]
+    fn generate_takes_text_or_ids_and_its_sampling_params() {
+        let req = parsed(
+            Endpoint::Generate,
+            r#"{"text":["a","b"],"sampling_params":{"max_new_tokens":7,"n":3},"rid":["x","y"],"stream":true}"#,
+        );
+        assert_eq!(req.model, None, "/generate may name no model");
+        assert_eq!((req.batch, req.max_output_tokens, req.sequences), (Some(2), Some(7), 6));
+        assert!(req.stream);
+        let req = parsed(Endpoint::Generate, r#"{"input_ids":[5,6],"model":"m"}"#);
+        assert_eq!(req.prompt, Prompt::Ids(vec![vec![5, 6]]));
+        assert_eq!((req.batch, req.max_output_tokens, req.model.as_deref()), (None, None, Some("m")));
+        assert_eq!(Endpoint::Generate.path(), "/generate");
+        assert_eq!(Endpoint::Completions.path(), "/v1/completions");
+    }
+
+    #[test]
+    fn each_bad_prompt_is_named() {
+        #[rustfmt::skip]
+        let cases = [
+            (Endpoint::Completions, r#"{"model":"m"}"#, "prompt"),
+            (Endpoint::Completions, r#"{"prompt":"x"}"#, "model"),
+            (Endpoint::Completions, r#"{"model":"m","prompt":[]}"#, "prompt"),
+            (Endpoint::Completions, r#"{"model":"m","prompt":["a",1]}"#, "prompt"),
+            (Endpoint::Completions, r#"{"model":"m","prompt":[1,"a"]}"#, "prompt"),
+            (Endpoint::Completions, r#"{"model":"m","prompt":[[1],[]]}"#, "prompt[1]"),
+            (Endpoint::Completions, r#"{"model":"m","prompt":[-1]}"#, "prompt"),
+            (Endpoint::Completions, r#"{"model":"m","prompt":[4294967296]}"#, "prompt"),
+            (Endpoint::Completions, r#"{"model":"m","prompt":{"a":1}}"#, "prompt"),
+            (Endpoint::Completions, r#"{"model":"m","prompt":["a","b","c","d","e"]}"#, "prompt"),
+            (Endpoint::Completions, r#"{"model":"m","prompt":"x","echo":1}"#, "echo"),
+            (Endpoint::Completions, r#"{"model":"m","prompt":"x","temperature":9}"#, "temperature"),
+            (Endpoint::Generate, r#"{}"#, "text"),
+            (Endpoint::Generate, r#"{"text":"a","input_ids":[1]}"#, "text"),
+            (Endpoint::Generate, r#"{"input_ids":[]}"#, "input_ids"),
+            (Endpoint::Generate, r#"{"input_ids":["a"]}"#, "input_ids"),
+            (Endpoint::Generate, r#"{"text":[1,2]}"#, "text"),
+            (Endpoint::Generate, r#"{"text":"a","sampling_params":[]}"#, "sampling_params"),
+            (Endpoint::Generate, r#"{"text":"a","sampling_params":{"max_new_tokens":-1}}"#, "sampling_params.max_new_tokens"),
+            (Endpoint::Generate, r#"{"text":"a","sampling_params":{"top_p":0}}"#, "sampling_params.top_p"),
+            (Endpoint::Generate, r#"{"text":"a","sampling_params":{"top_k":0}}"#, "sampling_params.top_k"),
+            (Endpoint::Generate, r#"{"text":["a","b"],"rid":["x"]}"#, "rid"),
+            (Endpoint::Generate, r#"{"text":"a","rid":["x"]}"#, "rid"),
+            (Endpoint::Generate, r#"{"text":"a","model":5}"#, "model"),
+        ];
+        for (endpoint, body, param) in cases {
+            let error = parse_request(endpoint, body.as_bytes(), 4).expect_err(body);
+            assert_eq!(error.param.as_deref(), Some(param), "{body}: {error}");
+            assert!(error.message.contains(&format!("'{param}'")), "{body}: {error}");
+        }
     }
 }

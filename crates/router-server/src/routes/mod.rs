@@ -2,5 +2,5 @@
 
 pub(crate) mod admin;
 mod body;
-pub(crate) mod chat;
+pub(crate) mod inference;
 pub(crate) mod ops;

@@ -19,7 +19,7 @@ use crate::app::AppContext;
 use crate::config::ConfigFile;
 use crate::dispatch::{Dispatch, Exchange};
 use crate::error::ApiError;
-use crate::prepare::{parse_chat_request, prepare};
+use crate::prepare::{Endpoint, parse_request, prepare};
 
 /// What a scripted engine does with a chat request.
 #[derive(Clone, Copy, Debug)]
@@ -122,7 +122,7 @@ async fn dispatch(ctx: &Arc<AppContext>, stream: bool) -> Result<Response, ApiEr
         "model": "m", "stream": stream, "messages": [{"role": "user", "content": "hello"}]
     });
     let body = Bytes::from(body.to_string());
-    let chat = parse_chat_request(&body).expect("a valid request");
+    let chat = parse_request(Endpoint::Chat, &body, 4).expect("a valid request");
     let prepared = prepare(body, chat, None, None, None).expect("prepared");
     let model = ModelId::new("m");
     let pick = |id: &str| {
@@ -130,7 +130,8 @@ async fn dispatch(ctx: &Arc<AppContext>, stream: bool) -> Result<Response, ApiEr
         Pick::new(worker, PickReason::RoundRobin)
     };
     let request_id = HeaderValue::from_static("test");
-    let exchange = Exchange { ctx, request_id: &request_id, streamed: stream };
+    let path = Endpoint::Chat.path();
+    let exchange = Exchange { ctx, request_id: &request_id, path, streamed: stream };
     let d = Dispatch {
         exchange,
         prepared: &prepared,

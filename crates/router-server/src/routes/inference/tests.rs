@@ -1,4 +1,4 @@
-//! Session and routing keys as the handler reads them from headers.
+//! Session and routing keys as the inference handlers read them from headers.
 
 use axum::http::{HeaderMap, HeaderValue};
 

@@ -1,5 +1,7 @@
-//! `POST /v1/chat/completions`: read and prepare the request once, then [`crate::serve`] it;
-//! answer errors in the OpenAI shape and count every request by model, bucket and status.
+//! The inference endpoints: `POST /v1/chat/completions`, `POST /v1/completions` and SGLang's
+//! `POST /generate`. Each reads and prepares its request once, then [`crate::serve`]s it on
+//! the one request path; errors are answered in the OpenAI shape and every request is counted
+//! by model, bucket and status.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,12 +17,39 @@ use super::body::{read_body, request_id};
 use crate::app::AppContext;
 use crate::error::{ApiError, Chain};
 use crate::metrics;
-use crate::prepare::{PreparedRequest, parse_chat_request, prepare};
+use crate::prepare::{Endpoint, PreparedRequest, parse_request, prepare};
 use crate::serve::{Labels, serve};
 
-/// The chat endpoint.
+/// `POST /v1/chat/completions`.
 pub(crate) async fn chat_completions(
     State(ctx): State<Arc<AppContext>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    endpoint(Endpoint::Chat, ctx, headers, body).await
+}
+
+/// `POST /v1/completions`.
+pub(crate) async fn completions(
+    State(ctx): State<Arc<AppContext>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    endpoint(Endpoint::Completions, ctx, headers, body).await
+}
+
+/// SGLang's `POST /generate`.
+pub(crate) async fn generate(
+    State(ctx): State<Arc<AppContext>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    endpoint(Endpoint::Generate, ctx, headers, body).await
+}
+
+async fn endpoint(
+    endpoint: Endpoint,
+    ctx: Arc<AppContext>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -28,7 +57,7 @@ pub(crate) async fn chat_completions(
     let span = tracing::info_span!("request", id = %request_id.to_str().unwrap_or_default());
     let started = Instant::now();
     let mut labels = Labels::default();
-    let result = handle(&ctx, &headers, body, &request_id, started, &mut labels)
+    let result = handle(endpoint, &ctx, &headers, body, &request_id, started, &mut labels)
         .instrument(span.clone())
         .await;
     let mut response = match result {
@@ -50,6 +79,7 @@ pub(crate) async fn chat_completions(
 }
 
 async fn handle(
+    endpoint: Endpoint,
     ctx: &Arc<AppContext>,
     headers: &HeaderMap,
     body: Body,
@@ -62,8 +92,15 @@ async fn handle(
     }
     let body =
         read_body(headers, body, ctx.max_body_bytes(), ctx.server().body_read_timeout_secs).await?;
-    let chat = parse_chat_request(&body)?;
-    let model = ctx.model(&chat.model).ok_or_else(|| ApiError::UnknownModel(chat.model.clone()))?;
+    let request = parse_request(endpoint, &body, ctx.server().max_batch_size)?;
+    let model = match &request.model {
+        Some(name) => ctx.model(name).ok_or_else(|| ApiError::UnknownModel(name.clone()))?,
+        // `/generate` names no model: the router's only one.
+        None => ctx.sole_model().ok_or_else(|| ApiError::InvalidRequest {
+            message: "'model' is required: this router serves several models".to_owned(),
+            param: Some("model".to_owned()),
+        })?,
+    };
     labels.model.push_str(model.id.as_str());
     let session = affinity_key(headers, &model.affinity.session_id_header)?;
     let routing = affinity_key(headers, &model.affinity.routing_key_header)?;
@@ -81,12 +118,12 @@ async fn handle(
         tokio::task::spawn_blocking(move || -> Result<PreparedRequest, ApiError> {
             let _permit = permit;
             let tokenization = tokenization.as_deref();
-            Ok(prepare(body, chat, tokenization, session.as_deref(), routing.as_deref())?)
+            Ok(prepare(body, request, tokenization, session.as_deref(), routing.as_deref())?)
         })
         .await
         .map_err(ApiError::Preparation)??
     } else {
-        prepare(body, chat, model.tokenization.as_deref(), session, routing)?
+        prepare(body, request, model.tokenization.as_deref(), session, routing)?
     };
     serve(ctx, model, &prepared, request_id, started, labels).await
 }
