@@ -76,6 +76,12 @@ impl<'a> Fields<'a> {
             .transpose()
     }
 
+    pub(crate) fn f64(&self, name: &str) -> Result<Option<f64>, ApiError> {
+        self.get(name)
+            .map(|v| v.as_f64().ok_or_else(|| bad(format!("{} must be a number", self.name(name)))))
+            .transpose()
+    }
+
     /// An output limit: absent, or an integer of at least 1.
     pub(crate) fn limit(&self, name: &str) -> Result<Option<u64>, ApiError> {
         match self.get(name).map(Value::as_i64) {
