@@ -103,16 +103,16 @@ struct EngineArgs {
     /// Tokens per streamed chunk, like SGLang's --stream-interval [default: 1].
     #[arg(long)]
     stream_interval: Option<usize>,
-    /// Fraction of chat requests answered with HTTP 500.
+    /// Fraction of generation requests (chat, completions, /generate) answered with HTTP 500.
     #[arg(long, default_value_t = 0.0)]
     fail_rate: f64,
-    /// Delay before anything is sent back for each chat request, in ms.
+    /// Delay before anything is sent back for each generation request, in ms.
     #[arg(long, default_value_t = 0)]
     stall_ms: u64,
-    /// Delay between each chat answer's head and its body, in ms.
+    /// Delay between each generation answer's head and its body, in ms.
     #[arg(long, default_value_t = 0)]
     stall_body_ms: u64,
-    /// Exit (status 3) once this many chat requests have been answered.
+    /// Exit (status 3) once this many generation requests have been answered.
     #[arg(long)]
     die_after: Option<u64>,
     /// Bind the KV-event sockets but publish nothing.
@@ -121,7 +121,8 @@ struct EngineArgs {
     /// Seed of the fault draws.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Require `Authorization: Bearer KEY` on every request under /v1/ (401 otherwise).
+    /// Require `Authorization: Bearer KEY` on every request under /v1/ and on /generate (401
+    /// otherwise).
     #[arg(long, value_name = "KEY")]
     api_key: Option<ApiKey>,
     /// PEM certificate chain: serve HTTPS on --port (needs --tls-key).

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use subtle::{Choice, ConstantTimeEq};
 
-/// The bearer token every `/v1/` request must carry when configured (`--api-key`).
+/// The bearer token every `/v1/` and `/generate` request must carry when configured
+/// (`--api-key`).
 ///
 /// Its `Debug` prints `<redacted>`, so a config holding one can be logged; there is no
 /// `Display` and no accessor, so the key itself never leaves this type. Clones share the key.

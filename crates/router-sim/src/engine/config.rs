@@ -66,8 +66,8 @@ pub struct EngineConfig {
     pub faults: Faults,
     /// Seed of the fault draws (`--seed`, default 0).
     pub seed: u64,
-    /// Bearer token every request under `/v1/` must carry (`--api-key`); `None` leaves the
-    /// engine open. Never printed: its `Debug` is `<redacted>`.
+    /// Bearer token every request under `/v1/` and to `/generate` must carry (`--api-key`);
+    /// `None` leaves the engine open. Never printed: its `Debug` is `<redacted>`.
     pub api_key: Option<ApiKey>,
     /// PEM certificate chain, leaf first: with [`EngineConfig::tls_key`] the HTTP port serves
     /// HTTPS (`--tls-cert`).

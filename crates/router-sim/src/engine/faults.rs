@@ -13,14 +13,15 @@ use tokio_util::sync::CancellationToken;
 /// The fault flags.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Faults {
-    /// Fraction of chat requests answered with HTTP 500, in `[0, 1]`.
+    /// Fraction of generation requests (chat, completions, `/generate`) answered with HTTP
+    /// 500, in `[0, 1]`.
     pub fail_rate: f64,
-    /// Delay before anything is sent back for a chat request.
+    /// Delay before anything is sent back for a generation request.
     pub stall: Duration,
-    /// Delay between a chat answer's head and its body (a stalled engine, as the router sees
-    /// it once the head has arrived).
+    /// Delay between a generation answer's head and its body (a stalled engine, as the router
+    /// sees it once the head has arrived).
     pub stall_body: Duration,
-    /// Exit once this many chat requests have been answered.
+    /// Exit once this many generation requests have been answered.
     pub die_after: Option<u64>,
     /// Bind the KV-event sockets but never publish (nor retain for replay).
     pub no_kv_events: bool,
@@ -59,7 +60,8 @@ impl FaultState {
         self.faults.stall_body
     }
 
-    /// Counts an answered chat request; the `die_after`-th one starts the engine's death.
+    /// Counts an answered generation request (a batch is one); the `die_after`-th one starts
+    /// the engine's death.
     pub(crate) fn answered(&self) {
         let answered = self.answered.fetch_add(1, Ordering::SeqCst) + 1;
         if self.faults.die_after.is_some_and(|limit| answered >= limit) {

@@ -1,6 +1,6 @@
-//! The simulated engine: one [`serve`] call is one engine (an OpenAI HTTP server, optionally
-//! behind an API key and over TLS, a prefix cache with a timing model, KV events over ZeroMQ, a
-//! PD bootstrap server for prefill engines, and fault injection), running until its
+//! The simulated engine: one [`serve`] call is one engine (an OpenAI and SGLang HTTP server,
+//! optionally behind an API key and over TLS, a prefix cache with a timing model, KV events over
+//! ZeroMQ, a PD bootstrap server for prefill engines, and fault injection), running until its
 //! cancellation token fires or a `die_after` fault ends it.
 //!
 //! ```no_run
@@ -103,7 +103,7 @@ pub enum Exit {
     Stopped,
     /// The `die_after` fault ended it after this many answered requests.
     Died {
-        /// Chat requests answered before dying.
+        /// Generation requests answered before dying.
         answered: u64,
     },
 }

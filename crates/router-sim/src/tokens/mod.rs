@@ -1,4 +1,5 @@
-//! Request preparation on the engine side: chat-template rendering and tokenization.
+//! Request preparation on the engine side: chat-template rendering and tokenization (of chat
+//! messages, and of raw text prompts without a template).
 //!
 //! Two modes that agree byte for byte on the shipped assets:
 //! - built in ([`Preprocessor::builtin`]): ChatML rendering
@@ -84,6 +85,7 @@ pub struct Preprocessor {
     template: Template,
     tokens: Tokens,
     source: Option<PathBuf>,
+    vocab_size: usize,
 }
 
 impl std::fmt::Debug for Preprocessor {
@@ -96,7 +98,7 @@ impl Preprocessor {
     /// The built-in ChatML rendering with one token per UTF-8 byte; identical to loading the
     /// shipped assets ([`crate::assets::tokenizer_path`]).
     pub fn builtin() -> Self {
-        Self { template: Template::ChatMl, tokens: Tokens::Bytes, source: None }
+        Self { template: Template::ChatMl, tokens: Tokens::Bytes, source: None, vocab_size: 256 }
     }
 
     /// Loads `tokenizer.json` at `path` and the chat template beside it.
@@ -106,7 +108,10 @@ impl Preprocessor {
         let dir = path.parent().unwrap_or(Path::new("."));
         let template = ChatTemplate::from_dir(dir)
             .map_err(|source| PrepareError::Template { path: path.to_owned(), source })?;
+        let vocab_size =
+            tokenizer.get_vocab(true).into_values().max().map_or(0, |id| id as usize + 1);
         Ok(Self {
+            vocab_size,
             template: Template::Jinja(Box::new(template)),
             tokens: Tokens::HuggingFace(Box::new(tokenizer)),
             source: Some(path.to_owned()),
@@ -137,6 +142,25 @@ impl Preprocessor {
                 .map(|encoding| encoding.get_ids().to_vec())
                 .map_err(PrepareError::Encode),
         }
+    }
+
+    /// Tokenizes a raw text prompt (completions, `/generate`): no chat template, and the
+    /// special tokens the tokenizer's post-processor adds (a BOS, say) are added, as vLLM and
+    /// SGLang do for a plain prompt. The built-in and shipped tokenizers add none.
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, PrepareError> {
+        match &self.tokens {
+            Tokens::Bytes => self.encode(text),
+            Tokens::HuggingFace(tokenizer) => tokenizer
+                .encode(text, true)
+                .map(|encoding| encoding.get_ids().to_vec())
+                .map_err(PrepareError::Encode),
+        }
+    }
+
+    /// Every token id is below this: 256 for the built-in tokenizer, one more than the largest
+    /// id of the vocabulary and its added tokens for a `tokenizer.json`.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
     }
 
     /// Renders and tokenizes: the token ids the engine computes and caches.

@@ -1,9 +1,10 @@
-//! `--api-key`: every request under /v1/ needs `Authorization: Bearer KEY`; the probes do not,
-//! and the key never shows in answers or logs.
+//! `--api-key`: every request under /v1/ and to /generate needs `Authorization: Bearer KEY`; the
+//! probes do not, and the key never shows in answers or logs.
 
 use std::process::Stdio;
 
 use http::{Method, StatusCode};
+use serde_json::json;
 
 use crate::common::*;
 
@@ -62,6 +63,15 @@ async fn v1_requests_need_the_bearer_key() {
     assert_eq!(call(Method::GET, &url("/v1/loads"), Some(&right)).await.status, StatusCode::OK);
     let unknown = call(Method::GET, &url("/v1/no-such-route"), Some(&right)).await;
     assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+    // So is SGLang's /generate, the one generation endpoint outside /v1/.
+    let generate = json!({"text": "Hello, key!", "sampling_params": {"max_new_tokens": 2}});
+    let headers = [("authorization", right.as_str())];
+    let missing = send(Method::POST, &url("/generate"), Some(&generate)).await.expect("answered");
+    assert_unauthorized(&missing, "missing API key");
+    let answered = send_with_headers(Method::POST, &url("/generate"), Some(&generate), &headers)
+        .await
+        .expect("answered");
+    assert_eq!(answered.json()["meta_info"]["completion_tokens"], 2);
     for path in ["/health", "/health_generate", "/get_server_info", "/get_load"] {
         assert_eq!(call(Method::GET, &url(path), None).await.status, StatusCode::OK, "{path}");
     }

@@ -136,6 +136,35 @@ pub async fn chat(sim: &Sim, body: &Value) -> Reply {
         .expect("chat answered")
 }
 
+/// `POST {sim}{path}` with a JSON body.
+pub async fn post(sim: &Sim, path: &str, body: &Value) -> Reply {
+    send(Method::POST, &format!("{}{path}", sim.url()), Some(body)).await.expect("answered")
+}
+
+impl Reply {
+    /// The JSON `data:` payloads of an SSE body, after checking that it ends with `[DONE]`.
+    pub fn json_events(&self) -> Vec<Value> {
+        let events = self.events();
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{events:?}");
+        events[..events.len() - 1]
+            .iter()
+            .map(|e| {
+                serde_json::from_str(e).unwrap_or_else(|err| panic!("json event ({err}): {e}"))
+            })
+            .collect()
+    }
+
+    /// The message of an error answer.
+    pub fn error_message(&self) -> String {
+        self.json()["error"]["message"].as_str().expect("an error message").to_owned()
+    }
+}
+
+/// The token ids of `text` for the built-in tokenizer (one per byte).
+pub fn byte_ids(text: &str) -> Vec<u32> {
+    text.bytes().map(u32::from).collect()
+}
+
 pub fn request(content: &str, max_tokens: u64, stream: bool) -> Value {
     serde_json::json!({
         "model": "m",
@@ -148,10 +177,7 @@ pub fn request(content: &str, max_tokens: u64, stream: bool) -> Value {
 
 /// The ChatML prompt bytes the engine tokenizes (one token per byte).
 pub fn chatml_user(content: &str) -> Vec<u32> {
-    format!("<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n")
-        .bytes()
-        .map(u32::from)
-        .collect()
+    byte_ids(&format!("<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"))
 }
 
 /// Runs `router-sim load ARGS` to its end; returns its stdout lines and the JSON last line.

@@ -16,7 +16,13 @@ async fn fail_rate_one_answers_500() {
         assert_eq!(reply.status, StatusCode::INTERNAL_SERVER_ERROR);
         assert_eq!(reply.json()["error"]["code"], 500);
     }
-    // Probes stay healthy: only chat requests fail.
+    // Every generation endpoint fails alike.
+    let completion = post(&sim, "/v1/completions", &serde_json::json!({"prompt": "x"})).await;
+    assert_eq!(completion.status, StatusCode::INTERNAL_SERVER_ERROR);
+    let generate = post(&sim, "/generate", &serde_json::json!({"text": ["x", "y"]})).await;
+    assert_eq!(generate.status, StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(generate.error_message().contains("injected failure"));
+    // Probes stay healthy: only generation requests fail.
     assert_eq!(get(&format!("{}/health", sim.url())).await.status, StatusCode::OK);
 }
 

@@ -4,7 +4,9 @@
 mod api_key;
 mod chat;
 mod common;
+mod completions;
 mod faults;
+mod generate;
 mod kv;
 mod loadgen;
 mod pd;

@@ -1,5 +1,6 @@
-//! `--api-key`: every request under `/v1/` must carry `Authorization: Bearer KEY`; other paths
-//! (`/health`, the SGLang probes) stay open, as in vLLM.
+//! `--api-key`: every request under `/v1/` must carry `Authorization: Bearer KEY`, as in vLLM,
+//! and so must SGLang's `/generate` (SGLang guards it too: no generation endpoint is open);
+//! other paths (`/health`, the SGLang probes) stay open.
 
 use axum::extract::{Request, State};
 use axum::middleware::Next;
@@ -10,7 +11,7 @@ use http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
 use super::error::ApiError;
 use crate::engine::api_key::ApiKey;
 
-/// Answers 401 to a `/v1/` request without the right bearer token; passes everything else on.
+/// Answers 401 to a guarded request without the right bearer token; passes everything else on.
 pub(crate) async fn require_api_key(
     State(key): State<ApiKey>,
     request: Request,
@@ -29,9 +30,9 @@ pub(crate) async fn require_api_key(
     }
 }
 
-/// Whether `path` is under `/v1`.
+/// Whether `path` is under `/v1` or is `/generate`.
 fn guarded(path: &str) -> bool {
-    path == "/v1" || path.starts_with("/v1/")
+    path == "/v1" || path.starts_with("/v1/") || path == "/generate"
 }
 
 /// Checks an `Authorization` header against `key`. The answers never quote what was sent.
@@ -55,11 +56,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_v1_paths_are_guarded() {
-        for path in ["/v1", "/v1/", "/v1/chat/completions", "/v1/models", "/v1/loads", "/v1/x"] {
+    fn only_v1_paths_and_generate_are_guarded() {
+        let guarded_paths =
+            ["/v1", "/v1/", "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/x"];
+        for path in guarded_paths.into_iter().chain(["/v1/loads", "/generate"]) {
             assert!(guarded(path), "{path}");
         }
-        for path in ["/health", "/health_generate", "/get_load", "/v10", "/v1x/models", "/"] {
+        let open = ["/health", "/health_generate", "/get_load", "/v10", "/v1x/models", "/"];
+        for path in open.into_iter().chain(["/generate/x", "/generated"]) {
             assert!(!guarded(path), "{path}");
         }
     }

@@ -1,4 +1,5 @@
-//! The engine's HTTP face: the OpenAI chat endpoint and the probes other routers use, behind
+//! The engine's HTTP face: the generation endpoints (OpenAI chat and legacy completions,
+//! SGLang's `/generate`, all over one generation path) and the probes other routers use, behind
 //! the `--api-key` check for `/v1/`, served (over TLS with `--tls-cert`) by an accept loop whose
 //! connections drop at once when the engine stops (so a dying engine cuts its streams like a
 //! killed process would).
@@ -6,7 +7,11 @@
 mod accept;
 mod auth;
 mod chat;
+mod completions;
 mod error;
+mod fields;
+mod generate;
+mod generation;
 mod info;
 mod openai;
 
@@ -90,6 +95,8 @@ pub(crate) fn router(engine: Arc<Engine>) -> Router {
     let api_key = engine.config.api_key.clone();
     let routes = Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/completions", post(completions::completions))
+        .route("/generate", post(generate::generate))
         .route("/v1/models", get(info::models))
         .route("/health", get(info::health))
         .route("/health_generate", get(info::health))

@@ -1,21 +1,18 @@
-//! OpenAI answer shapes: the `chat.completion` object, and the `chat.completion.chunk` SSE
-//! stream (a role chunk with the first token, one chunk per token, a final chunk with the
-//! finish reason, a usage chunk when `stream_options.include_usage`, then `data: [DONE]`).
+//! OpenAI answer shapes, chat and legacy completions alike: the `chat.completion` and
+//! `text_completion` objects, and their SSE streams (`chat.completion.chunk`: a role chunk with
+//! the first token, one chunk per token, a finish chunk; `text_completion`: one chunk per token,
+//! the prompt before the first with `echo`, a finish chunk; then a usage chunk when
+//! `stream_options.include_usage`, and `data: [DONE]`). Choice `index` is the run's index
+//! (prompt × `n` + choice); usage counts each prompt once, as OpenAI does.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
-use axum::body::Body;
 use axum::response::{IntoResponse, Response};
-use bytes::Bytes;
-use futures::stream;
-use http::{HeaderValue, StatusCode, header};
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
 
 use super::Engine;
-use super::error::ApiError;
-use crate::engine::bootstrap::RoomGuard;
-use crate::engine::scheduler::Progress;
+use super::generation::{Framing, Generation, Release, Run, push_event};
 
 /// Identity of one answer.
 #[derive(Debug)]
@@ -23,191 +20,170 @@ pub(crate) struct AnswerMeta {
     pub(crate) id: String,
     pub(crate) created: u64,
     pub(crate) model: String,
-    pub(crate) prompt_tokens: usize,
 }
 
-/// A submitted request whose answer is yet to be written.
+impl AnswerMeta {
+    /// A new answer id `{prefix}-sim-N`.
+    pub(crate) fn new(engine: &Engine, prefix: &str) -> Self {
+        let id = engine.next_id.fetch_add(1, Ordering::Relaxed);
+        Self {
+            id: format!("{prefix}-sim-{id}"),
+            created: super::unix_now(),
+            model: engine.config.model.clone(),
+        }
+    }
+}
+
+/// Which OpenAI API the answer belongs to.
 #[derive(Debug)]
-pub(crate) struct Answer {
-    pub(crate) meta: AnswerMeta,
-    /// The text of each output token.
-    pub(crate) pieces: Vec<String>,
-    pub(crate) rx: mpsc::UnboundedReceiver<Progress>,
-    pub(crate) stream: bool,
-    pub(crate) include_usage: bool,
-    /// A prefill engine's bootstrap room, marked ready at the first token.
-    pub(crate) room: Option<RoomGuard>,
-    pub(crate) finish_reason: &'static str,
+pub(crate) enum Shape {
+    /// `/v1/chat/completions`.
+    Chat,
+    /// `/v1/completions`; with `echo`, the text of each prompt, by prompt index.
+    Text { echo: Option<Vec<String>> },
 }
 
-fn usage(meta: &AnswerMeta, completion: usize, cached: usize) -> Value {
+impl Shape {
+    fn object(&self, stream: bool) -> &'static str {
+        match (self, stream) {
+            (Shape::Chat, false) => "chat.completion",
+            (Shape::Chat, true) => "chat.completion.chunk",
+            (Shape::Text { .. }, _) => "text_completion",
+        }
+    }
+
+    /// The echoed prompt before a run's output.
+    fn echo(&self, run: &Run) -> &str {
+        match self {
+            Shape::Text { echo: Some(texts) } => &texts[run.prompt],
+            _ => "",
+        }
+    }
+
+    /// A choice of a whole answer.
+    fn choice(&self, index: usize, run: &Run) -> Value {
+        let text = run.text(run.generated);
+        let mut choice = match self {
+            Shape::Chat => json!({ "message": { "role": "assistant", "content": text } }),
+            Shape::Text { .. } => json!({ "text": format!("{}{text}", self.echo(run)) }),
+        };
+        choice["index"] = json!(index);
+        choice["logprobs"] = Value::Null;
+        choice["finish_reason"] = json!(run.finish.as_str());
+        choice
+    }
+
+    /// A streamed choice: token `token` of `run`, or (`None`) its finish.
+    fn delta(&self, index: usize, run: &Run, token: Option<usize>) -> Value {
+        let piece = token.map(|t| run.pieces[t].as_str());
+        let mut choice = match (self, token) {
+            (Shape::Chat, Some(0)) => {
+                json!({ "delta": { "role": "assistant", "content": piece } })
+            }
+            (Shape::Chat, Some(_)) => json!({ "delta": { "content": piece } }),
+            (Shape::Chat, None) => json!({ "delta": {} }),
+            (Shape::Text { .. }, Some(0)) => {
+                json!({ "text": format!("{}{}", self.echo(run), piece.unwrap_or_default()) })
+            }
+            (Shape::Text { .. }, _) => json!({ "text": piece.unwrap_or_default() }),
+        };
+        choice["index"] = json!(index);
+        choice["logprobs"] = Value::Null;
+        choice["finish_reason"] = token.map_or_else(|| json!(run.finish.as_str()), |_| Value::Null);
+        choice
+    }
+}
+
+/// Usage over `runs`: every prompt's tokens (and cached tokens) once, from its first choice,
+/// and every choice's output.
+fn usage(runs: &[Run]) -> Value {
+    let firsts =
+        runs.iter().enumerate().filter(|(k, run)| *k == 0 || runs[k - 1].prompt != run.prompt);
+    let (prompt, cached) =
+        firsts.fold((0, 0), |(p, c), (_, run)| (p + run.prompt_tokens, c + run.cached_tokens));
+    let completion: usize = runs.iter().map(|run| run.generated).sum();
     json!({
-        "prompt_tokens": meta.prompt_tokens,
+        "prompt_tokens": prompt,
         "completion_tokens": completion,
-        "total_tokens": meta.prompt_tokens + completion,
+        "total_tokens": prompt + completion,
         "prompt_tokens_details": { "cached_tokens": cached },
     })
 }
 
-impl Answer {
-    pub(crate) async fn respond(self, engine: Arc<Engine>) -> Response {
-        if self.stream {
-            return self.stream_response(engine);
-        }
-        let mut answer = self;
-        let mut cached = None;
-        let mut generated = 0;
-        let completed = loop {
-            match answer.rx.recv().await {
-                Some(Progress::First { cached_tokens }) => {
-                    cached = Some(cached_tokens);
-                    generated += 1;
-                    if let Some(room) = &mut answer.room {
-                        room.ready(cached_tokens);
-                    }
-                }
-                Some(Progress::Token) => generated += 1,
-                Some(Progress::Done) => break true,
-                None => break false,
-            }
-        };
-        engine.faults.answered();
-        if !completed {
-            return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "engine stopped")
-                .into_response();
-        }
-        let meta = &answer.meta;
-        let body = json!({
-            "id": meta.id,
-            "object": "chat.completion",
-            "created": meta.created,
-            "model": meta.model,
-            "choices": [{
-                "index": 0,
-                "message": { "role": "assistant", "content": answer.pieces[..generated].concat() },
-                "logprobs": null,
-                "finish_reason": answer.finish_reason,
-            }],
-            "usage": usage(meta, generated, cached.unwrap_or(0)),
-        });
-        axum::Json(body).into_response()
-    }
-
-    fn stream_response(self, engine: Arc<Engine>) -> Response {
-        let state = StreamState { answer: self, engine, generated: 0, cached: 0, finished: false };
-        let body = Body::from_stream(stream::unfold(state, StreamState::next_frame));
-        let mut response = (StatusCode::OK, body).into_response();
-        let headers = response.headers_mut();
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-        headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-        response
-    }
+/// The whole answer of a finished generation.
+pub(crate) fn completion(meta: &AnswerMeta, shape: &Shape, generation: &Generation) -> Response {
+    let runs = &generation.runs;
+    let choices: Vec<Value> =
+        runs.iter().enumerate().map(|(k, run)| shape.choice(k, run)).collect();
+    axum::Json(json!({
+        "id": meta.id,
+        "object": shape.object(false),
+        "created": meta.created,
+        "model": meta.model,
+        "choices": choices,
+        "usage": usage(runs),
+    }))
+    .into_response()
 }
 
-struct StreamState {
-    answer: Answer,
-    engine: Arc<Engine>,
-    generated: usize,
-    cached: usize,
-    finished: bool,
+/// The SSE stream of either API.
+#[derive(Debug)]
+pub(crate) struct OpenAiFraming {
+    pub(crate) meta: AnswerMeta,
+    pub(crate) shape: Shape,
+    pub(crate) include_usage: bool,
 }
 
-/// The engine stopped before the answer was complete: the stream breaks.
-#[derive(Debug, thiserror::Error)]
-#[error("engine stopped mid-stream")]
-struct Interrupted;
-
-impl StreamState {
-    fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> Value {
-        let meta = &self.answer.meta;
+impl OpenAiFraming {
+    fn chunk(&self, choices: Value) -> Value {
+        let meta = &self.meta;
         let mut chunk = json!({
             "id": meta.id,
-            "object": "chat.completion.chunk",
+            "object": self.shape.object(true),
             "created": meta.created,
             "model": meta.model,
-            "choices": [{ "index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason }],
+            "choices": choices,
         });
-        if self.answer.include_usage {
+        if self.include_usage {
             chunk["usage"] = Value::Null;
         }
         chunk
     }
+}
 
-    fn push_event(out: &mut Vec<u8>, value: &Value) {
-        out.extend_from_slice(b"data: ");
-        out.extend_from_slice(value.to_string().as_bytes());
-        out.extend_from_slice(b"\n\n");
-    }
-
-    /// Appends the SSE events for one progress message.
-    fn render(&mut self, progress: Progress, out: &mut Vec<u8>) {
-        match progress {
-            Progress::First { cached_tokens } => {
-                self.cached = cached_tokens;
-                if let Some(room) = &mut self.answer.room {
-                    room.ready(cached_tokens);
-                }
-                let piece = self.answer.pieces.first().cloned().unwrap_or_default();
-                self.generated = 1;
-                let chunk = self.chunk(json!({ "role": "assistant", "content": piece }), None);
-                Self::push_event(out, &chunk);
-            }
-            Progress::Token => {
-                let piece = self.answer.pieces.get(self.generated).cloned().unwrap_or_default();
-                self.generated += 1;
-                let chunk = self.chunk(json!({ "content": piece }), None);
-                Self::push_event(out, &chunk);
-            }
-            Progress::Done => {
-                let chunk = self.chunk(json!({}), Some(self.answer.finish_reason));
-                Self::push_event(out, &chunk);
-                if self.answer.include_usage {
-                    let meta = &self.answer.meta;
-                    let usage_chunk = json!({
-                        "id": meta.id,
-                        "object": "chat.completion.chunk",
-                        "created": meta.created,
-                        "model": meta.model,
-                        "choices": [],
-                        "usage": usage(meta, self.generated, self.cached),
-                    });
-                    Self::push_event(out, &usage_chunk);
-                }
-                out.extend_from_slice(b"data: [DONE]\n\n");
-                self.finished = true;
-                self.engine.faults.answered();
-            }
+impl Framing for OpenAiFraming {
+    fn release(&mut self, runs: &[Run], release: Release, out: &mut Vec<u8>) {
+        let run = &runs[release.run];
+        for token in release.from..release.to {
+            let choice = self.shape.delta(release.run, run, Some(token));
+            push_event(out, &self.chunk(json!([choice])));
+        }
+        if release.to == run.output_ids.len() {
+            let finish = self.shape.delta(release.run, run, None);
+            push_event(out, &self.chunk(json!([finish])));
         }
     }
 
-    async fn next_frame(mut self) -> Option<(Result<Bytes, Interrupted>, Self)> {
-        if self.finished {
-            return None;
+    fn end(&mut self, runs: &[Run], out: &mut Vec<u8>) {
+        if self.include_usage {
+            let mut chunk = self.chunk(json!([]));
+            chunk["usage"] = usage(runs);
+            push_event(out, &chunk);
         }
-        let mut out = Vec::new();
-        match self.answer.rx.recv().await {
-            Some(progress) => self.render(progress, &mut out),
-            None => {
-                self.finished = true;
-                return Some((Err(Interrupted), self));
-            }
-        }
-        // With a stream interval, a chunk waits until it holds that many tokens (or the end).
-        let chunk_start = self.generated.saturating_sub(1);
-        while !self.finished && self.generated - chunk_start < self.engine.config.stream_interval {
-            match self.answer.rx.recv().await {
-                Some(progress) => self.render(progress, &mut out),
-                // The engine stopped: send what is here; the next call reports the break.
-                None => break,
-            }
-        }
-        // Coalesce what is already there (several decode steps may end at once).
-        while !self.finished {
-            match self.answer.rx.try_recv() {
-                Ok(progress) => self.render(progress, &mut out),
-                Err(_) => break,
-            }
-        }
-        Some((Ok(Bytes::from(out)), self))
+        out.extend_from_slice(b"data: [DONE]\n\n");
     }
+}
+
+/// Writes a started generation's answer, streamed or whole.
+pub(crate) async fn respond(
+    engine: Arc<Engine>,
+    generation: Generation,
+    framing: OpenAiFraming,
+    stream: bool,
+) -> Result<Response, super::error::ApiError> {
+    if stream {
+        return Ok(generation.stream(engine, framing));
+    }
+    let generation = generation.finish(&engine).await?;
+    Ok(completion(&framing.meta, &framing.shape, &generation))
 }
