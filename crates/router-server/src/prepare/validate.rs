@@ -156,7 +156,16 @@ pub(crate) fn parse_request(
         }
     };
     let sequences = batch.unwrap_or(1) as u64 * n;
-    Ok(InferenceRequest { endpoint, body, model, stream, max_output_tokens, prompt, batch, sequences })
+    Ok(InferenceRequest {
+        endpoint,
+        body,
+        model,
+        stream,
+        max_output_tokens,
+        prompt,
+        batch,
+        sequences,
+    })
 }
 
 /// The OpenAI sampling fields of chat and completions: the output bound and `n`.
@@ -188,7 +197,8 @@ fn generate_sampling(body: &Map<String, Value>) -> Result<(Option<u64>, u64), In
         Some(_) => return Err(InvalidRequest::field("sampling_params", "must be an object")),
     };
     let at = |field: &str| format!("sampling_params.{field}");
-    let max_new_tokens = optional_count(params, "max_new_tokens").map_err(|e| renamed(e, &at("max_new_tokens")))?;
+    let max_new_tokens =
+        optional_count(params, "max_new_tokens").map_err(|e| renamed(e, &at("max_new_tokens")))?;
     for (field, min, max) in [
         ("temperature", 0.0, f64::MAX),
         ("top_p", f64::MIN_POSITIVE, 1.0),
@@ -291,7 +301,10 @@ fn prompts(
     };
     let batch = |len: usize| {
         if len > max_batch {
-            Err(InvalidRequest::field(field, format!("holds {len} prompts, more than the batch limit of {max_batch}")))
+            Err(InvalidRequest::field(
+                field,
+                format!("holds {len} prompts, more than the batch limit of {max_batch}"),
+            ))
         } else {
             Ok(Some(len))
         }
@@ -544,7 +557,10 @@ mod tests {
         assert!(req.stream);
         let req = parsed(Endpoint::Generate, r#"{"input_ids":[5,6],"model":"m"}"#);
         assert_eq!(req.prompt, Prompt::Ids(vec![vec![5, 6]]));
-        assert_eq!((req.batch, req.max_output_tokens, req.model.as_deref()), (None, None, Some("m")));
+        assert_eq!(
+            (req.batch, req.max_output_tokens, req.model.as_deref()),
+            (None, None, Some("m"))
+        );
         assert_eq!(Endpoint::Generate.path(), "/generate");
         assert_eq!(Endpoint::Completions.path(), "/v1/completions");
     }

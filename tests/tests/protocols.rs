@@ -1,0 +1,178 @@
+//! The inference APIs beside chat, end to end through the router to router-sim engines:
+//! OpenAI completions and SGLang's `/generate`, whole and streamed, single and batched, plain
+//! and PD; token ids a client sends route cache-aware without tokenizing; bad bodies are 400s
+//! naming the field.
+
+use router_e2e::{ADMIN_TOKEN, Engine, Http, Reply, Router, kv_engines, kv_router_yaml};
+use serde_json::{Value, json};
+
+fn plain_router(engine: &Engine) -> Router {
+    Router::with_config(&format!(
+        "server: {{port: 0}}\nmodels:\n  - id: m\n    workers:\n      - {{id: e1, url: \"{}\"}}\n    \
+         buckets:\n      - id: all\n        groups: {{plain: {{policy: {{type: round_robin}}}}}}\n",
+        engine.url
+    ))
+}
+
+async fn post(http: &Http, router: &Router, path: &str, body: &Value) -> Reply {
+    let url = format!("{}{path}", router.url);
+    http.send("POST", &url, &[("content-type", "application/json")], body.to_string()).await
+}
+
+/// The `data:` payloads of a stream, `[DONE]` last.
+fn events(reply: &Reply) -> Vec<String> {
+    reply.body.lines().filter_map(|l| l.strip_prefix("data: ")).map(str::to_owned).collect()
+}
+
+#[tokio::test]
+async fn completions_in_every_prompt_shape_whole_and_streamed() {
+    let engine = Engine::start("m", &[]);
+    let router = plain_router(&engine);
+    let http = Http::default();
+    for (prompt, choices) in [
+        (json!("Once upon a time"), 1),
+        (json!(["one", "two"]), 2),
+        (json!([11, 12, 13]), 1),
+        (json!([[11, 12], [13, 14, 15]]), 2),
+    ] {
+        let body = json!({"model": "m", "prompt": prompt, "max_tokens": 3});
+        let reply = post(&http, &router, "/v1/completions", &body).await;
+        assert_eq!(reply.status, 200, "{prompt}: {}", reply.body);
+        assert_eq!(reply.header("x-router-engine"), Some("e1"));
+        let answer = reply.json();
+        assert_eq!(answer["object"], "text_completion", "{answer}");
+        assert_eq!(answer["choices"].as_array().map(Vec::len), Some(choices), "{answer}");
+        assert_eq!(answer["usage"]["completion_tokens"], 3 * choices, "{answer}");
+    }
+    let body = json!({"model": "m", "prompt": "stream me", "max_tokens": 4, "stream": true});
+    let reply = post(&http, &router, "/v1/completions", &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let events = events(&reply);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{}", reply.body);
+    let first: Value = serde_json::from_str(&events[0]).expect("json event");
+    assert_eq!(first["object"], "text_completion", "{first}");
+}
+
+#[tokio::test]
+async fn generate_with_text_ids_batches_and_streams() {
+    let engine = Engine::start("m", &[]);
+    let router = plain_router(&engine);
+    let http = Http::default();
+    let params = json!({"max_new_tokens": 3});
+    let reply =
+        post(&http, &router, "/generate", &json!({"text": "hello", "sampling_params": params}))
+            .await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let answer = reply.json();
+    assert_eq!(answer["meta_info"]["completion_tokens"], 3, "{answer}");
+    assert!(answer["text"].is_string(), "{answer}");
+
+    let body = json!({"input_ids": [[1, 2, 3], [4, 5]], "sampling_params": params});
+    let reply = post(&http, &router, "/generate", &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let answers = reply.json();
+    let answers = answers.as_array().expect("one answer per prompt");
+    let prompt_tokens: Vec<_> =
+        answers.iter().map(|a| a["meta_info"]["prompt_tokens"].clone()).collect();
+    assert_eq!(prompt_tokens, [json!(3), json!(2)]);
+
+    let body = json!({"text": "stream", "sampling_params": params, "stream": true});
+    let reply = post(&http, &router, "/generate", &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let events = events(&reply);
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{}", reply.body);
+    let last: Value = serde_json::from_str(&events[events.len() - 2]).expect("json event");
+    assert_eq!(last["meta_info"]["completion_tokens"], 3, "{last}");
+}
+
+#[tokio::test]
+async fn bad_bodies_are_400s_naming_the_field() {
+    let engine = Engine::start("m", &[]);
+    let router = plain_router(&engine);
+    let http = Http::default();
+    for (path, body, param) in [
+        ("/v1/completions", json!({"model": "m", "prompt": ["a", 1]}), "prompt"),
+        ("/v1/completions", json!({"model": "m", "prompt": []}), "prompt"),
+        ("/v1/completions", json!({"prompt": "x"}), "model"),
+        ("/generate", json!({"text": "a", "input_ids": [1]}), "text"),
+        ("/generate", json!({"input_ids": []}), "input_ids"),
+        (
+            "/generate",
+            json!({"text": "a", "sampling_params": {"max_new_tokens": -1}}),
+            "sampling_params.max_new_tokens",
+        ),
+    ] {
+        let reply = post(&http, &router, path, &body).await;
+        assert_eq!(reply.status, 400, "{path} {body}: {}", reply.body);
+        assert_eq!(reply.json()["error"]["param"], param, "{path} {body}: {}", reply.body);
+    }
+}
+
+#[tokio::test]
+async fn pd_pairs_serve_completions_and_generate_batches() {
+    let p = Engine::start("m", &["--role", "prefill", "--bootstrap-port", "0"]);
+    let d = Engine::start("m", &["--role", "decode"]);
+    let router = Router::with_config(&format!(
+        r#"server: {{port: 0}}
+models:
+  - id: m
+    workers:
+      - {{id: P1, url: "{p}", role: prefill, bootstrap_port: {port}}}
+      - {{id: D1, url: "{d}", role: decode}}
+    buckets:
+      - id: pd
+        groups:
+          pd:
+            prefill: {{policy: {{type: round_robin}}}}
+            decode: {{policy: {{type: round_robin}}}}
+"#,
+        p = p.url,
+        d = d.url,
+        port = p.bootstrap_port(),
+    ));
+    let http = Http::default();
+    let cases = [
+        ("/v1/completions", json!({"model": "m", "prompt": "pd please", "max_tokens": 2})),
+        (
+            "/v1/completions",
+            json!({"model": "m", "prompt": "pd stream", "max_tokens": 2, "stream": true}),
+        ),
+        ("/generate", json!({"text": ["one", "two"], "sampling_params": {"max_new_tokens": 2}})),
+        (
+            "/generate",
+            json!({"input_ids": [7, 8, 9], "sampling_params": {"max_new_tokens": 2}, "stream": true}),
+        ),
+    ];
+    for (path, body) in cases {
+        let reply = post(&http, &router, path, &body).await;
+        assert_eq!(reply.status, 200, "{path} {body}: {}", reply.body);
+        assert_eq!(reply.header("x-router-prefill-engine"), Some("P1"));
+        assert_eq!(reply.header("x-router-decode-engine"), Some("D1"));
+        assert!(!reply.body.contains("\"error\""), "{path} {body}: {}", reply.body);
+    }
+}
+
+#[tokio::test]
+async fn token_ids_route_to_the_engine_holding_their_prefix() {
+    let tokenizer = router_sim::assets::tokenizer_path().display().to_string();
+    let fleet = kv_engines(3, &tokenizer, &[]);
+    let policy = "{type: cache_aware, cache_affinity_min_matched_tokens: 64}";
+    let router = Router::with_config(&kv_router_yaml(&fleet, &tokenizer, policy));
+    let http = Http::default();
+    router.wait_until_ready(&http, ADMIN_TOKEN).await;
+    let prefix: Vec<u32> = (0..600).map(|i| 10 + i % 200).collect();
+    let mut engines = Vec::new();
+    for tail in 0..4u32 {
+        let mut ids = prefix.clone();
+        ids.push(250 - tail);
+        let body = json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}});
+        let reply = post(&http, &router, "/generate", &body).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        if tail > 0 {
+            let cached = reply.json()["meta_info"]["cached_tokens"].as_u64().unwrap_or(0);
+            assert!(cached >= 512, "the shared ids were served from cache: {}", reply.body);
+        }
+        engines.push(reply.header("x-router-engine").expect("engine").to_owned());
+    }
+    assert!(engines.iter().all(|e| *e == engines[0]), "one engine for one prefix: {engines:?}");
+}
