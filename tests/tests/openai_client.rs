@@ -15,11 +15,8 @@ fn the_official_openai_client_speaks_chat_and_completions_through_the_router() {
         engine.url
     ));
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/openai_client.py");
-    let output = Command::new("python3")
-        .arg(&script)
-        .arg(&router.url)
-        .output()
-        .expect("python3 runs");
+    let output =
+        Command::new("python3").arg(&script).arg(&router.url).output().expect("python3 runs");
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
         output.status.success(),

@@ -225,6 +225,24 @@ mod tests {
     }
 
     #[test]
+    fn client_token_ids_route_without_a_tokenizer_and_a_batch_counts_every_prompt() {
+        let body = r#"{"input_ids":[[1,2,3],[4,5]],"sampling_params":{"max_new_tokens":10,"n":2}}"#;
+        let raw = Bytes::from(body);
+        let request = parse_request(Endpoint::Generate, &raw, 4).expect("valid");
+        let prepared = prepare(raw, request, None, None, None).expect("prepared");
+        assert_eq!(prepared.input_tokens, 5, "both prompts, exactly");
+        assert_eq!(prepared.expected_peak_tokens, Some(5 + 10 * 2 * 2), "two prompts, n = 2");
+        let tokens = prepared.tokens.expect("the client's ids, for prefix lookups");
+        assert_eq!(tokens.ids(), [1, 2, 3], "a batch looks up its first prompt");
+
+        let raw = Bytes::from(r#"{"model":"m","prompt":["abcdefgh","abcd"]}"#);
+        let request = parse_request(Endpoint::Completions, &raw, 4).expect("valid");
+        let prepared = prepare(raw, request, None, None, None).expect("prepared");
+        assert_eq!((prepared.input_tokens, prepared.expected_peak_tokens), (3, None));
+        assert!(prepared.tokens.is_none(), "text without a tokenizer is only estimated");
+    }
+
+    #[test]
     fn client_bootstrap_fields_are_stripped() {
         let (raw, chat) = chat(
             r#"{"model":"m","messages":[{"role":"user","content":"x"}],"bootstrap_room":7,"bootstrap_host":"evil"}"#,

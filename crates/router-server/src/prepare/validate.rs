@@ -151,7 +151,7 @@ pub(crate) fn parse_request(
             for field in ["rid", "return_logprob"] {
                 per_item(&body, field, batch)?;
             }
-            let (max_output_tokens, n) = generate_sampling(&body)?;
+            let (max_output_tokens, n) = generate_sampling(&body, batch)?;
             (prompt, batch, max_output_tokens, n)
         }
     };
@@ -189,14 +189,46 @@ fn openai_sampling(body: &Map<String, Value>) -> Result<(Option<u64>, u64), Inva
     Ok((max_completion_tokens.or(max_tokens), n))
 }
 
-/// SGLang's `sampling_params`: the output bound and `n`.
-fn generate_sampling(body: &Map<String, Value>) -> Result<(Option<u64>, u64), InvalidRequest> {
-    let params = match body.get("sampling_params") {
-        None | Some(Value::Null) => return Ok((None, 1)),
-        Some(Value::Object(params)) => params,
-        Some(_) => return Err(InvalidRequest::field("sampling_params", "must be an object")),
-    };
-    let at = |field: &str| format!("sampling_params.{field}");
+/// SGLang's `sampling_params` (one object, or for a batch one per prompt): the output bound
+/// (the largest, unknown if any prompt leaves it open) and `n`.
+fn generate_sampling(
+    body: &Map<String, Value>,
+    batch: Option<usize>,
+) -> Result<(Option<u64>, u64), InvalidRequest> {
+    const FIELD: &str = "sampling_params";
+    match (body.get(FIELD), batch) {
+        (None | Some(Value::Null), _) => Ok((None, 1)),
+        (Some(Value::Object(params)), _) => sampling_params(params, FIELD),
+        (Some(Value::Array(items)), Some(len)) if items.len() == len => {
+            let mut bound = Some(0);
+            let mut n = 1;
+            for (i, item) in items.iter().enumerate() {
+                let at = format!("{FIELD}[{i}]");
+                let Value::Object(params) = item else {
+                    return Err(InvalidRequest::field(&at, "must be an object"));
+                };
+                let (max_new_tokens, item_n) = sampling_params(params, &at)?;
+                bound = bound.zip(max_new_tokens).map(|(a, b)| a.max(b));
+                n = n.max(item_n);
+            }
+            Ok((bound, n))
+        }
+        (Some(Value::Array(_)), Some(len)) => Err(InvalidRequest::field(
+            FIELD,
+            format!("must hold one object per prompt, {len} for this batch"),
+        )),
+        _ => {
+            Err(InvalidRequest::field(FIELD, "must be an object (or, for a batch, one per prompt)"))
+        }
+    }
+}
+
+/// One `sampling_params` object, reported at `prefix`.
+fn sampling_params(
+    params: &Map<String, Value>,
+    prefix: &str,
+) -> Result<(Option<u64>, u64), InvalidRequest> {
+    let at = |field: &str| format!("{prefix}.{field}");
     let max_new_tokens =
         optional_count(params, "max_new_tokens").map_err(|e| renamed(e, &at("max_new_tokens")))?;
     for (field, min, max) in [
@@ -210,7 +242,7 @@ fn generate_sampling(body: &Map<String, Value>) -> Result<(Option<u64>, u64), In
         optional_range(params, field, min, max).map_err(|e| renamed(e, &at(field)))?;
     }
     let n = sample_count(params, "n").map_err(|e| renamed(e, &at("n")))?;
-    top_k_and_stop(params, "sampling_params.")?;
+    top_k_and_stop(params, &format!("{prefix}."))?;
     Ok((max_new_tokens, n))
 }
 
@@ -561,6 +593,11 @@ mod tests {
             (req.batch, req.max_output_tokens, req.model.as_deref()),
             (None, None, Some("m"))
         );
+        let req = parsed(
+            Endpoint::Generate,
+            r#"{"text":["a","b"],"sampling_params":[{"max_new_tokens":4},{"max_new_tokens":9}]}"#,
+        );
+        assert_eq!(req.max_output_tokens, Some(9), "the largest bound of the batch");
         assert_eq!(Endpoint::Generate.path(), "/generate");
         assert_eq!(Endpoint::Completions.path(), "/v1/completions");
     }
@@ -593,6 +630,8 @@ mod tests {
             (Endpoint::Generate, r#"{"text":["a","b"],"rid":["x"]}"#, "rid"),
             (Endpoint::Generate, r#"{"text":"a","rid":["x"]}"#, "rid"),
             (Endpoint::Generate, r#"{"text":"a","model":5}"#, "model"),
+            (Endpoint::Generate, r#"{"text":["a","b"],"sampling_params":[{}]}"#, "sampling_params"),
+            (Endpoint::Generate, r#"{"text":["a","b"],"sampling_params":[{},{"top_k":0}]}"#, "sampling_params[1].top_k"),
         ];
         for (endpoint, body, param) in cases {
             let error = parse_request(endpoint, body.as_bytes(), 4).expect_err(body);
