@@ -176,3 +176,26 @@ async fn token_ids_route_to_the_engine_holding_their_prefix() {
     }
     assert!(engines.iter().all(|e| *e == engines[0]), "one engine for one prefix: {engines:?}");
 }
+
+#[tokio::test]
+async fn the_model_list_carries_the_engines_card() {
+    let engine = Engine::start("m", &["--kv-capacity-tokens", "32768"]);
+    let router = plain_router(&engine);
+    let http = Http::default();
+    let mut listed = Value::Null;
+    router_test_support::eventually("the engine's card on /v1/models", async || {
+        listed = http.get(&router.url, "/v1/models", &[]).await.json();
+        listed["data"][0]["max_model_len"].is_u64()
+    })
+    .await;
+    let card = &listed["data"][0];
+    assert_eq!(card["id"], "m", "{listed}");
+    assert_eq!(card["root"], "m", "{listed}");
+    assert_eq!(card["max_model_len"], 32768, "{listed}");
+    assert_eq!(card["owned_by"], "router-sim", "{listed}");
+    let one = http.get(&router.url, "/v1/models/m", &[]).await;
+    assert_eq!(one.status, 200);
+    assert_eq!(one.json(), *card);
+    let missing = http.get(&router.url, "/v1/models/other", &[]).await;
+    assert_eq!(missing.status, 404, "{}", missing.body);
+}

@@ -26,6 +26,7 @@ use crate::config::{
 };
 use crate::forward::{ForwardConfig, Forwarder, OutcomeSink};
 use crate::health::HealthBook;
+use crate::model_info::ModelCards;
 use crate::retry::RetryBudget;
 
 /// Everything a request handler needs, shared by all of them.
@@ -54,6 +55,9 @@ pub struct AppContext {
     retry_budget: RetryBudget,
     draining: AtomicBool,
     request_slots: Arc<tokio::sync::Semaphore>,
+    model_cards: Arc<ModelCards>,
+    /// How often and how patiently the model cards are refreshed (the health checker's).
+    card_refresh: (Duration, Duration),
     cancel: CancellationToken,
     tasks: Mutex<JoinSet<()>>,
 }
@@ -136,6 +140,11 @@ impl AppContext {
             request_slots: Arc::new(tokio::sync::Semaphore::new(
                 config.server.max_concurrent_requests,
             )),
+            model_cards: Arc::default(),
+            card_refresh: (
+                Duration::from_secs(config.health.interval_secs.max(1)),
+                Duration::from_secs(config.health.timeout_secs.max(1)),
+            ),
             cancel: CancellationToken::new(),
             tasks: Mutex::new(JoinSet::new()),
         })
@@ -172,6 +181,15 @@ impl AppContext {
                 ));
             }
         }
+        let (interval, timeout) = self.card_refresh;
+        tasks.spawn(Arc::clone(&self.model_cards).run(
+            self.models.keys().cloned().collect(),
+            Arc::clone(&self.registry),
+            self.forwarder.clone(),
+            interval,
+            timeout,
+            self.cancel.child_token(),
+        ));
         tasks.spawn(forget_removed(
             Arc::clone(&self.registry),
             Arc::clone(&self.inflight),
@@ -207,6 +225,11 @@ impl AppContext {
     pub fn sole_model(&self) -> Option<&ModelRuntime> {
         let mut models = self.models.values();
         models.next().filter(|_| models.next().is_none())
+    }
+
+    /// What clients are told about the models.
+    pub(crate) fn model_cards(&self) -> &ModelCards {
+        &self.model_cards
     }
 
     /// Every served model.

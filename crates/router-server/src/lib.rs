@@ -24,6 +24,7 @@ mod health;
 mod limit;
 pub mod logging;
 mod metrics;
+mod model_info;
 mod prepare;
 mod retry;
 mod routes;

@@ -37,6 +37,7 @@ pub fn routes(ctx: Arc<AppContext>) -> Router {
         .route("/v1/completions", post(inference::completions).layer(slot()))
         .route("/generate", post(inference::generate).layer(slot()))
         .route("/v1/models", get(ops::models))
+        .route("/v1/models/{id}", get(ops::model))
         .route_layer(from_fn_with_state(Arc::clone(ctx.credentials()), auth::require_api_key));
     Router::new()
         .merge(client_routes)

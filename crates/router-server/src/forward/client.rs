@@ -190,20 +190,35 @@ impl Forwarder {
     }
 
     /// GETs `path` on `worker` with a timeout, returning the status (health checks).
-    pub async fn probe(
+    pub(crate) async fn probe(
         &self,
         worker: &Worker,
         path: &str,
         timeout: Duration,
     ) -> Option<StatusCode> {
+        self.get(worker, path, timeout).await.map(|(status, _)| status)
+    }
+
+    /// GETs `path` on `worker`, head and body within `timeout` (at most 1 MiB of body): the
+    /// status and the body, or `None` when the engine could not answer.
+    pub(crate) async fn get(
+        &self,
+        worker: &Worker,
+        path: &str,
+        timeout: Duration,
+    ) -> Option<(StatusCode, Bytes)> {
+        const LIMIT: usize = 1 << 20;
         let mut request =
             Request::get(format!("{}{path}", worker.url())).body(Full::new(Bytes::new())).ok()?;
         authorize(&mut request, worker);
-        let response = tokio::time::timeout(timeout, self.request(request)).await.ok()?.ok()?;
-        let status = response.status();
-        // Drain so the connection returns to the pool.
-        let _ = tokio::time::timeout(timeout, response.into_body().collect()).await;
-        Some(status)
+        let exchange = async {
+            let response = self.request(request).await.ok()?;
+            let status = response.status();
+            // Read to the end, so the connection returns to the pool.
+            let body = http_body_util::Limited::new(response.into_body(), LIMIT);
+            Some((status, body.collect().await.ok()?.to_bytes()))
+        };
+        tokio::time::timeout(timeout, exchange).await.ok()?
     }
 }
 

@@ -1,26 +1,35 @@
-//! Operations endpoints: `/v1/models`, `/health`, `/readiness`, `/metrics`.
+//! Operations endpoints: `/v1/models` (and one model's card), `/health`, `/readiness`,
+//! `/metrics`.
 
 use std::sync::Arc;
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use router_policies::{MatchedTokens, SourceStats};
+use router_workers::ModelId;
 use serde_json::json;
 
 use crate::app::AppContext;
+use crate::error::ApiError;
 use crate::metrics;
 
-/// `GET /v1/models`: the OpenAI list shape.
+/// `GET /v1/models`: the OpenAI list shape, each entry the model's card.
 pub(crate) async fn models(State(ctx): State<Arc<AppContext>>) -> Json<serde_json::Value> {
-    let mut ids: Vec<&str> = ctx.models().map(|m| m.id.as_str()).collect();
-    ids.sort_unstable();
-    let data: Vec<_> = ids
-        .into_iter()
-        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "router"}))
-        .collect();
+    let mut ids: Vec<&ModelId> = ctx.models().map(|m| &m.id).collect();
+    ids.sort_unstable_by_key(|id| id.as_str());
+    let data: Vec<_> = ids.into_iter().map(|id| ctx.model_cards().entry(id)).collect();
     Json(json!({"object": "list", "data": data}))
+}
+
+/// `GET /v1/models/{id}`: one served model's card (404 for a model not served here).
+pub(crate) async fn model(
+    State(ctx): State<Arc<AppContext>>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let model = ctx.models().find(|m| m.id.as_str() == id).ok_or(ApiError::UnknownModel(id))?;
+    Ok(Json(ctx.model_cards().entry(&model.id)))
 }
 
 /// `GET /health`: the process is alive.

@@ -1,0 +1,159 @@
+//! What the router tells clients about its models (`GET /v1/models`, `GET /v1/models/{id}`):
+//! each served model's card, taken from an engine of the model (its own `/v1/models` entry:
+//! `root`, `max_model_len`, `owned_by`, `created`) and refreshed on the health checker's
+//! interval, so tools that read `data[0].root` or `max_model_len` (vLLM's benchmark, say) see
+//! what the engines serve. Until an engine has answered, a model's card names only itself.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::RwLock;
+use router_workers::{ModelId, Stage, WorkerRegistry};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::forward::Forwarder;
+
+/// The engines' cards of the served models, by model.
+#[derive(Debug, Default)]
+pub(crate) struct ModelCards {
+    cards: RwLock<HashMap<ModelId, Card>>,
+}
+
+/// What an engine says about a model.
+#[derive(Clone, Debug, PartialEq)]
+struct Card {
+    root: String,
+    max_model_len: Option<u64>,
+    owned_by: String,
+    created: u64,
+}
+
+impl Card {
+    /// The entry of `model` in an engine's `/v1/models` answer (or its only entry).
+    fn from_models(answer: &Value, model: &ModelId) -> Option<Self> {
+        let data = answer.get("data")?.as_array()?;
+        let entry = data
+            .iter()
+            .find(|e| e.get("id").and_then(Value::as_str) == Some(model.as_str()))
+            .or_else(|| (data.len() == 1).then(|| &data[0]))?;
+        let text = |field: &str| entry.get(field).and_then(Value::as_str).map(str::to_owned);
+        Some(Self {
+            root: text("root").or_else(|| text("id"))?,
+            max_model_len: entry.get("max_model_len").and_then(Value::as_u64),
+            owned_by: text("owned_by").unwrap_or_else(|| "router".to_owned()),
+            created: entry.get("created").and_then(Value::as_u64).unwrap_or(0),
+        })
+    }
+}
+
+impl ModelCards {
+    /// The `/v1/models` entry of `model`.
+    pub(crate) fn entry(&self, model: &ModelId) -> Value {
+        let card = self.cards.read().get(model).cloned();
+        let mut entry = json!({"id": model.as_str(), "object": "model"});
+        match card {
+            Some(card) => {
+                entry["root"] = card.root.into();
+                entry["owned_by"] = card.owned_by.into();
+                entry["created"] = card.created.into();
+                if let Some(len) = card.max_model_len {
+                    entry["max_model_len"] = len.into();
+                }
+            }
+            None => {
+                entry["root"] = model.as_str().into();
+                entry["owned_by"] = "router".into();
+                entry["created"] = 0.into();
+            }
+        }
+        entry
+    }
+
+    /// Asks one healthy engine of each of `models` (a plain or decode engine: the one that
+    /// answers) for its card, keeping the last good answer when none can say.
+    pub(crate) async fn refresh(
+        &self,
+        models: &[ModelId],
+        registry: &WorkerRegistry,
+        forwarder: &Forwarder,
+        timeout: Duration,
+    ) {
+        for model in models {
+            let engines = registry.workers();
+            let candidates = engines.iter().filter(|w| {
+                w.is_healthy()
+                    && w.serves(model)
+                    && matches!(w.stage(), Stage::Plain | Stage::Decode)
+            });
+            for worker in candidates {
+                let Some((status, body)) = forwarder.get(worker, "/v1/models", timeout).await
+                else {
+                    continue;
+                };
+                let card = status
+                    .is_success()
+                    .then(|| serde_json::from_slice::<Value>(&body).ok())
+                    .flatten()
+                    .and_then(|answer| Card::from_models(&answer, model));
+                if let Some(card) = card {
+                    self.cards.write().insert(model.clone(), card);
+                    break;
+                }
+            }
+        }
+    }
+
+    /// Refreshes every `interval` until `cancel`.
+    pub(crate) async fn run(
+        self: Arc<Self>,
+        models: Vec<ModelId>,
+        registry: Arc<WorkerRegistry>,
+        forwarder: Forwarder,
+        interval: Duration,
+        timeout: Duration,
+        cancel: CancellationToken,
+    ) {
+        let mut ticks = tokio::time::interval(interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                _ = ticks.tick() => self.refresh(&models, &registry, &forwarder, timeout).await,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_engine_entry_becomes_the_card_and_a_model_without_one_names_itself() {
+        let model = ModelId::new("m");
+        let answer = json!({"data": [
+            {"id": "other", "root": "x"},
+            {"id": "m", "root": "/models/m-7b", "max_model_len": 32768, "owned_by": "vllm", "created": 7},
+        ]});
+        let card = Card::from_models(&answer, &model).expect("m's entry");
+        assert_eq!(card.root, "/models/m-7b");
+        let cards = ModelCards::default();
+        assert_eq!(cards.entry(&model)["root"], "m", "before any engine answered");
+        assert!(cards.entry(&model).get("max_model_len").is_none());
+        cards.cards.write().insert(model.clone(), card);
+        let entry = cards.entry(&model);
+        assert_eq!(
+            entry,
+            json!({"id": "m", "object": "model", "root": "/models/m-7b", "max_model_len": 32768,
+                   "owned_by": "vllm", "created": 7})
+        );
+        // A single entry of another name still describes the engine's only model; the id of
+        // the entry a client sees is the router's name.
+        let only = json!({"data": [{"id": "served-name"}]});
+        assert_eq!(Card::from_models(&only, &model).map(|c| c.root), Some("served-name".into()));
+        assert!(Card::from_models(&json!({"data": []}), &model).is_none());
+        assert!(Card::from_models(&json!({"object": "list"}), &model).is_none());
+    }
+}
