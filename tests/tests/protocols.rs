@@ -199,3 +199,51 @@ async fn the_model_list_carries_the_engines_card() {
     let missing = http.get(&router.url, "/v1/models/other", &[]).await;
     assert_eq!(missing.status, 404, "{}", missing.body);
 }
+
+#[tokio::test]
+async fn fleet_information_loads_and_a_fanned_out_cache_flush() {
+    let tokenizer = router_sim::assets::tokenizer_path().display().to_string();
+    let fleet = kv_engines(2, &tokenizer, &[]);
+    let policy = "{type: cache_aware, cache_affinity_min_matched_tokens: 64}";
+    let router = Router::with_config(&kv_router_yaml(&fleet, &tokenizer, policy));
+    let http = Http::default();
+    router.wait_until_ready(&http, ADMIN_TOKEN).await;
+
+    for path in ["/get_server_info", "/get_model_info"] {
+        let reply = http.get(&router.url, path, &[]).await;
+        assert_eq!(reply.status, 200, "{path}: {}", reply.body);
+        assert!(reply.json().is_object(), "{path}: {}", reply.body);
+        assert!(reply.header("x-router-engine").is_some(), "{path}");
+    }
+    let other = http.get(&router.url, "/get_server_info?model=other", &[]).await;
+    assert_eq!(other.status, 404, "{}", other.body);
+
+    let loads = http.get(&router.url, "/get_loads", &[]).await.json();
+    let workers = loads["workers"].as_array().expect("sglang-router's shape");
+    assert_eq!(workers.len(), 2, "{loads}");
+    for (worker, engine) in workers.iter().zip(&fleet) {
+        assert_eq!(worker["worker"], engine.url.as_str(), "{loads}");
+        assert_eq!(worker["load"], 0, "a fresh report of an idle engine: {loads}");
+    }
+
+    let ids: Vec<u32> = (0..400).map(|i| 20 + i % 100).collect();
+    let body = json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}});
+    let reply = post(&http, &router, "/generate", &body).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let home = reply.header("x-router-engine").expect("engine").to_owned();
+    router_test_support::eventually("the prompt's blocks in the index", async || {
+        router_e2e::kv_blocks(&http, &router, ADMIN_TOKEN, &home).await > 0
+    })
+    .await;
+
+    let url = format!("{}/flush_cache", router.url);
+    let refused = http.send("POST", &url, &[], "").await;
+    assert_eq!(refused.status, 401, "flushing needs the admin token: {}", refused.body);
+    let bearer = format!("Bearer {ADMIN_TOKEN}");
+    let flushed = http.send("POST", &url, &[("authorization", &bearer)], "").await;
+    assert_eq!(flushed.status, 200, "{}", flushed.body);
+    assert_eq!(flushed.json()["flushed"], json!(["e1", "e2"]), "{}", flushed.body);
+    assert_eq!(router_e2e::kv_blocks(&http, &router, ADMIN_TOKEN, &home).await, 0);
+    let again = post(&http, &router, "/generate", &body).await;
+    assert_eq!(again.json()["meta_info"]["cached_tokens"], 0, "the engine's cache is empty");
+}

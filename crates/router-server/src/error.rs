@@ -75,6 +75,14 @@ pub(crate) enum ApiError {
     /// Something named by the path does not exist (admin API).
     #[error("{0}")]
     NotFound(String),
+    /// No healthy engine of the model answered an information request.
+    #[error("no healthy engine of model {model} answered {path}")]
+    NoEngineAnswered {
+        /// The model.
+        model: String,
+        /// The engine path asked.
+        path: String,
+    },
     /// A worker with this id is already registered (admin API).
     #[error(transparent)]
     WorkerExists(router_workers::WorkerError),
@@ -267,7 +275,9 @@ impl ApiError {
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Select(err) => select_status(err),
-            ApiError::Overloaded | ApiError::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Overloaded | ApiError::ShuttingDown | ApiError::NoEngineAnswered { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Preparation(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Engine(err) | ApiError::Prefill(err) | ApiError::Decode(err) => {
                 if err.is_timeout() { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY }
@@ -286,6 +296,7 @@ impl ApiError {
             ApiError::Select(err) => select_kind(err),
             ApiError::ShuttingDown => ("service_unavailable", "shutting_down"),
             ApiError::Overloaded => ("service_unavailable", "overloaded"),
+            ApiError::NoEngineAnswered { .. } => ("service_unavailable", "no_engine_answered"),
             ApiError::Preparation(_) => ("internal_error", "internal_error"),
             ApiError::Engine(err) | ApiError::Prefill(err) | ApiError::Decode(err) => {
                 ("upstream_error", err.code())

@@ -20,7 +20,7 @@ use tracing::{debug, info, warn};
 
 use crate::app::AppContext;
 use crate::config::ServerSection;
-use crate::routes::{admin, inference, ops};
+use crate::routes::{admin, fleet, inference, ops};
 use crate::{auth, limit};
 
 /// The router's HTTP routes over `ctx`.
@@ -29,6 +29,7 @@ pub fn routes(ctx: Arc<AppContext>) -> Router {
         .route("/admin/workers", get(admin::list_workers).post(admin::add_worker))
         .route("/admin/workers/{id}", delete(admin::remove_worker))
         .route("/admin/state", get(admin::state))
+        .route("/flush_cache", post(fleet::flush_cache))
         .route_layer(from_fn_with_state(Arc::clone(ctx.credentials()), auth::require_admin_token));
     // One bound on concurrent inference requests, whichever endpoint they use.
     let slot = || from_fn_with_state(Arc::clone(ctx.request_slots()), limit::concurrency);
@@ -38,6 +39,9 @@ pub fn routes(ctx: Arc<AppContext>) -> Router {
         .route("/generate", post(inference::generate).layer(slot()))
         .route("/v1/models", get(ops::models))
         .route("/v1/models/{id}", get(ops::model))
+        .route("/get_model_info", get(fleet::model_info))
+        .route("/get_server_info", get(fleet::server_info))
+        .route("/get_loads", get(fleet::loads))
         .route_layer(from_fn_with_state(Arc::clone(ctx.credentials()), auth::require_api_key));
     Router::new()
         .merge(client_routes)

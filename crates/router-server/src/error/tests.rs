@@ -93,6 +93,10 @@ async fn every_error_has_one_status_type_and_code() {
         (ApiError::Unauthorized("missing key"), 401, "authentication_error", "unauthorized"),
         (ApiError::Overloaded, 503, "service_unavailable", "overloaded"),
         (ApiError::ShuttingDown, 503, "service_unavailable", "shutting_down"),
+        (
+            ApiError::NoEngineAnswered { model: "m".into(), path: "/get_server_info".into() },
+            503, "service_unavailable", "no_engine_answered",
+        ),
         (ApiError::NotFound("worker x".into()), 404, "invalid_request_error", "not_found"),
         (
             ApiError::WorkerExists(router_workers::WorkerError::Duplicate { id: worker("e1") }),

@@ -207,9 +207,33 @@ impl Forwarder {
         path: &str,
         timeout: Duration,
     ) -> Option<(StatusCode, Bytes)> {
+        self.bodiless(Method::GET, worker, path, timeout).await
+    }
+
+    /// POSTs nothing to `path` on `worker` (a control request such as `/flush_cache`), as
+    /// [`Forwarder::get`] does.
+    pub(crate) async fn post_empty(
+        &self,
+        worker: &Worker,
+        path: &str,
+        timeout: Duration,
+    ) -> Option<(StatusCode, Bytes)> {
+        self.bodiless(Method::POST, worker, path, timeout).await
+    }
+
+    async fn bodiless(
+        &self,
+        method: Method,
+        worker: &Worker,
+        path: &str,
+        timeout: Duration,
+    ) -> Option<(StatusCode, Bytes)> {
         const LIMIT: usize = 1 << 20;
-        let mut request =
-            Request::get(format!("{}{path}", worker.url())).body(Full::new(Bytes::new())).ok()?;
+        let mut request = Request::builder()
+            .method(method)
+            .uri(format!("{}{path}", worker.url()))
+            .body(Full::new(Bytes::new()))
+            .ok()?;
         authorize(&mut request, worker);
         let exchange = async {
             let response = self.request(request).await.ok()?;

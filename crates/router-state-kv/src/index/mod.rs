@@ -400,6 +400,29 @@ impl KvIndex {
         self.purge_where(|w, _| w == worker)
     }
 
+    /// Forgets every block `worker` holds, in every model and rank, keeping its handles: the
+    /// engine flushed its cache and goes on publishing. Returns the (block, holder) pairs
+    /// removed.
+    pub fn clear_worker(&self, worker: &WorkerId) -> u64 {
+        if let Some(predictions) = &self.predictions {
+            predictions.remove_worker(worker);
+        }
+        let models: Vec<Arc<ModelIndex>> = self.models.read().values().cloned().collect();
+        let mut removed = 0;
+        for index in models {
+            let mut tree = index.tree.write();
+            let slots: Vec<u32> = (0..tree.holders.len())
+                .filter(|&slot| tree.holders[slot].live && tree.holders[slot].worker == *worker)
+                .filter_map(|slot| u32::try_from(slot).ok())
+                .collect();
+            for slot in slots {
+                removed += purge(&mut tree, slot);
+            }
+            index.publish(&tree);
+        }
+        removed
+    }
+
     /// Like [`KvIndex::remove_worker`], but only for one incarnation, so a replacement with
     /// the same id keeps its state.
     pub fn remove_incarnation(&self, worker: &WorkerId, incarnation: u64) -> u64 {

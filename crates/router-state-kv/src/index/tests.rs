@@ -163,6 +163,21 @@ fn removed_workers_are_purged_and_their_handles_refused() {
 }
 
 #[test]
+fn a_flushed_worker_loses_its_blocks_and_keeps_publishing() {
+    let index = KvIndex::default();
+    let a = holder(&index, "a", 0);
+    let b = holder(&index, "b", 0);
+    a.apply(&[stored(None, &[1, 2], &[1, 1, 2, 2])]);
+    b.apply(&[stored(None, &[1], &[1, 1])]);
+    assert_eq!(index.clear_worker(&wid("a")), 2);
+    assert_eq!(matches(&index, &[1, 1, 2, 2]), vec![("b".into(), 1, Medium::Gpu)]);
+    assert!(a.is_live(), "the handle stays");
+    a.apply(&[stored(None, &[3], &[3, 3])]);
+    assert_eq!(matches(&index, &[3, 3]), vec![("a".into(), 1, Medium::Gpu)]);
+    check(&index);
+}
+
+#[test]
 fn tiers_are_tracked_per_block_and_holder() {
     let index = KvIndex::default();
     let a = holder(&index, "a", 0);
