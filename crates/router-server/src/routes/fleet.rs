@@ -46,7 +46,7 @@ pub(crate) async fn server_info(
 }
 
 /// The model a query names, or the router's only one.
-fn queried_model<'c>(ctx: &'c AppContext, query: ModelQuery) -> Result<&'c ModelRuntime, ApiError> {
+fn queried_model(ctx: &AppContext, query: ModelQuery) -> Result<&ModelRuntime, ApiError> {
     match query.model {
         Some(name) => ctx.model(&name).ok_or(ApiError::UnknownModel(name)),
         None => ctx.sole_model().ok_or_else(|| ApiError::InvalidRequest {
