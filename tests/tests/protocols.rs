@@ -247,3 +247,28 @@ async fn fleet_information_loads_and_a_fanned_out_cache_flush() {
     let again = post(&http, &router, "/generate", &body).await;
     assert_eq!(again.json()["meta_info"]["cached_tokens"], 0, "the engine's cache is empty");
 }
+
+#[tokio::test]
+async fn the_rest_of_the_openai_surface_passes_through_to_an_engine_of_the_model() {
+    let engine = Engine::start("m", &[]);
+    let router = plain_router(&engine);
+    let http = Http::default();
+    let reply = post(&http, &router, "/v1/tokenize", &json!({"model": "m", "prompt": "hi"})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.header("x-router-engine"), Some("e1"));
+    let tokens = reply.json()["tokens"].clone();
+    assert!(tokens.as_array().is_some_and(|t| !t.is_empty()), "{}", reply.body);
+    // No model named: the router's only one.
+    let reply = post(&http, &router, "/v1/detokenize", &json!({"tokens": tokens})).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.json()["prompt"], "hi", "{}", reply.body);
+    // An engine without the API answers for itself: its 404 passes through, from the engine.
+    let reply = post(&http, &router, "/v1/embeddings", &json!({"model": "m", "input": "x"})).await;
+    assert_eq!(reply.status, 404, "{}", reply.body);
+    assert_eq!(reply.header("x-router-engine"), Some("e1"), "the engine's own answer");
+    let reply = post(&http, &router, "/v1/score", &json!({"model": "other"})).await;
+    assert_eq!(reply.status, 404, "{}", reply.body);
+    assert_eq!(reply.json()["error"]["code"], "model_not_found", "{}", reply.body);
+    let reply = http.get(&router.url, "/v1/unknown", &[]).await;
+    assert_eq!(reply.status, 404, "other paths stay 404");
+}

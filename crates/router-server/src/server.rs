@@ -20,6 +20,7 @@ use tracing::{debug, info, warn};
 
 use crate::app::AppContext;
 use crate::config::ServerSection;
+use crate::prepare::Endpoint;
 use crate::routes::{admin, fleet, inference, ops};
 use crate::{auth, limit};
 
@@ -37,6 +38,11 @@ pub fn routes(ctx: Arc<AppContext>) -> Router {
         .route("/v1/chat/completions", post(inference::chat_completions).layer(slot()))
         .route("/v1/completions", post(inference::completions).layer(slot()))
         .route("/generate", post(inference::generate).layer(slot()))
+        .route("/v1/embeddings", post(inference::passthrough(Endpoint::Embeddings)).layer(slot()))
+        .route("/v1/rerank", post(inference::passthrough(Endpoint::Rerank)).layer(slot()))
+        .route("/v1/score", post(inference::passthrough(Endpoint::Score)).layer(slot()))
+        .route("/v1/tokenize", post(inference::passthrough(Endpoint::Tokenize)).layer(slot()))
+        .route("/v1/detokenize", post(inference::passthrough(Endpoint::Detokenize)).layer(slot()))
         .route("/v1/models", get(ops::models))
         .route("/v1/models/{id}", get(ops::model))
         .route("/get_model_info", get(fleet::model_info))

@@ -23,7 +23,7 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use router_buckets::BucketPick;
 use router_state_load::InflightGuard;
-use router_workers::{ModelId, Worker};
+use router_workers::{ModelId, Stage, Worker};
 use tokio::sync::oneshot;
 
 use crate::app::AppContext;
@@ -69,8 +69,13 @@ impl Dispatch<'_> {
     /// the engines and the bucket.
     pub(crate) async fn run(self, pick: BucketPick) -> Result<Response, ApiError> {
         let mut response = match pick {
-            BucketPick::Plain(pick) => plain::dispatch(self, pick).await?,
-            BucketPick::Pd { prefill, decode } => pd::dispatch(self, prefill, decode).await?,
+            BucketPick::Plain(pick) => plain::dispatch(self, pick, Stage::Plain).await?,
+            BucketPick::Pd { prefill, decode } if self.prepared.request.endpoint.generates() => {
+                pd::dispatch(self, prefill, decode).await?
+            }
+            // Embeddings, scores and tokenization are one engine's work: the decode engine
+            // of the pair answers them.
+            BucketPick::Pd { decode, .. } => plain::dispatch(self, decode, Stage::Decode).await?,
         };
         response.headers_mut().insert("x-router-bucket", header_value(self.bucket));
         Ok(response)

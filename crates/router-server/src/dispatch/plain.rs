@@ -14,11 +14,17 @@ use crate::error::ApiError;
 use crate::forward::FirstByte;
 use crate::metrics;
 
-pub(super) async fn dispatch(d: Dispatch<'_>, pick: Pick) -> Result<Response, ApiError> {
+/// Sends the request to `pick`'s engine, accounted as `stage` (plain, or the decode engine of a
+/// pair answering a passed-through request).
+pub(super) async fn dispatch(
+    d: Dispatch<'_>,
+    pick: Pick,
+    stage: Stage,
+) -> Result<Response, ApiError> {
     let prepared = d.prepared;
     let tokens = prepared.tokens.as_deref();
     let x = d.exchange;
-    let guard = x.ctx.dispatched(d.model, &pick, Stage::Plain, prepared.input_tokens, tokens);
+    let guard = x.ctx.dispatched(d.model, &pick, stage, prepared.input_tokens, tokens);
     let worker = &pick.worker;
     let dispatched_at = Instant::now();
     let upstream = x.send(worker, prepared.body.clone()).await.map_err(ApiError::Engine)?;

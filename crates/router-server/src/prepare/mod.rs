@@ -141,7 +141,8 @@ pub(crate) fn prepare(
         (Prompt::Texts(texts), Some(tokenization)) => lengths_and_first(
             texts.iter().map(|text| tokenization.encode_text(text)).collect::<Result<_, _>>()?,
         ),
-        (_, None) => (estimate_tokens(&request), None),
+        // Text without a tokenizer, or a passed-through body: estimated.
+        _ => (estimate_tokens(&request), None),
     };
     let expected_peak_tokens = match request.max_output_tokens {
         Some(output) => Some(
@@ -195,6 +196,7 @@ fn estimate_tokens(request: &InferenceRequest) -> u64 {
         }
         Prompt::Texts(texts) => texts.iter().map(|text| text.len().div_ceil(4)).sum(),
         Prompt::Ids(ids) => ids.iter().map(Vec::len).sum(),
+        Prompt::Opaque => request.body.values().map(text_len).sum::<usize>().div_ceil(4),
     };
     estimate.max(1) as u64
 }

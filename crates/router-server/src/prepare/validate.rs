@@ -33,6 +33,16 @@ pub(crate) enum Endpoint {
     Completions,
     /// SGLang's `POST /generate`.
     Generate,
+    /// `POST /v1/embeddings`, passed through.
+    Embeddings,
+    /// `POST /v1/rerank`, passed through.
+    Rerank,
+    /// `POST /v1/score`, passed through.
+    Score,
+    /// `POST /v1/tokenize`, passed through.
+    Tokenize,
+    /// `POST /v1/detokenize`, passed through.
+    Detokenize,
 }
 
 impl Endpoint {
@@ -42,7 +52,18 @@ impl Endpoint {
             Endpoint::Chat => "/v1/chat/completions",
             Endpoint::Completions => "/v1/completions",
             Endpoint::Generate => "/generate",
+            Endpoint::Embeddings => "/v1/embeddings",
+            Endpoint::Rerank => "/v1/rerank",
+            Endpoint::Score => "/v1/score",
+            Endpoint::Tokenize => "/v1/tokenize",
+            Endpoint::Detokenize => "/v1/detokenize",
         }
+    }
+
+    /// Whether the engines generate tokens for it (chat, completions, `/generate`), and so a
+    /// PD pair serves it; the other endpoints go to one engine as they are.
+    pub(crate) fn generates(self) -> bool {
+        matches!(self, Endpoint::Chat | Endpoint::Completions | Endpoint::Generate)
     }
 }
 
@@ -55,6 +76,8 @@ pub(crate) enum Prompt {
     Texts(Vec<String>),
     /// Token-id prompts, used as given.
     Ids(Vec<Vec<u32>>),
+    /// A passed-through request: its size is estimated from its text, nothing is tokenized.
+    Opaque,
 }
 
 /// The fields of an inference request the router reads.
@@ -64,7 +87,7 @@ pub(crate) struct InferenceRequest {
     pub endpoint: Endpoint,
     /// The whole parsed body.
     pub body: Map<String, Value>,
-    /// `model`; only `/generate` may leave it out.
+    /// `model`; `/generate` and the passed-through endpoints may leave it out.
     pub model: Option<String>,
     /// `stream`, false when absent.
     pub stream: bool,
@@ -110,7 +133,11 @@ pub(crate) fn parse_request(
         (Some(Value::String(_)), _) => {
             return Err(InvalidRequest::field("model", "must not be empty"));
         }
-        (None | Some(Value::Null), Endpoint::Generate) => None,
+        (None | Some(Value::Null), endpoint)
+            if !matches!(endpoint, Endpoint::Chat | Endpoint::Completions) =>
+        {
+            None
+        }
         (None, _) => return Err(InvalidRequest::field("model", "is required")),
         (Some(_), _) => return Err(InvalidRequest::field("model", "must be a string")),
     };
@@ -154,6 +181,7 @@ pub(crate) fn parse_request(
             let (max_output_tokens, n) = generate_sampling(&body, batch)?;
             (prompt, batch, max_output_tokens, n)
         }
+        _ => (Prompt::Opaque, None, None, 1),
     };
     let sequences = batch.unwrap_or(1) as u64 * n;
     Ok(InferenceRequest {

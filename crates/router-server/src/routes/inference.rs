@@ -1,5 +1,7 @@
-//! The inference endpoints: `POST /v1/chat/completions`, `POST /v1/completions` and SGLang's
-//! `POST /generate`. Each reads and prepares its request once, then [`crate::serve`]s it on
+//! The inference endpoints: `POST /v1/chat/completions`, `POST /v1/completions`, SGLang's
+//! `POST /generate`, and the rest of the OpenAI surface passed through to one engine of the
+//! body's model (`/v1/embeddings`, `/v1/rerank`, `/v1/score`, `/v1/tokenize`,
+//! `/v1/detokenize`). Each reads and prepares its request once, then [`crate::serve`]s it on
 //! the one request path; errors are answered in the OpenAI shape and every request is counted
 //! by model, bucket and status.
 
@@ -10,6 +12,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
+use futures::future::BoxFuture;
 use router_affinity::{MAX_KEY_BYTES, ScopeError};
 use tracing::{Instrument, info, warn};
 
@@ -26,7 +29,7 @@ pub(crate) async fn chat_completions(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    endpoint(Endpoint::Chat, ctx, headers, body).await
+    endpoint_request(Endpoint::Chat, ctx, headers, body).await
 }
 
 /// `POST /v1/completions`.
@@ -35,7 +38,15 @@ pub(crate) async fn completions(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    endpoint(Endpoint::Completions, ctx, headers, body).await
+    endpoint_request(Endpoint::Completions, ctx, headers, body).await
+}
+
+/// A passed-through endpoint: the model's buckets and policies choose the engine; nothing is
+/// tokenized.
+pub(crate) fn passthrough(
+    endpoint: Endpoint,
+) -> impl Fn(State<Arc<AppContext>>, HeaderMap, Body) -> BoxFuture<'static, Response> + Clone {
+    move |State(ctx), headers, body| Box::pin(endpoint_request(endpoint, ctx, headers, body))
 }
 
 /// SGLang's `POST /generate`.
@@ -44,10 +55,10 @@ pub(crate) async fn generate(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    endpoint(Endpoint::Generate, ctx, headers, body).await
+    endpoint_request(Endpoint::Generate, ctx, headers, body).await
 }
 
-async fn endpoint(
+async fn endpoint_request(
     endpoint: Endpoint,
     ctx: Arc<AppContext>,
     headers: HeaderMap,
@@ -95,7 +106,8 @@ async fn handle(
     let request = parse_request(endpoint, &body, ctx.server().max_batch_size)?;
     let model = match &request.model {
         Some(name) => ctx.model(name).ok_or_else(|| ApiError::UnknownModel(name.clone()))?,
-        // `/generate` names no model: the router's only one.
+        // `/generate` and the passed-through endpoints may name no model: the router's only
+        // one.
         None => ctx.sole_model().ok_or_else(|| ApiError::InvalidRequest {
             message: "'model' is required: this router serves several models".to_owned(),
             param: Some("model".to_owned()),

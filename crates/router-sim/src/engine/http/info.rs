@@ -1,5 +1,6 @@
 //! The probes: `/v1/models`, `/health`, `/get_server_info`, `/get_model_info`, SGLang's
-//! `/v1/loads` (and the older `/get_load`), and `POST /flush_cache`.
+//! `/v1/loads` (and the older `/get_load`), `POST /flush_cache`, and vLLM's `POST /v1/tokenize`
+//! and `POST /v1/detokenize`.
 
 use std::sync::Arc;
 
@@ -105,5 +106,43 @@ pub(crate) async fn flush_cache(State(engine): State<Arc<Engine>>) -> Response {
             "cannot flush the cache while {busy} requests are running or waiting"
         ))
         .into_response(),
+    }
+}
+
+/// vLLM's `POST /v1/tokenize` (`{"prompt": text}`): the prompt's ids as a completion prompt
+/// gets them.
+pub(crate) async fn tokenize(
+    State(engine): State<Arc<Engine>>,
+    Json(body): Json<serde_json::Value>,
+) -> Response {
+    let Some(prompt) = body.get("prompt").and_then(serde_json::Value::as_str) else {
+        return ApiError::bad_request("'prompt' must be a string").into_response();
+    };
+    match engine.preprocessor.encode_prompt(prompt) {
+        Ok(tokens) => Json(json!({
+            "count": tokens.len(),
+            "max_model_len": engine.config.kv_capacity_tokens,
+            "tokens": tokens,
+        }))
+        .into_response(),
+        Err(err) => ApiError::bad_request(format!("cannot tokenize: {err}")).into_response(),
+    }
+}
+
+/// vLLM's `POST /v1/detokenize` (`{"tokens": [ids]}`).
+pub(crate) async fn detokenize(
+    State(engine): State<Arc<Engine>>,
+    Json(body): Json<serde_json::Value>,
+) -> Response {
+    let ids: Option<Vec<u32>> =
+        body.get("tokens").and_then(serde_json::Value::as_array).and_then(|ids| {
+            ids.iter().map(|id| id.as_u64().and_then(|id| u32::try_from(id).ok())).collect()
+        });
+    let Some(ids) = ids else {
+        return ApiError::bad_request("'tokens' must be a list of token ids").into_response();
+    };
+    match engine.preprocessor.decode(&ids) {
+        Ok(prompt) => Json(json!({"prompt": prompt})).into_response(),
+        Err(err) => ApiError::bad_request(format!("cannot detokenize: {err}")).into_response(),
     }
 }

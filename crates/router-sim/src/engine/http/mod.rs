@@ -98,6 +98,8 @@ pub(crate) fn router(engine: Arc<Engine>) -> Router {
         .route("/v1/completions", post(completions::completions))
         .route("/generate", post(generate::generate))
         .route("/v1/models", get(info::models))
+        .route("/v1/tokenize", post(info::tokenize))
+        .route("/v1/detokenize", post(info::detokenize))
         .route("/health", get(info::health))
         .route("/health_generate", get(info::health))
         .route("/get_server_info", get(info::server_info))
