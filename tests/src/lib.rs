@@ -203,6 +203,24 @@ pub fn kv_router_yaml(engines: &[Engine], tokenizer: &str, policy: &str) -> Stri
     )
 }
 
+/// A router configuration serving model `m` from one PD pair, prefill engine `P1` (`p`, with
+/// its bootstrap port) and decode engine `D1` (`d`), in one bucket `pd` whose prefill group runs
+/// `prefill_policy` and decode group round robin; `server` adds fields to the `server` section
+/// (`"engine_idle_timeout_secs: 1"`, say, or nothing).
+pub fn pd_router_yaml(p: &Engine, d: &Engine, server: &str, prefill_policy: &str) -> String {
+    let server = if server.is_empty() { String::new() } else { format!(", {server}") };
+    format!(
+        "server: {{port: 0{server}}}\nmodels:\n  - id: m\n    workers:\n      \
+         - {{id: P1, url: \"{}\", role: prefill, bootstrap_port: {}}}\n      \
+         - {{id: D1, url: \"{}\", role: decode}}\n    buckets:\n      - id: pd\n        groups:\n          \
+         pd:\n            prefill: {{policy: {{type: {prefill_policy}}}}}\n            \
+         decode: {{policy: {{type: round_robin}}}}\n",
+        p.url,
+        p.bootstrap_port(),
+        d.url,
+    )
+}
+
 /// The `workers:` entries (ids `e1`, `e2`, ...) for engines started by [`kv_engines`], one per
 /// line, indented for `models[].workers`.
 pub fn kv_workers_yaml(engines: &[Engine]) -> String {

@@ -4,7 +4,7 @@
 //! error event, a whole answer is a 504, the engine counts a failure and nothing stays in
 //! flight.
 
-use router_e2e::{Engine, Http, Router, chat_body, inflight};
+use router_e2e::{Engine, Http, Router, chat_body, inflight, pd_router_yaml};
 
 const ADMIN: &str = "admin-secret";
 
@@ -85,24 +85,8 @@ async fn a_plain_engine_that_stalls_after_its_head_is_cut_off() {
 async fn a_decode_engine_that_stalls_after_its_head_is_cut_off() {
     let p = Engine::start("m", &["--role", "prefill", "--bootstrap-port", "0"]);
     let d = Engine::start("m", &["--role", "decode", "--stall-body-ms", "60000"]);
-    let router = Router::with_config(&format!(
-        r#"server: {{port: 0, engine_idle_timeout_secs: 1}}
-models:
-  - id: m
-    workers:
-      - {{id: P1, url: "{p}", role: prefill, bootstrap_port: {port}}}
-      - {{id: D1, url: "{d}", role: decode}}
-    buckets:
-      - id: pd
-        groups:
-          pd:
-            prefill: {{policy: {{type: round_robin}}}}
-            decode: {{policy: {{type: round_robin}}}}
-"#,
-        p = p.url,
-        d = d.url,
-        port = p.bootstrap_port(),
-    ));
+    let router =
+        Router::with_config(&pd_router_yaml(&p, &d, "engine_idle_timeout_secs: 1", "round_robin"));
     let http = Http::default();
     let reply = http.chat(&router.url, &chat_body("m", "hello pd", 2), &[]).await;
     assert_eq!(reply.status, 504, "{}", reply.body);

@@ -1,7 +1,7 @@
 //! Prefill/decode dispatch end to end: the SGLang bootstrap protocol between real router-sim
 //! engines, both picked from one bucket.
 
-use router_e2e::{Engine, Http, Router, chat_body};
+use router_e2e::{Engine, Http, Router, chat_body, pd_router_yaml};
 
 struct Fleet {
     _engines: Vec<Engine>,
@@ -13,24 +13,7 @@ fn fleet(prefill_flags: &[&str]) -> Fleet {
     flags.extend_from_slice(prefill_flags);
     let p = Engine::start("m", &flags);
     let d = Engine::start("m", &["--role", "decode"]);
-    let yaml = format!(
-        r#"server: {{port: 0}}
-models:
-  - id: m
-    workers:
-      - {{id: P1, url: "{p}", role: prefill, bootstrap_port: {port}}}
-      - {{id: D1, url: "{d}", role: decode}}
-    buckets:
-      - id: pd
-        groups:
-          pd:
-            prefill: {{policy: {{type: power_of_two}}}}
-            decode: {{policy: {{type: round_robin}}}}
-"#,
-        p = p.url,
-        d = d.url,
-        port = p.bootstrap_port(),
-    );
+    let yaml = pd_router_yaml(&p, &d, "", "power_of_two");
     let router = Router::with_config(&yaml);
     Fleet { _engines: vec![p, d], router }
 }

@@ -3,7 +3,9 @@
 //! and PD; token ids a client sends route cache-aware without tokenizing; bad bodies are 400s
 //! naming the field.
 
-use router_e2e::{ADMIN_TOKEN, Engine, Http, Reply, Router, kv_engines, kv_router_yaml};
+use router_e2e::{
+    ADMIN_TOKEN, Engine, Http, Reply, Router, kv_engines, kv_router_yaml, pd_router_yaml,
+};
 use serde_json::{Value, json};
 
 fn plain_router(engine: &Engine) -> Router {
@@ -112,24 +114,7 @@ async fn bad_bodies_are_400s_naming_the_field() {
 async fn pd_pairs_serve_completions_and_generate_batches() {
     let p = Engine::start("m", &["--role", "prefill", "--bootstrap-port", "0"]);
     let d = Engine::start("m", &["--role", "decode"]);
-    let router = Router::with_config(&format!(
-        r#"server: {{port: 0}}
-models:
-  - id: m
-    workers:
-      - {{id: P1, url: "{p}", role: prefill, bootstrap_port: {port}}}
-      - {{id: D1, url: "{d}", role: decode}}
-    buckets:
-      - id: pd
-        groups:
-          pd:
-            prefill: {{policy: {{type: round_robin}}}}
-            decode: {{policy: {{type: round_robin}}}}
-"#,
-        p = p.url,
-        d = d.url,
-        port = p.bootstrap_port(),
-    ));
+    let router = Router::with_config(&pd_router_yaml(&p, &d, "", "round_robin"));
     let http = Http::default();
     let cases = [
         ("/v1/completions", json!({"model": "m", "prompt": "pd please", "max_tokens": 2})),

@@ -53,6 +53,7 @@ mod template;
 pub use conversation::Conversation;
 pub use error::{ConfigProblem, TemplateError};
 pub use special::SpecialTokens;
+pub use strftime::strftime;
 pub use template::ChatTemplate;
 
 /// The name of a single template, and of the one chosen when no other fits.

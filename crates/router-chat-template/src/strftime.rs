@@ -69,7 +69,7 @@ fn civil(unix_secs: i64) -> Civil {
 /// Formats `unix_secs` (UTC) like Python's `datetime.strftime` in the C locale, for
 /// `%a %A %b %h %B %d %e %H %I %j %m %M %p %S %y %Y %F %T %D %%` and glibc's `%-d`-style
 /// unpadded numbers; other specifiers are copied through unchanged.
-pub(crate) fn strftime(unix_secs: i64, format: &str) -> String {
+pub fn strftime(unix_secs: i64, format: &str) -> String {
     let c = civil(unix_secs);
     let month = MONTHS[(c.month - 1) as usize];
     let weekday = WEEKDAYS[c.weekday];

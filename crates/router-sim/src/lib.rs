@@ -19,5 +19,4 @@
 pub mod assets;
 pub mod engine;
 pub mod load;
-mod time_fmt;
 pub mod tokens;

@@ -80,7 +80,7 @@ impl LoadSnapshot {
     /// twelve core fields per rank, plus the rank's `timestamp` and the cumulative prefill
     /// counters (`total_prefill_uncached_tokens`, `total_prefill_busy_us`).
     pub fn to_sglang_json(&self) -> serde_json::Value {
-        let timestamp = crate::time_fmt::iso8601(self.captured_at);
+        let timestamp = iso8601(self.captured_at);
         let loads: Vec<serde_json::Value> = self
             .ranks
             .iter()
@@ -122,11 +122,25 @@ fn round(value: f64, digits: i32) -> f64 {
     (value * scale).round() / scale
 }
 
+/// `YYYY-MM-DDTHH:MM:SS.ffffff+00:00`, the shape SGLang prints.
+fn iso8601(time: std::time::SystemTime) -> String {
+    let since = time.duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let secs = i64::try_from(since.as_secs()).unwrap_or(i64::MAX);
+    let date = router_chat_template::strftime(secs, "%Y-%m-%dT%H:%M:%S");
+    format!("{date}.{:06}+00:00", since.subsec_micros())
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
     use super::*;
+
+    #[test]
+    fn iso8601_has_micros_and_utc_offset() {
+        let t = UNIX_EPOCH + Duration::from_micros(1_721_952_000_123_456);
+        assert_eq!(iso8601(t), "2024-07-26T00:00:00.123456+00:00");
+    }
 
     /// One rank with every field set, captured one second after the epoch.
     fn snapshot() -> LoadSnapshot {
