@@ -225,3 +225,6 @@ async fn read_snippet(body: Incoming) -> String {
 fn header_value(text: &str) -> HeaderValue {
     HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
 }
+
+#[cfg(test)]
+mod tests;
