@@ -284,6 +284,20 @@ async fn a_server_error_whose_body_never_comes_is_still_reported() {
 }
 
 #[tokio::test]
+async fn a_long_error_body_is_cut_to_its_first_kibibyte() {
+    static PAGE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let page = PAGE.get_or_init(|| format!("{}{}", "a".repeat(1024), "b".repeat(3000)));
+    let (ctx, worker) = engine("long", "long-1", Script::Answer(502, page)).await;
+    let pick = Pick::new(Arc::clone(&worker), PickReason::OnlyCandidate);
+    let err = dispatch(&ctx, "long", pick, false).await.expect_err("a 502");
+    let ApiError::Engine(EngineError::Status { text, status, .. }) = &err else {
+        panic!("{err:?}")
+    };
+    assert_eq!(*status, StatusCode::BAD_GATEWAY);
+    assert_eq!(text, &"a".repeat(1024), "the start of the engine's words, not none of them");
+}
+
+#[tokio::test]
 async fn a_stream_holds_its_guard_and_reports_the_first_byte_beside_the_prediction() {
     let (ctx, worker) = engine("ttft", "ttft-1", Script::Stream).await;
     let pick =
