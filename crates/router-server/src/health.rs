@@ -124,6 +124,10 @@ impl HealthBook {
             let entry = engines
                 .entry(worker.id().clone())
                 .or_insert_with(|| EngineHealth::new(worker.incarnation()));
+            if entry.incarnation > worker.incarnation() {
+                // A late outcome of an engine since replaced: its successor's record stays.
+                return;
+            }
             if entry.incarnation != worker.incarnation() {
                 *entry = EngineHealth::new(worker.incarnation());
             }
@@ -410,5 +414,21 @@ mod tests {
         let again = worker_at(&registry, "e1", "http://127.0.0.1:1");
         assert!(again.is_healthy());
         assert_eq!(book.breaker(again.id()), BreakerState::Closed);
+    }
+
+    #[test]
+    fn a_late_outcome_of_a_replaced_engine_leaves_its_successor_alone() {
+        let (registry, book) = book(HealthSection::default());
+        let old = worker_at(&registry, "e1", "http://127.0.0.1:1");
+        let new = registry
+            .replace(Worker::plain("e1", "http://127.0.0.1:2", &ModelId::new("m")).expect("worker"))
+            .expect("replaced");
+        book.record(&new, Outcome::Unreachable);
+        assert!(!new.is_healthy());
+        // A stream of the old engine ends well after the replacement.
+        book.record(&old, Outcome::Success);
+        // One failed probe of the new engine: still unhealthy, as it was.
+        book.record_probe(&new, false);
+        assert!(!new.is_healthy(), "the new engine keeps its own record");
     }
 }
