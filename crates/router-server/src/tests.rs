@@ -101,3 +101,31 @@ pub(crate) fn metric(name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         if matches { value.parse().ok() } else { None }
     })
 }
+
+/// What the router's routes answer to `method path` with `body` (JSON when not empty) and
+/// `token` as the bearer credential: the status, the headers and the body text.
+pub(crate) async fn call(
+    ctx: &Arc<AppContext>,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> (axum::http::StatusCode, axum::http::HeaderMap, String) {
+    use tower::ServiceExt as _;
+    let mut request = axum::http::Request::builder().method(method).uri(path);
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    if !body.is_empty() {
+        request = request.header("content-type", "application/json");
+    }
+    let request = request.body(axum::body::Body::from(body.to_owned())).expect("request");
+    let response = crate::server::routes(Arc::clone(ctx)).oneshot(request).await.expect("answered");
+    let (status, headers) = (response.status(), response.headers().clone());
+    (status, headers, text(response).await)
+}
+
+/// `text` as JSON.
+pub(crate) fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|err| panic!("{err}: {text}"))
+}
