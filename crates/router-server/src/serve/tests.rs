@@ -39,7 +39,8 @@ fn three_buckets(model: &str, url: &str, with_open: bool) -> String {
         ""
     };
     format!(
-        "models:\n  - id: {model}\n    workers: [{{id: {model}-e, url: \"{url}\"}}]\n    buckets:\n      \
+        "models:\n  - id: {model}\n    workers: [{{id: {model}-e, url: \"{url}\"}}]\n    \
+         buckets:\n      \
          - {{id: empty, limits: {{max: 100000}}, groups: {{plain: {{worker_ids: []}}}}}}\n      \
          - {{id: full, rank: 1, limits: {{max: 100000}}, groups: {{plain: {{policy: \
          {{type: round_robin, admission: {{max_inflight_requests: 0}}}}}}}}}}\n{open}"

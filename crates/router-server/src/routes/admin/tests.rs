@@ -92,7 +92,8 @@ async fn each_refused_change_has_its_status_and_says_why() {
 
 #[tokio::test]
 async fn a_worker_joining_one_of_several_models_must_name_it() {
-    let yaml = "server: {admin_token: t0k}\nmodels:\n  - {id: n, buckets: [{id: all, groups: {plain: {}}}]}\n  \
+    let yaml = "server: {admin_token: t0k}\nmodels:\n  \
+                - {id: n, buckets: [{id: all, groups: {plain: {}}}]}\n  \
                 - {id: m, buckets: [{id: all, groups: {plain: {}}}]}\n";
     let ctx = context(yaml);
     let unnamed = r#"{"id": "c", "url": "http://127.0.0.1:3"}"#;
@@ -113,7 +114,8 @@ async fn a_worker_joining_one_of_several_models_must_name_it() {
 async fn the_state_shows_each_groups_current_candidates() {
     let yaml = "server: {admin_token: t0k}\nmodels:\n  - id: m\n    workers: \
                 [{id: a, url: \"http://127.0.0.1:1\"}, {id: b, url: \"http://127.0.0.1:2\"}]\n    \
-                buckets:\n      - {id: short, rank: 3, limits: {max: 1000}, max_context_tokens: 2000, \
+                buckets:\n      \
+                - {id: short, rank: 3, limits: {max: 1000}, max_context_tokens: 2000, \
                 groups: {plain: {worker_ids: [a], policy: {type: random}}}}\n      \
                 - {id: long, groups: {plain: {}}}\n";
     let ctx = context(yaml);

@@ -24,7 +24,10 @@ async fn models_are_listed_in_the_openai_shape_sorted_by_id() {
     let ctx = context(&two_models());
     let (status, _, body) = call(&ctx, "GET", "/v1/models", None, "").await;
     assert_eq!(status, StatusCode::OK);
-    let entry = |id: &str| serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": "router"});
+    let entry = |id: &str| {
+        let owner = "router";
+        serde_json::json!({"id": id, "object": "model", "created": 0, "owned_by": owner})
+    };
     let expected = serde_json::json!({"object": "list", "data": [entry("ops-a"), entry("ops-b")]});
     assert_eq!(json(&body), expected);
 
