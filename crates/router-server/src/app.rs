@@ -348,3 +348,6 @@ async fn forget_removed(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;
