@@ -343,6 +343,9 @@ mod tests {
         assert_eq!(value(&format!("{ratio}_count"), &zero), None);
     }
 
+    /// A series: its name, some of its labels and its value.
+    type Series = (&'static str, &'static [(&'static str, &'static str)], f64);
+
     #[test]
     fn each_counter_and_gauge_has_its_name_and_labels() {
         install();
@@ -363,7 +366,7 @@ mod tests {
         let stats = SourceStats { found: 3, refused: 1, ..SourceStats::default() };
         cache_lookups("metrics-source", &stats);
         #[rustfmt::skip]
-        let series: [(&str, &[(&str, &str)], f64); 21] = [
+        let series: [Series; 21] = [
             ("router_picks_total", &[("policy", "metrics-policy"), ("stage", "prefill"), ("reason", "metrics-reason")], 1.0),
             ("router_admission_rejections_total", &[("limit", "metrics-limit")], 2.0),
             ("router_bucket_fallbacks_total", &[("model", "metrics-m2"), ("bucket", "short"), ("reason", "admission")], 1.0),

@@ -30,6 +30,11 @@ fn a_model_is_found_by_its_name_else_by_the_wildcard() {
     assert!(ctx.model("anything else").is_none(), "no wildcard, no model");
 }
 
+/// One row: the worker and stage of a dispatch, the policy's uncached tokens, the request's
+/// token ids, then the work counted in flight and the blocks predicted.
+type Row<'t> =
+    (&'static str, &'static str, Stage, Option<u64>, Option<&'t RequestTokens>, u64, u64);
+
 #[test]
 fn a_dispatch_counts_the_expected_work_and_predicts_tokenized_blocks() {
     let workers = concat!(
@@ -39,7 +44,7 @@ fn a_dispatch_counts_the_expected_work_and_predicts_tokenized_blocks() {
     let model = ModelId::new("m");
     let tokens = RequestTokens::new((0..64).collect());
     #[rustfmt::skip]
-    let cases: [(&str, &str, Stage, Option<u64>, Option<&RequestTokens>, u64, u64); 5] = [
+    let cases: [Row<'_>; 5] = [
         ("the policy looked: its uncached tokens", "sized", Stage::Plain, Some(30), None, 30, 0),
         ("no look: the whole input", "sized", Stage::Prefill, None, None, 100, 0),
         ("decode: no prefill work and no prediction", "sized", Stage::Decode, Some(30), Some(&tokens), 0, 0),

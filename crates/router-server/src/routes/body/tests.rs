@@ -40,9 +40,12 @@ fn a_sane_request_id_is_kept_and_anything_else_replaced() {
     assert_ne!(request_id(&empty), request_id(&empty), "fresh ids are unique");
 }
 
-/// A body of `chunks` (an `Err` breaks it, `None` never ends) and what became of it: the
-/// number of chunks read when it was read to its end, an error when it was dropped before.
-fn watched(chunks: Vec<Option<Result<&'static str, ()>>>) -> (Body, oneshot::Receiver<usize>) {
+/// One step of a client's body: a chunk, a break (`Err`), or silence for ever (`None`).
+type Chunk = Option<Result<&'static str, ()>>;
+
+/// A body of `chunks` and what became of it: the number of chunks read when it was read to
+/// its end, an error when it was dropped before.
+fn watched(chunks: Vec<Chunk>) -> (Body, oneshot::Receiver<usize>) {
     let (done, read) = oneshot::channel();
     let state = (chunks.into_iter(), 0, Some(done));
     let stream = futures::stream::unfold(state, |(mut chunks, count, mut done)| async move {
@@ -69,11 +72,14 @@ fn declaring(length: usize) -> HeaderMap {
     headers
 }
 
+/// One body: its headers and chunks, then what is read of it or the status refusing it.
+type Case = (&'static str, HeaderMap, Vec<Chunk>, Result<&'static str, u16>);
+
 #[tokio::test]
 async fn a_body_is_read_within_its_limit_or_refused() {
     let ok = |text: &'static str| Some(Ok(text));
     #[rustfmt::skip]
-    let cases: Vec<(&str, HeaderMap, Vec<Option<Result<&'static str, ()>>>, Result<&str, u16>)> = vec![
+    let cases: Vec<Case> = vec![
         ("one frame", HeaderMap::new(), vec![ok("{}")], Ok("{}")),
         ("several frames, joined", HeaderMap::new(), vec![ok("ab"), ok("cd"), ok("ef")], Ok("abcdef")),
         ("exactly the limit", declaring(8), vec![ok("12345678")], Ok("12345678")),

@@ -102,6 +102,10 @@ async fn a_chat_request_reaches_the_engine_with_the_engines_credential_only() {
     assert_eq!(metric("router_request_duration_seconds_count", &labels), Some(1.0));
 }
 
+/// One refusal: its headers and body, then the status, error code and parameter answered.
+type Refusal<'h> =
+    (&'static str, Vec<(&'h str, &'h str)>, String, u16, &'static str, Option<&'static str>);
+
 #[tokio::test]
 async fn a_refused_chat_request_says_why_and_keeps_its_id() {
     let workers = r#"[{id: chat-r1, url: "http://127.0.0.1:1"}]"#;
@@ -114,7 +118,7 @@ async fn a_refused_chat_request_says_why_and_keeps_its_id() {
     let big = chat_body("chat-refused", &format!(r#", "user": "{}""#, "x".repeat(300)));
     let long_key = "k".repeat(257);
     #[rustfmt::skip]
-    let cases: Vec<(&str, Vec<(&str, &str)>, String, u16, &str, Option<&str>)> = vec![
+    let cases: Vec<Refusal<'_>> = vec![
         ("not JSON", vec![], "{".into(), 400, "invalid_request", None),
         ("a bad field", vec![], chat_body("chat-refused", r#", "temperature": 9"#), 400, "invalid_request", Some("temperature")),
         ("a model not served here", vec![], chat_body("other", ""), 404, "model_not_found", None),
