@@ -377,3 +377,6 @@ async fn forget_removed(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

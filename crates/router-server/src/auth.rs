@@ -198,4 +198,121 @@ mod tests {
         let debug = format!("{credentials:?} {value:?}");
         assert!(!debug.contains("s3cret"), "{debug}");
     }
+
+    /// A route behind `middleware` over `credentials`; the status, `WWW-Authenticate` and
+    /// error message of a GET with `authorization`.
+    async fn answer(
+        credentials: Credentials,
+        admin: bool,
+        authorization: Option<&'static str>,
+    ) -> (u16, Option<String>, String) {
+        use axum::middleware::from_fn_with_state;
+        use tower::ServiceExt as _;
+        let credentials = Arc::new(credentials);
+        let route = axum::Router::new().route("/", axum::routing::get(|| async { "through" }));
+        let app = if admin {
+            route.route_layer(from_fn_with_state(credentials, require_admin_token))
+        } else {
+            route.route_layer(from_fn_with_state(credentials, require_api_key))
+        };
+        let mut request = axum::http::Request::get("/");
+        if let Some(value) = authorization {
+            request = request.header(header::AUTHORIZATION, value);
+        }
+        let request = request.body(axum::body::Body::empty()).expect("request");
+        let response = app.oneshot(request).await.expect("answered");
+        let status = response.status().as_u16();
+        let challenge = response
+            .headers()
+            .get(header::WWW_AUTHENTICATE)
+            .map(|v| v.to_str().unwrap_or_default().to_owned());
+        let text = crate::tests::text(response).await;
+        let message = match serde_json::from_str::<serde_json::Value>(&text) {
+            Ok(body) => body["error"]["message"].as_str().unwrap_or_default().to_owned(),
+            Err(_) => text,
+        };
+        (status, challenge, message)
+    }
+
+    fn client_keys(keys: &[&str]) -> Credentials {
+        let keys: Vec<ApiKey> = keys.iter().map(|k| key(k)).collect();
+        Credentials { client_keys: KeySet::new(&keys), ..Credentials::default() }
+    }
+
+    #[tokio::test]
+    async fn the_client_api_wants_one_of_its_keys_when_it_has_any() {
+        crate::metrics::install();
+        let refused = || {
+            let reason = [("reason", "unauthorized")];
+            crate::tests::metric("router_requests_refused_total", &reason).unwrap_or(0.0)
+        };
+        let bearer = Some("Bearer");
+        #[rustfmt::skip]
+        let cases = [
+            ("open without keys", client_keys(&[]), None, (200, None, "through")),
+            ("one of the keys", client_keys(&["k1", "k2"]), Some("Bearer k2"), (200, None, "through")),
+            ("the scheme in any case", client_keys(&["k1"]), Some("BEARER k1"), (200, None, "through")),
+            ("no key", client_keys(&["k1"]), None, (401, bearer, "missing API key: send it as `Authorization: Bearer <key>`")),
+            ("a wrong key", client_keys(&["k1"]), Some("Bearer k3"), (401, bearer, "invalid API key")),
+            ("another scheme", client_keys(&["k1"]), Some("Basic k1"), (401, bearer, "missing API key")),
+        ];
+        for (name, credentials, authorization, (status, challenge, says)) in cases {
+            let before = refused();
+            let (got, got_challenge, message) = answer(credentials, false, authorization).await;
+            assert_eq!(got, status, "{name}: {message}");
+            assert_eq!(got_challenge.as_deref(), challenge, "{name}");
+            assert!(message.starts_with(says), "{name}: {message}");
+            assert_eq!(refused() - before, if status == 401 { 1.0 } else { 0.0 }, "{name}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_admin_api_is_off_without_a_token_and_wants_it_otherwise() {
+        let admin = |token: Option<&str>| Credentials {
+            admin_token: token.map(|t| KeySet::new([&key(t)])),
+            // The client keys open nothing here.
+            client_keys: KeySet::new(&[key("client")]),
+            ..Credentials::default()
+        };
+        let cases = [
+            (
+                "no token configured",
+                admin(None),
+                Some("Bearer anything"),
+                404,
+                "the admin API is off",
+            ),
+            ("the token", admin(Some("t0k")), Some("Bearer t0k"), 200, "through"),
+            (
+                "no token sent",
+                admin(Some("t0k")),
+                None,
+                401,
+                "missing or invalid admin bearer token",
+            ),
+            ("a client key", admin(Some("t0k")), Some("Bearer client"), 401, "missing or invalid"),
+        ];
+        for (name, credentials, authorization, status, says) in cases {
+            let (got, _, message) = answer(credentials, true, authorization).await;
+            assert_eq!(got, status, "{name}: {message}");
+            assert!(message.starts_with(says), "{name}: {message}");
+        }
+    }
+
+    #[test]
+    fn configured_credentials_are_resolved_and_kept_apart() {
+        let server = crate::config::ServerSection {
+            api_keys: vec![key("client-1"), key("client-2")],
+            engine_api_key: Some(key("engine")),
+            admin_token: Some(key("admin")),
+            ..crate::config::ServerSection::default()
+        };
+        let credentials = Credentials::resolve(&server).expect("resolved");
+        assert!(credentials.client_keys.accepts("client-1"));
+        assert!(credentials.client_keys.accepts("client-2"));
+        assert!(!credentials.client_keys.accepts("admin"));
+        assert_eq!(credentials.engine_default.as_ref().map(ApiKey::expose), Some("engine"));
+        let admin = credentials.admin_token.expect("an admin token");
+        assert!(admin.accepts("admin") && !admin.accepts("client-1"));
+    }
 }

@@ -173,3 +173,6 @@ pub fn banner(addr: std::net::SocketAddr) -> String {
          -d '{{\"model\": \"demo\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'\n"
     )
 }
+
+#[cfg(test)]
+mod tests;

@@ -124,6 +124,10 @@ impl HealthBook {
             let entry = engines
                 .entry(worker.id().clone())
                 .or_insert_with(|| EngineHealth::new(worker.incarnation()));
+            if entry.incarnation > worker.incarnation() {
+                // A late outcome of an engine since replaced: its successor's record stays.
+                return;
+            }
             if entry.incarnation != worker.incarnation() {
                 *entry = EngineHealth::new(worker.incarnation());
             }
@@ -312,5 +316,119 @@ mod tests {
         book.record_probe(&worker, true);
         book.record_probe(&worker, true);
         assert!(worker.is_healthy());
+    }
+
+    fn book(config: HealthSection) -> (Arc<WorkerRegistry>, HealthBook) {
+        let registry = Arc::new(WorkerRegistry::new());
+        (Arc::clone(&registry), HealthBook::new(registry, config))
+    }
+
+    fn worker_at(registry: &WorkerRegistry, id: &str, url: &str) -> Arc<Worker> {
+        registry.add(Worker::plain(id, url, &ModelId::new("m")).expect("worker")).expect("add")
+    }
+
+    fn forwarder() -> Forwarder {
+        Forwarder::new(crate::forward::ForwardConfig::default()).expect("forwarder")
+    }
+
+    #[tokio::test]
+    async fn a_probe_counts_only_a_2xx_on_the_configured_endpoint() {
+        let engine =
+            axum::Router::new().route("/ready", axum::routing::get(|| async { "ok" })).route(
+                "/broken",
+                axum::routing::get(|| async { (http::StatusCode::BAD_GATEWAY, "no") }),
+            );
+        let up = crate::tests::serve(engine).await;
+        let down = crate::tests::nothing_listens();
+        let cases = [
+            ("a 2xx on the endpoint", "/ready", &up, true),
+            ("the default endpoint, which this engine lacks (404)", "/health", &up, false),
+            ("a 5xx", "/broken", &up, false),
+            ("nothing listens", "/ready", &down, false),
+        ];
+        for (name, endpoint, url, healthy) in cases {
+            let config = HealthSection {
+                endpoint: endpoint.to_owned(),
+                unhealthy_after: 1,
+                healthy_after: 1,
+                ..HealthSection::default()
+            };
+            let (registry, book) = book(config);
+            let worker = worker_at(&registry, "e1", url);
+            book.probe_all(&forwarder()).await;
+            assert_eq!(worker.is_healthy(), healthy, "{name}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn run_probes_every_interval_until_cancelled() {
+        let config =
+            HealthSection { interval_secs: 10, timeout_secs: 1, ..HealthSection::default() };
+        let (registry, book) = book(config);
+        let worker = worker_at(&registry, "e1", &crate::tests::nothing_listens());
+        let cancel = CancellationToken::new();
+        let running = tokio::spawn(Arc::new(book).run(forwarder(), cancel.clone()));
+        // Probes at 0 s and 10 s: two failures, one short of unhealthy_after.
+        tokio::time::sleep(Duration::from_secs(19)).await;
+        assert!(worker.is_healthy(), "two failed probes are not enough");
+        // The third, at 20 s.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(!worker.is_healthy(), "three failed probes make it unhealthy");
+        cancel.cancel();
+        running.await.expect("run returns once cancelled");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failure_while_open_does_not_extend_it_and_a_good_trial_closes_it() {
+        let config = HealthSection { breaker_failures: 2, ..HealthSection::default() };
+        let (registry, book) = book(config);
+        let worker = worker_at(&registry, "e1", "http://127.0.0.1:1");
+        book.record(&worker, Outcome::Failure);
+        assert_eq!(book.breaker(worker.id()), BreakerState::Closed, "one failure of two");
+        book.record(&worker, Outcome::Failure);
+        assert_eq!(book.breaker(worker.id()), BreakerState::Open);
+        tokio::time::advance(Duration::from_secs(20)).await;
+        // A stream that began before the breaker opened fails now: it changes nothing.
+        book.record(&worker, Outcome::Failure);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        book.tick(Instant::now());
+        assert_eq!(book.breaker(worker.id()), BreakerState::HalfOpen, "30 s after opening");
+        assert!(worker.is_healthy(), "the trial request may go");
+        book.record(&worker, Outcome::Success);
+        assert_eq!(book.breaker(worker.id()), BreakerState::Closed);
+        book.record(&worker, Outcome::Failure);
+        assert_eq!(book.breaker(worker.id()), BreakerState::Closed, "the count started over");
+    }
+
+    #[test]
+    fn an_engine_that_left_is_forgotten() {
+        let config = HealthSection { breaker_failures: 1, ..HealthSection::default() };
+        let (registry, book) = book(config);
+        let worker = worker_at(&registry, "e1", "http://127.0.0.1:1");
+        book.record(&worker, Outcome::Failure);
+        assert_eq!(book.breaker(worker.id()), BreakerState::Open);
+        registry.remove(worker.id()).expect("removed");
+        book.retain_registered();
+        assert_eq!(book.breaker(worker.id()), BreakerState::Closed);
+        // An engine added later under the same id starts healthy and closed.
+        let again = worker_at(&registry, "e1", "http://127.0.0.1:1");
+        assert!(again.is_healthy());
+        assert_eq!(book.breaker(again.id()), BreakerState::Closed);
+    }
+
+    #[test]
+    fn a_late_outcome_of_a_replaced_engine_leaves_its_successor_alone() {
+        let (registry, book) = book(HealthSection::default());
+        let old = worker_at(&registry, "e1", "http://127.0.0.1:1");
+        let new = registry
+            .replace(Worker::plain("e1", "http://127.0.0.1:2", &ModelId::new("m")).expect("worker"))
+            .expect("replaced");
+        book.record(&new, Outcome::Unreachable);
+        assert!(!new.is_healthy());
+        // A stream of the old engine ends well after the replacement.
+        book.record(&old, Outcome::Success);
+        // One failed probe of the new engine: still unhealthy, as it was.
+        book.record_probe(&new, false);
+        assert!(!new.is_healthy(), "the new engine keeps its own record");
     }
 }

@@ -31,3 +31,6 @@ mod routes;
 mod serve;
 pub mod server;
 mod tls;
+
+#[cfg(test)]
+mod tests;

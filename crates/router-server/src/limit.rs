@@ -53,3 +53,6 @@ impl http_body::Body for PermitBody {
         self.inner.size_hint()
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -280,4 +280,122 @@ mod tests {
         assert_eq!(text.matches("# TYPE").count(), 1);
         assert!(cache_matched_tokens(&[]).is_empty());
     }
+
+    /// The value of one series, as rendered.
+    fn value(name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        crate::tests::metric(name, labels)
+    }
+
+    #[test]
+    fn request_series_carry_model_bucket_and_status_in_latency_buckets() {
+        install();
+        let secs = Duration::from_secs_f64;
+        request("metrics-m", "short", 200, secs(0.2));
+        request("metrics-m", "short", 200, secs(2.0));
+        request("metrics-m", "short", 503, secs(0.004));
+        request("metrics-m", "long", 200, secs(400.0));
+        let series = |bucket, status| {
+            let labels = [("model", "metrics-m"), ("bucket", bucket), ("status", status)];
+            value("router_requests_total", &labels)
+        };
+        assert_eq!(series("short", "200"), Some(2.0));
+        assert_eq!(series("short", "503"), Some(1.0));
+        assert_eq!(series("long", "200"), Some(1.0));
+        let duration = |suffix: &str, bucket, le: Option<&str>| {
+            let mut labels = vec![("model", "metrics-m"), ("bucket", bucket)];
+            labels.extend(le.map(|le| ("le", le)));
+            value(&format!("router_request_duration_seconds{suffix}"), &labels)
+        };
+        assert_eq!(duration("_count", "short", None), Some(3.0));
+        assert_eq!(duration("_bucket", "short", Some("0.005")), Some(1.0));
+        assert_eq!(duration("_bucket", "short", Some("0.25")), Some(2.0));
+        assert_eq!(duration("_bucket", "short", Some("2.5")), Some(3.0));
+        assert_eq!(duration("_bucket", "long", Some("300")), Some(0.0), "the last bound");
+        assert_eq!(duration("_bucket", "long", Some("+Inf")), Some(1.0));
+
+        time_to_response_head("metrics-m", secs(0.03));
+        selection("metrics-m", secs(0.0005));
+        selection("metrics-m", secs(0.0005));
+        let model = [("model", "metrics-m")];
+        assert_eq!(value("router_upstream_head_seconds_count", &model), Some(1.0));
+        assert_eq!(value("router_selection_seconds_count", &model), Some(2.0));
+        let fast = [("model", "metrics-m"), ("le", "0.001")];
+        assert_eq!(value("router_selection_seconds_bucket", &fast), Some(2.0));
+    }
+
+    #[test]
+    fn ttft_predictions_compare_with_what_the_client_saw() {
+        install();
+        ttft_prediction("metrics-ttft", 200.0, Duration::from_millis(300));
+        let model = [("model", "metrics-ttft")];
+        assert_eq!(value("router_predicted_ttft_seconds_sum", &model), Some(0.2));
+        assert_eq!(value("router_observed_ttft_seconds_sum", &model), Some(0.3));
+        let ratio = "router_ttft_observed_over_predicted_ratio";
+        assert_eq!(value(&format!("{ratio}_sum"), &model), Some(1.5));
+        let below = [("model", "metrics-ttft"), ("le", "1.25")];
+        let at = [("model", "metrics-ttft"), ("le", "1.5")];
+        assert_eq!(value(&format!("{ratio}_bucket"), &below), Some(0.0), "ratio buckets");
+        assert_eq!(value(&format!("{ratio}_bucket"), &at), Some(1.0));
+        // A prediction of zero has no ratio.
+        ttft_prediction("metrics-ttft-zero", 0.0, Duration::from_millis(5));
+        let zero = [("model", "metrics-ttft-zero")];
+        assert_eq!(value("router_predicted_ttft_seconds_count", &zero), Some(1.0));
+        assert_eq!(value(&format!("{ratio}_count"), &zero), None);
+    }
+
+    /// A series: its name, some of its labels and its value.
+    type Series = (&'static str, &'static [(&'static str, &'static str)], f64);
+
+    #[test]
+    fn each_counter_and_gauge_has_its_name_and_labels() {
+        install();
+        pick("metrics-policy", "prefill", "metrics-reason");
+        admission_rejection("metrics-limit");
+        admission_rejection("metrics-limit");
+        bucket_fallback("metrics-m2", "short", "admission");
+        engine_failure("metrics-w1", "stalled");
+        refused("metrics-refusal");
+        retry("metrics-m2");
+        retry_budget_exhausted("metrics-m2");
+        inflight("metrics-w1", 7);
+        engine_healthy("metrics-w1", false);
+        engine_healthy("metrics-w2", true);
+        load_freshness("metrics-w1", "stale", Some(4500));
+        load_freshness("metrics-w2", "missing", None);
+        kv_worker("metrics-w1", &[("blocks", 12), ("last_seq", 99)]);
+        let stats = SourceStats { found: 3, refused: 1, ..SourceStats::default() };
+        cache_lookups("metrics-source", &stats);
+        #[rustfmt::skip]
+        let series: [Series; 21] = [
+            ("router_picks_total", &[("policy", "metrics-policy"), ("stage", "prefill"), ("reason", "metrics-reason")], 1.0),
+            ("router_admission_rejections_total", &[("limit", "metrics-limit")], 2.0),
+            ("router_bucket_fallbacks_total", &[("model", "metrics-m2"), ("bucket", "short"), ("reason", "admission")], 1.0),
+            ("router_engine_failures_total", &[("worker", "metrics-w1"), ("kind", "stalled")], 1.0),
+            ("router_requests_refused_total", &[("reason", "metrics-refusal")], 1.0),
+            ("router_retries_total", &[("model", "metrics-m2")], 1.0),
+            ("router_retry_budget_exhausted_total", &[("model", "metrics-m2")], 1.0),
+            ("router_engine_inflight", &[("worker", "metrics-w1")], 7.0),
+            ("router_engine_healthy", &[("worker", "metrics-w1")], 0.0),
+            ("router_engine_healthy", &[("worker", "metrics-w2")], 1.0),
+            ("router_load_report_state", &[("worker", "metrics-w1"), ("state", "stale")], 1.0),
+            ("router_load_report_state", &[("worker", "metrics-w1"), ("state", "fresh")], 0.0),
+            ("router_load_report_state", &[("worker", "metrics-w1"), ("state", "missing")], 0.0),
+            ("router_load_report_state", &[("worker", "metrics-w2"), ("state", "missing")], 1.0),
+            ("router_load_report_age_seconds", &[("worker", "metrics-w1")], 4.5),
+            ("router_kv_events", &[("worker", "metrics-w1"), ("counter", "blocks")], 12.0),
+            ("router_kv_events", &[("worker", "metrics-w1"), ("counter", "last_seq")], 99.0),
+            ("router_cache_lookups_total", &[("source", "metrics-source"), ("outcome", "found")], 3.0),
+            ("router_cache_lookups_total", &[("source", "metrics-source"), ("outcome", "refused")], 1.0),
+            ("router_cache_lookups_total", &[("source", "metrics-source"), ("outcome", "empty")], 0.0),
+            ("router_cache_lookups_total", &[("source", "metrics-source"), ("outcome", "timeout")], 0.0),
+        ];
+        for (name, labels, expected) in series {
+            assert_eq!(value(name, labels), Some(expected), "{name} {labels:?}");
+        }
+        assert_eq!(value("router_load_report_age_seconds", &[("worker", "metrics-w2")]), None);
+        // Lookup counts are absolute: a later scrape sets, never adds.
+        cache_lookups("metrics-source", &SourceStats { found: 5, ..SourceStats::default() });
+        let found = [("source", "metrics-source"), ("outcome", "found")];
+        assert_eq!(value("router_cache_lookups_total", &found), Some(5.0));
+    }
 }

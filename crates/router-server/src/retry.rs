@@ -287,4 +287,61 @@ mod tests {
         );
         assert!(RetrySection::default().problems().is_empty());
     }
+
+    #[test]
+    fn backoff_starts_at_its_base_and_stops_doubling_after_ten_retries() {
+        let config = RetrySection { backoff_ms: 10, ..RetrySection::default() };
+        let within = |retry: u32, base_ms: u64| {
+            let (base, delay) = (Duration::from_millis(base_ms), config.backoff(retry));
+            assert!(delay >= base && delay <= base.mul_f64(1.5), "{retry}: {delay:?}");
+        };
+        within(0, 10);
+        within(1, 10);
+        within(11, 10 << 10);
+        within(40, 10 << 10);
+        let off = RetrySection { backoff_ms: 0, ..RetrySection::default() };
+        assert_eq!(off.backoff(3), Duration::ZERO);
+    }
+
+    #[test]
+    fn numbers_that_are_not_numbers_are_named_too() {
+        let fields = |section: RetrySection| -> Vec<&str> {
+            section.problems().into_iter().map(|(field, _)| field).collect()
+        };
+        let nan = RetrySection { budget_ratio: f64::NAN, ..RetrySection::default() };
+        assert_eq!(fields(nan), ["budget_ratio"]);
+        let infinite =
+            RetrySection { budget_min_per_sec: f64::INFINITY, ..RetrySection::default() };
+        assert_eq!(fields(infinite), ["budget_min_per_sec"]);
+        let long = RetrySection { budget_window_secs: 3601, ..RetrySection::default() };
+        assert_eq!(fields(long), ["budget_window_secs"]);
+        let edges = RetrySection {
+            budget_ratio: 1.0,
+            budget_min_per_sec: 0.0,
+            budget_window_secs: 3600,
+            max_retries: 10,
+            backoff_ms: 60_000,
+        };
+        assert!(edges.problems().is_empty(), "{:?}", edges.problems());
+    }
+
+    #[test]
+    fn concurrent_withdrawals_never_take_more_than_the_budget() {
+        // No requests and a reserve of one a second over ten seconds: ten retries in all.
+        let start = Instant::now();
+        let budget = RetryBudget::starting_at(&config(0.2, 1.0), start);
+        let granted = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..8 {
+                scope.spawn(|| {
+                    for _ in 0..50 {
+                        if budget.withdraw_at(start) {
+                            granted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        assert_eq!(granted.into_inner(), 10);
+    }
 }

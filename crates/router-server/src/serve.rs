@@ -126,3 +126,6 @@ fn count_skipped(model_label: &str, skipped: &Skipped<'_>) {
     }
     metrics::bucket_fallback(model_label, skipped.bucket.id(), reason);
 }
+
+#[cfg(test)]
+mod tests;

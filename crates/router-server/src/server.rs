@@ -298,3 +298,6 @@ fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener
     socket.listen(1024)?;
     Ok(socket.into())
 }
+
+#[cfg(test)]
+mod tests;

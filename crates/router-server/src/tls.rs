@@ -65,3 +65,6 @@ pub(crate) fn engine_client_config(
         .with_no_client_auth();
     Ok(Arc::new(config))
 }
+
+#[cfg(test)]
+mod tests;

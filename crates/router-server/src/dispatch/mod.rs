@@ -217,11 +217,23 @@ fn response(parts: &Parts, body: Body) -> Response {
     response
 }
 
-/// At most 1 KiB of an engine's error body, as text.
-async fn read_snippet(body: Incoming) -> String {
-    let limited = http_body_util::Limited::new(body, 1024);
-    match tokio::time::timeout(Duration::from_secs(5), limited.collect()).await {
-        Ok(Ok(collected)) => String::from_utf8_lossy(&collected.to_bytes()).trim().to_owned(),
+/// At most 1 KiB of an engine's error body, as text: the start of a longer one.
+async fn read_snippet(mut body: Incoming) -> String {
+    const LIMIT: usize = 1024;
+    let read = async {
+        let mut snippet = Vec::new();
+        while snippet.len() < LIMIT {
+            match body.frame().await {
+                None => break,
+                Some(Ok(frame)) => snippet.extend(frame.into_data().unwrap_or_default()),
+                Some(Err(_)) => return None,
+            }
+        }
+        snippet.truncate(LIMIT);
+        Some(snippet)
+    };
+    match tokio::time::timeout(Duration::from_secs(5), read).await {
+        Ok(Some(snippet)) => String::from_utf8_lossy(&snippet).trim().to_owned(),
         _ => String::from("(no body)"),
     }
 }
@@ -229,3 +241,6 @@ async fn read_snippet(body: Incoming) -> String {
 fn header_value(text: &str) -> HeaderValue {
     HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
 }
+
+#[cfg(test)]
+mod tests;

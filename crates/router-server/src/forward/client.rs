@@ -253,3 +253,6 @@ fn authorize<B>(request: &mut Request<B>, worker: &Worker) {
         request.headers_mut().insert(header::AUTHORIZATION, key.authorization().clone());
     }
 }
+
+#[cfg(test)]
+mod tests;

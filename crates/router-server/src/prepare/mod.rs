@@ -255,4 +255,127 @@ mod tests {
         assert!(forwarded.get("bootstrap_host").is_none());
         assert_eq!(forwarded["model"], "m");
     }
+
+    #[test]
+    fn the_estimate_counts_every_string_of_the_messages_and_their_framing() {
+        let message = |json: &str| format!(r#"{{"model":"m","messages":[{json}]}}"#);
+        #[rustfmt::skip]
+        let cases = [
+            // (4 + 8) bytes: 3 tokens, and 4 of framing.
+            ("text content", message(r#"{"role":"user","content":"abcdefgh"}"#), 7),
+            ("null content: the role alone", message(r#"{"role":"user","content":null}"#), 1 + 4),
+            // "user", "text" and "abcd": 12 bytes.
+            ("content parts", message(r#"{"role":"user","content":[{"type":"text","text":"abcd"}]}"#), 3 + 4),
+            // "tool", "x" and "abc": 8 bytes; the number counts nothing.
+            ("other fields", message(r#"{"role":"tool","content":"x","tool_call_id":"abc","n":12345}"#), 2 + 4),
+            // 8 + 13 bytes: 6 tokens, and 4 of framing each.
+            ("two messages", message(r#"{"role":"user","content":"abcd"},{"role":"assistant","content":"abcd"}"#), 6 + 8),
+        ];
+        for (name, body, tokens) in cases {
+            let (raw, chat) = chat(&body);
+            let prepared = prepare(raw, chat, None, None, None).expect("prepared");
+            assert_eq!(prepared.input_tokens, tokens, "{name}");
+            assert_eq!(prepared.expected_peak_tokens, None, "{name}: the output is unbounded");
+        }
+    }
+
+    #[test]
+    fn the_peak_adds_the_output_budget_max_completion_tokens_first() {
+        let peak = |extra: &str| {
+            let body = format!(
+                r#"{{"model":"m","messages":[{{"role":"user","content":"abcdefgh"}}]{extra}}}"#
+            );
+            let (raw, chat) = chat(&body);
+            prepare(raw, chat, None, None, None).expect("prepared").expected_peak_tokens
+        };
+        assert_eq!(peak(""), None);
+        assert_eq!(peak(r#","max_tokens":100"#), Some(107));
+        assert_eq!(peak(r#","max_tokens":100,"max_completion_tokens":5"#), Some(12));
+        assert_eq!(peak(r#","max_tokens":null"#), None);
+    }
+
+    #[test]
+    fn only_router_owned_fields_are_stripped() {
+        let (raw, chat) = chat(
+            r#"{"model":"m","messages":[{"role":"user","content":"x"}],"bootstrap_port":1,"lora_path":"a","seed":3}"#,
+        );
+        let prepared = prepare(raw, chat, None, None, None).expect("prepared");
+        let forwarded: Value = serde_json::from_slice(&prepared.body).expect("json");
+        let mut fields: Vec<&str> =
+            forwarded.as_object().expect("object").keys().map(String::as_str).collect();
+        fields.sort_unstable();
+        assert_eq!(fields, ["lora_path", "messages", "model", "seed"]);
+        assert_eq!(forwarded["messages"][0]["content"], "x");
+        assert!(
+            prepared.request.body.contains_key("bootstrap_port"),
+            "the parsed request is the client's"
+        );
+    }
+
+    /// A scratch directory of this test process.
+    fn scratch(name: &str) -> std::path::PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("router-prepare-{}-{name}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("scratch directory");
+        dir
+    }
+
+    #[test]
+    fn with_a_tokenizer_the_rendered_prompt_is_counted_exactly() {
+        let tokenizer = router_sim::assets::tokenizer_path();
+        let body =
+            r#"{"model":"m","messages":[{"role":"user","content":"hello"}],"max_tokens":10}"#;
+
+        // The sim's tokenizer has one token per byte: the template's framing counts too.
+        let chatml =
+            Tokenization::load(&tokenizer, None).expect("the sim's tokenizer and template");
+        let (raw, request) = chat(body);
+        let prepared = prepare(raw, request, Some(&chatml), None, None).expect("prepared");
+        let tokens = prepared.tokens.as_ref().expect("token ids");
+        assert_eq!(prepared.input_tokens, tokens.ids().len() as u64);
+        assert!(prepared.input_tokens > 5, "framing counted: {}", prepared.input_tokens);
+        assert_eq!(prepared.expected_peak_tokens, Some(prepared.input_tokens + 10));
+
+        // A configured template is the one rendered.
+        let dir = scratch("template");
+        let template = dir.join("bare.jinja");
+        std::fs::write(&template, "{% for m in messages %}{{ m['content'] }}{% endfor %}")
+            .expect("written");
+        let bare = Tokenization::load(&tokenizer, Some(&template)).expect("loaded");
+        let (raw, request) = chat(body);
+        let prepared = prepare(raw, request, Some(&bare), None, None).expect("prepared");
+        let ids = prepared.tokens.as_ref().expect("token ids").ids().to_vec();
+        assert_eq!(ids, "hello".bytes().map(u32::from).collect::<Vec<_>>());
+
+        // A template that refuses the request makes it the client's error, naming messages.
+        let refusing = dir.join("refusing.jinja");
+        std::fs::write(&refusing, "{{ raise_exception('no user messages here') }}")
+            .expect("written");
+        let refusing = Tokenization::load(&tokenizer, Some(&refusing)).expect("loaded");
+        let (raw, request) = chat(body);
+        let err = prepare(raw, request, Some(&refusing), None, None).expect_err("refused");
+        let err = crate::error::ApiError::from(err);
+        let crate::error::ApiError::InvalidRequest { message, param } = &err else {
+            panic!("{err:?}")
+        };
+        assert_eq!(param.as_deref(), Some("messages"));
+        assert!(message.contains("no user messages here"), "{message}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_tokenizer_that_cannot_load_names_its_file() {
+        let missing = std::path::Path::new("/nonexistent/tokenizer.json");
+        let err = Tokenization::load(missing, None).expect_err("no such file");
+        assert!(matches!(err, TokenizeError::Load { .. }), "{err:?}");
+        assert_eq!(err.to_string(), "loading tokenizer /nonexistent/tokenizer.json");
+
+        // A tokenizer without a template beside it, and none configured.
+        let dir = scratch("no-template");
+        let alone = dir.join("tokenizer.json");
+        std::fs::copy(router_sim::assets::tokenizer_path(), &alone).expect("copied");
+        let err = Tokenization::load(&alone, None).expect_err("no chat template");
+        assert!(matches!(err, TokenizeError::Template(_)), "{err:?}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

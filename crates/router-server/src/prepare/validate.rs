@@ -667,4 +667,58 @@ mod tests {
             assert!(error.message.contains(&format!("'{param}'")), "{body}: {error}");
         }
     }
+
+    #[test]
+    fn every_checked_field_says_what_is_wrong_with_it() {
+        let m = r#""model":"m","messages":[{"role":"user","content":"x"}]"#;
+        let with = |extra: &str| format!("{{{m},{extra}}}");
+        let sixteen = vec!["\"s\""; 16].join(",");
+        let seventeen = vec!["\"s\""; 17].join(",");
+        #[rustfmt::skip]
+        let cases: Vec<(&str, String, &str)> = vec![
+            ("an empty model", r#"{"model":"","messages":[{"role":"user"}]}"#.into(), "'model' must not be empty"),
+            ("a model that is no string", r#"{"model":7,"messages":[{"role":"user"}]}"#.into(), "'model' must be a string"),
+            ("a second message that is no object", r#"{"model":"m","messages":[{"role":"user"},"x"]}"#.into(),
+                "'messages[1]' must be an object"),
+            ("a role that is no string", r#"{"model":"m","messages":[{"role":1}]}"#.into(), "'messages[0].role' must be a string"),
+            ("a negative max_completion_tokens", with(r#""max_completion_tokens":-1"#), "'max_completion_tokens' must be a non-negative integer"),
+            ("one token over the output cap", with(r#""max_tokens":16777217"#), "'max_tokens' must be at most 16777216, got 16777217"),
+            ("a temperature that is no number", with(r#""temperature":"hot""#), "'temperature' must be a number"),
+            ("min_p above 1", with(r#""min_p":1.5"#), "'min_p' must be between 0 and 1, got 1.5"),
+            ("presence_penalty below -2", with(r#""presence_penalty":-3"#), "'presence_penalty' must be between -2 and 2"),
+            ("frequency_penalty above 2", with(r#""frequency_penalty":2.5"#), "'frequency_penalty' must be between -2 and 2"),
+            ("a negative repetition_penalty", with(r#""repetition_penalty":-0.1"#), "'repetition_penalty' must be between 0 and 2"),
+            ("n above 128", with(r#""n":129"#), "'n' must be between 1 and 128, got 129"),
+            ("top_k -2", with(r#""top_k":-2"#), "'top_k' must be -1 or a positive integer"),
+            ("a fractional top_k", with(r#""top_k":1.5"#), "'top_k' must be -1 or a positive integer"),
+            ("seventeen stop strings", with(&format!(r#""stop":[{seventeen}]"#)), "'stop' must be a string or up to 16 strings"),
+            ("a stop object", with(r#""stop":{"a":1}"#), "'stop' must be a string"),
+        ];
+        for (name, body, message) in cases {
+            let error = err(&body);
+            assert!(error.message.starts_with(message), "{name}: {error}");
+        }
+        #[rustfmt::skip]
+        let accepted: Vec<(&str, String)> = vec![
+            ("the output cap itself", with(r#""max_tokens":16777216"#)),
+            ("n at its lower bound", with(r#""n":1"#)),
+            ("n at its upper bound", with(r#""n":128"#)),
+            ("top_k -1 (off)", with(r#""top_k":-1"#)),
+            ("top_k 1", with(r#""top_k":1"#)),
+            ("temperature, top_p and min_p at a bound", with(r#""temperature":0,"top_p":1,"min_p":0"#)),
+            ("penalties at their bounds", with(r#""presence_penalty":-2,"frequency_penalty":2,"repetition_penalty":2"#)),
+            ("sixteen stop strings", with(&format!(r#""stop":[{sixteen}]"#))),
+            ("one stop string", with(r#""stop":"\n""#)),
+            ("nulls for every optional field", with(
+                r#""stream":null,"stream_options":null,"max_tokens":null,"temperature":null,"n":null,"top_k":null,"stop":null"#)),
+            ("stream options", with(r#""stream":true,"stream_options":{"include_usage":true}"#)),
+            ("null and array contents", r#"{"model":"m","messages":[{"role":"assistant","content":null},
+                {"role":"user","content":[{"type":"text","text":"x"}]}]}"#.into()),
+            ("fields the router does not read", with(r#""tools":[],"seed":1,"logprobs":true"#)),
+        ];
+        for (name, body) in accepted {
+            let parsed = parse_request(Endpoint::Chat, body.as_bytes(), 4);
+            assert!(parsed.is_ok(), "{name}: {:?}", parsed.err());
+        }
+    }
 }

@@ -179,3 +179,6 @@ pub(crate) async fn state(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
         "predicted_blocks": predicted,
     }))
 }
+
+#[cfg(test)]
+mod tests;

@@ -99,3 +99,6 @@ fn new_request_id() -> HeaderValue {
     let id = format!("{prefix:016x}{:016x}", COUNTER.fetch_add(1, Ordering::Relaxed));
     HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
+
+#[cfg(test)]
+mod tests;

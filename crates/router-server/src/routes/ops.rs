@@ -122,3 +122,6 @@ fn refresh_state_gauges(ctx: &AppContext) {
         metrics::predicted_blocks(predictions.blocks(std::time::Instant::now()));
     }
 }
+
+#[cfg(test)]
+mod tests;

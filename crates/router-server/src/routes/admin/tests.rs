@@ -1,0 +1,155 @@
+//! The admin API through the router's routes: listing, adding (the only model by default, the
+//! router's engine key given, every refusal with its status) and removing workers, and
+//! `/admin/state` showing buckets, groups and their current candidates.
+
+use axum::http::StatusCode;
+use router_workers::{ModelId, WorkerId};
+
+use crate::forward::{Outcome, OutcomeSink as _};
+use crate::tests::{call, context, json, one_model};
+
+const TOKEN: Option<&str> = Some("t0k");
+
+fn id(text: &str) -> WorkerId {
+    WorkerId::new(text).expect("id")
+}
+
+#[tokio::test]
+async fn workers_are_listed_added_and_removed() {
+    let top = "server: {admin_token: t0k, engine_api_key: engine-s3cret}";
+    let workers = r#"[{id: a, url: "http://127.0.0.1:1"}]"#;
+    let ctx = context(&one_model(top, "m", workers, "{type: round_robin}"));
+
+    let (status, _, listed) = call(&ctx, "GET", "/admin/workers", TOKEN, "").await;
+    assert_eq!(status, StatusCode::OK);
+    let listed = json(&listed);
+    assert_eq!(listed["workers"].as_array().map(Vec::len), Some(1));
+    let a = &listed["workers"][0];
+    assert_eq!(
+        (&a["id"], &a["url"], &a["model"], &a["role"]),
+        (&"a".into(), &"http://127.0.0.1:1".into(), &"m".into(), &"plain".into())
+    );
+    assert_eq!(
+        (&a["healthy"], &a["inflight"], &a["breaker"]),
+        (&true.into(), &0.into(), &"closed".into())
+    );
+
+    let added = r#"{"id": "b", "url": "http://127.0.0.1:2/", "dp_size": 2}"#;
+    let (status, _, body) = call(&ctx, "POST", "/admin/workers", TOKEN, added).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let body = json(&body);
+    assert_eq!(
+        (&body["id"], &body["model"], &body["dp_size"]),
+        (&"b".into(), &"m".into(), &2.into())
+    );
+    assert_eq!(body["url"], "http://127.0.0.1:2", "the URL as validated");
+    let b = ctx.registry().get(&id("b")).expect("registered");
+    assert!(b.serves(&ModelId::new("m")));
+    let key = b.api_key().map(|k| k.expose());
+    assert_eq!(key, Some("engine-s3cret"), "the router's engine key for a worker without one");
+
+    let (_, _, listed) = call(&ctx, "GET", "/admin/workers", TOKEN, "").await;
+    assert!(!listed.contains("s3cret"), "a listing never shows a key: {listed}");
+    assert_eq!(json(&listed)["workers"].as_array().map(Vec::len), Some(2));
+
+    let (status, _, body) = call(&ctx, "DELETE", "/admin/workers/b", TOKEN, "").await;
+    assert_eq!((status, json(&body)), (StatusCode::OK, serde_json::json!({"removed": "b"})));
+    assert!(ctx.registry().get(&id("b")).is_none());
+}
+
+#[tokio::test]
+async fn each_refused_change_has_its_status_and_says_why() {
+    let workers = r#"[{id: a, url: "http://127.0.0.1:1"}]"#;
+    let ctx =
+        context(&one_model("server: {admin_token: t0k}", "m", workers, "{type: round_robin}"));
+    #[rustfmt::skip]
+    let cases: [(&str, &str, &str, &str, u16, &str, &str); 7] = [
+        ("not JSON", "POST", "/admin/workers", "{", 400, "invalid_request", "invalid worker: "),
+        ("an unknown field", "POST", "/admin/workers", r#"{"id": "c", "url": "http://127.0.0.1:3", "weight": 2}"#,
+            400, "invalid_request", "invalid worker: unknown field `weight`"),
+        ("a URL with credentials", "POST", "/admin/workers", r#"{"id": "c", "url": "http://u:p@127.0.0.1:3"}"#,
+            400, "invalid_request", "worker url"),
+        ("a model not served here", "POST", "/admin/workers", r#"{"id": "c", "url": "http://127.0.0.1:3", "model": "n"}"#,
+            404, "model_not_found", r#"model "n" is not served"#),
+        ("a taken id", "POST", "/admin/workers", r#"{"id": "a", "url": "http://127.0.0.1:3"}"#,
+            409, "invalid_request", "duplicate worker id a"),
+        ("removing an unknown worker", "DELETE", "/admin/workers/zz", "", 404, "not_found", "unknown worker id zz"),
+        ("without the token", "GET", "/admin/workers", "", 401, "unauthorized", "missing or invalid admin bearer token"),
+    ];
+    for (name, method, path, body, status, code, says) in cases {
+        let token = if name == "without the token" { None } else { TOKEN };
+        let (got, _, answer) = call(&ctx, method, path, token, body).await;
+        assert_eq!(got.as_u16(), status, "{name}: {answer}");
+        let answer = json(&answer);
+        assert_eq!(answer["error"]["code"], code, "{name}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.starts_with(says), "{name}: {message}");
+        assert!(!message.contains("u:p@"), "{name}: credentials are masked: {message}");
+    }
+    let ids: Vec<String> = ctx.registry().workers().iter().map(|w| w.id().to_string()).collect();
+    assert_eq!(ids, ["a"], "nothing changed");
+}
+
+#[tokio::test]
+async fn a_worker_joining_one_of_several_models_must_name_it() {
+    let yaml = "server: {admin_token: t0k}\nmodels:\n  \
+                - {id: n, buckets: [{id: all, groups: {plain: {}}}]}\n  \
+                - {id: m, buckets: [{id: all, groups: {plain: {}}}]}\n";
+    let ctx = context(yaml);
+    let unnamed = r#"{"id": "c", "url": "http://127.0.0.1:3"}"#;
+    let (status, _, body) = call(&ctx, "POST", "/admin/workers", TOKEN, unnamed).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let body = json(&body);
+    assert_eq!(body["error"]["param"], "model");
+    assert_eq!(body["error"]["message"], "'model' is required: this router serves 2 models (m, n)");
+
+    let named = r#"{"id": "c", "url": "http://127.0.0.1:3", "model": "n"}"#;
+    let (status, _, _) = call(&ctx, "POST", "/admin/workers", TOKEN, named).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let c = ctx.registry().get(&id("c")).expect("registered");
+    assert_eq!(c.models(), [ModelId::new("n")]);
+}
+
+#[tokio::test]
+async fn the_state_shows_each_groups_current_candidates() {
+    let yaml = "server: {admin_token: t0k}\nmodels:\n  - id: m\n    workers: \
+                [{id: a, url: \"http://127.0.0.1:1\"}, {id: b, url: \"http://127.0.0.1:2\"}]\n    \
+                buckets:\n      \
+                - {id: short, rank: 3, limits: {max: 1000}, max_context_tokens: 2000, \
+                groups: {plain: {worker_ids: [a], policy: {type: random}}}}\n      \
+                - {id: long, groups: {plain: {}}}\n";
+    let ctx = context(yaml);
+    let a = ctx.registry().get(&id("a")).expect("a");
+    ctx.health().record(&a, Outcome::Unreachable);
+
+    let (status, _, state) = call(&ctx, "GET", "/admin/state", TOKEN, "").await;
+    assert_eq!(status, StatusCode::OK);
+    let state = json(&state);
+    let buckets = &state["models"][0]["buckets"];
+    assert_eq!(state["models"][0]["id"], "m");
+    let short = &buckets[0];
+    assert_eq!(
+        (&short["id"], &short["rank"], &short["max_context_tokens"]),
+        (&"short".into(), &3.into(), &2000.into())
+    );
+    assert_eq!(short["limits"], serde_json::json!({"min": 0, "max": 1000}));
+    let group = &short["groups"][0];
+    assert_eq!((&group["stage"], &group["policy"]), (&"plain".into(), &"random".into()));
+    assert_eq!(group["worker_ids"], serde_json::json!(["a"]));
+    assert_eq!(group["candidates"], serde_json::json!([]), "a is unhealthy");
+    let long = &buckets[1]["groups"][0];
+    assert_eq!(
+        (&long["worker_ids"], &long["candidates"]),
+        (&serde_json::Value::Null, &serde_json::json!(["b"]))
+    );
+
+    let workers = state["workers"].as_array().expect("workers");
+    assert_eq!(workers.len(), 2);
+    assert_eq!((&workers[0]["id"], &workers[0]["healthy"]), (&"a".into(), &false.into()));
+    assert_eq!(
+        workers[1]["load"],
+        serde_json::json!({"freshness": "missing", "age_ms": null, "kind": null})
+    );
+    assert_eq!(workers[1]["kv"]["subscribed"], false);
+    assert_eq!(state["index"]["local"], true);
+}
