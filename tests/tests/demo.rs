@@ -15,6 +15,19 @@ async fn the_demo_serves_plain_and_pd_models() {
     assert_eq!(reply.header("x-router-prefill-engine"), Some("prefill-1"));
     assert_eq!(reply.header("x-router-decode-engine"), Some("decode-1"));
 
+    // The banner's other two examples: completions on the plain model, /generate on the pair.
+    let json = [("content-type", "application/json")];
+    for (path, body) in [
+        ("/v1/completions", r#"{"model": "demo", "prompt": "Once upon a time", "max_tokens": 8}"#),
+        (
+            "/generate",
+            r#"{"model": "demo-pd", "text": "Hello", "sampling_params": {"max_new_tokens": 8}}"#,
+        ),
+    ] {
+        let reply = http.send("POST", &format!("{}{path}", router.url), &json, body).await;
+        assert_eq!(reply.status, 200, "{path}: {}", reply.body);
+    }
+
     // Every engine streams load reports over gRPC and publishes KV events.
     let fresh = r#"router_load_report_state{worker="engine-1",state="fresh"} 1"#;
     let kv = r#"router_kv_events{worker="engine-1",counter="blocks"}"#;

@@ -170,7 +170,11 @@ pub fn banner(addr: std::net::SocketAddr) -> String {
          demo fleet: model `demo` on {PLAIN_ENGINES} plain engines, model `demo-pd` on a \
          prefill/decode pair (all simulated), selected by {RECOMMENDED_POLICY}\n\
          try:\n  curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \
-         -d '{{\"model\": \"demo\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'\n"
+         -d '{{\"model\": \"demo\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'\n  \
+         curl -s http://{addr}/v1/completions -H 'content-type: application/json' \
+         -d '{{\"model\": \"demo\", \"prompt\": \"Once upon a time\", \"max_tokens\": 8}}'\n  \
+         curl -s http://{addr}/generate -H 'content-type: application/json' \
+         -d '{{\"model\": \"demo-pd\", \"text\": \"Hello\", \"sampling_params\": {{\"max_new_tokens\": 8}}}}'\n"
     )
 }
 

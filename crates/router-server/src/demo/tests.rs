@@ -37,5 +37,7 @@ async fn the_demo_fleet_serves_both_models() {
 
     let text = banner("127.0.0.1:8080".parse().expect("address"));
     assert!(text.starts_with("router listening on http://127.0.0.1:8080\n"), "{text}");
-    assert!(text.contains("curl -s http://127.0.0.1:8080/v1/chat/completions"), "{text}");
+    for path in ["/v1/chat/completions", "/v1/completions", "/generate"] {
+        assert!(text.contains(&format!("curl -s http://127.0.0.1:8080{path}")), "{text}");
+    }
 }
