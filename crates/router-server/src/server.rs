@@ -34,15 +34,11 @@ pub fn routes(ctx: Arc<AppContext>) -> Router {
         .route_layer(from_fn_with_state(Arc::clone(ctx.credentials()), auth::require_admin_token));
     // One bound on concurrent inference requests, whichever endpoint they use.
     let slot = || from_fn_with_state(Arc::clone(ctx.request_slots()), limit::concurrency);
-    let client_routes = Router::new()
-        .route("/v1/chat/completions", post(inference::chat_completions).layer(slot()))
-        .route("/v1/completions", post(inference::completions).layer(slot()))
-        .route("/generate", post(inference::generate).layer(slot()))
-        .route("/v1/embeddings", post(inference::passthrough(Endpoint::Embeddings)).layer(slot()))
-        .route("/v1/rerank", post(inference::passthrough(Endpoint::Rerank)).layer(slot()))
-        .route("/v1/score", post(inference::passthrough(Endpoint::Score)).layer(slot()))
-        .route("/v1/tokenize", post(inference::passthrough(Endpoint::Tokenize)).layer(slot()))
-        .route("/v1/detokenize", post(inference::passthrough(Endpoint::Detokenize)).layer(slot()))
+    let client_routes = Endpoint::ALL
+        .into_iter()
+        .fold(Router::new(), |routes, endpoint| {
+            routes.route(endpoint.path(), post(inference::handler(endpoint)).layer(slot()))
+        })
         .route("/v1/models", get(ops::models))
         .route("/v1/models/{id}", get(ops::model))
         .route("/get_model_info", get(fleet::model_info))

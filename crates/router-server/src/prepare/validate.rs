@@ -46,7 +46,19 @@ pub(crate) enum Endpoint {
 }
 
 impl Endpoint {
-    /// The engine's path for this API.
+    /// Every endpoint, each served at its [`Endpoint::path`].
+    pub(crate) const ALL: [Endpoint; 8] = [
+        Endpoint::Chat,
+        Endpoint::Completions,
+        Endpoint::Generate,
+        Endpoint::Embeddings,
+        Endpoint::Rerank,
+        Endpoint::Score,
+        Endpoint::Tokenize,
+        Endpoint::Detokenize,
+    ];
+
+    /// The path of this API, on the router and on the engine.
     pub(crate) fn path(self) -> &'static str {
         match self {
             Endpoint::Chat => "/v1/chat/completions",

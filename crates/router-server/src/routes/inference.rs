@@ -23,39 +23,11 @@ use crate::metrics;
 use crate::prepare::{Endpoint, PreparedRequest, parse_request, prepare};
 use crate::serve::{Labels, serve};
 
-/// `POST /v1/chat/completions`.
-pub(crate) async fn chat_completions(
-    State(ctx): State<Arc<AppContext>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    endpoint_request(Endpoint::Chat, ctx, headers, body).await
-}
-
-/// `POST /v1/completions`.
-pub(crate) async fn completions(
-    State(ctx): State<Arc<AppContext>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    endpoint_request(Endpoint::Completions, ctx, headers, body).await
-}
-
-/// A passed-through endpoint: the model's buckets and policies choose the engine; nothing is
-/// tokenized.
-pub(crate) fn passthrough(
+/// The handler of `endpoint`'s route (the path is [`Endpoint::path`]).
+pub(crate) fn handler(
     endpoint: Endpoint,
 ) -> impl Fn(State<Arc<AppContext>>, HeaderMap, Body) -> BoxFuture<'static, Response> + Clone {
     move |State(ctx), headers, body| Box::pin(endpoint_request(endpoint, ctx, headers, body))
-}
-
-/// SGLang's `POST /generate`.
-pub(crate) async fn generate(
-    State(ctx): State<Arc<AppContext>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    endpoint_request(Endpoint::Generate, ctx, headers, body).await
 }
 
 async fn endpoint_request(
