@@ -118,8 +118,13 @@ async fn an_engine_dying_mid_stream_ends_the_stream_with_an_error_event() {
         let http = http.clone();
         async move { http.chat(&url, &body, &[]).await }
     });
-    eventually("the long stream in flight", async || inflight(&http, &router, "t").await == 1)
-        .await;
+    // Its head has reached the router (the answer is committed to a 200 stream), not only its
+    // dispatch: until then an engine that dies is an unreachable 502.
+    eventually("the long stream's head at the router", async || {
+        let metrics = http.get(&router.url, "/metrics", &[]).await.body;
+        metrics.lines().any(|l| l.starts_with("router_upstream_head_seconds_count{model=\"m\"} 1"))
+    })
+    .await;
     // The engine answers this one, then exits and cuts the stream above.
     let short = http.chat(&router.url, &chat_body("m", "quick", 1), &[]).await;
     assert_eq!(short.status, 200);
