@@ -24,6 +24,7 @@ use crate::auth::Credentials;
 use crate::config::{
     ConfigFile, ModelRuntime, Problem, ServerSection, build_models, keeps_local_index,
 };
+use crate::error::ApiError;
 use crate::forward::{ForwardConfig, Forwarder, OutcomeSink};
 use crate::health::HealthBook;
 use crate::model_info::ModelCards;
@@ -221,10 +222,23 @@ impl AppContext {
             .or_else(|| self.wildcard.as_ref().and_then(|w| self.models.get(w)))
     }
 
-    /// The model a request that names none is for (`/generate`): the only one served.
-    pub fn sole_model(&self) -> Option<&ModelRuntime> {
-        let mut models = self.models.values();
-        models.next().filter(|_| models.next().is_none())
+    /// The model a request names, or, when it names none (`/generate`, the passed-through
+    /// endpoints, the fleet endpoints' `?model=`), the router's only one: a model not served is
+    /// 404 and a missing name on a router of several models is 400.
+    pub(crate) fn requested_model(&self, name: Option<&str>) -> Result<&ModelRuntime, ApiError> {
+        match name {
+            Some(name) => self.model(name).ok_or_else(|| ApiError::UnknownModel(name.to_owned())),
+            None => {
+                let mut models = self.models.values();
+                models.next().filter(|_| models.next().is_none()).ok_or_else(|| {
+                    ApiError::InvalidRequest {
+                        message: "'model' is required: this router serves several models"
+                            .to_owned(),
+                        param: Some("model".to_owned()),
+                    }
+                })
+            }
+        }
     }
 
     /// What clients are told about the models.

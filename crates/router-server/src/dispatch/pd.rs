@@ -20,7 +20,6 @@ use tracing::{Instrument, warn};
 
 use super::{Dispatch, Exchange, counted, header_value, read_snippet};
 use crate::error::{ApiError, Chain, EngineError};
-use crate::prepare::Endpoint;
 
 /// SGLang's default bootstrap port, used when a prefill worker does not name one.
 pub(super) const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
@@ -33,10 +32,8 @@ fn bootstrap_room() -> u64 {
     rand::random::<u64>() >> 1
 }
 
-/// The body both engines get: the client's plus the bootstrap fields. `rooms` asks for a list
-/// of that many rooms (a `/generate` batch, one room per prompt, as SGLang's batch requests
-/// take them); otherwise one room, from which an engine numbers the runs of a multi-prompt
-/// completion itself.
+/// The body both engines get: the client's plus the bootstrap fields, with a list of `rooms`
+/// rooms when given (see `InferenceRequest::bootstrap_rooms`), else one room.
 pub(super) fn with_bootstrap(
     body: &serde_json::Map<String, serde_json::Value>,
     prefill: &Worker,
@@ -69,8 +66,7 @@ pub(super) async fn dispatch(
     let decode_guard =
         x.ctx.dispatched(d.model, &decode, Stage::Decode, prepared.input_tokens, tokens);
     let request = &prepared.request;
-    let rooms = request.batch.filter(|_| request.endpoint == Endpoint::Generate);
-    let body = with_bootstrap(&request.body, &prefill.worker, rooms);
+    let body = with_bootstrap(&request.body, &prefill.worker, request.bootstrap_rooms());
 
     let (failed_tx, mut failed_rx) = oneshot::channel::<ApiError>();
     let prefill_task = {

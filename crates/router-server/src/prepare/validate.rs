@@ -115,6 +115,13 @@ pub(crate) struct InferenceRequest {
 }
 
 impl InferenceRequest {
+    /// How many bootstrap rooms a PD pair needs as a list: one per prompt of a `/generate`
+    /// batch (SGLang's batch requests take lists); `None` for one room, from which an engine
+    /// numbers the runs of a multi-prompt completion itself.
+    pub(crate) fn bootstrap_rooms(&self) -> Option<usize> {
+        self.batch.filter(|_| self.endpoint == Endpoint::Generate)
+    }
+
     /// `messages` (validated to be a non-empty array of objects); empty for other prompts.
     pub(crate) fn messages(&self) -> &[Value] {
         self.body.get("messages").and_then(Value::as_array).map_or(&[], Vec::as_slice)

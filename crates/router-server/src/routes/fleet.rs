@@ -17,7 +17,6 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::app::AppContext;
-use crate::config::ModelRuntime;
 use crate::error::ApiError;
 
 /// How long one engine may take to answer an information request or a flush.
@@ -45,20 +44,9 @@ pub(crate) async fn server_info(
     proxy_info(&ctx, query, "/get_server_info").await
 }
 
-/// The model a query names, or the router's only one.
-fn queried_model(ctx: &AppContext, query: ModelQuery) -> Result<&ModelRuntime, ApiError> {
-    match query.model {
-        Some(name) => ctx.model(&name).ok_or(ApiError::UnknownModel(name)),
-        None => ctx.sole_model().ok_or_else(|| ApiError::InvalidRequest {
-            message: "'model' is required: this router serves several models".to_owned(),
-            param: Some("model".to_owned()),
-        }),
-    }
-}
-
 /// `path` of the first healthy engine of the queried model that answers it, as it answered.
 async fn proxy_info(ctx: &AppContext, query: ModelQuery, path: &str) -> Result<Response, ApiError> {
-    let model = queried_model(ctx, query)?;
+    let model = ctx.requested_model(query.model.as_deref())?;
     let mut engines: Vec<Arc<Worker>> = ctx
         .registry()
         .workers()

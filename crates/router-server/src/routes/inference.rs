@@ -76,15 +76,7 @@ async fn handle(
     let body =
         read_body(headers, body, ctx.max_body_bytes(), ctx.server().body_read_timeout_secs).await?;
     let request = parse_request(endpoint, &body, ctx.server().max_batch_size)?;
-    let model = match &request.model {
-        Some(name) => ctx.model(name).ok_or_else(|| ApiError::UnknownModel(name.clone()))?,
-        // `/generate` and the passed-through endpoints may name no model: the router's only
-        // one.
-        None => ctx.sole_model().ok_or_else(|| ApiError::InvalidRequest {
-            message: "'model' is required: this router serves several models".to_owned(),
-            param: Some("model".to_owned()),
-        })?,
-    };
+    let model = ctx.requested_model(request.model.as_deref())?;
     labels.model.push_str(model.id.as_str());
     let session = affinity_key(headers, &model.affinity.session_id_header)?;
     let routing = affinity_key(headers, &model.affinity.routing_key_header)?;
