@@ -125,17 +125,36 @@ pub struct Pick {
     /// The time to first token the policy predicted on this engine, in milliseconds
     /// (`predicted_ttft`), for comparison with the observed one.
     pub predicted_ttft_ms: Option<f64>,
+    /// The request's prefix as the policy found it on this engine: the data-parallel rank
+    /// holding it and its length in tokens, when the policy looked it up and the engine holds
+    /// some of it. The rank choice inside the engine reads it ([`crate::choose_rank`]).
+    pub cached_prefix: Option<HeldPrefix>,
+}
+
+/// A prefix held by one data-parallel rank of an engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HeldPrefix {
+    /// The rank holding it (the longest holder; the lowest on ties).
+    pub rank: u32,
+    /// Leading tokens of the request it holds.
+    pub tokens: u64,
 }
 
 impl Pick {
     /// A pick of `worker` for `reason`.
     pub fn new(worker: Arc<Worker>, reason: PickReason) -> Self {
-        Self { worker, reason, uncached_tokens: None, predicted_ttft_ms: None }
+        Self { worker, reason, uncached_tokens: None, predicted_ttft_ms: None, cached_prefix: None }
     }
 
     /// This pick, expecting `tokens` of uncached prefill work on its engine.
     pub fn with_uncached_tokens(mut self, tokens: u64) -> Self {
         self.uncached_tokens = Some(tokens);
+        self
+    }
+
+    /// This pick, with the request's prefix held on its engine, if any.
+    pub fn with_cached_prefix(mut self, held: Option<HeldPrefix>) -> Self {
+        self.cached_prefix = held;
         self
     }
 

@@ -25,6 +25,9 @@
 //! Predicted-TTFT selection ([`PredictedTtftPolicy`], `predicted_ttft`) reads the same sources
 //! and the load state, and picks the candidate with the lowest predicted time to first token.
 //!
+//! A picked engine with data-parallel ranks routed by the router (`dp_route`) gets its rank
+//! from [`choose_rank`], the same cost model one level down.
+//!
 //! Construction from configuration is [`PolicyConfig::build`], which takes the shared state
 //! handles ([`PolicyHandles`]); policies never create their own subscriptions.
 //!
@@ -42,6 +45,7 @@ mod power_of_two;
 mod predicted_ttft;
 pub mod pressure;
 mod random;
+mod ranks;
 mod round_robin;
 mod sampler;
 mod session_aware;
@@ -60,12 +64,13 @@ pub use config::{
     CacheAwareSettings, CachePrefixProvider, ConfigError, PolicyConfig, PolicySettings, PolicyType,
     PredictedTtftSettings, StickyFallback, StickySettings, removed_policy_type, removed_setting,
 };
-pub use contract::{Pick, PickError, PickReason, PickRequest, Policy, RequestTokens};
+pub use contract::{HeldPrefix, Pick, PickError, PickReason, PickRequest, Policy, RequestTokens};
 pub use handles::{LoadHandles, PolicyHandles};
 pub use least_load::LeastLoadPolicy;
 pub use power_of_two::{LoadChoice, PowerOfTwoPolicy, min_load_choices};
 pub use predicted_ttft::PredictedTtftPolicy;
 pub use random::RandomPolicy;
+pub use ranks::{RankChoice, RankReason, choose_rank};
 pub use round_robin::RoundRobinPolicy;
 /// The reason a key cannot name a binding, carried by [`PickError::InvalidKey`].
 pub use router_affinity::ScopeError;

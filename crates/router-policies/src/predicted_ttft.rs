@@ -162,7 +162,8 @@ impl PredictedTtftPolicy {
             );
             return Ok(Pick::new(Arc::clone(engine), reason)
                 .with_uncached_tokens(estimate.uncached)
-                .with_predicted_ttft_ms(estimate.ms));
+                .with_predicted_ttft_ms(estimate.ms)
+                .with_cached_prefix(prefixes.held(engine)));
         }
         Err(PickError::NoAdmissibleEngine { rejections })
     }

@@ -35,8 +35,8 @@ pub struct AppContext {
     server: ServerSection,
     load_report_interval: Duration,
     registry: Arc<WorkerRegistry>,
-    load_table: Arc<EngineReportedLoadTable>,
-    inflight: Arc<Inflight>,
+    /// The load table and router-local in-flight accounting.
+    load: LoadHandles,
     /// `None` in a remote-indexer deployment ([`keeps_local_index`]).
     kv_index: Option<Arc<KvIndex>>,
     /// What this router just dispatched, before the engines' KV events say so; `None`: off.
@@ -124,8 +124,7 @@ impl AppContext {
             load_report_interval: Duration::from_millis(config.load.report_interval_ms),
             health: Arc::new(HealthBook::new(Arc::clone(&registry), config.health.clone())),
             registry,
-            load_table,
-            inflight,
+            load: LoadHandles::new(load_table, inflight),
             kv_counters: kv.as_ref().map(KvSubscriptions::stats).unwrap_or_default(),
             kv_subscriptions: Mutex::new(kv),
             cache_sources: handles.cache,
@@ -157,7 +156,7 @@ impl AppContext {
         let cancel = self.cancel.child_token();
         tasks.spawn(Arc::clone(&self.health).run(self.forwarder.clone(), cancel));
         let subscriptions = LoadSubscriptions::new(
-            Arc::clone(&self.load_table),
+            Arc::clone(&self.load.table),
             Arc::clone(&self.registry),
             SubscriptionConfig {
                 report_interval: self.load_report_interval,
@@ -193,7 +192,7 @@ impl AppContext {
         ));
         tasks.spawn(forget_removed(
             Arc::clone(&self.registry),
-            Arc::clone(&self.inflight),
+            Arc::clone(&self.load.inflight),
             self.cancel.child_token(),
         ));
     }
@@ -258,12 +257,12 @@ impl AppContext {
 
     /// Engine-reported load.
     pub fn load_table(&self) -> &Arc<EngineReportedLoadTable> {
-        &self.load_table
+        &self.load.table
     }
 
     /// Router-local in-flight accounting.
     pub fn inflight(&self) -> &Arc<Inflight> {
-        &self.inflight
+        &self.load.inflight
     }
 
     /// The predicted entries of recent dispatches, when on.
@@ -271,30 +270,47 @@ impl AppContext {
         self.predictions.as_ref()
     }
 
-    /// A dispatch of `pick` for `stage` of a request of `model`: its in-flight guard, carrying
-    /// the prefill work the policy expected (the whole input when it did not look; none for
+    /// The load state as the policies read it.
+    pub fn load(&self) -> &LoadHandles {
+        &self.load
+    }
+
+    /// A dispatch of `pick` for `stage` of a request of `model`, to data-parallel rank `rank`
+    /// when the router chose one: its in-flight guard (counted for the rank too), carrying the
+    /// prefill work the policy expected (the whole input when it did not look; none for
     /// decode), and, for a tokenized request to an engine with KV events, its blocks recorded
-    /// as predicted entries there.
+    /// as predicted entries there (on that rank).
     pub fn dispatched(
         &self,
         model: &ModelId,
         pick: &Pick,
         stage: Stage,
+        rank: Option<u32>,
         input_tokens: u64,
         tokens: Option<&RequestTokens>,
     ) -> InflightGuard {
-        let worker = &pick.worker;
-        if stage == Stage::Decode {
-            return self.inflight.acquire(worker.id(), stage);
+        let (worker, inflight) = (&pick.worker, &self.load.inflight);
+        let work = if stage == Stage::Decode {
+            0
+        } else {
+            if let (Some(predictions), Some(tokens), Some(size)) =
+                (&self.predictions, tokens, BlockSize::of(worker))
+            {
+                let hashes = tokens.block_hashes(size);
+                let now = std::time::Instant::now();
+                match rank {
+                    Some(rank) => {
+                        predictions.record_on_rank(model, worker.id(), rank, &hashes, now)
+                    }
+                    None => predictions.record(model, worker.id(), &hashes, now),
+                }
+            }
+            pick.uncached_tokens.unwrap_or(input_tokens)
+        };
+        match rank {
+            Some(rank) => inflight.acquire_on_rank(worker.id(), stage, rank, work),
+            None => inflight.acquire_work(worker.id(), stage, work),
         }
-        if let (Some(predictions), Some(tokens), Some(size)) =
-            (&self.predictions, tokens, BlockSize::of(worker))
-        {
-            let hashes = tokens.block_hashes(size);
-            predictions.record(model, worker.id(), &hashes, std::time::Instant::now());
-        }
-        let work = pick.uncached_tokens.unwrap_or(input_tokens);
-        self.inflight.acquire_work(worker.id(), stage, work)
     }
 
     /// The prefix index fed by KV events; `None` when every prefix lookup goes to a remote
@@ -360,7 +376,7 @@ impl AppContext {
 
     /// Router-local in-flight requests across every engine.
     pub fn total_inflight(&self) -> u64 {
-        self.registry.workers().iter().map(|w| self.inflight.count(w.id())).sum()
+        self.registry.workers().iter().map(|w| self.load.inflight.count(w.id())).sum()
     }
 }
 

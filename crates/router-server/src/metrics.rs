@@ -141,6 +141,12 @@ pub(crate) fn pick(policy: &'static str, stage: &'static str, reason: &'static s
         .increment(1);
 }
 
+/// A data-parallel rank chosen for a dispatch to an engine whose worker sets `dp_route`.
+pub(crate) fn rank_choice(worker: &str, rank: u32, reason: &'static str) {
+    counter!("router_dp_rank_dispatches_total", "worker" => worker.to_owned(), "rank" => rank.to_string(), "reason" => reason)
+        .increment(1);
+}
+
 /// An admission rejection met while selecting.
 pub(crate) fn admission_rejection(limit: &'static str) {
     counter!("router_admission_rejections_total", "limit" => limit).increment(1);

@@ -70,6 +70,10 @@ struct EngineArgs {
     /// Running batch limit; more requests wait [default: 64].
     #[arg(long)]
     max_running: Option<usize>,
+    /// Data-parallel ranks, each with its own cache and queue; rank r publishes KV events on
+    /// the --kv-events port + r [default: 1].
+    #[arg(long)]
+    dp_size: Option<usize>,
     /// tokenizer.json to load; the chat template comes from tokenizer_config.json beside it.
     #[arg(long)]
     tokenizer: Option<PathBuf>,
@@ -146,6 +150,7 @@ impl EngineArgs {
         config.decode_tokens_per_sec =
             self.decode_tokens_per_sec.unwrap_or(config.decode_tokens_per_sec);
         config.max_running = self.max_running.unwrap_or(config.max_running);
+        config.dp_size = self.dp_size.unwrap_or(config.dp_size);
         config.tokenizer = self.tokenizer;
         config.kv_events = self.kv_events;
         config.kv_replay = self.kv_replay;

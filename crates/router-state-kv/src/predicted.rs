@@ -46,17 +46,18 @@ impl Default for PredictionConfig {
 /// The predicted blocks of one (model, worker).
 #[derive(Debug, Default)]
 struct Entries {
-    /// Local block hash to its expiry.
-    expiry: HashMap<u64, Instant>,
+    /// Local block hash to its expiry and the data-parallel rank it was sent to, if the router
+    /// chose one.
+    expiry: HashMap<u64, (Instant, Option<u32>)>,
     /// Records in the order made (so in expiry order), with duplicates; an item whose expiry
     /// differs from the map's is a superseded record.
     order: VecDeque<(Instant, u64)>,
 }
 
 impl Entries {
-    fn record(&mut self, hashes: &[u64], expiry: Instant, cap: usize) {
+    fn record(&mut self, hashes: &[u64], rank: Option<u32>, expiry: Instant, cap: usize) {
         for &hash in hashes {
-            self.expiry.insert(hash, expiry);
+            self.expiry.insert(hash, (expiry, rank));
             self.order.push_back((expiry, hash));
         }
         while self.order.len() > cap {
@@ -73,15 +74,18 @@ impl Entries {
 
     fn pop_oldest(&mut self) {
         if let Some((expiry, hash)) = self.order.pop_front()
-            && self.expiry.get(&hash) == Some(&expiry)
+            && self.expiry.get(&hash).is_some_and(|(e, _)| *e == expiry)
         {
             self.expiry.remove(&hash);
         }
     }
 
-    /// Leading blocks of `hashes` predicted and unexpired at `now`.
-    fn leading(&self, hashes: &[u64], now: Instant) -> usize {
-        hashes.iter().take_while(|h| self.expiry.get(h).is_some_and(|e| *e > now)).count()
+    /// Leading blocks of `hashes` predicted and unexpired at `now`, on one rank: the first
+    /// block's (a prefix split over two ranks is held whole by neither).
+    fn leading(&self, hashes: &[u64], now: Instant) -> (usize, Option<u32>) {
+        let live = |h: &u64| self.expiry.get(h).filter(|(e, _)| *e > now).map(|(_, rank)| *rank);
+        let Some(rank) = hashes.first().and_then(live) else { return (0, None) };
+        (hashes.iter().take_while(|h| live(h) == Some(rank)).count(), rank)
     }
 
     fn forget(&mut self, hashes: &[u64]) {
@@ -124,26 +128,51 @@ impl Predictions {
     /// Records that `worker` is about to hold the blocks `hashes` (a prompt's local block
     /// hashes, in order) of `model`, until `now + ttl`.
     pub fn record(&self, model: &ModelId, worker: &WorkerId, hashes: &[u64], now: Instant) {
+        self.record_inner(model, worker, None, hashes, now);
+    }
+
+    /// [`Predictions::record`] for a request the router sent to data-parallel rank `rank`:
+    /// lookups then report the prefix on that rank.
+    pub fn record_on_rank(
+        &self,
+        model: &ModelId,
+        worker: &WorkerId,
+        rank: u32,
+        hashes: &[u64],
+        now: Instant,
+    ) {
+        self.record_inner(model, worker, Some(rank), hashes, now);
+    }
+
+    fn record_inner(
+        &self,
+        model: &ModelId,
+        worker: &WorkerId,
+        rank: Option<u32>,
+        hashes: &[u64],
+        now: Instant,
+    ) {
         if hashes.is_empty() || self.config.max_blocks_per_worker == 0 {
             return;
         }
         let entries = self.entries(model, worker);
         let mut entries = entries.lock();
         entries.prune(now);
-        entries.record(hashes, now + self.config.ttl, self.config.max_blocks_per_worker);
+        entries.record(hashes, rank, now + self.config.ttl, self.config.max_blocks_per_worker);
     }
 
     /// Leading blocks of `hashes` that `worker` is predicted to hold at `now`.
     pub fn leading(&self, model: &ModelId, worker: &WorkerId, hashes: &[u64], now: Instant) -> u32 {
         let key = (model.clone(), worker.clone());
         let Some(entries) = self.workers.read().get(&key).map(Arc::clone) else { return 0 };
-        let blocks = entries.lock().leading(hashes, now);
+        let (blocks, _) = entries.lock().leading(hashes, now);
         u32::try_from(blocks).unwrap_or(u32::MAX)
     }
 
     /// `matches` (the index's answer for `hashes` in `model`) with the predicted entries laid
     /// over it: a worker predicted to hold more leading blocks than the index says is reported
-    /// with the predicted count (rank as indexed, else 0; tier GPU, where prefill leaves it).
+    /// with the predicted count (on the rank it was sent to, else the rank indexed, else 0;
+    /// tier GPU, where prefill leaves it).
     /// A prediction the index already covers is replaced by it and dropped.
     pub fn overlay(
         &self,
@@ -165,7 +194,7 @@ impl Predictions {
         let mut changed = false;
         for (worker, entries) in candidates {
             let mut entries = entries.lock();
-            let predicted = entries.leading(hashes, now);
+            let (predicted, rank) = entries.leading(hashes, now);
             if predicted == 0 {
                 continue;
             }
@@ -176,9 +205,13 @@ impl Predictions {
             }
             let blocks = u32::try_from(predicted).unwrap_or(u32::MAX);
             match matches.matches.iter_mut().find(|m| m.worker == worker) {
-                Some(found) => *found = PrefixMatch { blocks, tier: Medium::Gpu, ..found.clone() },
+                Some(found) => {
+                    let rank = rank.unwrap_or(found.rank);
+                    *found = PrefixMatch { blocks, rank, tier: Medium::Gpu, ..found.clone() };
+                }
                 None => {
-                    matches.matches.push(PrefixMatch { worker, rank: 0, blocks, tier: Medium::Gpu })
+                    let rank = rank.unwrap_or(0);
+                    matches.matches.push(PrefixMatch { worker, rank, blocks, tier: Medium::Gpu })
                 }
             }
             changed = true;

@@ -12,16 +12,22 @@
 //! engine reports nothing) and cumulatively in the ledger ([`Inflight::dispatched_tokens_since`],
 //! the recent-dispatch correction of a report, in tokens).
 //!
+//! A dispatch to one data-parallel rank ([`Inflight::acquire_on_rank`]) is also counted for
+//! that rank, in flight ([`Inflight::rank_inflight`]) and in the ledger
+//! ([`Inflight::rank_dispatched_since`]), so a rank can be chosen inside an engine the way an engine
+//! is chosen inside a group.
+//!
 //! The ledger is a fixed ring of the last [`LEDGER_LEN`] dispatches per engine (instant and
 //! cumulative work before it), indexed by a dispatch sequence number, so memory is bounded
 //! without pruning: what a report already reflects is excluded by asking from the report's
 //! capture time, and older entries are overwritten as new dispatches arrive.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
 use dashmap::DashMap;
+use parking_lot::RwLock;
 use router_workers::{Stage, WorkerId};
 
 use crate::Clock;
@@ -43,7 +49,29 @@ struct EngineCounters {
     dispatched_tokens: AtomicU64,
     /// Sequence `s` at `s % LEDGER_LEN`.
     ledger: Box<[Entry]>,
+    /// Per data-parallel rank, grown to the highest rank dispatched to.
+    ranks: RwLock<Vec<RankCounters>>,
 }
+
+/// In-flight requests and their work on one data-parallel rank.
+#[derive(Debug, Default)]
+struct RankCounters {
+    requests: AtomicU64,
+    tokens: AtomicU64,
+}
+
+/// Requests and their work (prefill tokens) on one data-parallel rank of an engine: in flight,
+/// or dispatched since an instant.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RankWork {
+    /// Requests in flight, over all stages.
+    pub requests: u64,
+    /// Their work (prefill tokens).
+    pub tokens: u64,
+}
+
+/// The ledger's mark for a dispatch not bound to a rank.
+const NO_RANK: u32 = u32::MAX;
 
 /// One dispatch in the ledger.
 #[derive(Debug, Default)]
@@ -52,6 +80,10 @@ struct Entry {
     stamp: AtomicU64,
     /// `dispatched_tokens` before this dispatch.
     tokens_before: AtomicU64,
+    /// This dispatch's work.
+    tokens: AtomicU64,
+    /// The rank it went to, or [`NO_RANK`].
+    rank: AtomicU32,
 }
 
 impl EngineCounters {
@@ -63,6 +95,27 @@ impl EngineCounters {
             dispatched: AtomicU64::new(0),
             dispatched_tokens: AtomicU64::new(0),
             ledger: (0..LEDGER_LEN).map(|_| Entry::default()).collect(),
+            ranks: RwLock::default(),
+        }
+    }
+
+    /// Adds one request and `tokens` of work to `rank`'s counters, or removes them.
+    fn count_rank(&self, rank: u32, tokens: u64, add: bool) {
+        let Ok(at) = usize::try_from(rank) else { return };
+        if self.ranks.read().len() <= at {
+            let mut ranks = self.ranks.write();
+            if ranks.len() <= at {
+                ranks.resize_with(at + 1, RankCounters::default);
+            }
+        }
+        let ranks = self.ranks.read();
+        let counters = &ranks[at];
+        if add {
+            counters.requests.fetch_add(1, Ordering::Relaxed);
+            counters.tokens.fetch_add(tokens, Ordering::Relaxed);
+        } else {
+            counters.requests.fetch_sub(1, Ordering::Relaxed);
+            counters.tokens.fetch_sub(tokens, Ordering::Relaxed);
         }
     }
 
@@ -106,16 +159,77 @@ impl Inflight {
     /// work (its uncached prompt tokens), counted in flight until the guard drops and in the
     /// ledger for good.
     pub fn acquire_work(&self, worker: &WorkerId, stage: Stage, tokens: u64) -> InflightGuard {
+        self.acquire_inner(worker, stage, None, tokens)
+    }
+
+    /// [`Inflight::acquire_work`] for a request sent to data-parallel rank `rank` of `worker`:
+    /// counted for the engine as always, and for the rank too.
+    pub fn acquire_on_rank(
+        &self,
+        worker: &WorkerId,
+        stage: Stage,
+        rank: u32,
+        tokens: u64,
+    ) -> InflightGuard {
+        self.acquire_inner(worker, stage, Some(rank), tokens)
+    }
+
+    fn acquire_inner(
+        &self,
+        worker: &WorkerId,
+        stage: Stage,
+        rank: Option<u32>,
+        tokens: u64,
+    ) -> InflightGuard {
         let counters = self.counters(worker);
         let stamp = self.stamp(self.clock.now());
         counters.by_stage[stage_index(stage)].fetch_add(1, Ordering::Relaxed);
         counters.inflight_tokens.fetch_add(tokens, Ordering::Relaxed);
+        if let Some(rank) = rank {
+            counters.count_rank(rank, tokens, true);
+        }
         let seq = counters.dispatched.fetch_add(1, Ordering::Relaxed);
         let before = counters.dispatched_tokens.fetch_add(tokens, Ordering::AcqRel);
         let entry = counters.slot(seq);
         entry.tokens_before.store(before, Ordering::Relaxed);
+        entry.tokens.store(tokens, Ordering::Relaxed);
+        entry.rank.store(rank.unwrap_or(NO_RANK), Ordering::Relaxed);
         entry.stamp.store(stamp, Ordering::Release);
-        InflightGuard { counters, stage, tokens }
+        InflightGuard { counters, stage, rank, tokens }
+    }
+
+    /// What is in flight to data-parallel rank `rank` of `worker` (dispatches made with
+    /// [`Inflight::acquire_on_rank`]).
+    pub fn rank_inflight(&self, worker: &WorkerId, rank: u32) -> RankWork {
+        let Some(counters) = self.engines.get(worker).map(|c| Arc::clone(&c)) else {
+            return RankWork::default();
+        };
+        let ranks = counters.ranks.read();
+        usize::try_from(rank).ok().and_then(|at| ranks.get(at)).map_or_else(
+            RankWork::default,
+            |r| RankWork {
+                requests: r.requests.load(Ordering::Relaxed),
+                tokens: r.tokens.load(Ordering::Relaxed),
+            },
+        )
+    }
+
+    /// Requests and work (prefill tokens) dispatched to rank `rank` of `worker` at or after
+    /// `since`: the recent-dispatch correction of one rank's report. Over the same dispatches
+    /// as [`Inflight::dispatched_since`] (at most the last [`LEDGER_LEN`]).
+    pub fn rank_dispatched_since(&self, worker: &WorkerId, rank: u32, since: Instant) -> RankWork {
+        let Some(counters) = self.engines.get(worker).map(|c| Arc::clone(&c)) else {
+            return RankWork::default();
+        };
+        let total = counters.dispatched.load(Ordering::Acquire);
+        let first = Self::first_since(&counters, self.stamp(since), total);
+        (first..total)
+            .map(|seq| counters.slot(seq))
+            .filter(|entry| entry.rank.load(Ordering::Relaxed) == rank)
+            .fold(RankWork::default(), |sum, entry| RankWork {
+                requests: sum.requests + 1,
+                tokens: sum.tokens.saturating_add(entry.tokens.load(Ordering::Relaxed)),
+            })
     }
 
     /// Work (prefill tokens) of the requests in flight to `worker`, over all stages.
@@ -169,13 +283,22 @@ impl Inflight {
 
     fn since(&self, worker: &WorkerId, since: Instant) -> Option<Since> {
         let counters = self.engines.get(worker).map(|c| Arc::clone(&c))?;
-        let since = self.stamp(since);
         let total = counters.dispatched.load(Ordering::Acquire);
         let tokens_total = counters.dispatched_tokens.load(Ordering::Acquire);
-        let oldest = total.saturating_sub(LEDGER_LEN as u64);
-        // Dispatch stamps grow with the sequence number (up to racing acquires), so the first
-        // sequence stamped at or after `since` is found by bisection.
-        let (mut lo, mut hi) = (oldest, total);
+        let lo = Self::first_since(&counters, self.stamp(since), total);
+        let tokens = if lo < total {
+            tokens_total.saturating_sub(counters.slot(lo).tokens_before.load(Ordering::Relaxed))
+        } else {
+            0
+        };
+        Some(Since { requests: total - lo, tokens })
+    }
+
+    /// The first remembered sequence below `total` stamped at or after `since` (`total` when
+    /// none is). Dispatch stamps grow with the sequence number (up to racing acquires), so it
+    /// is found by bisection.
+    fn first_since(counters: &EngineCounters, since: u64, total: u64) -> u64 {
+        let (mut lo, mut hi) = (total.saturating_sub(LEDGER_LEN as u64), total);
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             if counters.slot(mid).stamp.load(Ordering::Acquire) >= since {
@@ -184,12 +307,7 @@ impl Inflight {
                 lo = mid + 1;
             }
         }
-        let tokens = if lo < total {
-            tokens_total.saturating_sub(counters.slot(lo).tokens_before.load(Ordering::Relaxed))
-        } else {
-            0
-        };
-        Some(Since { requests: total - lo, tokens })
+        lo
     }
 
     /// Forgets a removed engine. Guards still held keep counting into the forgotten counters,
@@ -229,6 +347,7 @@ struct Since {
 pub struct InflightGuard {
     counters: Arc<EngineCounters>,
     stage: Stage,
+    rank: Option<u32>,
     tokens: u64,
 }
 
@@ -242,12 +361,20 @@ impl InflightGuard {
     pub fn stage(&self) -> Stage {
         self.stage
     }
+
+    /// The data-parallel rank the request was sent to, when the router chose one.
+    pub fn rank(&self) -> Option<u32> {
+        self.rank
+    }
 }
 
 impl Drop for InflightGuard {
     fn drop(&mut self) {
         self.counters.by_stage[stage_index(self.stage)].fetch_sub(1, Ordering::Relaxed);
         self.counters.inflight_tokens.fetch_sub(self.tokens, Ordering::Relaxed);
+        if let Some(rank) = self.rank {
+            self.counters.count_rank(rank, self.tokens, false);
+        }
     }
 }
 

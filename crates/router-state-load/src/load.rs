@@ -1,4 +1,5 @@
-//! What policies read: one engine's reported load, aggregated over its data-parallel ranks.
+//! What policies read: one engine's reported load, aggregated over its data-parallel ranks,
+//! and each rank's own numbers for choosing a rank inside the engine.
 
 use std::time::{Duration, Instant};
 
@@ -52,6 +53,27 @@ pub struct NativeLoad {
     /// divided by the derived prefill rate; the mean over ranks either way. `None` when neither
     /// is available. Never derived from decode throughput.
     pub prefill_queue_ms: Option<f64>,
+}
+
+/// One data-parallel rank's share of an [`EngineLoad`], as its report stated it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RankLoad {
+    /// Requests running on the rank.
+    pub running_requests: u64,
+    /// Requests queued on the rank.
+    pub waiting_requests: u64,
+    /// KV-cache tokens in use on the rank.
+    pub kv_used_tokens: u64,
+    /// Waiting prompt tokens not covered by the rank's prefix cache, when the engine says
+    /// (NATIVE reports).
+    pub waiting_uncached_tokens: Option<u64>,
+}
+
+impl RankLoad {
+    /// Running plus waiting requests.
+    pub fn total_requests(&self) -> u64 {
+        self.running_requests.saturating_add(self.waiting_requests)
+    }
 }
 
 impl EngineLoad {

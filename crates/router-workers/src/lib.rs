@@ -14,8 +14,8 @@ mod worker;
 pub use error::WorkerError;
 pub use registry::{ModelKind, RegistryEvent, WorkerRegistry};
 pub use worker::{
-    ApiKey, DEFAULT_BLOCK_SIZE, KvEventsSpec, LoadPollSpec, ModelId, Stage, Worker, WorkerId,
-    WorkerSpec, validate_url,
+    ApiKey, DEFAULT_BLOCK_SIZE, DpRoute, KvEventsSpec, LoadPollSpec, ModelId, Stage, Worker,
+    WorkerId, WorkerSpec, validate_url,
 };
 
 #[cfg(test)]

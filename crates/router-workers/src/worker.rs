@@ -164,6 +164,29 @@ fn default_dp_size() -> u32 {
     1
 }
 
+/// How the router tells a data-parallel engine which rank serves a request.
+///
+/// Without it (the default) the engine balances its ranks itself; with it the router picks the
+/// rank (by its cached prefix and load, as it picks engines) and names it on every request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DpRoute {
+    /// `"data_parallel_rank": r` in the JSON body, as SGLang reads it.
+    Body,
+    /// The `X-data-parallel-rank: r` header, as vLLM reads it.
+    Header,
+}
+
+impl DpRoute {
+    /// The configuration name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DpRoute::Body => "body",
+            DpRoute::Header => "header",
+        }
+    }
+}
+
 fn is_one(n: &u32) -> bool {
     *n == 1
 }
@@ -190,6 +213,9 @@ pub struct WorkerSpec {
     /// Number of data-parallel ranks behind this engine.
     #[serde(default = "default_dp_size", skip_serializing_if = "is_one")]
     pub dp_size: u32,
+    /// How the router names the chosen rank to the engine; without it the engine picks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dp_route: Option<DpRoute>,
     /// Tokens per KV block on this engine, which prefix lookups hash requests with. Needed
     /// without `kv_events` when a remote indexer knows the engine's cache; with `kv_events`
     /// it is their block size (and must equal `kv_events.block_size` when both are given).
@@ -222,6 +248,7 @@ impl WorkerSpec {
             model: None,
             bootstrap_port: None,
             dp_size: 1,
+            dp_route: None,
             block_size: None,
             kv_events: None,
             load_reporter: None,
@@ -299,6 +326,7 @@ pub struct Worker {
     stage: Stage,
     bootstrap_port: Option<u16>,
     dp_size: u32,
+    dp_route: Option<DpRoute>,
     block_size: Option<u32>,
     kv_events: Option<KvEventsSpec>,
     load_reporter: Option<String>,
@@ -346,6 +374,7 @@ impl Worker {
             stage: spec.role,
             bootstrap_port: spec.bootstrap_port,
             dp_size: spec.dp_size,
+            dp_route: spec.dp_route,
             block_size,
             kv_events: spec.kv_events.clone(),
             load_reporter: spec.load_reporter.clone(),
@@ -410,6 +439,12 @@ impl Worker {
     /// Number of data-parallel ranks.
     pub fn dp_size(&self) -> u32 {
         self.dp_size
+    }
+
+    /// How the router names a chosen rank to this engine; `None` when the engine balances its
+    /// ranks itself.
+    pub fn dp_route(&self) -> Option<DpRoute> {
+        self.dp_route
     }
 
     /// Tokens per KV block: the configured `block_size`, else that of the KV events (by

@@ -179,9 +179,10 @@ impl CacheAwarePolicy {
         let prefixes = Prefixes::look_up(&self.source, engines, request, min_hit).await?;
         let snapshot = self.load.table.snapshot();
         let pick = self.decide(engines, request, &prefixes, &snapshot)?;
-        let uncached =
-            request.input_tokens - prefixes.matched(&pick.worker).min(request.input_tokens);
-        Ok(pick.with_uncached_tokens(uncached))
+        let held = prefixes.held(&pick.worker);
+        let matched = held.map_or(0, |h| h.tokens);
+        let uncached = request.input_tokens - matched.min(request.input_tokens);
+        Ok(pick.with_uncached_tokens(uncached).with_cached_prefix(held))
     }
 
     /// Steps 2 to 8 over one load snapshot.

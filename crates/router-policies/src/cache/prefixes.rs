@@ -6,7 +6,7 @@ use std::sync::Arc;
 use router_workers::Worker;
 
 use super::source::{BlockSize, CacheSource, CachedPrefixes, PrefixOutcome, Unavailable};
-use crate::{PickError, PickRequest};
+use crate::{HeldPrefix, PickError, PickRequest};
 
 /// The cached prefixes of one request on a group's candidates, per block size, and whether
 /// some lookup could not be answered.
@@ -60,11 +60,17 @@ impl Prefixes {
 
     /// Leading tokens `worker` holds (0 without a block size or a lookup for it).
     pub(crate) fn matched(&self, worker: &Worker) -> u64 {
-        let Some(block_size) = BlockSize::of(worker) else { return 0 };
+        self.held(worker).map_or(0, |held| held.tokens)
+    }
+
+    /// The prefix `worker` holds and the rank holding it, if it holds any.
+    pub(crate) fn held(&self, worker: &Worker) -> Option<HeldPrefix> {
+        let block_size = BlockSize::of(worker)?;
         self.found
             .iter()
             .find(|(size, _)| *size == block_size)
             .and_then(|(_, prefixes)| prefixes.get(worker.id()))
-            .map_or(0, |p| p.tokens)
+            .filter(|p| p.tokens > 0)
+            .map(|p| HeldPrefix { rank: p.rank, tokens: p.tokens })
     }
 }

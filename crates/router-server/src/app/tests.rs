@@ -57,7 +57,7 @@ fn a_dispatch_counts_the_expected_work_and_predicts_tokenized_blocks() {
         let worker = ctx.registry().get(&id).expect("registered");
         let mut pick = Pick::new(worker, PickReason::OnlyCandidate);
         pick.uncached_tokens = uncached;
-        let guard = ctx.dispatched(&model, &pick, stage, 100, tokens);
+        let guard = ctx.dispatched(&model, &pick, stage, None, 100, tokens);
         assert_eq!(ctx.inflight().count_stage(&id, stage), 1, "{name}");
         assert_eq!(ctx.inflight().inflight_tokens(&id), work, "{name}");
         let blocks = ctx.predictions().expect("on by default").blocks(Instant::now());
@@ -90,6 +90,7 @@ async fn an_engine_that_leaves_is_forgotten_and_returns_from_zero() {
         &ModelId::new("m"),
         &Pick::new(old, PickReason::OnlyCandidate),
         Stage::Plain,
+        None,
         10,
         None,
     );
@@ -111,6 +112,7 @@ async fn an_engine_that_leaves_is_forgotten_and_returns_from_zero() {
         &ModelId::new("m"),
         &Pick::new(again, PickReason::OnlyCandidate),
         Stage::Plain,
+        None,
         10,
         None,
     );

@@ -85,6 +85,10 @@ pub struct ServerSection {
     /// A response write that cannot make progress for this many seconds (a client that stops
     /// reading its stream) closes the connection, which cancels the engine request.
     pub client_write_timeout_secs: u64,
+    /// Whether a client's `data_parallel_rank` (body) or `X-data-parallel-rank` (header)
+    /// overrides the router's rank choice on engines whose worker sets `dp_route`. Either way a
+    /// rank the engine does not have is a 400.
+    pub allow_client_dp_rank: bool,
     /// Retries of dispatches to engines that could not be reached.
     pub retry: RetrySection,
     /// Speak HTTP/2 with prior knowledge (h2c) to engines instead of HTTP/1.1.
@@ -113,6 +117,7 @@ impl Default for ServerSection {
             header_read_timeout_secs: 30,
             body_read_timeout_secs: 60,
             client_write_timeout_secs: 60,
+            allow_client_dp_rank: false,
             retry: RetrySection::default(),
             upstream_http2: false,
             log_json: false,

@@ -1,5 +1,6 @@
 //! Dispatch of a complete selection: the request goes to its plain engine ([`plain`]) or to its
-//! prefill and decode pair ([`pd`]), and the answer comes back, streamed or whole.
+//! prefill and decode pair ([`pd`]), each engine's data-parallel rank chosen and named
+//! ([`rank`]), and the answer comes back, streamed or whole.
 //!
 //! What every exchange with an engine shares lives here: sending (transport failures go to the
 //! circuit breaker and the failure counter), judging the response head (a 5xx or a refusal of
@@ -10,6 +11,7 @@
 
 mod pd;
 mod plain;
+mod rank;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -31,6 +33,7 @@ use crate::error::{ApiError, EngineError, SendError};
 use crate::forward::{GuardedBody, Outcome, OutcomeSink as _, passthrough_headers};
 use crate::metrics;
 use crate::prepare::PreparedRequest;
+use rank::EngineRequest;
 
 /// Largest whole (non-streamed) answer the router buffers, in bytes.
 const WHOLE_ANSWER_LIMIT: usize = 64 * 1024 * 1024;
@@ -83,14 +86,16 @@ impl Dispatch<'_> {
 }
 
 impl Exchange<'_> {
-    /// Sends `body` to `worker`, telling the circuit breaker and the failure counter about
+    /// Sends `request` to `worker`, telling the circuit breaker and the failure counter about
     /// transport failures.
     async fn send(
         &self,
         worker: &Worker,
-        body: Bytes,
+        request: EngineRequest,
     ) -> Result<hyper::Response<Incoming>, EngineError> {
-        let sent = self.ctx.forwarder().send(worker, self.path, body, self.request_id).await;
+        let EngineRequest { body, rank_header } = request;
+        let forwarder = self.ctx.forwarder();
+        let sent = forwarder.send(worker, self.path, body, self.request_id, rank_header).await;
         sent.map_err(|err| {
             let outcome = match err {
                 SendError::Unreachable { .. } => Outcome::Unreachable,

@@ -1,6 +1,8 @@
 //! The SGLang bootstrap protocol for a prefill/decode pair: both engines get the request with
 //! the prefill engine's bootstrap address and one random room, sent concurrently; the decode
-//! engine's answer is the client's. (Preparation strips a client's own bootstrap fields.)
+//! engine's answer is the client's. (A client's own bootstrap fields are replaced.) With a
+//! prefill rank chosen, the room agrees with it and the decode engine is told it
+//! (`disagg_prefill_dp_rank`); each engine gets its own rank.
 //!
 //! A prefill failure before the decode head arrives fails the request; after it, it ends the
 //! stream with an error event (or fails a whole answer still being read). A decode failure
@@ -12,12 +14,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::response::Response;
-use bytes::Bytes;
 use router_policies::Pick;
 use router_workers::{Stage, Worker};
+use serde_json::Value;
 use tokio::sync::oneshot;
 use tracing::{Instrument, warn};
 
+use super::rank::EngineRequest;
 use super::{Dispatch, Exchange, counted, header_value, read_snippet};
 use crate::error::{ApiError, Chain, EngineError};
 
@@ -27,31 +30,35 @@ pub(super) const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
 /// How long a decode engine's 5xx waits for its prefill partner's failure to explain it.
 const PARTNER_GRACE: Duration = Duration::from_secs(2);
 
-/// A random 63-bit bootstrap room, as SGLang expects.
-fn bootstrap_room() -> u64 {
-    rand::random::<u64>() >> 1
+/// A random 63-bit bootstrap room, as SGLang expects; with a prefill rank chosen, one that is
+/// `rank` modulo the prefill engine's `dp_size`, as SGLang's decode side derives the prefill
+/// rank when it is not told.
+fn bootstrap_room(prefill_rank: Option<(u32, u32)>) -> u64 {
+    let room = rand::random::<u64>() >> 1;
+    match prefill_rank {
+        Some((rank, dp_size)) if dp_size > 1 => room - room % u64::from(dp_size) + u64::from(rank),
+        _ => room,
+    }
 }
 
-/// The body both engines get: the client's plus the bootstrap fields, with a list of `rooms`
-/// rooms when given (see `InferenceRequest::bootstrap_rooms`), else one room.
-pub(super) fn with_bootstrap(
-    body: &serde_json::Map<String, serde_json::Value>,
+/// The fields both engines get: the prefill engine's bootstrap address and the room, a list of
+/// `rooms` rooms when given (see `InferenceRequest::bootstrap_rooms`), else one room; rooms
+/// agree with the prefill rank when one was chosen.
+pub(super) fn bootstrap_fields(
     prefill: &Worker,
+    prefill_rank: Option<u32>,
     rooms: Option<usize>,
-) -> Bytes {
-    use serde_json::Value;
+) -> Vec<(&'static str, Value)> {
+    let ranked = prefill_rank.map(|rank| (rank, prefill.dp_size()));
     let room = match rooms {
-        None => Value::from(bootstrap_room()),
-        Some(k) => (0..k).map(|_| Value::from(bootstrap_room())).collect(),
+        None => Value::from(bootstrap_room(ranked)),
+        Some(k) => (0..k).map(|_| Value::from(bootstrap_room(ranked))).collect(),
     };
-    let mut body = body.clone();
-    body.insert("bootstrap_host".into(), prefill.host().into());
-    body.insert(
-        "bootstrap_port".into(),
-        prefill.bootstrap_port().unwrap_or(DEFAULT_BOOTSTRAP_PORT).into(),
-    );
-    body.insert("bootstrap_room".into(), room);
-    Bytes::from(serde_json::to_vec(&body).expect("a JSON map serialises"))
+    vec![
+        ("bootstrap_host", prefill.host().into()),
+        ("bootstrap_port", prefill.bootstrap_port().unwrap_or(DEFAULT_BOOTSTRAP_PORT).into()),
+        ("bootstrap_room", room),
+    ]
 }
 
 pub(super) async fn dispatch(
@@ -61,22 +68,46 @@ pub(super) async fn dispatch(
 ) -> Result<Response, ApiError> {
     let (prepared, x) = (d.prepared, d.exchange);
     let tokens = prepared.tokens.as_deref();
-    let prefill_guard =
-        x.ctx.dispatched(d.model, &prefill, Stage::Prefill, prepared.input_tokens, tokens);
-    let decode_guard =
-        x.ctx.dispatched(d.model, &decode, Stage::Decode, prepared.input_tokens, tokens);
-    let request = &prepared.request;
-    let body = with_bootstrap(&request.body, &prefill.worker, request.bootstrap_rooms());
+    let prefill_rank = d.rank(&prefill, Stage::Prefill)?;
+    let decode_rank = d.rank(&decode, Stage::Decode)?;
+    let mut fields = bootstrap_fields(
+        &prefill.worker,
+        prefill_rank.map(|r| r.rank),
+        prepared.request.bootstrap_rooms(),
+    );
+    let prefill_request = d.engine_request(&prefill.worker, prefill_rank, &fields);
+    if let Some(rank) = prefill_rank {
+        // The decode side is told which prefill rank holds its KV cache.
+        fields.push(("disagg_prefill_dp_rank", rank.rank.into()));
+    }
+    let decode_request = d.engine_request(&decode.worker, decode_rank, &fields);
+    let input = prepared.input_tokens;
+    let prefill_guard = x.ctx.dispatched(
+        d.model,
+        &prefill,
+        Stage::Prefill,
+        prefill_rank.map(|r| r.rank),
+        input,
+        tokens,
+    );
+    let decode_guard = x.ctx.dispatched(
+        d.model,
+        &decode,
+        Stage::Decode,
+        decode_rank.map(|r| r.rank),
+        input,
+        tokens,
+    );
 
     let (failed_tx, mut failed_rx) = oneshot::channel::<ApiError>();
     let prefill_task = {
-        let (ctx, worker, body) = (Arc::clone(x.ctx), Arc::clone(&prefill.worker), body.clone());
+        let (ctx, worker) = (Arc::clone(x.ctx), Arc::clone(&prefill.worker));
         let (request_id, path, streamed) = (x.request_id.clone(), x.path, x.streamed);
         tokio::spawn(
             async move {
                 let _guard = prefill_guard;
                 let x = Exchange { ctx: &ctx, request_id: &request_id, path, streamed };
-                if let Err(err) = run_prefill(x, &worker, body).await {
+                if let Err(err) = run_prefill(x, &worker, prefill_request).await {
                     let err = ApiError::Prefill(err);
                     warn!(error = %Chain(&err), "prefill failed");
                     let _ = failed_tx.send(err);
@@ -88,7 +119,7 @@ pub(super) async fn dispatch(
     let abort_prefill = AbortOnDrop(Some(prefill_task));
 
     let decode_worker = &decode.worker;
-    let decode_send = x.send(decode_worker, body);
+    let decode_send = x.send(decode_worker, decode_request);
     tokio::pin!(decode_send);
     let mut prefill_succeeded = false;
     let upstream = loop {
@@ -129,12 +160,22 @@ pub(super) async fn dispatch(
     let headers = response.headers_mut();
     headers.insert("x-router-prefill-engine", header_value(prefill.worker.id().as_str()));
     headers.insert("x-router-decode-engine", header_value(decode_worker.id().as_str()));
+    if let Some(rank) = prefill_rank {
+        headers.insert("x-router-prefill-rank", rank.rank.into());
+    }
+    if let Some(rank) = decode_rank {
+        headers.insert("x-router-decode-rank", rank.rank.into());
+    }
     Ok(response)
 }
 
 /// The prefill engine's side: sent, judged and read to its end.
-async fn run_prefill(x: Exchange<'_>, worker: &Worker, body: Bytes) -> Result<(), EngineError> {
-    let upstream = x.send(worker, body).await?;
+async fn run_prefill(
+    x: Exchange<'_>,
+    worker: &Worker,
+    request: EngineRequest,
+) -> Result<(), EngineError> {
+    let upstream = x.send(worker, request).await?;
     let (parts, body) = x.checked(worker, upstream).await?;
     if !parts.status.is_success() {
         let text = read_snippet(body).await;

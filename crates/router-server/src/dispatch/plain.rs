@@ -1,6 +1,6 @@
-//! A plain dispatch: one engine serves the whole request. Its in-flight guard is held until
-//! the answer is read or the stream ends; a streamed pick with a TTFT prediction reports the
-//! observed first byte beside it.
+//! A plain dispatch: one engine (at the rank chosen for it, named in `x-router-rank`) serves
+//! the whole request. Its in-flight guard is held until the answer is read or the stream ends;
+//! a streamed pick with a TTFT prediction reports the observed first byte beside it.
 
 use std::time::Instant;
 
@@ -24,10 +24,19 @@ pub(super) async fn dispatch(
     let prepared = d.prepared;
     let tokens = prepared.tokens.as_deref();
     let x = d.exchange;
-    let guard = x.ctx.dispatched(d.model, &pick, stage, prepared.input_tokens, tokens);
     let worker = &pick.worker;
+    let rank = d.rank(&pick, stage)?;
+    let request = d.engine_request(worker, rank, &[]);
+    let guard = x.ctx.dispatched(
+        d.model,
+        &pick,
+        stage,
+        rank.map(|r| r.rank),
+        prepared.input_tokens,
+        tokens,
+    );
     let dispatched_at = Instant::now();
-    let upstream = x.send(worker, prepared.body.clone()).await.map_err(ApiError::Engine)?;
+    let upstream = x.send(worker, request).await.map_err(ApiError::Engine)?;
     metrics::time_to_response_head(d.model.as_str(), d.started.elapsed());
     let (parts, body) = x.checked(worker, upstream).await.map_err(ApiError::Engine)?;
     let mut response = if x.streams(&parts) {
@@ -49,6 +58,10 @@ pub(super) async fn dispatch(
         drop(guard);
         response
     };
-    response.headers_mut().insert("x-router-engine", header_value(worker.id().as_str()));
+    let headers = response.headers_mut();
+    headers.insert("x-router-engine", header_value(worker.id().as_str()));
+    if let Some(rank) = rank {
+        headers.insert("x-router-rank", rank.rank.into());
+    }
     Ok(response)
 }

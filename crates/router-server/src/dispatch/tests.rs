@@ -15,7 +15,7 @@ use router_buckets::BucketPick;
 use router_policies::{Pick, PickReason};
 use router_workers::{ModelId, Worker, WorkerId};
 
-use super::{Dispatch, Exchange, WHOLE_ANSWER_LIMIT};
+use super::{Dispatch, EngineRequest, Exchange, WHOLE_ANSWER_LIMIT};
 use crate::app::AppContext;
 use crate::error::{ApiError, EngineError};
 use crate::forward::{Outcome, OutcomeSink as _};
@@ -255,7 +255,10 @@ async fn what_the_client_and_the_breaker_hear_of_a_plain_dispatch() {
 async fn an_engine_silent_after_its_head_is_a_timeout_and_its_failure() {
     let (ctx, worker) = engine("stall", "stalls-1", Script::Stalls(200)).await;
     let x = exchange(&ctx, false);
-    let upstream = x.send(&worker, Bytes::from_static(b"{}")).await.expect("a head");
+    let upstream = x
+        .send(&worker, EngineRequest { body: Bytes::from_static(b"{}"), rank_header: None })
+        .await
+        .expect("a head");
     let (_, body) = x.checked(&worker, upstream).await.expect("a 200");
     tokio::time::pause();
     let started = tokio::time::Instant::now();
@@ -277,7 +280,10 @@ async fn an_engine_silent_after_its_head_is_a_timeout_and_its_failure() {
 async fn a_server_error_whose_body_never_comes_is_still_reported() {
     let (ctx, worker) = engine("stall", "stalls-2", Script::Stalls(500)).await;
     let x = exchange(&ctx, false);
-    let upstream = x.send(&worker, Bytes::from_static(b"{}")).await.expect("a head");
+    let upstream = x
+        .send(&worker, EngineRequest { body: Bytes::from_static(b"{}"), rank_header: None })
+        .await
+        .expect("a head");
     tokio::time::pause();
     let err = x.checked(&worker, upstream).await.expect_err("a 500");
     assert_eq!(err.to_string(), "engine stalls-2 answered 500: (no body)");

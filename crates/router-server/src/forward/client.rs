@@ -160,23 +160,31 @@ impl Forwarder {
         Arc::clone(&self.tls)
     }
 
-    /// POSTs the JSON `body` to `path` (`/v1/chat/completions`, say) on `worker` and waits
-    /// for the response head.
+    /// POSTs the JSON `body` to `path` (`/v1/chat/completions`, say) on `worker`, naming
+    /// data-parallel rank `rank` in the `X-data-parallel-rank` header when given, and waits for
+    /// the response head.
     pub async fn send(
         &self,
         worker: &Worker,
         path: &str,
         body: Bytes,
         request_id: &HeaderValue,
+        rank: Option<u32>,
     ) -> Result<Response<Incoming>, SendError> {
         let url = format!("{}{path}", worker.url());
         let mut request = Request::builder()
             .method(Method::POST)
             .uri(&url)
             .header(header::CONTENT_TYPE, "application/json")
-            .header("x-request-id", request_id)
-            .body(Full::new(body))
-            .map_err(|source| SendError::Request { worker: worker.id().clone(), url, source })?;
+            .header("x-request-id", request_id);
+        if let Some(rank) = rank {
+            request = request.header("x-data-parallel-rank", rank);
+        }
+        let mut request = request.body(Full::new(body)).map_err(|source| SendError::Request {
+            worker: worker.id().clone(),
+            url,
+            source,
+        })?;
         authorize(&mut request, worker);
         let worker = worker.id().clone();
         match tokio::time::timeout(self.config.request_timeout, self.request(request)).await {

@@ -1,7 +1,8 @@
 //! Request preparation, once per request, for every inference endpoint: parse and validate,
 //! render the chat template (chat) or take the prompt as text or token ids (completions,
 //! `/generate`), tokenize (or estimate), compute the expected peak, and read the affinity
-//! keys. Token ids a client sends are used for routing as they are, tokenizer or not.
+//! keys and the data-parallel rank a client asked for. Token ids a client sends are used for
+//! routing as they are, tokenizer or not.
 
 mod validate;
 
@@ -10,13 +11,15 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use router_policies::RequestTokens;
+use router_workers::DpRoute;
 use serde_json::Value;
 
 pub(crate) use router_chat_template::{ChatTemplate, TemplateError};
 pub(crate) use validate::{Endpoint, InferenceRequest, InvalidRequest, Prompt, parse_request};
 
 /// Fields that only the router may set; a client's values are removed before forwarding.
-const ROUTER_OWNED_FIELDS: [&str; 3] = ["bootstrap_host", "bootstrap_port", "bootstrap_room"];
+pub(crate) const ROUTER_OWNED_FIELDS: [&str; 3] =
+    ["bootstrap_host", "bootstrap_port", "bootstrap_room"];
 
 /// A model's tokenizer and chat template, loaded once at startup.
 pub struct Tokenization {
@@ -103,6 +106,51 @@ pub(crate) struct PreparedRequest {
     pub session_key: Option<String>,
     /// Routing key from the configured header.
     pub routing_key: Option<String>,
+    /// The data-parallel rank the client asked for, and how ([`client_rank`]).
+    pub client_rank: Option<ClientRank>,
+}
+
+/// A data-parallel rank a client asked for: in SGLang's `data_parallel_rank` body field or
+/// vLLM's `X-data-parallel-rank` header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ClientRank {
+    /// The rank.
+    pub rank: u32,
+    /// Where the client said it; an engine that picks its own rank gets it the same way.
+    pub via: DpRoute,
+}
+
+/// The header vLLM reads the data-parallel rank from.
+pub(crate) const DP_RANK_HEADER: &str = "x-data-parallel-rank";
+
+/// The rank a client asked for in the body (`body_rank`, already validated) or the
+/// [`DP_RANK_HEADER`] header (a non-negative integer, else 400); both may be given only if
+/// they agree.
+pub(crate) fn client_rank(
+    body_rank: Option<u32>,
+    header: Option<&http::HeaderValue>,
+) -> Result<Option<ClientRank>, InvalidRequest> {
+    let header_rank = header
+        .map(|value| {
+            value.to_str().ok().and_then(|v| v.trim().parse::<u32>().ok()).ok_or_else(|| {
+                InvalidRequest {
+                    message: format!("header {DP_RANK_HEADER} must be a non-negative integer"),
+                    param: Some(DP_RANK_HEADER.to_owned()),
+                }
+            })
+        })
+        .transpose()?;
+    match (body_rank, header_rank) {
+        (Some(body), Some(header)) if body != header => Err(InvalidRequest {
+            message: format!(
+                "data_parallel_rank {body} and header {DP_RANK_HEADER} {header} disagree"
+            ),
+            param: Some("data_parallel_rank".to_owned()),
+        }),
+        (Some(rank), _) => Ok(Some(ClientRank { rank, via: DpRoute::Body })),
+        (None, Some(rank)) => Ok(Some(ClientRank { rank, via: DpRoute::Header })),
+        (None, None) => Ok(None),
+    }
 }
 
 /// Why a request could not be prepared.
@@ -173,6 +221,7 @@ pub(crate) fn prepare(
         tokens,
         session_key: non_empty(session_key),
         routing_key: non_empty(routing_key),
+        client_rank: None,
         request,
     })
 }
@@ -204,6 +253,25 @@ fn estimate_tokens(request: &InferenceRequest) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_clients_rank_comes_from_the_body_or_the_header_and_both_must_agree() {
+        let header = |v: &'static str| http::HeaderValue::from_static(v);
+        let ranked = |rank, via| Ok(Some(ClientRank { rank, via }));
+        assert_eq!(client_rank(None, None), Ok(None));
+        assert_eq!(client_rank(Some(2), None), ranked(2, DpRoute::Body));
+        assert_eq!(client_rank(None, Some(&header(" 3 "))), ranked(3, DpRoute::Header));
+        assert_eq!(client_rank(Some(1), Some(&header("1"))), ranked(1, DpRoute::Body));
+        let param = |r: Result<Option<ClientRank>, InvalidRequest>| r.expect_err("invalid").param;
+        assert_eq!(
+            param(client_rank(Some(1), Some(&header("2")))).as_deref(),
+            Some("data_parallel_rank")
+        );
+        for bad in ["-1", "one", "", "4294967296"] {
+            let got = param(client_rank(None, Some(&header(bad))));
+            assert_eq!(got.as_deref(), Some(DP_RANK_HEADER), "{bad:?}");
+        }
+    }
 
     fn chat(body: &str) -> (Bytes, InferenceRequest) {
         let raw = Bytes::from(body.to_owned());

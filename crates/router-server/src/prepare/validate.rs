@@ -112,6 +112,8 @@ pub(crate) struct InferenceRequest {
     pub batch: Option<usize>,
     /// Sequences generated: prompts times `n`.
     pub sequences: u64,
+    /// The data-parallel rank the client asked for in `data_parallel_rank` (SGLang's field).
+    pub client_rank: Option<u32>,
 }
 
 impl InferenceRequest {
@@ -203,6 +205,7 @@ pub(crate) fn parse_request(
         _ => (Prompt::Opaque, None, None, 1),
     };
     let sequences = batch.unwrap_or(1) as u64 * n;
+    let client_rank = data_parallel_rank(&body)?;
     Ok(InferenceRequest {
         endpoint,
         body,
@@ -212,7 +215,21 @@ pub(crate) fn parse_request(
         prompt,
         batch,
         sequences,
+        client_rank,
     })
+}
+
+/// `data_parallel_rank`: absent, null, or a rank number.
+fn data_parallel_rank(body: &Map<String, Value>) -> Result<Option<u32>, InvalidRequest> {
+    const FIELD: &str = "data_parallel_rank";
+    match body.get(FIELD) {
+        None | Some(Value::Null) => Ok(None),
+        Some(value) => value
+            .as_u64()
+            .and_then(|rank| u32::try_from(rank).ok())
+            .map(Some)
+            .ok_or_else(|| InvalidRequest::field(FIELD, "must be a non-negative integer")),
+    }
 }
 
 /// The OpenAI sampling fields of chat and completions: the output bound and `n`.
@@ -645,6 +662,9 @@ mod tests {
             r#"{"text":["a","b"],"sampling_params":[{"max_new_tokens":4},{"max_new_tokens":9}]}"#,
         );
         assert_eq!(req.max_output_tokens, Some(9), "the largest bound of the batch");
+        assert_eq!(req.client_rank, None);
+        let req = parsed(Endpoint::Generate, r#"{"text":"a","data_parallel_rank":3}"#);
+        assert_eq!(req.client_rank, Some(3));
         assert_eq!(Endpoint::Generate.path(), "/generate");
         assert_eq!(Endpoint::Completions.path(), "/v1/completions");
     }
@@ -679,6 +699,9 @@ mod tests {
             (Endpoint::Generate, r#"{"text":"a","model":5}"#, "model"),
             (Endpoint::Generate, r#"{"text":["a","b"],"sampling_params":[{}]}"#, "sampling_params"),
             (Endpoint::Generate, r#"{"text":["a","b"],"sampling_params":[{},{"top_k":0}]}"#, "sampling_params[1].top_k"),
+            (Endpoint::Generate, r#"{"text":"a","data_parallel_rank":-1}"#, "data_parallel_rank"),
+            (Endpoint::Completions, r#"{"model":"m","prompt":"x","data_parallel_rank":"0"}"#, "data_parallel_rank"),
+            (Endpoint::Chat, r#"{"model":"m","messages":[{"role":"user","content":"x"}],"data_parallel_rank":1.5}"#, "data_parallel_rank"),
         ];
         for (endpoint, body, param) in cases {
             let error = parse_request(endpoint, body.as_bytes(), 4).expect_err(body);

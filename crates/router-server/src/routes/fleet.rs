@@ -1,6 +1,7 @@
 //! SGLang's fleet endpoints, answered from the fleet: `GET /get_model_info` and
 //! `GET /get_server_info` (`?model=` when the router serves several) proxied to a healthy
-//! engine of the model; `GET /get_loads`, the load table per engine in sglang-router's shape;
+//! engine of the model; `GET /get_loads`, the load table per engine (per rank where the router
+//! routes ranks) in sglang-router's shape;
 //! and `POST /flush_cache` (admin token), fanned out to every engine, with the router's KV
 //! picture of the engines that flushed cleared.
 
@@ -78,33 +79,52 @@ fn json_response(status: StatusCode, body: Bytes, worker: &Worker) -> Response {
 /// `GET /get_loads`: every engine with its load, as sglang-router answers (`workers`, each with
 /// `worker` (its URL) and `load`: running plus waiting requests from a fresh report, else -1),
 /// plus the router's own view: id, model, role, data-parallel ranks, report freshness and
-/// router-local in-flight requests.
+/// router-local in-flight requests. An engine whose ranks the router routes (`dp_route`) is
+/// listed once per rank, as sglang-router lists its data-parallel-aware workers: `worker` is
+/// `URL@RANK` and the numbers are the rank's.
 pub(crate) async fn loads(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
     let snapshot = ctx.load_table().snapshot();
     let mut workers = ctx.registry().workers();
     workers.sort_by(|a, b| a.id().as_str().cmp(b.id().as_str()));
-    let entries: Vec<Value> = workers
-        .iter()
-        .map(|worker| {
-            let load = snapshot.get(worker.id());
-            let freshness = ctx
-                .load_table()
-                .status_of(worker.id())
-                .map_or("missing", |status| status.freshness.as_str());
+    let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    let mut entries: Vec<Value> = Vec::new();
+    for worker in &workers {
+        let load = snapshot.get(worker.id());
+        let freshness = ctx
+            .load_table()
+            .status_of(worker.id())
+            .map_or("missing", |status| status.freshness.as_str());
+        let entry = |url: String, rank: Option<u32>| {
             json!({
-                "worker": worker.url(),
-                "load": load.map_or(-1, |l| i64::try_from(l.total_requests()).unwrap_or(i64::MAX)),
+                "worker": url,
                 "id": worker.id().as_str(),
                 "models": worker.models().iter().map(|m| m.as_str()).collect::<Vec<_>>(),
                 "role": worker.stage().as_str(),
                 "dp_size": worker.dp_size(),
-                "running_requests": load.map(|l| l.running_requests),
-                "waiting_requests": load.map(|l| l.waiting_requests),
+                "dp_rank": rank,
                 "freshness": freshness,
-                "inflight": ctx.inflight().count(worker.id()),
             })
-        })
-        .collect();
+        };
+        if worker.dp_route().is_none() {
+            let mut e = entry(worker.url().to_owned(), None);
+            e["load"] = json!(load.map_or(-1, |l| count(l.total_requests())));
+            e["running_requests"] = json!(load.map(|l| l.running_requests));
+            e["waiting_requests"] = json!(load.map(|l| l.waiting_requests));
+            e["inflight"] = json!(ctx.inflight().count(worker.id()));
+            entries.push(e);
+            continue;
+        }
+        let ranks = snapshot.ranks(worker.id());
+        for rank in 0..worker.dp_size() {
+            let reported = ranks.and_then(|r| r.get(usize::try_from(rank).ok()?));
+            let mut e = entry(format!("{}@{rank}", worker.url()), Some(rank));
+            e["load"] = json!(reported.map_or(-1, |r| count(r.total_requests())));
+            e["running_requests"] = json!(reported.map(|r| r.running_requests));
+            e["waiting_requests"] = json!(reported.map(|r| r.waiting_requests));
+            e["inflight"] = json!(ctx.inflight().rank_inflight(worker.id(), rank).requests);
+            entries.push(e);
+        }
+    }
     Json(json!({"workers": entries}))
 }
 

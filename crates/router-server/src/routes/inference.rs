@@ -20,7 +20,9 @@ use super::body::{read_body, request_id};
 use crate::app::AppContext;
 use crate::error::{ApiError, Chain};
 use crate::metrics;
-use crate::prepare::{Endpoint, PreparedRequest, parse_request, prepare};
+use crate::prepare::{
+    DP_RANK_HEADER, Endpoint, PreparedRequest, client_rank, parse_request, prepare,
+};
 use crate::serve::{Labels, serve};
 
 /// The handler of `endpoint`'s route (the path is [`Endpoint::path`]).
@@ -76,11 +78,12 @@ async fn handle(
     let body =
         read_body(headers, body, ctx.max_body_bytes(), ctx.server().body_read_timeout_secs).await?;
     let request = parse_request(endpoint, &body, ctx.server().max_batch_size)?;
+    let client_rank = client_rank(request.client_rank, headers.get(DP_RANK_HEADER))?;
     let model = ctx.requested_model(request.model.as_deref())?;
     labels.model.push_str(model.id.as_str());
     let session = affinity_key(headers, &model.affinity.session_id_header)?;
     let routing = affinity_key(headers, &model.affinity.routing_key_header)?;
-    let prepared = if model.tokenization.is_some() && body.len() > INLINE_PREPARE_BYTES {
+    let mut prepared = if model.tokenization.is_some() && body.len() > INLINE_PREPARE_BYTES {
         // Templating and tokenizing a long prompt takes milliseconds: off the event loop, so
         // the other connections it serves are not held up; at most one such preparation per
         // core at a time, the permit travelling with the work, so a client that leaves cannot
@@ -101,6 +104,7 @@ async fn handle(
     } else {
         prepare(body, request, model.tokenization.as_deref(), session, routing)?
     };
+    prepared.client_rank = client_rank;
     serve(ctx, model, &prepared, request_id, started, labels).await
 }
 

@@ -11,6 +11,9 @@ use super::api_key::ApiKey;
 use super::events::KvFormat;
 use super::faults::Faults;
 
+/// Most data-parallel ranks one engine simulates.
+pub const MAX_DP_SIZE: usize = 64;
+
 /// Everything one simulated engine is configured with. [`EngineConfig::new`] gives the
 /// command-line defaults, which keep tests fast.
 #[derive(Clone, Debug, PartialEq)]
@@ -32,8 +35,13 @@ pub struct EngineConfig {
     pub prefill_tokens_per_sec: f64,
     /// Decode speed per running request (`--decode-tokens-per-sec`, default 2000).
     pub decode_tokens_per_sec: f64,
-    /// Running batch limit (`--max-running`, default 64).
+    /// Running batch limit (`--max-running`, default 64), per rank.
     pub max_running: usize,
+    /// Data-parallel ranks (`--dp-size`, default 1): each its own cache (of
+    /// `kv_capacity_tokens`), queue and running batch, rank `r` publishing KV events on the
+    /// `--kv-events` port plus `r`. A request names its rank in `data_parallel_rank` (body) or
+    /// `X-data-parallel-rank` (header); others go to the ranks in turn.
+    pub dp_size: usize,
     /// `tokenizer.json` to load, with the chat template beside it (`--tokenizer`); `None`
     /// uses the built-in equivalent of the shipped assets.
     pub tokenizer: Option<PathBuf>,
@@ -89,6 +97,7 @@ impl EngineConfig {
             prefill_tokens_per_sec: 1_000_000.0,
             decode_tokens_per_sec: 2_000.0,
             max_running: 64,
+            dp_size: 1,
             tokenizer: None,
             kv_events: None,
             kv_replay: None,
@@ -136,6 +145,9 @@ impl EngineConfig {
         }
         if self.max_running == 0 {
             return bad("--max-running", "must be at least 1".into());
+        }
+        if !(1..=MAX_DP_SIZE).contains(&self.dp_size) {
+            return bad("--dp-size", format!("{} is not in 1..={MAX_DP_SIZE}", self.dp_size));
         }
         if self.default_max_tokens == 0 {
             return bad("--default-max-tokens", "must be at least 1".into());

@@ -1,6 +1,7 @@
 //! The simulated engine: one [`serve`] call is one engine (an OpenAI and SGLang HTTP server,
-//! optionally behind an API key and over TLS, a prefix cache with a timing model, KV events over
-//! ZeroMQ, a PD bootstrap server for prefill engines, and fault injection), running until its
+//! optionally behind an API key and over TLS, a prefix cache with a timing model per
+//! data-parallel rank, KV events over ZeroMQ, a PD bootstrap server for prefill engines, and
+//! fault injection), running until its
 //! cancellation token fires or a `die_after` fault ends it.
 //!
 //! ```no_run
@@ -228,7 +229,7 @@ pub async fn serve(
     let tracker = TaskTracker::new();
     let caching = config.role != Stage::Decode;
 
-    let (publisher, endpoints) = if config.kv_events.is_some() || config.kv_replay.is_some() {
+    let (publishers, endpoints) = if config.kv_events.is_some() || config.kv_replay.is_some() {
         let options = events::PublisherOptions {
             events: config.kv_events.clone(),
             replay: config.kv_replay.clone(),
@@ -237,26 +238,37 @@ pub async fn serve(
             block_size: config.block_size as u32,
             ring: config.kv_replay_buffer,
             enabled: !config.faults.no_kv_events,
+            dp_rank: 0,
         };
-        let (publisher, endpoints) =
-            events::start_publisher(options, stop.clone(), &tracker).await?;
-        (Some(publisher), endpoints)
+        let (publishers, endpoints) =
+            events::start_ranks(options, config.dp_size, stop.clone(), &tracker).await?;
+        (publishers.into_iter().map(Some).collect(), endpoints)
     } else {
-        (None, events::BoundEndpoints::default())
+        (vec![None; config.dp_size], events::BoundEndpoints::default())
     };
 
-    let scheduler = Arc::new(scheduler::Scheduler::new(
-        config.block_size,
-        config.kv_capacity_tokens,
-        config.max_running,
-        caching,
-        scheduler::Timing {
-            prefill_tokens_per_sec: config.prefill_tokens_per_sec,
-            decode_tokens_per_sec: config.decode_tokens_per_sec,
-        },
-        publisher,
-    ));
-    tracker.spawn(Arc::clone(&scheduler).run(stop.clone()));
+    let timing = scheduler::Timing {
+        prefill_tokens_per_sec: config.prefill_tokens_per_sec,
+        decode_tokens_per_sec: config.decode_tokens_per_sec,
+    };
+    let schedulers = publishers
+        .into_iter()
+        .zip(0u32..)
+        .map(|(publisher, rank)| {
+            let scheduler = Arc::new(scheduler::Scheduler::new(
+                rank,
+                config.block_size,
+                config.kv_capacity_tokens,
+                config.max_running,
+                caching,
+                timing,
+                publisher,
+            ));
+            tracker.spawn(Arc::clone(&scheduler).run(stop.clone()));
+            scheduler
+        })
+        .collect();
+    let ranks = Arc::new(scheduler::Ranks::new(schedulers));
 
     let mut config = config;
     let mut rooms = None;
@@ -297,7 +309,7 @@ pub async fn serve(
     let engine = Arc::new(http::Engine::new(
         config,
         preprocessor,
-        Arc::clone(&scheduler),
+        Arc::clone(&ranks),
         rooms,
         bootstrap_client,
         stop.clone(),
@@ -310,7 +322,7 @@ pub async fn serve(
         tracker.clone(),
     ));
 
-    let loads = LoadSource::new(scheduler);
+    let loads = LoadSource::new(ranks);
     let load_reporter_addr = reporter_listener.map(|(listener, addr)| {
         let dying = engine.faults.dying().clone();
         reporter::start(listener, addr, loads.clone(), dying, stop.clone(), &tracker);

@@ -76,6 +76,27 @@ fn the_overlay_adds_predictions_and_drops_those_the_index_covers() {
 }
 
 #[test]
+fn a_prediction_sent_to_a_rank_is_reported_on_that_rank() {
+    let p = predictions(1000, 1024);
+    let t0 = Instant::now();
+    let (m, a, b) = (model(), id("a"), id("b"));
+    p.record_on_rank(&m, &a, 3, &[1, 2, 3], t0);
+    // The index holds one block of a on rank 1: the longer prediction moves it to rank 3.
+    let indexed = PrefixMatches {
+        query_blocks: 3,
+        matches: vec![PrefixMatch { worker: a.clone(), rank: 1, blocks: 1, tier: Medium::Cpu }],
+    };
+    let merged = p.overlay(&m, &[1, 2, 3], indexed, t0);
+    assert_eq!(merged.get(&a).map(|m| (m.blocks, m.rank)), Some((3, 3)));
+    // A prefix whose later blocks went to another rank is held whole by neither.
+    p.record_on_rank(&m, &b, 0, &[1, 2], t0);
+    p.record_on_rank(&m, &b, 1, &[3], t0);
+    assert_eq!(p.leading(&m, &b, &[1, 2, 3], t0), 2);
+    let merged = p.overlay(&m, &[1, 2, 3], PrefixMatches { query_blocks: 3, matches: vec![] }, t0);
+    assert_eq!(merged.get(&b).map(|m| (m.blocks, m.rank)), Some((2, 0)));
+}
+
+#[test]
 fn contradicting_events_and_removal_forget_predictions() {
     let predictions = Arc::new(predictions(10_000, 1024));
     let index = KvIndex::default().with_predictions(Arc::clone(&predictions));

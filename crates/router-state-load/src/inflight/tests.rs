@@ -237,3 +237,42 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_rank_counts_its_own_dispatches_beside_the_engine() {
+    let (clock, inflight) = fixture();
+    let a = id("a");
+    let unranked = inflight.acquire_work(&a, Stage::Plain, 100);
+    let on_one = inflight.acquire_on_rank(&a, Stage::Plain, 1, 30);
+    let on_three = inflight.acquire_on_rank(&a, Stage::Prefill, 3, 7);
+    assert_eq!(on_three.rank(), Some(3));
+    assert_eq!(unranked.rank(), None);
+    assert_eq!(inflight.count(&a), 3);
+    assert_eq!(inflight.inflight_tokens(&a), 137);
+    assert_eq!(inflight.rank_inflight(&a, 1), RankWork { requests: 1, tokens: 30 });
+    assert_eq!(inflight.rank_inflight(&a, 3), RankWork { requests: 1, tokens: 7 });
+    // A rank between two others, never dispatched to, and one beyond them all are empty.
+    assert_eq!(inflight.rank_inflight(&a, 2), RankWork::default());
+    assert_eq!(inflight.rank_inflight(&a, 9), RankWork::default());
+    assert_eq!(inflight.rank_inflight(&id("never"), 0), RankWork::default());
+
+    drop(on_one);
+    assert_eq!(inflight.rank_inflight(&a, 1), RankWork::default());
+    assert_eq!(inflight.inflight_tokens(&a), 107);
+    drop((unranked, on_three));
+    assert_eq!(inflight.rank_inflight(&a, 3), RankWork::default());
+    assert_eq!(inflight.count(&a), 0);
+
+    // The ledger keeps each dispatch's rank: only what went to a rank since an instant counts.
+    let before = clock.now();
+    clock.advance(Duration::from_millis(5));
+    let since = clock.now();
+    drop(inflight.acquire_on_rank(&a, Stage::Plain, 1, 11));
+    drop(inflight.acquire_on_rank(&a, Stage::Plain, 0, 5));
+    drop(inflight.acquire_work(&a, Stage::Plain, 1000));
+    assert_eq!(inflight.rank_dispatched_since(&a, 1, since).tokens, 11);
+    assert_eq!(inflight.rank_dispatched_since(&a, 0, since).tokens, 5);
+    assert_eq!(inflight.rank_dispatched_since(&a, 1, before), RankWork { requests: 2, tokens: 41 });
+    assert_eq!(inflight.rank_dispatched_since(&a, 2, before).tokens, 0);
+    assert_eq!(inflight.dispatched_tokens_since(&a, since), 1016);
+}

@@ -3,7 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::{EngineLoad, EngineStatus, NativeLoad, RankSample, RejectReason, Report, ReportKind};
+use crate::{
+    EngineLoad, EngineStatus, NativeLoad, RankLoad, RankSample, RejectReason, Report, ReportKind,
+};
 
 /// More requests than any engine runs or queues: the report is rejected.
 pub(crate) const MAX_REQUESTS: u64 = 1 << 24;
@@ -111,6 +113,16 @@ impl RankCounters {
             }
         }
         self.rate
+    }
+}
+
+/// One sanitized rank's own numbers.
+pub(crate) fn rank_load(rank: &RankSample) -> RankLoad {
+    RankLoad {
+        running_requests: rank.running_requests,
+        waiting_requests: rank.waiting_requests,
+        kv_used_tokens: rank.kv_used_tokens,
+        waiting_uncached_tokens: rank.waiting_uncached_tokens,
     }
 }
 

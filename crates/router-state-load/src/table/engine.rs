@@ -125,7 +125,8 @@ impl EngineState {
         let load = aggregate::aggregate(&ranks, &rates, report.kind, report.status, now);
         let too_old = now.saturating_duration_since(load.captured_at) >= self.stale_after;
         let fresh_until = if too_old { now } else { now + self.stale_after };
-        self.current = Some(Entry { load, fresh_until });
+        let ranks = ranks.iter().map(|r| aggregate::rank_load(r)).collect();
+        self.current = Some(Entry { load, ranks, fresh_until });
         self.accepted += 1;
         self.clamped += u64::from(clamped);
         Ok((load.kind, clamped))

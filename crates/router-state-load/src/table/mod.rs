@@ -31,7 +31,7 @@ pub use status::{
     EngineLoadStatus, Freshness, MissingReason, RejectReason, RejectionCounts, ReportTotals,
 };
 
-use crate::{Clock, EngineLoad, Report, ReportKind};
+use crate::{Clock, EngineLoad, RankLoad, Report, ReportKind};
 use engine::EngineState;
 
 /// How the table judges freshness and floods.
@@ -77,9 +77,11 @@ impl TableConfig {
 pub(crate) type Published = HashMap<WorkerId, Entry>;
 
 /// A usable report: the aggregate and the instant it stops being fresh.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Entry {
     pub(crate) load: EngineLoad,
+    /// Each rank's numbers, in rank order.
+    pub(crate) ranks: Arc<[RankLoad]>,
     pub(crate) fresh_until: Instant,
 }
 
@@ -182,7 +184,7 @@ impl EngineReportedLoadTable {
                     Ok((kind, clamped)) => {
                         totals.accepted += 1;
                         totals.clamped += u64::from(clamped);
-                        self.publish(worker, state.current);
+                        self.publish(worker, state.current.clone());
                         Ok(kind)
                     }
                     Err(reason) => {

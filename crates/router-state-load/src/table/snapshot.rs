@@ -6,7 +6,7 @@ use std::time::Instant;
 use router_workers::WorkerId;
 
 use super::Published;
-use crate::EngineLoad;
+use crate::{EngineLoad, RankLoad};
 
 /// The usable reports at one instant. Capturing one is an atomic pointer load and a clock read;
 /// freshness is evaluated against the capture instant on every read, so a snapshot never
@@ -26,6 +26,12 @@ impl LoadSnapshot {
     /// the engine is unknown). Never a zero-filled load.
     pub fn get(&self, worker: &WorkerId) -> Option<&EngineLoad> {
         self.entries.get(worker).filter(|e| self.now < e.fresh_until).map(|e| &e.load)
+    }
+
+    /// Each data-parallel rank's numbers of the same report as [`Self::get`], in rank order;
+    /// `None` exactly when `get` is.
+    pub fn ranks(&self, worker: &WorkerId) -> Option<&[RankLoad]> {
+        self.entries.get(worker).filter(|e| self.now < e.fresh_until).map(|e| &*e.ranks)
     }
 
     /// The instant the snapshot was captured, on the table's clock.

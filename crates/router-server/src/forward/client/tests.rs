@@ -65,7 +65,7 @@ async fn a_request_carries_the_engines_own_key_the_request_id_and_json() {
     for key in [Some("engine-key"), None] {
         let engine = worker(&url, key);
         let body = Bytes::from_static(b"{}");
-        let response = client.send(&engine, "/v1/chat/completions", body, &REQUEST_ID).await;
+        let response = client.send(&engine, "/v1/chat/completions", body, &REQUEST_ID, None).await;
         assert_eq!(response.expect("answered").status(), 200);
     }
     let seen = seen.lock();
@@ -88,7 +88,7 @@ async fn http2_is_spoken_with_prior_knowledge_when_asked() {
     let client = forwarder(ForwardConfig { http2: true, ..ForwardConfig::default() });
     let engine = worker(&url, None);
     let body = Bytes::from_static(b"{}");
-    let response = client.send(&engine, "/v1/chat/completions", body, &REQUEST_ID).await;
+    let response = client.send(&engine, "/v1/chat/completions", body, &REQUEST_ID, None).await;
     assert_eq!(response.expect("answered").status(), 200);
     assert_eq!(seen.lock()[0].2, Version::HTTP_2);
 }
@@ -124,7 +124,7 @@ async fn each_failure_to_get_a_head_is_named() {
         let client = forwarder(config);
         let body = Bytes::from_static(b"{}");
         let sent =
-            client.send(&worker(&url, None), "/v1/chat/completions", body, &REQUEST_ID).await;
+            client.send(&worker(&url, None), "/v1/chat/completions", body, &REQUEST_ID, None).await;
         let err = sent.expect_err(name);
         assert_eq!(err.kind(), kind, "{name}: {err:?}");
         assert_eq!(err.worker().as_str(), "e1", "{name}");

@@ -9,7 +9,7 @@ use std::fmt;
 use std::str::FromStr;
 
 pub use encode::encode_batch;
-pub(crate) use publisher::{BoundEndpoints, Publisher, PublisherOptions, start as start_publisher};
+pub(crate) use publisher::{BoundEndpoints, Publisher, PublisherOptions, start_ranks};
 
 /// The wire form of the events.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

@@ -2,6 +2,9 @@
 //! payload]`, and a ROUTER bound at `--kv-replay` answering `["", start_seq]` with
 //! `["", topic, seq, payload]` for every retained batch from `start_seq` on, then
 //! `["", topic, ff..ff, ""]`. Batches are retained in a bounded ring.
+//!
+//! An engine with several data-parallel ranks runs one publisher per rank ([`start_ranks`]),
+//! rank `r` on the configured ports plus `r`, as SGLang and vLLM bind them.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -31,6 +34,8 @@ pub(crate) struct PublisherOptions {
     pub(crate) ring: usize,
     /// False under `--no-kv-events`: sockets are bound but nothing is sent or retained.
     pub(crate) enabled: bool,
+    /// The data-parallel rank every batch names.
+    pub(crate) dp_rank: u32,
 }
 
 /// The bound endpoints, with the ports the system chose.
@@ -106,6 +111,85 @@ fn check_endpoint(flag: &'static str, endpoint: &str) -> Result<(), EngineError>
     Ok(())
 }
 
+/// How often a run of free consecutive ports is looked for before giving up.
+const PORT_RUN_ATTEMPTS: usize = 32;
+
+/// One publisher per data-parallel rank (`dp_size` of them), rank `r` bound on the ports of
+/// `options` plus `r`. A port of 0 becomes the start of a run of `dp_size` free ports. The
+/// endpoints returned are rank 0's.
+pub(crate) async fn start_ranks(
+    options: PublisherOptions,
+    dp_size: usize,
+    cancel: CancellationToken,
+    tracker: &TaskTracker,
+) -> Result<(Vec<Publisher>, BoundEndpoints), EngineError> {
+    if dp_size <= 1 {
+        let (publisher, bound) = start(options, cancel, tracker).await?;
+        return Ok((vec![publisher], bound));
+    }
+    let ranks = u16::try_from(dp_size).unwrap_or(u16::MAX);
+    let events =
+        options.events.as_deref().map(|e| rank_base("--kv-events", e, ranks)).transpose()?;
+    let replay =
+        options.replay.as_deref().map(|e| rank_base("--kv-replay", e, ranks)).transpose()?;
+    let mut publishers = Vec::with_capacity(dp_size);
+    let mut first = None;
+    for rank in 0..ranks {
+        let at = |base: &Option<(String, u16)>| {
+            base.as_ref().map(|(host, port)| format!("tcp://{host}:{}", port + rank))
+        };
+        let options = PublisherOptions {
+            events: at(&events),
+            replay: at(&replay),
+            dp_rank: u32::from(rank),
+            ..options.clone()
+        };
+        let (publisher, bound) = start(options, cancel.clone(), tracker).await?;
+        publishers.push(publisher);
+        first.get_or_insert(bound);
+    }
+    Ok((publishers, first.unwrap_or_default()))
+}
+
+/// The host and first port of `ranks` consecutive rank endpoints based on `endpoint`: its own
+/// port, or, for port 0, the start of a run of free ones.
+fn rank_base(flag: &'static str, endpoint: &str, ranks: u16) -> Result<(String, u16), EngineError> {
+    check_endpoint(flag, endpoint)?;
+    let (host, port) = endpoint
+        .strip_prefix("tcp://")
+        .and_then(|rest| rest.rsplit_once(':'))
+        .and_then(|(host, port)| Some((host.to_owned(), port.parse::<u16>().ok()?)))
+        .ok_or_else(|| EngineError::Config {
+            flag,
+            reason: format!("{endpoint:?} is not a tcp://HOST:PORT endpoint"),
+        })?;
+    let too_high = || EngineError::Config {
+        flag,
+        reason: format!("{ranks} ranks from port {port} go beyond port 65535"),
+    };
+    if port != 0 {
+        port.checked_add(ranks - 1).ok_or_else(too_high)?;
+        return Ok((host, port));
+    }
+    let bind_host = if host == "*" { "0.0.0.0" } else { host.as_str() };
+    free_port_run(bind_host, ranks).map(|start| (host.clone(), start)).ok_or_else(|| {
+        EngineError::Config { flag, reason: format!("found no {ranks} consecutive free ports") }
+    })
+}
+
+/// The first of `n` consecutive ports that are free on `host` right now.
+fn free_port_run(host: &str, n: u16) -> Option<u16> {
+    use std::net::TcpListener;
+    (0..PORT_RUN_ATTEMPTS).find_map(|_| {
+        let first = TcpListener::bind((host, 0)).ok()?;
+        let start = first.local_addr().ok()?.port();
+        let rest: Option<Vec<TcpListener>> = (1..n)
+            .map(|offset| TcpListener::bind((host, start.checked_add(offset)?)).ok())
+            .collect();
+        rest.map(|_| start)
+    })
+}
+
 /// Binds the sockets and starts the publishing and replay tasks on `tracker`.
 pub(crate) async fn start(
     options: PublisherOptions,
@@ -166,8 +250,9 @@ async fn publish_loop(
         }
         let ts =
             SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or(0.0);
+        let rank = Some(options.dp_rank);
         let payload =
-            Bytes::from(encode_batch(options.format, ts, &events, options.block_size, Some(0)));
+            Bytes::from(encode_batch(options.format, ts, &events, options.block_size, rank));
         let seq = ring.lock().push(payload.clone());
         if let Some(socket) = socket.as_mut() {
             let frames = vec![topic.clone(), Bytes::copy_from_slice(&seq.to_be_bytes()), payload];

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::Response;
 use bytes::Bytes;
 use serde::Deserialize;
@@ -33,6 +34,8 @@ struct ChatRequest {
     bootstrap_port: Option<u16>,
     #[serde(default)]
     bootstrap_room: Option<u64>,
+    #[serde(default)]
+    data_parallel_rank: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -80,9 +83,14 @@ impl RawMessage {
 }
 
 /// The handler.
-pub(crate) async fn chat_completions(State(engine): State<Arc<Engine>>, body: Bytes) -> Response {
+pub(crate) async fn chat_completions(
+    State(engine): State<Arc<Engine>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     generation::serve(engine, |engine| async move {
         let (request, answer) = parse(&body, &engine.config.model)?;
+        let request = request.with_rank_header(&headers)?;
         let generation = generation::start(&engine, request).await?;
         let meta = AnswerMeta::new(&engine, "chatcmpl");
         let framing =
@@ -125,5 +133,6 @@ fn parse(body: &[u8], served: &str) -> Result<(Request, Answer), ApiError> {
     };
     let messages = request.messages.into_iter().map(RawMessage::normalise).collect();
     let prompt = Prompt { input: Input::Chat(messages), max_tokens };
-    Ok((Request::new(vec![prompt], bootstrap), answer))
+    let rank = Request::body_rank(request.data_parallel_rank)?;
+    Ok((Request { rank, ..Request::new(vec![prompt], bootstrap) }, answer))
 }

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::Response;
 use bytes::Bytes;
 
@@ -26,10 +27,15 @@ struct Answer {
 }
 
 /// The handler.
-pub(crate) async fn completions(State(engine): State<Arc<Engine>>, body: Bytes) -> Response {
+pub(crate) async fn completions(
+    State(engine): State<Arc<Engine>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     generation::serve(engine, |engine| async move {
         let vocab_size = engine.preprocessor.vocab_size();
         let (request, answer) = parse(&body, &engine.config.model, vocab_size)?;
+        let request = request.with_rank_header(&headers)?;
         let echo = answer.echo.then(|| echoes(&engine.preprocessor, &request)).transpose()?;
         let generation = generation::start(&engine, request).await?;
         let meta = AnswerMeta::new(&engine, "cmpl");
@@ -80,7 +86,8 @@ fn parse(body: &[u8], served: &str, vocab_size: usize) -> Result<(Request, Answe
     };
     let prompts = inputs.into_iter().map(|input| Prompt { input, max_tokens }).collect();
     let n = n as usize;
-    Ok((Request { prompts, n, bootstrap }, answer))
+    let rank = Request::body_rank(fields.u64("data_parallel_rank")?)?;
+    Ok((Request { prompts, n, bootstrap, rank }, answer))
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! `POST /generate`, SGLang's native API (its `GenerateReqInput`): `text` (a string or a list)
 //! or `input_ids` (a list of ids or a list of lists), exactly one, tokenized raw (no chat
 //! template); `sampling_params` (one object, or one per prompt), `rid`, `stream`,
-//! `return_logprob` (accepted; no logprob fields are returned) and the PD bootstrap fields.
+//! `return_logprob` (accepted; no logprob fields are returned), `data_parallel_rank` and the PD
+//! bootstrap fields.
 //! Answers `{"text", "output_ids", "meta_info": {"id", "finish_reason", "prompt_tokens",
 //! "completion_tokens", "cached_tokens", "e2e_latency"}}`, a list of them for a batch; a stream
 //! sends `data: {...}` events with the cumulative text and ids (batched ones with `index`), then
@@ -10,6 +11,7 @@
 use std::sync::Arc;
 
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use serde_json::{Value, json};
@@ -30,9 +32,14 @@ struct Answer {
 }
 
 /// The handler.
-pub(crate) async fn generate(State(engine): State<Arc<Engine>>, body: Bytes) -> Response {
+pub(crate) async fn generate(
+    State(engine): State<Arc<Engine>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     generation::serve(engine, |engine| async move {
         let (request, answer) = parse(&body, engine.preprocessor.vocab_size(), random_rid)?;
+        let request = request.with_rank_header(&headers)?;
         let generation = generation::start(&engine, request).await?;
         if answer.stream {
             return Ok(generation.stream(engine, answer));
@@ -132,7 +139,8 @@ fn parse(
         .zip(limits)
         .map(|(input, max_tokens)| Prompt { input, max_tokens })
         .collect();
-    Ok((Request::new(prompts, bootstrap), answer))
+    let rank = Request::body_rank(fields.u64("data_parallel_rank")?)?;
+    Ok((Request { rank, ..Request::new(prompts, bootstrap) }, answer))
 }
 
 /// Each prompt's `max_new_tokens`, from one `sampling_params` object or one per prompt.

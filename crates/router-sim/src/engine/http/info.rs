@@ -54,7 +54,7 @@ pub(crate) async fn server_info(State(engine): State<Arc<Engine>>) -> Json<serde
         "max_running_requests": config.max_running,
         "disaggregation_mode": disaggregation_mode(config.role),
         "disaggregation_bootstrap_port": config.bootstrap_port,
-        "dp_size": 1,
+        "dp_size": config.dp_size,
         "tp_size": 1,
         "kv_events_format": config.kv_format.as_str(),
         "prefill_tokens_per_sec": config.prefill_tokens_per_sec,
@@ -78,12 +78,12 @@ pub(crate) async fn model_info(State(engine): State<Arc<Engine>>) -> Json<serde_
 }
 
 pub(crate) async fn loads(State(engine): State<Arc<Engine>>) -> Json<serde_json::Value> {
-    Json(LoadSource::new(Arc::clone(&engine.scheduler)).snapshot().to_sglang_json())
+    Json(LoadSource::new(Arc::clone(&engine.ranks)).snapshot().to_sglang_json())
 }
 
 /// The deprecated `GET /get_load` shape: a bare array per rank.
 pub(crate) async fn legacy_load(State(engine): State<Arc<Engine>>) -> Json<serde_json::Value> {
-    let snapshot = LoadSource::new(Arc::clone(&engine.scheduler)).snapshot();
+    let snapshot = LoadSource::new(Arc::clone(&engine.ranks)).snapshot();
     let ranks: Vec<serde_json::Value> = snapshot
         .ranks
         .iter()
@@ -100,12 +100,15 @@ pub(crate) async fn legacy_load(State(engine): State<Arc<Engine>>) -> Json<serde
 }
 
 pub(crate) async fn flush_cache(State(engine): State<Arc<Engine>>) -> Response {
-    match engine.scheduler.flush_cache() {
-        Ok(()) => (StatusCode::OK, "Cache flushed.\n").into_response(),
-        Err(busy) => ApiError::bad_request(format!(
+    // Each idle rank is flushed; a busy one keeps its cache and fails the request.
+    let busy: usize = engine.ranks.all().iter().filter_map(|rank| rank.flush_cache().err()).sum();
+    if busy == 0 {
+        (StatusCode::OK, "Cache flushed.\n").into_response()
+    } else {
+        ApiError::bad_request(format!(
             "cannot flush the cache while {busy} requests are running or waiting"
         ))
-        .into_response(),
+        .into_response()
     }
 }
 

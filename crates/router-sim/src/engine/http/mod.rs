@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 use super::EngineConfig;
 use super::bootstrap::{BootstrapClient, Rooms};
 use super::faults::FaultState;
-use super::scheduler::Scheduler;
+use super::scheduler::Ranks;
 use crate::tokens::Preprocessor;
 
 pub(crate) use accept::accept_loop;
@@ -41,7 +41,8 @@ const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 pub(crate) struct Engine {
     pub(crate) config: EngineConfig,
     pub(crate) preprocessor: Preprocessor,
-    pub(crate) scheduler: Arc<Scheduler>,
+    /// The data-parallel ranks' schedulers.
+    pub(crate) ranks: Arc<Ranks>,
     pub(crate) faults: FaultState,
     /// The bootstrap rooms of a prefill engine.
     pub(crate) rooms: Option<Arc<Rooms>>,
@@ -56,7 +57,7 @@ impl Engine {
     pub(crate) fn new(
         config: EngineConfig,
         preprocessor: Preprocessor,
-        scheduler: Arc<Scheduler>,
+        ranks: Arc<Ranks>,
         rooms: Option<Arc<Rooms>>,
         bootstrap: Option<BootstrapClient>,
         stop: CancellationToken,
@@ -65,7 +66,7 @@ impl Engine {
         Self {
             config,
             preprocessor,
-            scheduler,
+            ranks,
             faults,
             rooms,
             bootstrap,

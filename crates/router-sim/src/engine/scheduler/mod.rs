@@ -12,10 +12,15 @@
 //! each pass's end, so average rates hold even when a single sleep overshoots (the next
 //! passes then run without sleeping until the clock catches up). With nothing to do the loop
 //! waits for a submission.
+//!
+//! An engine with `--dp-size N` runs N schedulers, one per data-parallel rank, each with its own
+//! cache, queue and KV-event publisher ([`Ranks`]). A request naming a rank goes there; the
+//! others are spread over the ranks in turn, as SGLang's and vLLM's own balancers do by default.
 
 mod state;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use parking_lot::Mutex;
@@ -83,6 +88,8 @@ pub(crate) enum Progress {
 /// The engine's scheduler: shared by the HTTP handlers (submit, load) and its loop.
 #[derive(Debug)]
 pub(crate) struct Scheduler {
+    /// The data-parallel rank this scheduler plays.
+    rank: u32,
     state: Mutex<State>,
     wake: Notify,
     timing: Timing,
@@ -91,6 +98,7 @@ pub(crate) struct Scheduler {
 
 impl Scheduler {
     pub(crate) fn new(
+        rank: u32,
         block_size: usize,
         capacity_tokens: usize,
         max_running: usize,
@@ -99,6 +107,7 @@ impl Scheduler {
         publisher: Option<Publisher>,
     ) -> Self {
         Self {
+            rank,
             state: Mutex::new(State::new(block_size, capacity_tokens, max_running, caching)),
             wake: Notify::new(),
             timing,
@@ -120,7 +129,7 @@ impl Scheduler {
 
     /// The load right now: a lock and a pass over the running batch.
     pub(crate) fn load(&self) -> RankLoad {
-        self.state.lock().load(0, Instant::now())
+        self.state.lock().load(self.rank, Instant::now())
     }
 
     /// Drops the prefix cache (publishing `AllBlocksCleared`) if the engine is idle;
@@ -193,22 +202,62 @@ impl Scheduler {
     }
 }
 
+/// The schedulers of an engine's data-parallel ranks, and its balancer for requests that name
+/// no rank.
+#[derive(Debug)]
+pub(crate) struct Ranks {
+    schedulers: Vec<Arc<Scheduler>>,
+    next: AtomicUsize,
+}
+
+/// A rank a request named that the engine does not have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("data_parallel_rank {rank} is out of range (dp_size {dp_size})")]
+pub(crate) struct NoSuchRank {
+    pub(crate) rank: u32,
+    pub(crate) dp_size: usize,
+}
+
+impl Ranks {
+    /// The ranks, rank `r` being `schedulers[r]`; at least one.
+    pub(crate) fn new(schedulers: Vec<Arc<Scheduler>>) -> Self {
+        assert!(!schedulers.is_empty(), "an engine has at least one rank");
+        Self { schedulers, next: AtomicUsize::new(0) }
+    }
+
+    /// The scheduler of `requested`, or of the next rank in turn when the request names none.
+    pub(crate) fn pick(&self, requested: Option<u32>) -> Result<&Arc<Scheduler>, NoSuchRank> {
+        let dp_size = self.schedulers.len();
+        let at = match requested {
+            Some(rank) => usize::try_from(rank).unwrap_or(usize::MAX),
+            None => self.next.fetch_add(1, Ordering::Relaxed) % dp_size,
+        };
+        self.schedulers.get(at).ok_or(NoSuchRank { rank: requested.unwrap_or(0), dp_size })
+    }
+
+    /// Every rank's scheduler, in rank order.
+    pub(crate) fn all(&self) -> &[Arc<Scheduler>] {
+        &self.schedulers
+    }
+}
+
 /// A cloneable handle that takes load snapshots of a running engine (for a load reporter,
 /// `/v1/loads`, or an embedding process). A snapshot is one lock and one pass over the running
-/// batch, cheap enough for any report interval.
+/// batch per rank, cheap enough for any report interval.
 #[derive(Clone, Debug)]
 pub struct LoadSource {
-    scheduler: Arc<Scheduler>,
+    ranks: Arc<Ranks>,
 }
 
 impl LoadSource {
-    pub(crate) fn new(scheduler: Arc<Scheduler>) -> Self {
-        Self { scheduler }
+    pub(crate) fn new(ranks: Arc<Ranks>) -> Self {
+        Self { ranks }
     }
 
     /// The engine's load now: every rank, consistent within a rank.
     pub fn snapshot(&self) -> LoadSnapshot {
-        LoadSnapshot { captured_at: SystemTime::now(), ranks: vec![self.scheduler.load()] }
+        let ranks = self.ranks.all().iter().map(|scheduler| scheduler.load()).collect();
+        LoadSnapshot { captured_at: SystemTime::now(), ranks }
     }
 }
 

@@ -26,8 +26,15 @@ struct Harness {
 impl Harness {
     fn start(capacity: usize, max_running: usize, caching: bool, timing: Timing) -> Self {
         let (publisher, events) = Publisher::channel();
-        let scheduler =
-            Arc::new(Scheduler::new(BS, capacity, max_running, caching, timing, Some(publisher)));
+        let scheduler = Arc::new(Scheduler::new(
+            0,
+            BS,
+            capacity,
+            max_running,
+            caching,
+            timing,
+            Some(publisher),
+        ));
         let cancel = CancellationToken::new();
         tokio::spawn(Arc::clone(&scheduler).run(cancel.clone()));
         Self { scheduler, events, cancel }
@@ -359,4 +366,26 @@ proptest! {
         prop_assert_eq!((load.running, load.waiting, load.kv_used_tokens), (0, 0, 0));
         prop_assert_eq!(cached.len(), state.cached_blocks());
     }
+}
+
+#[test]
+fn unnamed_requests_take_the_ranks_in_turn_and_named_ones_their_rank() {
+    let schedulers: Vec<Arc<Scheduler>> = (0..3)
+        .map(|rank| Arc::new(Scheduler::new(rank, BS, 1024, 4, true, timing(1e6, 1e3), None)))
+        .collect();
+    let ranks = Ranks::new(schedulers);
+    let rank_of = |requested| ranks.pick(requested).map(|s| s.rank);
+    assert_eq!(
+        [None, None, None, None].map(rank_of),
+        [Ok(0), Ok(1), Ok(2), Ok(0)],
+        "the engine's own balancer"
+    );
+    assert_eq!(rank_of(Some(2)), Ok(2));
+    assert_eq!(rank_of(Some(3)), Err(NoSuchRank { rank: 3, dp_size: 3 }));
+    assert_eq!(
+        NoSuchRank { rank: 3, dp_size: 3 }.to_string(),
+        "data_parallel_rank 3 is out of range (dp_size 3)"
+    );
+    let snapshot = LoadSource::new(Arc::new(ranks)).snapshot();
+    assert_eq!(snapshot.ranks.iter().map(|r| r.dp_rank).collect::<Vec<_>>(), vec![0, 1, 2]);
 }

@@ -31,6 +31,7 @@ fn bodies_become_prompts_choices_and_options() {
                 prompts: vec![text("a", Some(3)), text("b", Some(3))],
                 n: 2,
                 bootstrap: None,
+                rank: None,
             },
             PLAIN,
         ),
@@ -51,6 +52,11 @@ fn bodies_become_prompts_choices_and_options() {
             PLAIN,
         ),
         (
+            json!({"prompt": "x", "data_parallel_rank": 3}),
+            Request { rank: Some(3), ..Request::new(vec![text("x", None)], None) },
+            PLAIN,
+        ),
+        (
             json!({"prompt": ["a", "b"], "n": 2, "bootstrap_host": "h", "bootstrap_port": 8,
                 "bootstrap_room": 10}),
             Request {
@@ -61,6 +67,7 @@ fn bodies_become_prompts_choices_and_options() {
                     port: 8,
                     rooms: vec![10, 11, 12, 13],
                 }),
+                rank: None,
             },
             PLAIN,
         ),

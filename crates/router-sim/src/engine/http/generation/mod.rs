@@ -13,7 +13,7 @@ use std::sync::Arc;
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::StreamExt as _;
-use http::StatusCode;
+use http::{HeaderMap, StatusCode};
 use router_workers::Stage;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -24,8 +24,11 @@ use super::Engine;
 use super::error::ApiError;
 use crate::engine::bootstrap::{RoomGuard, RoomInfo};
 use crate::engine::output;
-use crate::engine::scheduler::{Kind, Submission};
+use crate::engine::scheduler::{Kind, Scheduler, Submission};
 use crate::tokens::ChatMessage;
+
+/// The header vLLM reads a request's data-parallel rank from.
+const DP_RANK_HEADER: &str = "x-data-parallel-rank";
 
 /// Why an injected failure fails a request (and its prefill rooms).
 const INJECTED: &str = "injected failure (--fail-rate)";
@@ -60,18 +63,54 @@ pub(crate) struct Bootstrap {
 }
 
 /// What an endpoint asks to generate: `n` runs for each prompt, run `p * n + j` being choice
-/// `j` of prompt `p` (the order of OpenAI's choice indices).
+/// `j` of prompt `p` (the order of OpenAI's choice indices), all on one data-parallel rank.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Request {
     pub(crate) prompts: Vec<Prompt>,
     pub(crate) n: usize,
     pub(crate) bootstrap: Option<Bootstrap>,
+    /// The rank the request named (`data_parallel_rank`, or the [`DP_RANK_HEADER`] header);
+    /// `None`: the engine's turn.
+    pub(crate) rank: Option<u32>,
 }
 
 impl Request {
-    /// One run of each prompt.
+    /// One run of each prompt, on the engine's choice of rank.
     pub(crate) fn new(prompts: Vec<Prompt>, bootstrap: Option<Bootstrap>) -> Self {
-        Self { prompts, n: 1, bootstrap }
+        Self { prompts, n: 1, bootstrap, rank: None }
+    }
+
+    /// The rank a body's `data_parallel_rank` (already read as a number) names.
+    pub(crate) fn body_rank(rank: Option<u64>) -> Result<Option<u32>, ApiError> {
+        rank.map(|rank| {
+            u32::try_from(rank).map_err(|_| {
+                ApiError::bad_request(format!("data_parallel_rank {rank} is too large"))
+            })
+        })
+        .transpose()
+    }
+
+    /// This request with the rank of the [`DP_RANK_HEADER`] header too: the body's rank and
+    /// the header's may both be given only if they agree.
+    pub(crate) fn with_rank_header(mut self, headers: &HeaderMap) -> Result<Self, ApiError> {
+        let bad = |message: String| ApiError::bad_request(message);
+        let header = headers
+            .get(DP_RANK_HEADER)
+            .map(|value| {
+                value.to_str().ok().and_then(|v| v.trim().parse::<u32>().ok()).ok_or_else(|| {
+                    bad(format!("header {DP_RANK_HEADER} must be a non-negative integer"))
+                })
+            })
+            .transpose()?;
+        self.rank = match (self.rank, header) {
+            (Some(body), Some(header)) if body != header => {
+                return Err(bad(format!(
+                    "data_parallel_rank {body} and header {DP_RANK_HEADER} {header} disagree"
+                )));
+            }
+            (body, header) => body.or(header),
+        };
+        Ok(self)
     }
 
     pub(crate) fn runs(&self) -> usize {
@@ -162,6 +201,8 @@ pub(crate) async fn start(engine: &Engine, request: Request) -> Result<Generatio
             bootstrap.rooms.len()
         )));
     }
+    let scheduler =
+        engine.ranks.pick(request.rank).map_err(|e| ApiError::bad_request(e.to_string()))?;
     let stall = engine.faults.stall();
     if !stall.is_zero() {
         tokio::time::sleep(stall).await;
@@ -184,7 +225,7 @@ pub(crate) async fn start(engine: &Engine, request: Request) -> Result<Generatio
 
     let mut prepared = Vec::with_capacity(request.prompts.len());
     for (index, prompt) in request.prompts.into_iter().enumerate() {
-        prepared.push(prepare(engine, index, prompt)?);
+        prepared.push(prepare(engine, scheduler, index, prompt)?);
     }
     for (run, guard) in guards.iter_mut().enumerate() {
         if let Some(guard) = guard {
@@ -210,13 +251,18 @@ pub(crate) async fn start(engine: &Engine, request: Request) -> Result<Generatio
         submissions.push(Submission { prompt: prompt.ids.clone(), output: output_ids, kind, tx });
     }
     for submission in submissions {
-        engine.scheduler.submit(submission).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        scheduler.submit(submission).map_err(|e| ApiError::bad_request(e.to_string()))?;
     }
     Ok(generation)
 }
 
-/// Tokenizes prompt `index` and sizes its output.
-fn prepare(engine: &Engine, index: usize, prompt: Prompt) -> Result<Prepared, ApiError> {
+/// Tokenizes prompt `index` and sizes its output for the KV room of `scheduler`'s rank.
+fn prepare(
+    engine: &Engine,
+    scheduler: &Scheduler,
+    index: usize,
+    prompt: Prompt,
+) -> Result<Prepared, ApiError> {
     let config = &engine.config;
     let preprocessor = &engine.preprocessor;
     let ids = match prompt.input {
@@ -230,7 +276,7 @@ fn prepare(engine: &Engine, index: usize, prompt: Prompt) -> Result<Prepared, Ap
     if ids.is_empty() {
         return Err(ApiError::bad_request(format!("prompt {index} has no tokens")));
     }
-    let room = engine.scheduler.output_room(ids.len()).ok_or_else(|| {
+    let room = scheduler.output_room(ids.len()).ok_or_else(|| {
         ApiError::bad_request(format!(
             "prompt of {} tokens does not fit the kv capacity of {} tokens",
             ids.len(),

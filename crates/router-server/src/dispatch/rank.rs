@@ -1,0 +1,110 @@
+//! The data-parallel rank of each engine of a dispatch, and the request that names it.
+//!
+//! An engine whose worker sets `dp_route` gets the rank the router chose
+//! ([`router_policies::choose_rank`]), or the client's when `server.allow_client_dp_rank` is
+//! set: as `"data_parallel_rank": r` in the body (`dp_route: body`, SGLang) or the
+//! `X-data-parallel-rank: r` header (`dp_route: header`, vLLM), the client's own field or
+//! header removed. An engine without `dp_route` balances its ranks itself and gets the
+//! client's rank, if any, as the client gave it. Either way a client's rank that the engine
+//! does not have is a 400, before anything is sent.
+
+use bytes::Bytes;
+use router_policies::{Pick, RankChoice, RankReason, choose_rank};
+use router_workers::{DpRoute, Stage, Worker};
+use serde_json::{Map, Value};
+
+use super::Dispatch;
+use crate::error::ApiError;
+use crate::metrics;
+use crate::prepare::{DP_RANK_HEADER, ROUTER_OWNED_FIELDS};
+
+/// SGLang's body field naming the rank.
+const DP_RANK_FIELD: &str = "data_parallel_rank";
+
+/// What one engine of a dispatch gets: its body, and the rank for [`DP_RANK_HEADER`].
+pub(super) struct EngineRequest {
+    /// The JSON body.
+    pub body: Bytes,
+    /// The rank named in the header, if any.
+    pub rank_header: Option<u32>,
+}
+
+impl Dispatch<'_> {
+    /// The rank of `pick`'s engine that serves this request for `stage`: `None` when the
+    /// engine picks its own. Counted by reason.
+    pub(super) fn rank(&self, pick: &Pick, stage: Stage) -> Result<Option<RankChoice>, ApiError> {
+        let worker = &pick.worker;
+        let client = self.prepared.client_rank;
+        if let Some(client) = client
+            && client.rank >= worker.dp_size()
+        {
+            let param = match client.via {
+                DpRoute::Body => DP_RANK_FIELD,
+                DpRoute::Header => DP_RANK_HEADER,
+            };
+            return Err(ApiError::InvalidRequest {
+                message: format!(
+                    "{param} {} names no rank of engine {} (dp_size {})",
+                    client.rank,
+                    worker.id(),
+                    worker.dp_size()
+                ),
+                param: Some(param.to_owned()),
+            });
+        }
+        worker.dp_route().map_or(Ok(None), |_| {
+            let choice = match client {
+                Some(client) if self.exchange.ctx.server().allow_client_dp_rank => {
+                    Some(RankChoice { rank: client.rank, reason: RankReason::Client })
+                }
+                _ => choose_rank(self.exchange.ctx.load(), pick, stage, self.prepared.input_tokens),
+            };
+            if let Some(choice) = choice {
+                metrics::rank_choice(worker.id().as_str(), choice.rank, choice.reason.as_str());
+            }
+            Ok(choice)
+        })
+    }
+
+    /// The request `worker` gets: the prepared body with the router's `fields` set (the PD
+    /// bootstrap fields, say), and the rank `rank` named as the worker's `dp_route` says.
+    /// Without fields or a rank to write, the prepared bytes as they are.
+    pub(super) fn engine_request(
+        &self,
+        worker: &Worker,
+        rank: Option<RankChoice>,
+        fields: &[(&str, Value)],
+    ) -> EngineRequest {
+        let prepared = self.prepared;
+        let client = prepared.client_rank;
+        let route = worker.dp_route();
+        let rank = rank.map(|choice| choice.rank);
+        let rank_header = match route {
+            Some(DpRoute::Header) => rank,
+            Some(DpRoute::Body) => None,
+            // The engine picks its rank itself: a client's header goes through as it was.
+            None => client.filter(|c| c.via == DpRoute::Header).map(|c| c.rank),
+        };
+        let clients_field_replaced =
+            route.is_some() && prepared.request.body.contains_key(DP_RANK_FIELD);
+        let writes_rank = route == Some(DpRoute::Body) && rank.is_some();
+        if fields.is_empty() && !writes_rank && !clients_field_replaced {
+            return EngineRequest { body: prepared.body.clone(), rank_header };
+        }
+        let mut body: Map<String, Value> = prepared.request.body.clone();
+        for field in ROUTER_OWNED_FIELDS {
+            body.remove(field);
+        }
+        if route.is_some() {
+            body.remove(DP_RANK_FIELD);
+        }
+        for (field, value) in fields {
+            body.insert((*field).to_owned(), value.clone());
+        }
+        if let (Some(DpRoute::Body), Some(rank)) = (route, rank) {
+            body.insert(DP_RANK_FIELD.to_owned(), rank.into());
+        }
+        let body = Bytes::from(serde_json::to_vec(&body).expect("a JSON map serialises"));
+        EngineRequest { body, rank_header }
+    }
+}
