@@ -14,6 +14,10 @@ async fn the_demo_serves_plain_and_pd_models() {
     assert_eq!(reply.status, 200, "{}", reply.body);
     assert_eq!(reply.header("x-router-prefill-engine"), Some("prefill-1"));
     assert_eq!(reply.header("x-router-decode-engine"), Some("decode-1"));
+    // The pair's engines are data-parallel: the router names a rank of each.
+    for header in ["x-router-prefill-rank", "x-router-decode-rank"] {
+        assert!(reply.header(header).is_some_and(|r| r == "0" || r == "1"), "{header}");
+    }
 
     // The banner's other two examples: completions on the plain model, /generate on the pair.
     let json = [("content-type", "application/json")];
@@ -31,9 +35,10 @@ async fn the_demo_serves_plain_and_pd_models() {
     // Every engine streams load reports over gRPC and publishes KV events.
     let fresh = r#"router_load_report_state{worker="engine-1",state="fresh"} 1"#;
     let kv = r#"router_kv_events{worker="engine-1",counter="blocks"}"#;
-    eventually("a fresh load report and KV events from engine-1", async || {
+    let pd_fresh = r#"router_load_report_state{worker="prefill-1",state="fresh"} 1"#;
+    eventually("fresh load reports and KV events, the pair's of both ranks", async || {
         let metrics = http.get(&router.url, "/metrics", &[]).await.body;
-        metrics.contains(fresh) && metrics.contains(kv)
+        metrics.contains(fresh) && metrics.contains(kv) && metrics.contains(pd_fresh)
     })
     .await;
 }

@@ -2,14 +2,15 @@
 //! nothing else installed.
 //!
 //! Two models, because a model is served by plain engines or by PD pairs, never both:
-//! `demo` on four plain engines, and `demo-pd` on one prefill and one decode engine. Every
+//! `demo` on four plain engines, and `demo-pd` on one prefill and one decode engine, each with
+//! [`PD_DP_SIZE`] data-parallel ranks whose rank the router chooses (`dp_route: body`). Every
 //! engine is a real router-sim engine in this process, on its own loopback ports, publishing KV
 //! events over ZeroMQ and streaming load reports over gRPC like a real one. Plain and prefill
 //! groups run [`RECOMMENDED_POLICY`], the policy that won the load sweep of
 //! `docs/benchmarks.md`.
 
 use router_sim::engine::{EngineConfig, RunningEngine, serve};
-use router_workers::{KvEventsSpec, Stage, WorkerSpec};
+use router_workers::{DpRoute, KvEventsSpec, Stage, WorkerSpec};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{
@@ -18,6 +19,9 @@ use crate::config::{
 
 /// Plain engines of the `demo` model.
 const PLAIN_ENGINES: usize = 4;
+
+/// Data-parallel ranks of each engine of the `demo-pd` pair.
+const PD_DP_SIZE: usize = 2;
 
 /// The policy of the plain and prefill groups: the lowest mean and tail time to first token of
 /// every policy under load (`cargo xtask bench --only quality`).
@@ -70,6 +74,10 @@ fn engine_config(role: Stage) -> EngineConfig {
     if role == Stage::Prefill {
         config.bootstrap_port = Some(0);
     }
+    if role.is_pd() {
+        config.model = "demo-pd".to_owned();
+        config.dp_size = PD_DP_SIZE;
+    }
     config
 }
 
@@ -104,10 +112,7 @@ pub async fn start(port: u16) -> Result<(DemoFleet, ConfigFile), DemoError> {
         .chain([Stage::Prefill, Stage::Decode])
         .collect();
     for (index, role) in roles.iter().enumerate() {
-        let mut config = engine_config(*role);
-        if role.is_pd() {
-            config.model = "demo-pd".to_owned();
-        }
+        let config = engine_config(*role);
         let engine = serve(config, cancel.child_token())
             .await
             .map_err(|source| DemoError::Engine { index, source })?;
@@ -119,9 +124,24 @@ pub async fn start(port: u16) -> Result<(DemoFleet, ConfigFile), DemoError> {
         .enumerate()
         .map(|(i, e)| worker(format!("engine-{}", i + 1), e, Stage::Plain, block_size))
         .collect();
+    let data_parallel = |spec: WorkerSpec| WorkerSpec {
+        dp_size: PD_DP_SIZE as u32,
+        dp_route: Some(DpRoute::Body),
+        ..spec
+    };
     let pd_workers = vec![
-        worker("prefill-1".into(), &engines[PLAIN_ENGINES], Stage::Prefill, block_size),
-        worker("decode-1".into(), &engines[PLAIN_ENGINES + 1], Stage::Decode, block_size),
+        data_parallel(worker(
+            "prefill-1".into(),
+            &engines[PLAIN_ENGINES],
+            Stage::Prefill,
+            block_size,
+        )),
+        data_parallel(worker(
+            "decode-1".into(),
+            &engines[PLAIN_ENGINES + 1],
+            Stage::Decode,
+            block_size,
+        )),
     ];
     let mut config = ConfigFile::default();
     config.server.port = port;
@@ -168,7 +188,8 @@ pub fn banner(addr: std::net::SocketAddr) -> String {
     format!(
         "router listening on http://{addr}\n\
          demo fleet: model `demo` on {PLAIN_ENGINES} plain engines, model `demo-pd` on a \
-         prefill/decode pair (all simulated), selected by {RECOMMENDED_POLICY}\n\
+         prefill/decode pair of {PD_DP_SIZE} data-parallel ranks each (all simulated), selected \
+         by {RECOMMENDED_POLICY}\n\
          try:\n  curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \
          -d '{{\"model\": \"demo\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'\n  \
          curl -s http://{addr}/v1/completions -H 'content-type: application/json' \
