@@ -79,30 +79,36 @@ async fn sigterm_drains_in_flight_requests_then_exits() {
 }
 
 #[tokio::test]
-async fn a_flood_beyond_the_concurrency_limit_gets_503_with_retry_after() {
+async fn beyond_the_concurrency_limit_a_request_queues_and_a_full_queue_gets_429() {
     let engine = Engine::start("m", &["--decode-tokens-per-sec", "30"]);
     let yaml = config(&engine).replace(
         "server: {port: 0, admin_token: t}",
-        "server: {port: 0, admin_token: t, max_concurrent_requests: 1}",
+        "server: {port: 0, admin_token: t, max_concurrent_requests: 1, queue_size: 1}",
     );
     let router = Router::with_config(&yaml);
     let http = Http::default();
-    let url = router.url.clone();
-    let slow = tokio::spawn({
-        let http = http.clone();
-        async move { http.chat(&url, &chat_body("m", "slow", 30), &[]).await }
-    });
+    let send = |text: &'static str, tokens: u64| {
+        let (http, url) = (http.clone(), router.url.clone());
+        tokio::spawn(async move { http.chat(&url, &chat_body("m", text, tokens), &[]).await })
+    };
+    let slow = send("slow", 30);
     eventually("the first request in flight", async || inflight(&http, &router, "t").await == 1)
         .await;
+    let queued = send("queued", 1);
+    eventually("the second request in the queue", async || {
+        router.admin_state(&http, "t").await["admission"]["queued"] == 1
+    })
+    .await;
     let refused = http.chat(&router.url, &chat_body("m", "one too many", 1), &[]).await;
-    assert_eq!(refused.status, 503, "{}", refused.body);
-    assert_eq!(refused.json()["error"]["code"], "overloaded");
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    assert_eq!(refused.json()["error"]["code"], "queue_full");
     assert_eq!(refused.header("retry-after"), Some("1"));
     assert_eq!(slow.await.expect("task").status, 200);
+    assert_eq!(queued.await.expect("task").status, 200, "the queued request got the slot");
     let after = http.chat(&router.url, &chat_body("m", "room again", 1), &[]).await;
     assert_eq!(after.status, 200, "the permit is released with the response body");
     let metrics = http.get(&router.url, "/metrics", &[]).await.body;
-    let counted = "router_requests_refused_total{reason=\"overloaded\"} 1";
+    let counted = "router_requests_refused_total{reason=\"queue_full\"} 1";
     assert!(metrics.lines().any(|line| line == counted), "{metrics}");
 }
 

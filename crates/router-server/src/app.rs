@@ -27,6 +27,7 @@ use crate::config::{
 use crate::error::ApiError;
 use crate::forward::{ForwardConfig, Forwarder, OutcomeSink};
 use crate::health::HealthBook;
+use crate::limit::Admission;
 use crate::model_info::ModelCards;
 use crate::retry::RetryBudget;
 
@@ -55,7 +56,7 @@ pub struct AppContext {
     credentials: Arc<Credentials>,
     retry_budget: RetryBudget,
     draining: AtomicBool,
-    request_slots: Arc<tokio::sync::Semaphore>,
+    admission: Arc<Admission>,
     model_cards: Arc<ModelCards>,
     /// How often and how patiently the model cards are refreshed (the health checker's).
     card_refresh: (Duration, Duration),
@@ -137,8 +138,10 @@ impl AppContext {
             credentials: Arc::new(credentials),
             retry_budget: RetryBudget::new(&config.server.retry),
             draining: AtomicBool::new(false),
-            request_slots: Arc::new(tokio::sync::Semaphore::new(
+            admission: Arc::new(Admission::new(
                 config.server.max_concurrent_requests,
+                config.server.queue_size,
+                Duration::from_secs(config.server.queue_timeout_secs),
             )),
             model_cards: Arc::default(),
             card_refresh: (
@@ -364,9 +367,9 @@ impl AppContext {
         &self.server
     }
 
-    /// Permits for concurrent chat requests.
-    pub fn request_slots(&self) -> &Arc<tokio::sync::Semaphore> {
-        &self.request_slots
+    /// The concurrency bound of inference requests and its queue.
+    pub(crate) fn admission(&self) -> &Arc<Admission> {
+        &self.admission
     }
 
     /// Largest accepted body.

@@ -66,9 +66,15 @@ pub(crate) enum ApiError {
     /// key.
     #[error("{0}")]
     Unauthorized(&'static str),
-    /// Too many requests are in flight at the router.
-    #[error("the router is at its concurrent request limit; retry shortly")]
-    Overloaded,
+    /// Every concurrency slot is taken and the admission queue is full.
+    #[error("the router is at its concurrent request limit and its queue is full; retry shortly")]
+    QueueFull,
+    /// The request waited its longest in the admission queue without a slot freeing.
+    #[error("no concurrency slot freed within {secs} s in the admission queue; retry shortly")]
+    QueueTimeout {
+        /// The longest wait, in seconds.
+        secs: u64,
+    },
     /// The router is shutting down.
     #[error("the router is shutting down")]
     ShuttingDown,
@@ -275,7 +281,8 @@ impl ApiError {
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Select(err) => select_status(err),
-            ApiError::Overloaded | ApiError::ShuttingDown | ApiError::NoEngineAnswered { .. } => {
+            ApiError::QueueFull | ApiError::QueueTimeout { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::ShuttingDown | ApiError::NoEngineAnswered { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ApiError::Preparation(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -295,7 +302,8 @@ impl ApiError {
             ApiError::BodyTimeout { .. } => ("invalid_request_error", "body_timeout"),
             ApiError::Select(err) => select_kind(err),
             ApiError::ShuttingDown => ("service_unavailable", "shutting_down"),
-            ApiError::Overloaded => ("service_unavailable", "overloaded"),
+            ApiError::QueueFull => ("rate_limit_exceeded", "queue_full"),
+            ApiError::QueueTimeout { .. } => ("rate_limit_exceeded", "queue_timeout"),
             ApiError::NoEngineAnswered { .. } => ("service_unavailable", "no_engine_answered"),
             ApiError::Preparation(_) => ("internal_error", "internal_error"),
             ApiError::Engine(err) | ApiError::Prefill(err) | ApiError::Decode(err) => {
@@ -359,7 +367,7 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
         let mut response = (status, axum::Json(self.body())).into_response();
-        if status == StatusCode::SERVICE_UNAVAILABLE {
+        if matches!(status, StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS) {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         if status == StatusCode::UNAUTHORIZED {

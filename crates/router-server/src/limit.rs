@@ -1,10 +1,16 @@
-//! A bound on concurrent chat requests: beyond it the router answers 503 with `Retry-After`
-//! at once instead of queueing, so a flood cannot grow memory without bound. A request holds
-//! its permit until its response body ends or is dropped.
+//! Admission of inference requests: a bound on those in flight (`server.max_concurrent_requests`)
+//! with a bounded FIFO queue in front of it (`server.queue_size`, each waiting at most
+//! `server.queue_timeout_secs`). A request beyond the bound waits in the queue for a slot; a full
+//! queue or an expired wait is a 429 with `Retry-After`, as the routers this one replaces answer.
+//! A client that goes away while queued leaves the queue (its wait is dropped). The queue holds
+//! only request heads: bodies are read once a slot is granted, so a flood cannot grow memory
+//! without bound. A request holds its slot until its response body ends or is dropped.
 
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -15,16 +21,101 @@ use http_body::Frame;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::error::ApiError;
+use crate::metrics;
 
-/// Admits a request while `slots` (`server.max_concurrent_requests` of them) has a permit.
+/// The concurrency bound and its queue, shared by every inference route.
+#[derive(Debug)]
+pub(crate) struct Admission {
+    /// One permit per request allowed in flight. Tokio's semaphore is fair: a released permit
+    /// goes to the longest waiter, never to a newcomer, so the queue is FIFO.
+    slots: Arc<Semaphore>,
+    /// Most requests waiting at once.
+    queue_size: usize,
+    /// Longest wait of one request.
+    queue_timeout: Duration,
+    /// Requests waiting now.
+    queued: AtomicUsize,
+}
+
+impl Admission {
+    /// `max_in_flight` slots with a queue of `queue_size` waiting at most `queue_timeout`.
+    pub(crate) fn new(max_in_flight: usize, queue_size: usize, queue_timeout: Duration) -> Self {
+        Self {
+            slots: Arc::new(Semaphore::new(max_in_flight)),
+            queue_size,
+            queue_timeout,
+            queued: AtomicUsize::new(0),
+        }
+    }
+
+    /// Slots free now.
+    pub(crate) fn available(&self) -> usize {
+        self.slots.available_permits()
+    }
+
+    /// Requests waiting in the queue now.
+    pub(crate) fn queued(&self) -> usize {
+        self.queued.load(Ordering::Relaxed)
+    }
+
+    /// A slot: at once when one is free, else after waiting in the queue.
+    async fn admit(&self) -> Result<OwnedSemaphorePermit, ApiError> {
+        if let Ok(permit) = Arc::clone(&self.slots).try_acquire_owned() {
+            return Ok(permit);
+        }
+        let _place = self.enqueue().ok_or(ApiError::QueueFull)?;
+        let started = Instant::now();
+        let waited =
+            tokio::time::timeout(self.queue_timeout, Arc::clone(&self.slots).acquire_owned());
+        let outcome = match waited.await {
+            Ok(Ok(permit)) => Ok(permit),
+            // The semaphore is never closed; a timeout is the only way out without a slot.
+            Ok(Err(_)) | Err(_) => {
+                Err(ApiError::QueueTimeout { secs: self.queue_timeout.as_secs() })
+            }
+        };
+        metrics::queue_wait(started.elapsed(), outcome.is_ok());
+        outcome
+    }
+
+    /// A place in the queue, given back on drop; `None` when the queue is full.
+    fn enqueue(&self) -> Option<QueuePlace<'_>> {
+        self.queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.queue_size).then_some(n + 1)
+            })
+            .ok()?;
+        metrics::queue_depth(self.queued());
+        Some(QueuePlace(self))
+    }
+}
+
+/// One request's place in the queue.
+struct QueuePlace<'a>(&'a Admission);
+
+impl Drop for QueuePlace<'_> {
+    fn drop(&mut self) {
+        self.0.queued.fetch_sub(1, Ordering::AcqRel);
+        metrics::queue_depth(self.0.queued());
+    }
+}
+
+/// Admits a request through `admission`, or answers why not.
 pub(crate) async fn concurrency(
-    State(slots): State<Arc<Semaphore>>,
+    State(admission): State<Arc<Admission>>,
     request: Request,
     next: Next,
 ) -> Response {
-    let Ok(permit) = slots.try_acquire_owned() else {
-        crate::metrics::refused("overloaded");
-        return ApiError::Overloaded.into_response();
+    let permit = match admission.admit().await {
+        Ok(permit) => permit,
+        Err(refusal) => {
+            let reason = match refusal {
+                ApiError::QueueFull => "queue_full",
+                _ => "queue_timeout",
+            };
+            metrics::refused(reason);
+            return refusal.into_response();
+        }
     };
     next.run(request).await.map(|body| Body::new(PermitBody { inner: body, _permit: permit }))
 }

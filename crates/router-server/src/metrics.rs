@@ -248,6 +248,17 @@ pub(crate) fn refused(reason: &'static str) {
     counter!("router_requests_refused_total", "reason" => reason).increment(1);
 }
 
+/// Requests waiting in the admission queue now.
+pub(crate) fn queue_depth(depth: usize) {
+    gauge!("router_queue_depth").set(depth as f64);
+}
+
+/// How long a request waited in the admission queue, and whether it got a slot.
+pub(crate) fn queue_wait(waited: Duration, admitted: bool) {
+    let outcome = if admitted { "admitted" } else { "timeout" };
+    histogram!("router_queue_wait_seconds", "outcome" => outcome).record(waited.as_secs_f64());
+}
+
 /// A dispatch retried after an engine could not be reached.
 pub(crate) fn retry(model: &str) {
     counter!("router_retries_total", "model" => model.to_owned()).increment(1);

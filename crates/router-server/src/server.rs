@@ -32,8 +32,8 @@ pub fn routes(ctx: Arc<AppContext>) -> Router {
         .route("/admin/state", get(admin::state))
         .route("/flush_cache", post(fleet::flush_cache))
         .route_layer(from_fn_with_state(Arc::clone(ctx.credentials()), auth::require_admin_token));
-    // One bound on concurrent inference requests, whichever endpoint they use.
-    let slot = || from_fn_with_state(Arc::clone(ctx.request_slots()), limit::concurrency);
+    // One bound on concurrent inference requests (and its queue), whichever endpoint they use.
+    let slot = || from_fn_with_state(Arc::clone(ctx.admission()), limit::concurrency);
     let client_routes = Endpoint::ALL
         .into_iter()
         .fold(Router::new(), |routes, endpoint| {

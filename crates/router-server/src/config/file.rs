@@ -65,8 +65,13 @@ pub struct ServerSection {
     pub max_batch_size: usize,
     /// Largest accepted request head (request line and headers), in bytes; beyond it 431.
     pub max_header_bytes: usize,
-    /// Chat requests in flight at once; beyond it the router answers 503 with `Retry-After`.
+    /// Inference requests in flight at once; more wait in the admission queue.
     pub max_concurrent_requests: usize,
+    /// Requests that may wait for a slot at once; beyond it 429 with `Retry-After` (0: no
+    /// queue, a request beyond the bound is refused at once).
+    pub queue_size: usize,
+    /// Longest wait in the admission queue, in seconds; then 429 with `Retry-After`.
+    pub queue_timeout_secs: u64,
     /// How long an engine may take to send its response head, in seconds (a stream may then
     /// last as long as it lasts).
     pub request_timeout_secs: u64,
@@ -111,6 +116,8 @@ impl Default for ServerSection {
             max_batch_size: 256,
             max_header_bytes: 64 * 1024,
             max_concurrent_requests: 16_384,
+            queue_size: 1024,
+            queue_timeout_secs: 60,
             request_timeout_secs: 1800,
             engine_idle_timeout_secs: 300,
             shutdown_drain_secs: 30,

@@ -113,6 +113,10 @@ pub fn build_models(
     if config.server.max_concurrent_requests == 0 {
         problems.push("server.max_concurrent_requests", "must be at least 1");
     }
+    if config.server.queue_size > 0 && config.server.queue_timeout_secs == 0 {
+        problems
+            .push("server.queue_timeout_secs", "must be at least 1 with a queue (queue_size > 0)");
+    }
     kv_problems(config, &mut problems);
     let mut model_ids = HashSet::new();
     let mut runtimes = Vec::new();

@@ -91,7 +91,8 @@ async fn every_error_has_one_status_type_and_code() {
         (ApiError::Decode(EngineError::Send(unreachable().await)), 502, "upstream_error", "engine_unreachable"),
         (ApiError::Decode(timeout()), 504, "upstream_error", "engine_timeout"),
         (ApiError::Unauthorized("missing key"), 401, "authentication_error", "unauthorized"),
-        (ApiError::Overloaded, 503, "service_unavailable", "overloaded"),
+        (ApiError::QueueFull, 429, "rate_limit_exceeded", "queue_full"),
+        (ApiError::QueueTimeout { secs: 3 }, 429, "rate_limit_exceeded", "queue_timeout"),
         (ApiError::ShuttingDown, 503, "service_unavailable", "shutting_down"),
         (
             ApiError::NoEngineAnswered { model: "m".into(), path: "/get_server_info".into() },
@@ -113,7 +114,7 @@ async fn every_error_has_one_status_type_and_code() {
         let response = error.into_response();
         assert_eq!(response.status().as_u16(), code, "{name}");
         let headers = response.headers();
-        assert_eq!(headers.contains_key(header::RETRY_AFTER), code == 503, "{name}");
+        assert_eq!(headers.contains_key(header::RETRY_AFTER), code == 503 || code == 429, "{name}");
         assert_eq!(headers.contains_key(header::WWW_AUTHENTICATE), code == 401, "{name}");
     }
 }

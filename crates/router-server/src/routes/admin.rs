@@ -177,6 +177,12 @@ pub(crate) async fn state(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
             "block_holders": index.block_holders,
         },
         "predicted_blocks": predicted,
+        "admission": {
+            "max_concurrent_requests": ctx.server().max_concurrent_requests,
+            "free_slots": ctx.admission().available(),
+            "queued": ctx.admission().queued(),
+            "queue_size": ctx.server().queue_size,
+        },
     }))
 }
 
