@@ -282,7 +282,8 @@ impl AppContext {
     /// when the router chose one: its in-flight guard (counted for the rank too), carrying the
     /// prefill work the policy expected (the whole input when it did not look; none for
     /// decode), and, for a tokenized request to an engine with KV events, its blocks recorded
-    /// as predicted entries there (on that rank).
+    /// as predicted entries there (on that rank). A dispatch to a half-open engine is one of
+    /// its breaker's trials.
     pub fn dispatched(
         &self,
         model: &ModelId,
@@ -293,6 +294,7 @@ impl AppContext {
         tokens: Option<&RequestTokens>,
     ) -> InflightGuard {
         let (worker, inflight) = (&pick.worker, &self.load.inflight);
+        self.health.dispatching(worker);
         let work = if stage == Stage::Decode {
             0
         } else {

@@ -1,6 +1,13 @@
 //! Engine health: periodic probes with hysteresis, and a per-engine circuit breaker fed by
 //! dispatch outcomes. Both write one effective health flag into the worker registry, which
 //! engine groups read when they list candidates.
+//!
+//! The breaker opens after `breaker_failures` consecutive failures, turns half-open exactly
+//! `breaker_open_secs` later (the run loop wakes for it, whatever the probe interval), and then
+//! lets at most `breaker_trials` trial requests through at once: the engine stops being a
+//! candidate while that many are in flight. `breaker_successes` successful trials close it; a
+//! failed one opens it again. A trial that never reports (its client left before any outcome)
+//! gives its place back after another cool-down.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,6 +16,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use router_workers::{Worker, WorkerId, WorkerRegistry};
 use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -30,8 +38,12 @@ pub struct HealthSection {
     pub healthy_after: u32,
     /// Consecutive dispatch failures (5xx or transport, never 4xx) that open the breaker.
     pub breaker_failures: u32,
-    /// Seconds the breaker stays open before one trial request is let through.
+    /// Seconds the breaker stays open before trial requests are let through.
     pub breaker_open_secs: u64,
+    /// Trial requests in flight at once while half-open.
+    pub breaker_trials: u32,
+    /// Successful trials that close a half-open breaker.
+    pub breaker_successes: u32,
 }
 
 impl Default for HealthSection {
@@ -44,15 +56,28 @@ impl Default for HealthSection {
             healthy_after: 2,
             breaker_failures: 10,
             breaker_open_secs: 30,
+            breaker_trials: 1,
+            breaker_successes: 1,
         }
     }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Breaker {
-    Closed { failures: u32 },
-    Open { until: Instant },
-    HalfOpen,
+    Closed {
+        failures: u32,
+    },
+    Open {
+        until: Instant,
+    },
+    HalfOpen {
+        /// Trials in flight.
+        trials: u32,
+        /// Trials that succeeded.
+        successes: u32,
+        /// When the last trial began.
+        since: Instant,
+    },
 }
 
 #[derive(Debug)]
@@ -73,8 +98,19 @@ impl EngineHealth {
         }
     }
 
-    fn effective(&self) -> bool {
-        self.probe_healthy && !matches!(self.breaker, Breaker::Open { .. })
+    /// Whether the engine is a candidate: probes say it is up, and its breaker is closed, or
+    /// half-open with room for another trial.
+    fn effective(&self, config: &HealthSection) -> bool {
+        self.probe_healthy
+            && match self.breaker {
+                Breaker::Closed { .. } => true,
+                Breaker::Open { .. } => false,
+                Breaker::HalfOpen { trials, .. } => trials < config.breaker_trials.max(1),
+            }
+    }
+
+    fn open(&mut self, now: Instant, config: &HealthSection) {
+        self.breaker = Breaker::Open { until: now + Duration::from_secs(config.breaker_open_secs) };
     }
 }
 
@@ -84,6 +120,8 @@ pub struct HealthBook {
     registry: Arc<WorkerRegistry>,
     config: HealthSection,
     engines: Mutex<HashMap<WorkerId, EngineHealth>>,
+    /// Wakes the run loop when a breaker opens, so that it half-opens on time.
+    opened: Notify,
 }
 
 /// The breaker state of one engine, for `/admin/state`.
@@ -94,14 +132,33 @@ pub enum BreakerState {
     Closed,
     /// Dispatches are held off.
     Open,
-    /// One trial dispatch decides.
+    /// Trial dispatches decide.
     HalfOpen,
+}
+
+impl BreakerState {
+    /// The state's name in metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::Open => "open",
+            BreakerState::HalfOpen => "half_open",
+        }
+    }
+}
+
+fn state_of(breaker: Breaker) -> BreakerState {
+    match breaker {
+        Breaker::Closed { .. } => BreakerState::Closed,
+        Breaker::Open { .. } => BreakerState::Open,
+        Breaker::HalfOpen { .. } => BreakerState::HalfOpen,
+    }
 }
 
 impl HealthBook {
     /// A book over `registry`.
     pub fn new(registry: Arc<WorkerRegistry>, config: HealthSection) -> Self {
-        Self { registry, config, engines: Mutex::new(HashMap::new()) }
+        Self { registry, config, engines: Mutex::new(HashMap::new()), opened: Notify::new() }
     }
 
     /// The configuration.
@@ -111,11 +168,7 @@ impl HealthBook {
 
     /// The breaker state of an engine.
     pub fn breaker(&self, id: &WorkerId) -> BreakerState {
-        match self.engines.lock().get(id).map(|e| e.breaker) {
-            Some(Breaker::Open { .. }) => BreakerState::Open,
-            Some(Breaker::HalfOpen) => BreakerState::HalfOpen,
-            _ => BreakerState::Closed,
-        }
+        self.engines.lock().get(id).map_or(BreakerState::Closed, |e| state_of(e.breaker))
     }
 
     fn update(&self, worker: &Worker, change: impl FnOnce(&mut EngineHealth, &HealthSection)) {
@@ -131,8 +184,16 @@ impl HealthBook {
             if entry.incarnation != worker.incarnation() {
                 *entry = EngineHealth::new(worker.incarnation());
             }
+            let before = state_of(entry.breaker);
             change(entry, &self.config);
-            entry.effective()
+            let after = state_of(entry.breaker);
+            if before != after {
+                crate::metrics::breaker_transition(worker.id().as_str(), before, after);
+                if after == BreakerState::Open {
+                    self.opened.notify_one();
+                }
+            }
+            entry.effective(&self.config)
         };
         // Only the current incarnation's health is written.
         if self.registry.get(worker.id()).is_some_and(|w| w.incarnation() == worker.incarnation()) {
@@ -159,24 +220,60 @@ impl HealthBook {
         });
     }
 
-    /// Moves open breakers whose time is up to half-open.
+    /// A request is being sent to `worker`: while its breaker is half-open it is a trial,
+    /// and the engine stops being a candidate once `breaker_trials` are in flight.
+    pub fn dispatching(&self, worker: &Worker) {
+        let now = Instant::now();
+        self.update(worker, |engine, _| {
+            if let Breaker::HalfOpen { trials, successes, .. } = engine.breaker {
+                engine.breaker = Breaker::HalfOpen { trials: trials + 1, successes, since: now };
+            }
+        });
+    }
+
+    /// Moves open breakers whose time is up to half-open, and gives back the places of trials
+    /// that never reported within a cool-down.
     pub fn tick(&self, now: Instant) {
-        let due: Vec<WorkerId> = self
+        let cool_down = Duration::from_secs(self.config.breaker_open_secs);
+        let due = |breaker: Breaker| match breaker {
+            Breaker::Open { until } => until <= now,
+            Breaker::HalfOpen { trials, since, .. } => trials > 0 && since + cool_down <= now,
+            Breaker::Closed { .. } => false,
+        };
+        let due_ids: Vec<WorkerId> = self
             .engines
             .lock()
             .iter()
-            .filter(|(_, e)| matches!(e.breaker, Breaker::Open { until } if until <= now))
+            .filter(|(_, e)| due(e.breaker))
             .map(|(id, _)| id.clone())
             .collect();
-        for id in due {
+        for id in due_ids {
             if let Some(worker) = self.registry.get(&id) {
-                self.update(&worker, |engine, _| {
-                    if matches!(engine.breaker, Breaker::Open { until } if until <= now) {
-                        engine.breaker = Breaker::HalfOpen;
+                self.update(&worker, |engine, _| match engine.breaker {
+                    Breaker::Open { until } if until <= now => {
+                        engine.breaker = Breaker::HalfOpen { trials: 0, successes: 0, since: now };
                     }
+                    Breaker::HalfOpen { successes, .. } if due(engine.breaker) => {
+                        engine.breaker = Breaker::HalfOpen { trials: 0, successes, since: now };
+                    }
+                    _ => {}
                 });
             }
         }
+    }
+
+    /// The next instant [`Self::tick`] has work: the earliest end of a cool-down.
+    fn next_due(&self) -> Option<Instant> {
+        let cool_down = Duration::from_secs(self.config.breaker_open_secs);
+        self.engines
+            .lock()
+            .values()
+            .filter_map(|e| match e.breaker {
+                Breaker::Open { until } => Some(until),
+                Breaker::HalfOpen { trials, since, .. } if trials > 0 => Some(since + cool_down),
+                _ => None,
+            })
+            .min()
     }
 
     /// Forgets engines that left the registry.
@@ -202,15 +299,26 @@ impl HealthBook {
         self.retain_registered();
     }
 
-    /// Probes until cancelled.
+    /// Probes every interval, and half-opens breakers when their cool-down ends, until
+    /// cancelled.
     pub async fn run(self: Arc<Self>, forwarder: Forwarder, cancel: CancellationToken) {
         let mut interval =
             tokio::time::interval(Duration::from_secs(self.config.interval_secs.max(1)));
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            let due = self.next_due();
+            let cool_down_ends = async {
+                match due {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = cancel.cancelled() => return,
                 _ = interval.tick() => self.probe_all(&forwarder).await,
+                () = cool_down_ends => self.tick(Instant::now()),
+                // A breaker opened: its cool-down is the next one to wait for.
+                () = self.opened.notified() => {}
             }
         }
     }
@@ -220,24 +328,32 @@ impl OutcomeSink for HealthBook {
     fn record(&self, worker: &Worker, outcome: Outcome) {
         let now = Instant::now();
         self.update(worker, |engine, config| match (outcome, engine.breaker) {
-            (Outcome::Success, _) => engine.breaker = Breaker::Closed { failures: 0 },
-            (Outcome::Failure, Breaker::HalfOpen) => {
-                engine.breaker =
-                    Breaker::Open { until: now + Duration::from_secs(config.breaker_open_secs) };
-            }
-            (Outcome::Failure, Breaker::Closed { failures }) => {
-                let failures = failures + 1;
-                engine.breaker = if failures >= config.breaker_failures {
-                    Breaker::Open { until: now + Duration::from_secs(config.breaker_open_secs) }
+            (Outcome::Success, Breaker::HalfOpen { trials, successes, since }) => {
+                let successes = successes + 1;
+                engine.breaker = if successes >= config.breaker_successes.max(1) {
+                    Breaker::Closed { failures: 0 }
                 } else {
-                    Breaker::Closed { failures }
+                    Breaker::HalfOpen { trials: trials.saturating_sub(1), successes, since }
                 };
             }
+            (Outcome::Success, _) => engine.breaker = Breaker::Closed { failures: 0 },
+            (Outcome::Failure, Breaker::HalfOpen { .. }) => engine.open(now, config),
+            (Outcome::Failure, Breaker::Closed { failures }) => {
+                let failures = failures + 1;
+                if failures >= config.breaker_failures {
+                    engine.open(now, config);
+                } else {
+                    engine.breaker = Breaker::Closed { failures };
+                }
+            }
             (Outcome::Failure, Breaker::Open { .. }) => {}
-            (Outcome::Unreachable, _) => {
+            (Outcome::Unreachable, breaker) => {
                 // A refused connection is definitive: stop sending until probes say otherwise.
                 engine.probe_healthy = false;
                 engine.probe_streak = -i64::from(config.unhealthy_after);
+                if matches!(breaker, Breaker::HalfOpen { .. }) {
+                    engine.open(now, config);
+                }
             }
         });
     }
@@ -398,6 +514,85 @@ mod tests {
         assert_eq!(book.breaker(worker.id()), BreakerState::Closed);
         book.record(&worker, Outcome::Failure);
         assert_eq!(book.breaker(worker.id()), BreakerState::Closed, "the count started over");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_breaker_half_opens_exactly_after_its_cool_down_whatever_the_probe_interval() {
+        let up = crate::tests::serve(
+            axum::Router::new().route("/health", axum::routing::get(|| async { "ok" })),
+        )
+        .await;
+        let config = HealthSection {
+            interval_secs: 10,
+            breaker_failures: 1,
+            breaker_open_secs: 30,
+            ..HealthSection::default()
+        };
+        let (registry, book) = book(config);
+        let worker = worker_at(&registry, "e1", &up);
+        let book = Arc::new(book);
+        let cancel = CancellationToken::new();
+        let running = tokio::spawn(Arc::clone(&book).run(forwarder(), cancel.clone()));
+        // Probes run at 0, 10, 20, 30, 40 s; the breaker opens at 5 s.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        book.record(&worker, Outcome::Failure);
+        assert_eq!(book.breaker(worker.id()), BreakerState::Open);
+        tokio::time::sleep(Duration::from_millis(29_990)).await;
+        assert_eq!(book.breaker(worker.id()), BreakerState::Open, "10 ms before the end");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(book.breaker(worker.id()), BreakerState::HalfOpen, "at 35 s, not at 40");
+        assert!(worker.is_healthy());
+        cancel.cancel();
+        running.await.expect("run returns once cancelled");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn half_open_admits_its_trials_only_and_closes_on_enough_successes() {
+        let config = HealthSection {
+            breaker_failures: 1,
+            breaker_trials: 2,
+            breaker_successes: 2,
+            ..HealthSection::default()
+        };
+        let (registry, book) = book(config);
+        let worker = worker_at(&registry, "e1", "http://127.0.0.1:1");
+        book.record(&worker, Outcome::Failure);
+        tokio::time::advance(Duration::from_secs(30)).await;
+        book.tick(Instant::now());
+        assert_eq!(book.breaker(worker.id()), BreakerState::HalfOpen);
+        book.dispatching(&worker);
+        assert!(worker.is_healthy(), "room for a second trial");
+        book.dispatching(&worker);
+        assert!(!worker.is_healthy(), "two trials in flight: no third");
+        book.record(&worker, Outcome::Success);
+        assert_eq!(book.breaker(worker.id()), BreakerState::HalfOpen, "one success of two");
+        assert!(worker.is_healthy(), "a trial's place is free again");
+        book.record(&worker, Outcome::Success);
+        assert_eq!(book.breaker(worker.id()), BreakerState::Closed);
+        assert!(worker.is_healthy());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_trial_by_default_and_a_silent_trial_gives_its_place_back() {
+        let config = HealthSection { breaker_failures: 1, ..HealthSection::default() };
+        let (registry, book) = book(config);
+        let worker = worker_at(&registry, "e1", "http://127.0.0.1:1");
+        book.record(&worker, Outcome::Failure);
+        tokio::time::advance(Duration::from_secs(30)).await;
+        book.tick(Instant::now());
+        book.dispatching(&worker);
+        assert!(!worker.is_healthy(), "exactly one trial");
+        // Its client left before any outcome: after a cool-down the place is free again.
+        tokio::time::advance(Duration::from_secs(29)).await;
+        book.tick(Instant::now());
+        assert!(!worker.is_healthy());
+        tokio::time::advance(Duration::from_secs(1)).await;
+        book.tick(Instant::now());
+        assert!(worker.is_healthy());
+        assert_eq!(book.breaker(worker.id()), BreakerState::HalfOpen);
+        book.dispatching(&worker);
+        book.record(&worker, Outcome::Unreachable);
+        assert_eq!(book.breaker(worker.id()), BreakerState::Open, "an unreachable trial reopens");
     }
 
     #[test]

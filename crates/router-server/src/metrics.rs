@@ -248,6 +248,19 @@ pub(crate) fn refused(reason: &'static str) {
     counter!("router_requests_refused_total", "reason" => reason).increment(1);
 }
 
+/// An engine's circuit breaker changed state.
+pub(crate) fn breaker_transition(
+    worker: &str,
+    from: crate::health::BreakerState,
+    to: crate::health::BreakerState,
+) {
+    counter!("router_breaker_transitions_total", "worker" => worker.to_owned(), "to" => to.as_str())
+        .increment(1);
+    gauge!("router_breaker_state", "worker" => worker.to_owned(), "state" => from.as_str())
+        .set(0.0);
+    gauge!("router_breaker_state", "worker" => worker.to_owned(), "state" => to.as_str()).set(1.0);
+}
+
 /// Requests waiting in the admission queue now.
 pub(crate) fn queue_depth(depth: usize) {
     gauge!("router_queue_depth").set(depth as f64);
