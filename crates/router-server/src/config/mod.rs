@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use router_affinity::AffinityStore;
-use router_buckets::{Bucket, BucketGroups, BucketResolver, BucketSpec, EngineGroup, TokenLimits};
+use router_buckets::{
+    Bucket, BucketGroups, BucketResolver, BucketSpec, EngineGroup, PairOn, TokenLimits,
+};
 use router_policies::{CachePrefixProvider, PolicyHandles};
 use router_workers::{ApiKey, ModelId, Stage, Worker, WorkerId, WorkerRegistry, WorkerSpec};
 
@@ -449,7 +451,7 @@ fn build_groups(
                 group(format!("{path}.groups.pd.prefill"), Stage::Prefill, &pd.prefill, problems);
             let decode =
                 group(format!("{path}.groups.pd.decode"), Stage::Decode, &pd.decode, problems);
-            Some(BucketGroups::Pd { prefill: prefill?, decode: decode? })
+            Some(BucketGroups::Pd { prefill: prefill?, decode: decode?, pair_on: PairOn::none() })
         }
         _ => {
             problems.push(format!("{path}.groups"), "exactly one of plain or pd is required");
