@@ -22,15 +22,11 @@ fn router(engines: &[Engine]) -> Router {
         .iter()
         .enumerate()
         .map(|(i, e)| {
-            let reporter = e
-                .process
-                .lines
-                .iter()
-                .any(|l| l.starts_with("load reporter on "))
-                .then(|| {
-                    format!(", load_reporter: \"{}\"", e.process.url_after("load reporter on "))
-                })
-                .unwrap_or_default();
+            let reporter = if e.process.lines.iter().any(|l| l.starts_with("load reporter on ")) {
+                format!(", load_reporter: \"{}\"", e.process.url_after("load reporter on "))
+            } else {
+                String::new()
+            };
             format!("      - {{id: e{}, url: \"{}\"{reporter}}}\n", i + 1, e.url)
         })
         .collect();
@@ -125,7 +121,7 @@ async fn an_engine_reporting_draining_receives_nothing_new_while_its_stream_fini
     assert_eq!(resumed.json()["status"], "serving");
     router.wait_for_workers(&http, ADMIN_TOKEN, "serving again", |w| w["accepting"] == true).await;
     let after = served_by(&http, &router, 4).await;
-    assert!(after.iter().any(|e| *e == busy), "{busy} takes requests again: {after:?}");
+    assert!(after.contains(&busy), "{busy} takes requests again: {after:?}");
 }
 
 #[tokio::test]

@@ -184,9 +184,10 @@ mod tests {
 
     #[test]
     fn the_pairing_rule() {
+        type Labels = &'static [(&'static str, &'static str)];
         // (pair_on, prefill labels, decode labels, compatible)
         #[rustfmt::skip]
-        let cases: &[(&[&str], &[(&str, &str)], &[(&str, &str)], bool)] = &[
+        let cases: &[(&[&str], Labels, Labels, bool)] = &[
             (&[], &[], &[], true),
             (&[], &[("rack", "a")], &[("rack", "b")], true),
             (&["rack"], &[("rack", "a")], &[("rack", "a")], true),

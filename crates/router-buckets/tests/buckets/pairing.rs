@@ -221,9 +221,11 @@ fn startup_warnings_name_each_prefill_engine_without_a_partner_and_unknown_label
 
 #[tokio::test]
 async fn drained_starting_and_draining_engines_are_no_candidates() {
+    /// What happens to A.
+    type Change = fn(&WorkerRegistry);
     // (what happens to A, whether A is still offered)
     #[rustfmt::skip]
-    let cases: [(&str, fn(&WorkerRegistry), bool); 7] = [
+    let cases: [(&str, Change, bool); 7] = [
         ("nothing", |_| {}, true),
         ("reports serving", |r| { r.set_reported_status(&r.get(&id("A")).expect("A"), EngineStatus::Serving); }, true),
         ("reports starting", |r| { r.set_reported_status(&r.get(&id("A")).expect("A"), EngineStatus::Starting); }, false),

@@ -276,7 +276,7 @@ fn labels_take_strings_only_and_say_where() {
     assert_eq!((p2.label("rack"), p2.label("tp")), (Some("b"), Some("8")));
 
     let unnamed = pd_model("").replace("labels: {rack: b}", "labels: {\"\": b}");
-    let problems = build(&unnamed).err().expect("an empty name");
+    let problems = build(&unnamed).expect_err("an empty name");
     assert!(
         problems.iter().any(|p| p.path == "models[0].workers[1]"
             && p.message.contains("label names must not be empty")),
@@ -321,7 +321,7 @@ fn pair_on_is_read_checked_and_shown_with_its_warnings() {
             "\"rack\" is listed twice",
         ),
     ] {
-        let problems = build(&pd_model(&format!(", pair_on: {pair_on}"))).err().expect(pair_on);
+        let problems = build(&pd_model(&format!(", pair_on: {pair_on}"))).expect_err(pair_on);
         assert!(
             problems.iter().any(|p| p.path == path && p.message.contains(fragment)),
             "{pair_on}: {problems:?}"
