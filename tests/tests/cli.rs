@@ -225,3 +225,36 @@ fn a_second_router_on_the_same_port_fails_instead_of_sharing_it() {
     assert_ne!(code, 0, "a second router started on port {port}: {stderr}");
     assert!(stderr.contains("listening on 127.0.0.1:"), "{stderr}");
 }
+
+#[test]
+fn check_config_warns_of_prefill_engines_without_a_partner_and_names_a_bad_label() {
+    let paired = VALID
+        .replace(
+            "role: prefill, bootstrap_port: 8998}",
+            "role: prefill, bootstrap_port: 8998, labels: {rack: r1}}",
+        )
+        .replace("role: decode}", "role: decode, labels: {rack: r2}}")
+        .replace("          pd:\n", "          pd:\n            pair_on: [rack]\n");
+    let file = TempPath::write("router.yaml", &paired);
+    let (code, stdout, stderr) = run(&["check-config", &file.display()]);
+    assert_eq!(code, 0, "a warning is no error: {stderr}");
+    assert!(stdout.contains("pair_on [rack]"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "warning: bucket short-context: prefill engine P1 has no decode engine with the same \
+             pair_on labels, so it is never selected there"
+        ),
+        "{stdout}"
+    );
+
+    let numeric = paired.replace("labels: {rack: r2}", "labels: {rack: r2, tp: 8}");
+    let file = TempPath::write("router.yaml", &numeric);
+    let (code, _, stderr) = run(&["check-config", &file.display()]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(
+        stderr.contains(
+            "models[0].workers[1].labels.tp: invalid type: integer `8`, expected a string"
+        ),
+        "{stderr}"
+    );
+}

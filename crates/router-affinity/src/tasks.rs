@@ -34,7 +34,15 @@ pub async fn follow_registry(
             Ok(RegistryEvent::Removed(worker)) => {
                 store.invalidate_incarnation(&worker);
             }
-            Ok(RegistryEvent::Added(_) | RegistryEvent::HealthChanged { .. }) => {}
+            // A drained or draining engine's bindings stay: it is no candidate meanwhile, so
+            // its keys are rebound as they come, and the binding of a key that does not come
+            // back before the engine is resumed still points at a good engine.
+            Ok(
+                RegistryEvent::Added(_)
+                | RegistryEvent::HealthChanged { .. }
+                | RegistryEvent::DrainChanged { .. }
+                | RegistryEvent::StatusReported { .. },
+            ) => {}
             Err(RecvError::Lagged(_)) => {
                 let (current, resumed) = registry.follow();
                 feed = resumed;

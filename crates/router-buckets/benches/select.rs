@@ -11,7 +11,8 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use futures::executor::block_on;
 use futures::future::BoxFuture;
 use router_buckets::{
-    Bucket, BucketGroups, BucketRequest, BucketResolver, BucketSpec, EngineGroup, TokenLimits,
+    Bucket, BucketGroups, BucketRequest, BucketResolver, BucketSpec, EngineGroup, PairOn,
+    TokenLimits,
 };
 use router_policies::{Pick, PickError, PickReason, PickRequest, Policy};
 use router_workers::{ModelId, Stage, Worker, WorkerId, WorkerRegistry};
@@ -77,6 +78,7 @@ fn resolver(model: &ModelId) -> BucketResolver {
                 groups: BucketGroups::Pd {
                     prefill: group(Stage::Prefill, "P"),
                     decode: group(Stage::Decode, "D"),
+                    pair_on: PairOn::none(),
                 },
             })
             .expect("bucket")

@@ -3,11 +3,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use router_policies::{Pick, PickRequest, RequestTokens};
+use router_policies::{Pick, PickError, PickRequest, RequestTokens};
 use router_workers::{ModelId, Stage, Worker, WorkerId, WorkerRegistry};
 
-use crate::EngineGroup;
 use crate::error::{BucketError, MembershipError, StagePickError};
+use crate::pair::warnings;
+use crate::{EngineGroup, PairOn, PairingWarning};
 
 /// The inclusive range of input lengths a bucket accepts, in tokens.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -37,6 +38,8 @@ pub enum BucketGroups {
         prefill: EngineGroup,
         /// The decode group.
         decode: EngineGroup,
+        /// The labels on which the pair's engines must agree ([`PairOn::none`] = any pair).
+        pair_on: PairOn,
     },
 }
 
@@ -50,16 +53,24 @@ impl BucketGroups {
     pub fn iter(&self) -> impl Iterator<Item = &EngineGroup> {
         let (first, second) = match self {
             BucketGroups::Plain(plain) => (plain, None),
-            BucketGroups::Pd { prefill, decode } => (prefill, Some(decode)),
+            BucketGroups::Pd { prefill, decode, .. } => (prefill, Some(decode)),
         };
         std::iter::once(first).chain(second)
+    }
+
+    /// The pairing constraint of a PD bucket; `None` for a plain one.
+    pub fn pair_on(&self) -> Option<&PairOn> {
+        match self {
+            BucketGroups::Plain(_) => None,
+            BucketGroups::Pd { pair_on, .. } => Some(pair_on),
+        }
     }
 
     /// Each group with the stage of the slot it fills.
     fn slots(&self) -> impl Iterator<Item = (Stage, &EngineGroup)> {
         let (first, second) = match self {
             BucketGroups::Plain(plain) => ((Stage::Plain, plain), None),
-            BucketGroups::Pd { prefill, decode } => {
+            BucketGroups::Pd { prefill, decode, .. } => {
                 ((Stage::Prefill, prefill), Some((Stage::Decode, decode)))
             }
         };
@@ -166,10 +177,38 @@ impl Bucket {
         (capacity.is_none(), capacity, self.rank, &self.id)
     }
 
-    /// Whether each group has at least one candidate for `model` now (a complete selection is
-    /// possible, admission aside). For readiness.
+    /// Whether a complete selection is possible for `model` now, admission aside: each group
+    /// has a candidate, and with a pairing constraint some prefill candidate has a compatible
+    /// decode candidate. For readiness.
     pub fn has_candidates(&self, workers: &WorkerRegistry, model: &ModelId) -> bool {
-        self.groups.iter().all(|group| !group.candidates(workers, model).is_empty())
+        match &self.groups {
+            BucketGroups::Pd { prefill, decode, pair_on } if !pair_on.is_empty() => {
+                let decodes = decode.candidates(workers, model);
+                prefill
+                    .candidates(workers, model)
+                    .iter()
+                    .any(|p| decodes.iter().any(|d| pair_on.compatible(p, d)))
+            }
+            groups => groups.iter().all(|group| !group.candidates(workers, model).is_empty()),
+        }
+    }
+
+    /// What an operator should hear about this bucket's pairing constraint, judged over the
+    /// model's `workers` whatever their health (a configuration check): `pair_on` labels no
+    /// worker carries, and prefill members with no compatible decode member. With `only`, just
+    /// whether that prefill engine (one just added, say) has a partner. Nothing for a plain
+    /// bucket or one without `pair_on`.
+    pub fn pairing_warnings(
+        &self,
+        workers: &[Arc<Worker>],
+        only: Option<&WorkerId>,
+    ) -> Vec<PairingWarning> {
+        match &self.groups {
+            BucketGroups::Pd { prefill, decode, pair_on } => {
+                warnings(&self.id, pair_on, prefill, decode, workers, only)
+            }
+            BucketGroups::Plain(_) => Vec::new(),
+        }
     }
 
     /// Reports every `worker_ids` entry of this bucket's groups naming an unknown worker or
@@ -184,19 +223,45 @@ impl Bucket {
     /// Each group is given a `PickRequest` carrying this bucket's id and the group's stage.
     /// A failure keeps its stage; when decode fails, the tentative prefill pick is dropped
     /// (nothing was reserved or sent for it), so a later bucket selects both engines again.
+    ///
+    /// With a pairing constraint ([`PairOn`]), the decode group is offered only the decode
+    /// candidates compatible with the chosen prefill engine, and none is a `NoCandidates` of
+    /// the decode stage. The prefill group is offered only the prefill candidates that have
+    /// at least one compatible decode candidate now (a prefill engine whose partners are all
+    /// down would only make the bucket fail); when no prefill candidate has one, that too is
+    /// a `NoCandidates` of the decode stage, since decode engines are what is missing.
     pub async fn pick_engines(
         &self,
         workers: &WorkerRegistry,
         request: &BucketRequest<'_>,
     ) -> Result<BucketPick, StagePickError> {
+        let model = request.model;
         match &self.groups {
             BucketGroups::Plain(plain) => {
-                self.pick_in(plain, workers, request).await.map(BucketPick::Plain)
+                let candidates = plain.candidates(workers, model);
+                self.pick_in(plain, candidates, request).await.map(BucketPick::Plain)
             }
-            BucketGroups::Pd { prefill, decode } => {
-                let prefill = self.pick_in(prefill, workers, request).await?;
+            BucketGroups::Pd { prefill, decode, pair_on } if pair_on.is_empty() => {
+                let prefill = self.pick_in(prefill, prefill.candidates(workers, model), request);
+                let prefill = prefill.await?;
                 // On failure, `prefill` is dropped here: nothing was reserved or sent for it.
-                let decode = self.pick_in(decode, workers, request).await?;
+                let decode = self.pick_in(decode, decode.candidates(workers, model), request);
+                Ok(BucketPick::Pd { prefill, decode: decode.await? })
+            }
+            BucketGroups::Pd { prefill: prefill_group, decode: decode_group, pair_on } => {
+                let mut prefills = prefill_group.candidates(workers, model);
+                if !prefills.is_empty() {
+                    let decodes = decode_group.candidates(workers, model);
+                    prefills.retain(|p| decodes.iter().any(|d| pair_on.compatible(p, d)));
+                    if prefills.is_empty() {
+                        return Err(no_candidates(Stage::Decode));
+                    }
+                }
+                let prefill = self.pick_in(prefill_group, prefills, request).await?;
+                // Read again: the prefill policy may have waited on a remote lookup.
+                let mut decodes = decode_group.candidates(workers, model);
+                decodes.retain(|d| pair_on.compatible(&prefill.worker, d));
+                let decode = self.pick_in(decode_group, decodes, request).await?;
                 Ok(BucketPick::Pd { prefill, decode })
             }
         }
@@ -205,14 +270,18 @@ impl Bucket {
     async fn pick_in(
         &self,
         group: &EngineGroup,
-        workers: &WorkerRegistry,
+        candidates: Vec<Arc<Worker>>,
         request: &BucketRequest<'_>,
     ) -> Result<Pick, StagePickError> {
         group
-            .pick(workers, &self.id, request)
+            .pick_among(candidates, &self.id, request)
             .await
             .map_err(|error| StagePickError { stage: group.stage(), error })
     }
+}
+
+fn no_candidates(stage: Stage) -> StagePickError {
+    StagePickError { stage, error: PickError::NoCandidates { stage } }
 }
 
 /// The prepared facts of one request, shared by every bucket attempt.

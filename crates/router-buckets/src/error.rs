@@ -74,6 +74,38 @@ pub enum BucketError {
     },
 }
 
+/// A `pair_on` list that cannot be used. The message leaves the position to the field path
+/// (`...groups.pd.pair_on[1]`), which [`PairOnError::position`] gives.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PairOnError {
+    /// A label name is empty.
+    #[error("label names must not be empty")]
+    EmptyLabel {
+        /// Index in `pair_on`.
+        position: usize,
+    },
+    /// A label is listed twice.
+    #[error("label {label:?} is listed twice")]
+    DuplicateLabel {
+        /// Index of the repetition in `pair_on`.
+        position: usize,
+        /// The label.
+        label: String,
+    },
+}
+
+impl PairOnError {
+    /// The index in `pair_on` of the offending entry.
+    pub fn position(&self) -> usize {
+        match self {
+            PairOnError::EmptyLabel { position } | PairOnError::DuplicateLabel { position, .. } => {
+                *position
+            }
+        }
+    }
+}
+
 /// A model's bucket collection that cannot be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

@@ -37,7 +37,7 @@ impl fmt::Debug for EngineGroup {
 impl EngineGroup {
     /// A group of `stage` engines.
     ///
-    /// `membership`: `None` takes every healthy engine of the requested model and stage;
+    /// `membership`: `None` takes every accepting engine of the requested model and stage;
     /// `Some(ids)` only those ids (an empty list means no engine at all). Fails when `policy`
     /// does not support `stage` or an id is listed twice.
     pub fn new(
@@ -62,7 +62,7 @@ impl EngineGroup {
         Ok(Self { stage, members: membership, sorted, policy })
     }
 
-    /// A group taking every healthy engine of the model and `stage`.
+    /// A group taking every accepting engine of the model and `stage`.
     pub fn catch_all(stage: Stage, policy: Arc<dyn Policy>) -> Result<Self, GroupError> {
         Self::new(stage, None, policy)
     }
@@ -87,10 +87,12 @@ impl EngineGroup {
         self.sorted.as_ref().is_none_or(|sorted| sorted.binary_search(id).is_ok())
     }
 
-    /// The candidates a pick for `model` would be given now: healthy workers of `model` and
-    /// this group's stage that are members, sorted by id.
+    /// The candidates a pick for `model` would be given now: workers of `model` and this
+    /// group's stage that accept new requests (healthy, not drained by the operator, not
+    /// reporting starting or draining: [`Worker::accepts_new_requests`]) and are members,
+    /// sorted by id.
     pub fn candidates(&self, workers: &WorkerRegistry, model: &ModelId) -> Vec<Arc<Worker>> {
-        let mut candidates = workers.healthy(model, self.stage);
+        let mut candidates = workers.accepting(model, self.stage);
         if self.sorted.is_some() {
             candidates.retain(|worker| self.admits(worker.id()));
         }
@@ -111,7 +113,17 @@ impl EngineGroup {
         bucket: &str,
         request: &BucketRequest<'_>,
     ) -> Result<Pick, PickError> {
-        let candidates = self.candidates(workers, request.model);
+        self.pick_among(self.candidates(workers, request.model), bucket, request).await
+    }
+
+    /// [`EngineGroup::pick`] among `candidates`: this group's candidates narrowed further by
+    /// the bucket (a PD pairing constraint), still sorted by id.
+    pub(crate) async fn pick_among(
+        &self,
+        candidates: Vec<Arc<Worker>>,
+        bucket: &str,
+        request: &BucketRequest<'_>,
+    ) -> Result<Pick, PickError> {
         if candidates.is_empty() {
             return Err(PickError::NoCandidates { stage: self.stage });
         }

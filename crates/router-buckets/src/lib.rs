@@ -9,8 +9,10 @@
 //!    looks at no worker and no policy.
 //! 2. [`Bucket::pick_engines`] asks its one plain group, or its prefill then its decode group,
 //!    for an engine, and answers a complete [`BucketPick`] or a [`StagePickError`] that keeps
-//!    the failing stage. Both PD engines come from the same bucket.
-//! 3. [`EngineGroup::pick`] takes the healthy workers of the model and stage from the
+//!    the failing stage. Both PD engines come from the same bucket, and with a [`PairOn`]
+//!    constraint they agree on its labels (a label missing on either side never matches).
+//! 3. [`EngineGroup::pick`] takes the workers of the model and stage that accept new requests
+//!    (healthy, not drained by the operator, not reporting starting or draining) from the
 //!    [`router_workers::WorkerRegistry`], intersects them with its membership (`None` = all,
 //!    empty = none), sorts them by id, invokes its policy and rejects an answer outside that
 //!    exact candidate set — including a replaced worker that merely shares a candidate's id.
@@ -20,8 +22,9 @@
 //!
 //! Configuration parsing belongs to router-server; this crate offers validating constructors
 //! ([`EngineGroup::new`], [`Bucket::new`], [`BucketResolver::new`]) and
-//! [`BucketResolver::check_membership`] for role-compatible `worker_ids`. Their errors name the
-//! offending value; the server prefixes the field path.
+//! [`BucketResolver::check_membership`] for role-compatible `worker_ids`, and
+//! [`Bucket::pairing_warnings`] for prefill engines without a possible partner. Their errors
+//! name the offending value; the server prefixes the field path.
 //!
 //! ```
 //! # use std::sync::Arc;
@@ -77,12 +80,14 @@
 mod bucket;
 mod error;
 mod group;
+mod pair;
 mod resolver;
 
 pub use bucket::{Bucket, BucketGroups, BucketPick, BucketRequest, BucketSpec, TokenLimits};
 pub use error::{
-    BucketError, GroupError, MembershipError, ResolveError, ResolverBuildError, SelectError,
-    StagePickError,
+    BucketError, GroupError, MembershipError, PairOnError, ResolveError, ResolverBuildError,
+    SelectError, StagePickError,
 };
 pub use group::EngineGroup;
+pub use pair::{PairOn, PairingWarning};
 pub use resolver::{BucketResolver, SelectFailure, Selection, Skipped};

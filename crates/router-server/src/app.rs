@@ -153,8 +153,12 @@ impl AppContext {
         })
     }
 
-    /// Starts the background services: health checks and the state subscriptions.
+    /// Starts the background services: health checks and the state subscriptions. Warns
+    /// first of every PD pairing constraint that leaves a prefill engine without a partner.
     pub fn start(self: &Arc<Self>) {
+        for warning in crate::config::pairing_warnings(self.models(), &self.registry) {
+            tracing::warn!("{warning}");
+        }
         let mut tasks = self.tasks.lock();
         let cancel = self.cancel.child_token();
         tasks.spawn(Arc::clone(&self.health).run(self.forwarder.clone(), cancel));

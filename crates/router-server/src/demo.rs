@@ -176,6 +176,7 @@ pub async fn start(port: u16) -> Result<(DemoFleet, ConfigFile), DemoError> {
                 pd: Some(PdGroupsConfig {
                     prefill: group(RECOMMENDED_POLICY)?,
                     decode: group("power_of_two")?,
+                    pair_on: Vec::new(),
                 }),
             },
         }],

@@ -9,6 +9,7 @@ use std::time::Duration;
 use metrics::{Counter, Histogram, counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use router_policies::{MATCHED_TOKEN_BOUNDS, MatchedTokens, SourceStats};
+use router_workers::EngineStatus;
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
@@ -172,6 +173,33 @@ pub(crate) fn inflight(worker: &str, count: u64) {
 /// Engine health as the router sees it (set at scrape time).
 pub(crate) fn engine_healthy(worker: &str, healthy: bool) {
     gauge!("router_engine_healthy", "worker" => worker.to_owned()).set(if healthy {
+        1.0
+    } else {
+        0.0
+    });
+}
+
+/// The status an engine's load reports last stated: 1 for that status, 0 for the others
+/// (set at scrape time).
+pub(crate) fn engine_status(worker: &str, status: EngineStatus) {
+    for candidate in EngineStatus::ALL {
+        gauge!("router_engine_status", "worker" => worker.to_owned(), "status" => candidate.as_str())
+            .set(if candidate == status { 1.0 } else { 0.0 });
+    }
+}
+
+/// Whether the operator has drained an engine (set at scrape time).
+pub(crate) fn engine_drained(worker: &str, drained: bool) {
+    gauge!("router_engine_drained", "worker" => worker.to_owned()).set(if drained {
+        1.0
+    } else {
+        0.0
+    });
+}
+
+/// Whether an engine is a candidate for new requests (set at scrape time).
+pub(crate) fn engine_accepting(worker: &str, accepting: bool) {
+    gauge!("router_engine_accepting", "worker" => worker.to_owned()).set(if accepting {
         1.0
     } else {
         0.0

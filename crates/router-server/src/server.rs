@@ -29,6 +29,8 @@ pub fn routes(ctx: Arc<AppContext>) -> Router {
     let admin_routes = Router::new()
         .route("/admin/workers", get(admin::list_workers).post(admin::add_worker))
         .route("/admin/workers/{id}", delete(admin::remove_worker))
+        .route("/admin/workers/{id}/drain", post(admin::drain_worker))
+        .route("/admin/workers/{id}/resume", post(admin::resume_worker))
         .route("/admin/state", get(admin::state))
         .route("/flush_cache", post(fleet::flush_cache))
         .route_layer(from_fn_with_state(Arc::clone(ctx.credentials()), auth::require_admin_token));

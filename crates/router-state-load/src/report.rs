@@ -8,6 +8,7 @@ use std::fmt;
 use std::time::Duration;
 
 use router_proto::router::load::v1 as pb;
+pub use router_workers::EngineStatus;
 use serde::Serialize;
 
 use crate::RejectReason;
@@ -39,38 +40,23 @@ impl fmt::Display for ReportKind {
     }
 }
 
-/// The engine's own view of its serving state, passed through as reported.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EngineStatus {
-    /// The engine did not say (always the case for `/v1/loads`).
-    #[default]
-    Unknown,
-    /// Loading or warming up.
-    Starting,
-    /// Serving requests.
-    Serving,
-    /// Finishing running requests before shutting down.
-    Draining,
+/// The wire status of a report; an unset or unknown value is [`EngineStatus::Unknown`].
+fn status_from_wire(value: i32) -> EngineStatus {
+    match pb::EngineStatus::try_from(value) {
+        Ok(pb::EngineStatus::Starting) => EngineStatus::Starting,
+        Ok(pb::EngineStatus::Serving) => EngineStatus::Serving,
+        Ok(pb::EngineStatus::Draining) => EngineStatus::Draining,
+        Ok(pb::EngineStatus::Unspecified) | Err(_) => EngineStatus::Unknown,
+    }
 }
 
-impl EngineStatus {
-    fn from_wire(value: i32) -> Self {
-        match pb::EngineStatus::try_from(value) {
-            Ok(pb::EngineStatus::Starting) => EngineStatus::Starting,
-            Ok(pb::EngineStatus::Serving) => EngineStatus::Serving,
-            Ok(pb::EngineStatus::Draining) => EngineStatus::Draining,
-            Ok(pb::EngineStatus::Unspecified) | Err(_) => EngineStatus::Unknown,
-        }
-    }
-
-    pub(crate) fn to_wire(self) -> pb::EngineStatus {
-        match self {
-            EngineStatus::Unknown => pb::EngineStatus::Unspecified,
-            EngineStatus::Starting => pb::EngineStatus::Starting,
-            EngineStatus::Serving => pb::EngineStatus::Serving,
-            EngineStatus::Draining => pb::EngineStatus::Draining,
-        }
+/// The wire value of a status.
+pub(crate) fn status_to_wire(status: EngineStatus) -> pb::EngineStatus {
+    match status {
+        EngineStatus::Unknown => pb::EngineStatus::Unspecified,
+        EngineStatus::Starting => pb::EngineStatus::Starting,
+        EngineStatus::Serving => pb::EngineStatus::Serving,
+        EngineStatus::Draining => pb::EngineStatus::Draining,
     }
 }
 
@@ -255,7 +241,7 @@ impl Report {
             instance_id: report.instance_id,
             sequence: report.sequence,
             kind,
-            status: EngineStatus::from_wire(report.status),
+            status: status_from_wire(report.status),
             dp_size: report.dp_size,
             interval: (report.interval_ms > 0)
                 .then(|| Duration::from_millis(u64::from(report.interval_ms))),

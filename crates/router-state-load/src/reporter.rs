@@ -38,6 +38,7 @@ use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::report::status_to_wire;
 use crate::{EngineStatus, RankSample};
 
 /// Largest request message the service decodes; routers only send small commands.
@@ -207,7 +208,7 @@ impl Shared {
             instance_id: self.config.instance_id,
             sequence: self.sequence.fetch_add(1, Ordering::Relaxed) + 1,
             kind: kind as i32,
-            status: snapshot.status.to_wire() as i32,
+            status: status_to_wire(snapshot.status) as i32,
             dp_size: snapshot.dp_size,
             ranks: snapshot.ranks.iter().map(|r| r.to_wire(sent_at, native)).collect(),
             sent_at_unix_ms: sent_at,

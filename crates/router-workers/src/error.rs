@@ -61,6 +61,12 @@ pub enum WorkerError {
         /// Its role.
         role: Stage,
     },
+    /// A label name must not be empty.
+    #[error("worker {id}: label names must not be empty")]
+    EmptyLabelName {
+        /// The worker.
+        id: WorkerId,
+    },
     /// Another worker already has this id.
     #[error("duplicate worker id {id}")]
     Duplicate {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use parking_lot::RwLock;
 use tokio::sync::broadcast;
 
-use crate::{ModelId, Stage, Worker, WorkerError, WorkerId};
+use crate::{EngineStatus, ModelId, Stage, Worker, WorkerError, WorkerId};
 
 /// Capacity of the change feed; a follower that falls further behind gets
 /// [`broadcast::error::RecvError::Lagged`] and must resynchronise from [`WorkerRegistry::workers`].
@@ -25,6 +25,20 @@ pub enum RegistryEvent {
         worker: Arc<Worker>,
         /// Its new health.
         healthy: bool,
+    },
+    /// The operator drained or resumed a worker.
+    DrainChanged {
+        /// The worker.
+        worker: Arc<Worker>,
+        /// Whether it is now drained.
+        drained: bool,
+    },
+    /// A worker's load reports stated a new status.
+    StatusReported {
+        /// The worker.
+        worker: Arc<Worker>,
+        /// The status now stated.
+        status: EngineStatus,
     },
 }
 
@@ -139,7 +153,9 @@ impl WorkerRegistry {
         Ok(worker)
     }
 
-    /// Replaces the worker with the same id. Followers see it removed, then added.
+    /// Replaces the worker with the same id. Followers see it removed, then added. The
+    /// operator's drain carries over (it is a decision about the engine id, not its
+    /// settings); health and the reported status start afresh with the new incarnation.
     pub fn replace(&self, worker: Worker) -> Result<Arc<Worker>, WorkerError> {
         let worker = Arc::new(worker);
         let mut inner = self.inner.write();
@@ -147,6 +163,7 @@ impl WorkerRegistry {
             return Err(WorkerError::NotFound { id: worker.id().clone() });
         };
         inner.check_kind(&worker, Some(worker.id()))?;
+        worker.store_drained(old.is_drained());
         inner.by_id.insert(worker.id().clone(), Arc::clone(&worker));
         inner.reindex(&old);
         inner.reindex(&worker);
@@ -182,6 +199,46 @@ impl WorkerRegistry {
         Ok(changed)
     }
 
+    /// Drains (`true`) or resumes (`false`) a worker: a drained worker is not a candidate for
+    /// new requests until resumed, whatever its health or reports say; requests already
+    /// dispatched to it are not affected. The feed hears only of actual changes. Returns the
+    /// worker and whether it changed.
+    pub fn set_drained(
+        &self,
+        id: &WorkerId,
+        drained: bool,
+    ) -> Result<(Arc<Worker>, bool), WorkerError> {
+        let inner = self.inner.read();
+        let Some(worker) = inner.by_id.get(id) else {
+            return Err(WorkerError::NotFound { id: id.clone() });
+        };
+        let changed = worker.store_drained(drained) != drained;
+        if changed {
+            let _ =
+                self.feed.send(RegistryEvent::DrainChanged { worker: Arc::clone(worker), drained });
+        }
+        Ok((Arc::clone(worker), changed))
+    }
+
+    /// Records the status `worker`'s load reports now state, if `worker` is still the
+    /// registered incarnation of its id (a replaced or removed engine's late reports change
+    /// nothing). The feed hears only of actual changes. Returns whether it changed.
+    pub fn set_reported_status(&self, worker: &Worker, status: EngineStatus) -> bool {
+        let inner = self.inner.read();
+        let Some(current) =
+            inner.by_id.get(worker.id()).filter(|w| w.incarnation() == worker.incarnation())
+        else {
+            return false;
+        };
+        let changed = current.store_reported_status(status) != status;
+        if changed {
+            let _ = self
+                .feed
+                .send(RegistryEvent::StatusReported { worker: Arc::clone(current), status });
+        }
+        changed
+    }
+
     /// The worker with this id.
     pub fn get(&self, id: &WorkerId) -> Option<Arc<Worker>> {
         self.inner.read().by_id.get(id).cloned()
@@ -200,6 +257,17 @@ impl WorkerRegistry {
     /// Healthy workers of `model` and `stage`, sorted by id.
     pub fn healthy(&self, model: &ModelId, stage: Stage) -> Vec<Arc<Worker>> {
         self.workers_for(model, stage).iter().filter(|w| w.is_healthy()).cloned().collect()
+    }
+
+    /// Workers of `model` and `stage` that accept new requests (healthy, not drained, not
+    /// reporting starting or draining: [`Worker::accepts_new_requests`]), sorted by id. What
+    /// engine groups select from.
+    pub fn accepting(&self, model: &ModelId, stage: Stage) -> Vec<Arc<Worker>> {
+        self.workers_for(model, stage)
+            .iter()
+            .filter(|w| w.accepts_new_requests())
+            .cloned()
+            .collect()
     }
 
     /// Whether `model` is served by plain or PD engines, if by any.

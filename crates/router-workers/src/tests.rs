@@ -211,10 +211,116 @@ fn change_feed_reports_every_change_in_order() {
             RegistryEvent::HealthChanged { worker, healthy } => {
                 format!("{}={healthy}", worker.id())
             }
+            RegistryEvent::DrainChanged { worker, drained } => {
+                format!("{} drained={drained}", worker.id())
+            }
+            RegistryEvent::StatusReported { worker, status } => {
+                format!("{} says {status}", worker.id())
+            }
         });
     }
     assert_eq!(seen, ["+b", "a=false", "-a", "+a", "-a"]);
     assert!(replaced.is_healthy(), "a replacement starts healthy");
+}
+
+#[test]
+fn a_worker_accepts_new_requests_only_when_healthy_undrained_and_not_starting_or_draining() {
+    use EngineStatus::{Draining, Serving, Starting, Unknown};
+    // (healthy, drained by the operator, reported status, accepts new requests)
+    #[rustfmt::skip]
+    let cases = [
+        (true, false, Unknown, true),
+        (true, false, Serving, true),
+        (true, false, Starting, false),
+        (true, false, Draining, false),
+        (true, true, Serving, false),
+        (true, true, Unknown, false),
+        (false, false, Serving, false),
+        (false, true, Draining, false),
+    ];
+    for (healthy, drained, status, accepts) in cases {
+        let registry = WorkerRegistry::new();
+        let a = registry.add(worker("a", Stage::Plain)).expect("add");
+        registry.add(worker("b", Stage::Plain)).expect("add");
+        registry.set_health(a.id(), healthy).expect("known");
+        registry.set_drained(a.id(), drained).expect("known");
+        registry.set_reported_status(&a, status);
+        let case = format!("healthy {healthy}, drained {drained}, {status}");
+        assert_eq!(a.accepts_new_requests(), accepts, "{case}");
+        let ids: Vec<String> =
+            registry.accepting(&model(), Stage::Plain).iter().map(|w| w.id().to_string()).collect();
+        assert_eq!(ids, if accepts { vec!["a", "b"] } else { vec!["b"] }, "{case}");
+        assert_eq!(registry.healthy(&model(), Stage::Plain).len(), if healthy { 2 } else { 1 });
+    }
+}
+
+#[test]
+fn drain_and_reported_status_are_changes_the_feed_hears_once() {
+    let registry = WorkerRegistry::new();
+    let a = registry.add(worker("a", Stage::Plain)).expect("add");
+    let (_, mut feed) = registry.follow();
+    let (same, changed) = registry.set_drained(a.id(), true).expect("known");
+    assert!(Arc::ptr_eq(&same, &a) && changed);
+    assert!(!registry.set_drained(a.id(), true).expect("known").1, "draining twice is no change");
+    assert!(registry.set_reported_status(&a, EngineStatus::Draining));
+    assert!(!registry.set_reported_status(&a, EngineStatus::Draining), "no change");
+    assert!(registry.set_drained(a.id(), false).expect("known").1);
+    let unknown = WorkerId::new("zz").expect("id");
+    assert!(matches!(registry.set_drained(&unknown, true), Err(WorkerError::NotFound { .. })));
+
+    let mut seen = Vec::new();
+    while let Ok(event) = feed.try_recv() {
+        seen.push(match event {
+            RegistryEvent::DrainChanged { drained, .. } => format!("drained={drained}"),
+            RegistryEvent::StatusReported { status, .. } => format!("says {status}"),
+            other => panic!("unexpected {other:?}"),
+        });
+    }
+    assert_eq!(seen, ["drained=true", "says draining", "drained=false"]);
+    assert!(!a.is_drained() && a.reported_status() == EngineStatus::Draining);
+}
+
+#[test]
+fn a_replaced_engine_keeps_its_drain_but_not_its_reported_status_or_late_reports() {
+    let registry = WorkerRegistry::new();
+    let old = registry.add(worker("a", Stage::Plain)).expect("add");
+    registry.set_drained(old.id(), true).expect("known");
+    registry.set_reported_status(&old, EngineStatus::Starting);
+    let new = registry.replace(worker("a", Stage::Plain)).expect("replace");
+    assert!(new.is_drained(), "the operator's drain is about the id");
+    assert_eq!(new.reported_status(), EngineStatus::Unknown, "a new engine has said nothing");
+    assert!(!registry.set_reported_status(&old, EngineStatus::Serving), "a late report");
+    assert_eq!(new.reported_status(), EngineStatus::Unknown);
+    registry.remove(new.id()).expect("remove");
+    let again = registry.add(worker("a", Stage::Plain)).expect("add");
+    assert!(!again.is_drained(), "a removed worker's drain is forgotten");
+}
+
+#[test]
+fn labels_are_read_from_the_entry_and_names_must_not_be_empty() {
+    let entry = r#"{"id": "w", "url": "http://h:1", "labels": {"rack": "r1", "tp": "8"}}"#;
+    let spec: WorkerSpec = serde_json::from_str(entry).expect("entry");
+    let worker = Worker::from_spec(&spec, vec![model()]).expect("valid");
+    assert_eq!(
+        (worker.label("rack"), worker.label("tp"), worker.label("zone")),
+        (Some("r1"), Some("8"), None)
+    );
+    assert_eq!(worker.labels().len(), 2);
+    let listed = serde_json::to_value(&spec).expect("ser");
+    assert_eq!(listed["labels"], serde_json::json!({"rack": "r1", "tp": "8"}));
+    let bare = serde_json::to_value(WorkerSpec::new("w", "http://h:1", Stage::Plain)).expect("ser");
+    assert!(bare.get("labels").is_none(), "no labels, no field: {bare}");
+
+    let unnamed: WorkerSpec =
+        serde_json::from_str(r#"{"id": "w", "url": "http://h:1", "labels": {" ": "x"}}"#)
+            .expect("parses");
+    let err = Worker::from_spec(&unnamed, vec![model()]).expect_err("empty name");
+    assert_eq!(err, WorkerError::EmptyLabelName { id: WorkerId::new("w").expect("id") });
+    let err = serde_json::from_str::<WorkerSpec>(
+        r#"{"id": "w", "url": "http://h:1", "labels": {"tp": 8}}"#,
+    )
+    .expect_err("a number");
+    assert!(err.to_string().contains("expected a string"), "{err}");
 }
 
 #[test]
@@ -303,7 +409,9 @@ proptest! {
             match event {
                 RegistryEvent::Added(w) => prop_assert!(replayed.insert(w.id().to_string())),
                 RegistryEvent::Removed(w) => prop_assert!(replayed.remove(w.id().as_str())),
-                RegistryEvent::HealthChanged { .. } => {}
+                RegistryEvent::HealthChanged { .. }
+                | RegistryEvent::DrainChanged { .. }
+                | RegistryEvent::StatusReported { .. } => {}
             }
         }
         let current: std::collections::BTreeSet<_> =

@@ -2,11 +2,11 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use crate::WorkerError;
+use crate::{EngineStatus, WorkerError, WorkerLabels};
 
 /// Stable identifier of an engine, as written in the configuration (`P1`, `engine-3`).
 ///
@@ -230,6 +230,10 @@ pub struct WorkerSpec {
     /// Poll SGLang's `/v1/loads` instead of (or without) a gRPC reporter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_poll: Option<LoadPollSpec>,
+    /// The operator's string labels (`rack: r1`, `transfer: mooncake`); a PD bucket's
+    /// `pair_on` pairs a prefill engine only with decode engines whose values are equal.
+    #[serde(default, skip_serializing_if = "WorkerLabels::is_empty")]
+    pub labels: WorkerLabels,
     /// The engine's API key (its `--api-key`), sent as `Authorization: Bearer` on every HTTP
     /// request to it. Never serialized: listings and dumps cannot leak it.
     #[serde(default, skip_serializing)]
@@ -238,8 +242,8 @@ pub struct WorkerSpec {
 
 impl WorkerSpec {
     /// A worker `id` at `url` in `role`, with every optional setting at its default: one
-    /// data-parallel rank and no model, bootstrap port, block size, KV events, load source or
-    /// API key. Set others with struct update syntax (`WorkerSpec { dp_size: 2, ..spec }`).
+    /// data-parallel rank and no model, bootstrap port, block size, KV events, load source,
+    /// labels or API key. Set others with struct update syntax (`WorkerSpec { dp_size: 2, ..spec }`).
     pub fn new(id: impl Into<String>, url: impl Into<String>, role: Stage) -> Self {
         Self {
             id: id.into(),
@@ -253,6 +257,7 @@ impl WorkerSpec {
             kv_events: None,
             load_reporter: None,
             load_poll: None,
+            labels: WorkerLabels::new(),
             api_key: None,
         }
     }
@@ -316,8 +321,9 @@ fn default_role() -> Stage {
 
 static NEXT_INCARNATION: AtomicU64 = AtomicU64::new(1);
 
-/// One engine. Shared as `Arc<Worker>`; everything but health is immutable, so a changed
-/// engine is a new `Worker` (with a new [`Worker::incarnation`]) that replaces the old one.
+/// One engine. Shared as `Arc<Worker>`; everything but its live state (health, the
+/// operator's drain, the status its load reports state) is immutable, so a changed engine is a
+/// new `Worker` (with a new [`Worker::incarnation`]) that replaces the old one.
 #[derive(Debug)]
 pub struct Worker {
     id: WorkerId,
@@ -331,13 +337,19 @@ pub struct Worker {
     kv_events: Option<KvEventsSpec>,
     load_reporter: Option<String>,
     load_poll: Option<LoadPollSpec>,
+    labels: WorkerLabels,
     api_key: Option<ApiKey>,
     incarnation: u64,
     healthy: AtomicBool,
+    /// Taken out of selection by the operator (`POST /admin/workers/{id}/drain`).
+    drained: AtomicBool,
+    /// [`EngineStatus`] bits: the status the engine's latest accepted load report stated.
+    reported_status: AtomicU8,
 }
 
 impl Worker {
-    /// Validates a spec into a worker serving `models`. The worker starts healthy.
+    /// Validates a spec into a worker serving `models`. The worker starts healthy, not
+    /// drained, and with an unknown reported status.
     pub fn from_spec(spec: &WorkerSpec, models: Vec<ModelId>) -> Result<Self, WorkerError> {
         let id = WorkerId::new(&spec.id)?;
         let url = validate_url(&spec.url)?;
@@ -367,6 +379,9 @@ impl Worker {
                 validate_zmq_endpoint(&id, replay)?;
             }
         }
+        if spec.labels.iter().any(|(name, _)| name.trim().is_empty()) {
+            return Err(WorkerError::EmptyLabelName { id });
+        }
         Ok(Self {
             id,
             url,
@@ -379,9 +394,12 @@ impl Worker {
             kv_events: spec.kv_events.clone(),
             load_reporter: spec.load_reporter.clone(),
             load_poll: spec.load_poll.clone(),
+            labels: spec.labels.clone(),
             api_key: spec.api_key.clone(),
             incarnation: NEXT_INCARNATION.fetch_add(1, Ordering::Relaxed),
             healthy: AtomicBool::new(true),
+            drained: AtomicBool::new(false),
+            reported_status: AtomicU8::new(EngineStatus::Unknown.to_bits()),
         })
     }
 
@@ -469,6 +487,16 @@ impl Worker {
         self.load_poll.as_ref()
     }
 
+    /// The operator's labels.
+    pub fn labels(&self) -> &WorkerLabels {
+        &self.labels
+    }
+
+    /// The value of label `name`, if the worker has it.
+    pub fn label(&self, name: &str) -> Option<&str> {
+        self.labels.get(name)
+    }
+
     /// Process-unique number of this `Worker` value: a replaced engine with the same id has a
     /// different incarnation, so state and picks tied to the old one can be told apart.
     pub fn incarnation(&self) -> u64 {
@@ -484,6 +512,38 @@ impl Worker {
     /// change feed hears about it.
     pub(crate) fn store_health(&self, healthy: bool) -> bool {
         self.healthy.swap(healthy, Ordering::AcqRel)
+    }
+
+    /// Whether the operator has taken this engine out of selection (until resumed).
+    pub fn is_drained(&self) -> bool {
+        self.drained.load(Ordering::Acquire)
+    }
+
+    /// Sets the operator's drain; returns the previous value. Use
+    /// [`crate::WorkerRegistry::set_drained`].
+    pub(crate) fn store_drained(&self, drained: bool) -> bool {
+        self.drained.swap(drained, Ordering::AcqRel)
+    }
+
+    /// The status the engine's latest accepted load report stated; [`EngineStatus::Unknown`]
+    /// before any (and for engines whose reports never say). It stays until a newer report
+    /// states another, even when reports stop: an engine that said it was draining and then
+    /// went silent is not trusted with new requests again until it says otherwise.
+    pub fn reported_status(&self) -> EngineStatus {
+        EngineStatus::from_bits(self.reported_status.load(Ordering::Acquire))
+    }
+
+    /// Records the reported status; returns the previous one. Use
+    /// [`crate::WorkerRegistry::set_reported_status`].
+    pub(crate) fn store_reported_status(&self, status: EngineStatus) -> EngineStatus {
+        EngineStatus::from_bits(self.reported_status.swap(status.to_bits(), Ordering::AcqRel))
+    }
+
+    /// Whether the engine may be given new requests: healthy, not drained by the operator,
+    /// and not reporting that it is starting or draining. Requests already dispatched to it
+    /// are never affected.
+    pub fn accepts_new_requests(&self) -> bool {
+        self.is_healthy() && !self.is_drained() && self.reported_status().accepts_new_requests()
     }
 
     /// The host part of the base URL (for PD `bootstrap_host`).

@@ -2,6 +2,7 @@
 
 mod design_example;
 mod group;
+mod pairing;
 mod pick_engines;
 mod resolve;
 mod select;

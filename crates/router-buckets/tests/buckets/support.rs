@@ -5,13 +5,14 @@ use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 use router_buckets::{
-    Bucket, BucketGroups, BucketRequest, BucketResolver, BucketSpec, EngineGroup, TokenLimits,
+    Bucket, BucketGroups, BucketRequest, BucketResolver, BucketSpec, EngineGroup, PairOn,
+    TokenLimits,
 };
 use router_policies::{
     KeySource, Limit, Pick, PickError, PickReason, PickRequest, Policy, Rejection, RequestTokens,
     ScopeError,
 };
-use router_workers::{ModelId, Stage, Worker, WorkerId, WorkerRegistry};
+use router_workers::{ModelId, Stage, Worker, WorkerId, WorkerLabels, WorkerRegistry, WorkerSpec};
 
 pub fn model() -> ModelId {
     ModelId::new("llama")
@@ -233,7 +234,32 @@ pub fn pd(
     BucketGroups::Pd {
         prefill: group(Stage::Prefill, prefill.0, prefill.1),
         decode: group(Stage::Decode, decode.0, decode.1),
+        pair_on: PairOn::none(),
     }
+}
+
+/// [`pd`] pairing on `labels`.
+pub fn pd_paired(
+    prefill: (Option<&[&str]>, &Arc<Scripted>),
+    decode: (Option<&[&str]>, &Arc<Scripted>),
+    labels: &[&str],
+) -> BucketGroups {
+    let pair_on = labels.iter().map(|l| (*l).to_owned()).collect();
+    BucketGroups::Pd {
+        prefill: group(Stage::Prefill, prefill.0, prefill.1),
+        decode: group(Stage::Decode, decode.0, decode.1),
+        pair_on: PairOn::new(pair_on).expect("valid pair_on"),
+    }
+}
+
+/// A `llama` worker with labels.
+pub fn labelled(id: &str, stage: Stage, labels: &[(&str, &str)]) -> Worker {
+    let spec = WorkerSpec {
+        model: Some(model().to_string()),
+        labels: labels.iter().copied().collect::<WorkerLabels>(),
+        ..WorkerSpec::new(id, format!("http://{}.engines.local:30000", id.to_lowercase()), stage)
+    };
+    Worker::from_spec(&spec, vec![model()]).expect("valid worker")
 }
 
 pub fn resolver(buckets: Vec<Bucket>) -> BucketResolver {

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use router_buckets::{
     Bucket, BucketError, BucketGroups, BucketResolver, BucketSpec, EngineGroup, GroupError,
-    MembershipError, ResolverBuildError, TokenLimits,
+    MembershipError, PairOn, ResolverBuildError, TokenLimits,
 };
 use router_policies::Policy;
 use router_workers::{ModelId, Stage};
@@ -69,7 +69,11 @@ fn buckets_reject_bad_ids_ranges_and_slots() {
                 "b",
                 limits(0, None),
                 None,
-                BucketGroups::Pd { prefill: group(Stage::Decode), decode: group(Stage::Decode) },
+                BucketGroups::Pd {
+                    prefill: group(Stage::Decode),
+                    decode: group(Stage::Decode),
+                    pair_on: PairOn::none(),
+                },
             ),
             BucketError::GroupInWrongSlot {
                 id: "b".into(),
@@ -82,7 +86,11 @@ fn buckets_reject_bad_ids_ranges_and_slots() {
                 "b",
                 limits(0, None),
                 None,
-                BucketGroups::Pd { prefill: group(Stage::Prefill), decode: group(Stage::Plain) },
+                BucketGroups::Pd {
+                    prefill: group(Stage::Prefill),
+                    decode: group(Stage::Plain),
+                    pair_on: PairOn::none(),
+                },
             ),
             BucketError::GroupInWrongSlot {
                 id: "b".into(),

@@ -375,6 +375,8 @@ impl ServeArgs {
                         Some(name) => group("--decode-policy", Some(name))?,
                         None => group("--policy", self.policy.as_deref())?,
                     },
+                    // Quick-start engines are bare URLs: no labels to pair on.
+                    pair_on: Vec::new(),
                 }),
             }
         } else {

@@ -315,6 +315,10 @@ pub struct PdGroupsConfig {
     pub prefill: GroupConfig,
     /// The decode group.
     pub decode: GroupConfig,
+    /// Worker labels on which a pair must agree: a decode engine serves a prefill engine only
+    /// when both carry each label with the same value. Empty = any pair.
+    #[serde(default)]
+    pub pair_on: Vec<String>,
 }
 
 /// One engine group.
@@ -376,7 +380,12 @@ impl ConfigFile {
         serde_path_to_error::deserialize(deserializer).map_err(|err| {
             let path = err.path().to_string();
             let inner = err.into_inner().to_string();
-            if path == "." { inner } else { format!("{path}: {inner}") }
+            // serde_yaml_ng's own message usually starts with the path already.
+            if path == "." || inner.starts_with(&format!("{path}: ")) {
+                inner
+            } else {
+                format!("{path}: {inner}")
+            }
         })
     }
 }

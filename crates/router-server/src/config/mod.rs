@@ -14,7 +14,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use router_affinity::AffinityStore;
-use router_buckets::{Bucket, BucketGroups, BucketResolver, BucketSpec, EngineGroup, TokenLimits};
+use router_buckets::{
+    Bucket, BucketGroups, BucketResolver, BucketSpec, EngineGroup, PairOn, TokenLimits,
+};
 use router_policies::{CachePrefixProvider, PolicyHandles};
 use router_workers::{ApiKey, ModelId, Stage, Worker, WorkerId, WorkerRegistry, WorkerSpec};
 
@@ -453,7 +455,14 @@ fn build_groups(
                 group(format!("{path}.groups.pd.prefill"), Stage::Prefill, &pd.prefill, problems);
             let decode =
                 group(format!("{path}.groups.pd.decode"), Stage::Decode, &pd.decode, problems);
-            Some(BucketGroups::Pd { prefill: prefill?, decode: decode? })
+            let pair_on = match PairOn::new(pd.pair_on.clone()) {
+                Ok(pair_on) => pair_on,
+                Err(err) => {
+                    problems.push(format!("{path}.groups.pd.pair_on[{}]", err.position()), err);
+                    return None;
+                }
+            };
+            Some(BucketGroups::Pd { prefill: prefill?, decode: decode?, pair_on })
         }
         _ => {
             problems.push(format!("{path}.groups"), "exactly one of plain or pd is required");
@@ -470,7 +479,7 @@ pub fn summary<'a>(
     let mut models: Vec<&ModelRuntime> = models.into_iter().collect();
     models.sort_by(|a, b| a.id.cmp(&b.id));
     let mut out = String::new();
-    for model in models {
+    for &model in &models {
         let workers = registry.workers().iter().filter(|w| w.serves(&model.id)).count();
         out.push_str(&format!(
             "model {}: {} workers, tokenizer {}\n",
@@ -499,10 +508,48 @@ pub fn summary<'a>(
                     group.policy().name()
                 ));
             }
+            if let Some(pair_on) = bucket.groups().pair_on().filter(|p| !p.is_empty()) {
+                out.push_str(&format!(", pair_on [{pair_on}]"));
+            }
             out.push('\n');
         }
     }
+    for warning in pairing_warnings(models, registry) {
+        out.push_str(&format!("warning: {warning}\n"));
+    }
     out
+}
+
+/// What an operator should hear about the PD pairing constraints of `models` over the
+/// workers in `registry` now: `pair_on` labels no worker carries, and prefill engines with no
+/// compatible decode engine in a bucket (by model, then bucket in configuration order).
+/// Warnings, never errors: workers come and go through the admin API. With `only`, just
+/// whether that prefill engine has a partner in each bucket of its model.
+pub fn pairing_warnings<'a>(
+    models: impl IntoIterator<Item = &'a ModelRuntime>,
+    registry: &WorkerRegistry,
+) -> Vec<router_buckets::PairingWarning> {
+    pairing_warnings_for(models, registry, None)
+}
+
+/// [`pairing_warnings`] about one prefill engine only.
+pub(crate) fn pairing_warnings_for<'a>(
+    models: impl IntoIterator<Item = &'a ModelRuntime>,
+    registry: &WorkerRegistry,
+    only: Option<&WorkerId>,
+) -> Vec<router_buckets::PairingWarning> {
+    let workers = registry.workers();
+    let mut models: Vec<&ModelRuntime> = models.into_iter().collect();
+    models.sort_by(|a, b| a.id.cmp(&b.id));
+    let mut warnings = Vec::new();
+    for model in models {
+        let served: Vec<Arc<Worker>> =
+            workers.iter().filter(|w| w.serves(&model.id)).cloned().collect();
+        for bucket in model.resolver.buckets() {
+            warnings.extend(bucket.pairing_warnings(&served, only));
+        }
+    }
+    warnings
 }
 
 #[cfg(test)]

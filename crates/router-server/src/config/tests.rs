@@ -243,3 +243,91 @@ fn the_index_bound_is_split_between_the_configured_models() {
     let index = ConfigFile::parse(yaml).expect("parses").kv_index();
     assert_eq!((index.max_nodes, index.models, index.max_nodes_per_model()), (1000, 3, 333));
 }
+
+/// A PD model with prefill P1 (rack a) and P2 (rack b), decode D1 (rack a), and one bucket
+/// whose `groups.pd` has `pd_extra` keys.
+fn pd_model(pd_extra: &str) -> String {
+    format!(
+        "models:\n  - id: m\n    workers:\n      \
+         - {{id: P1, url: \"http://127.0.0.1:1\", role: prefill, labels: {{rack: a}}}}\n      \
+         - {{id: P2, url: \"http://127.0.0.1:2\", role: prefill, labels: {{rack: b}}}}\n      \
+         - {{id: D1, url: \"http://127.0.0.1:3\", role: decode, labels: {{rack: a}}}}\n    \
+         buckets:\n      - {{id: pd, groups: {{pd: {{prefill: {{}}, decode: {{}}{pd_extra}}}}}}}\n"
+    )
+}
+
+#[test]
+fn labels_take_strings_only_and_say_where() {
+    for (value, found) in
+        [("8", "integer `8`"), ("true", "boolean `true`"), ("~", "unit"), ("[a]", "sequence")]
+    {
+        let yaml =
+            pd_model("").replace("labels: {rack: b}", &format!("labels: {{rack: b, tp: {value}}}"));
+        let err = ConfigFile::parse(&yaml).expect_err(value);
+        assert!(
+            err.starts_with("models[0].workers[1].labels.tp: invalid type: "),
+            "{value}: {err}"
+        );
+        assert!(err.contains(found) && err.contains("expected a string"), "{value}: {err}");
+    }
+    let quoted = pd_model("").replace("labels: {rack: b}", "labels: {rack: b, tp: \"8\"}");
+    let ctx = build(&quoted).expect("builds");
+    let p2 = ctx.registry().get(&WorkerId::new("P2").expect("id")).expect("P2");
+    assert_eq!((p2.label("rack"), p2.label("tp")), (Some("b"), Some("8")));
+
+    let unnamed = pd_model("").replace("labels: {rack: b}", "labels: {\"\": b}");
+    let problems = build(&unnamed).expect_err("an empty name");
+    assert!(
+        problems.iter().any(|p| p.path == "models[0].workers[1]"
+            && p.message.contains("label names must not be empty")),
+        "{problems:?}"
+    );
+}
+
+#[test]
+fn pair_on_is_read_checked_and_shown_with_its_warnings() {
+    let ctx = build(&pd_model(", pair_on: [rack]")).expect("a warning is no error");
+    let bucket = &ctx.models().next().expect("m").resolver.buckets()[0];
+    let pair_on = bucket.groups().pair_on().expect("a pd bucket");
+    assert_eq!(pair_on.labels(), ["rack"]);
+    let warnings: Vec<String> =
+        pairing_warnings(ctx.models(), ctx.registry()).iter().map(ToString::to_string).collect();
+    assert_eq!(
+        warnings,
+        ["bucket pd: prefill engine P2 has no decode engine with the same pair_on labels, so it \
+          is never selected there"]
+    );
+    let shown = summary(ctx.models(), ctx.registry());
+    assert!(shown.contains(", pair_on [rack]\n"), "{shown}");
+    assert!(shown.contains(&format!("warning: {}\n", warnings[0])), "{shown}");
+
+    let nobody = build(&pd_model(", pair_on: [zone]")).expect("builds");
+    let warnings = pairing_warnings(nobody.models(), nobody.registry());
+    assert!(
+        warnings[0].to_string().contains("no worker has the pair_on label \"zone\""),
+        "{warnings:?}"
+    );
+    assert_eq!(warnings.len(), 3, "the label, then P1 and P2: {warnings:?}");
+
+    let unconstrained = build(&pd_model("")).expect("builds");
+    assert!(pairing_warnings(unconstrained.models(), unconstrained.registry()).is_empty());
+    assert!(!summary(unconstrained.models(), unconstrained.registry()).contains("pair_on"));
+
+    for (pair_on, path, fragment) in [
+        ("[rack, \"\"]", "models[0].buckets[0].groups.pd.pair_on[1]", "must not be empty"),
+        (
+            "[rack, tp, rack]",
+            "models[0].buckets[0].groups.pd.pair_on[2]",
+            "\"rack\" is listed twice",
+        ),
+    ] {
+        let problems = build(&pd_model(&format!(", pair_on: {pair_on}"))).expect_err(pair_on);
+        assert!(
+            problems.iter().any(|p| p.path == path && p.message.contains(fragment)),
+            "{pair_on}: {problems:?}"
+        );
+    }
+    let plain = one_model("", "", PLAIN_NO_KV, "{plain: {pair_on: [rack]}}");
+    let err = ConfigFile::parse(&plain).expect_err("pair_on belongs to groups.pd");
+    assert!(err.contains("unknown field `pair_on`"), "{err}");
+}

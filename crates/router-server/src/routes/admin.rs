@@ -1,5 +1,8 @@
 //! The admin API under `/admin/`, behind a bearer token compared in constant time. Without a
 //! configured token the routes answer 404, as if absent.
+//!
+//! Workers are listed, added, removed, drained and resumed here; `/admin/state` shows the
+//! buckets with their current candidates and every worker's live state.
 
 use std::sync::Arc;
 
@@ -20,7 +23,11 @@ fn worker_json(ctx: &AppContext, worker: &Worker) -> Value {
         "url": worker.url(),
         "model": worker.models().first(),
         "role": worker.stage(),
+        "labels": worker.labels(),
         "healthy": worker.is_healthy(),
+        "drained": worker.is_drained(),
+        "reported_status": worker.reported_status(),
+        "accepting": worker.accepts_new_requests(),
         "inflight": ctx.inflight().count(worker.id()),
         "breaker": ctx.health().breaker(worker.id()),
         "dp_size": worker.dp_size(),
@@ -39,12 +46,27 @@ pub(crate) async fn list_workers(State(ctx): State<Arc<AppContext>>) -> Json<Val
 
 /// `POST /admin/workers`: a worker object exactly as in the configuration file. Its `model`
 /// may be left out when the router serves one model; with several it names the one to join.
+/// A bad field is a 400 whose `param` is its path (`labels.rack`). The answer is the worker,
+/// with `warnings` when it is a prefill engine that no decode engine of some bucket may pair
+/// with (`pair_on`).
 pub(crate) async fn add_worker(
     State(ctx): State<Arc<AppContext>>,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
-    let spec: WorkerSpec = serde_json::from_slice(&body).map_err(|err| {
-        ApiError::InvalidRequest { message: format!("invalid worker: {err}"), param: None }
+    let mut deserializer = serde_json::Deserializer::from_slice(&body);
+    let spec: WorkerSpec = serde_path_to_error::deserialize(&mut deserializer).map_err(|err| {
+        let path = err.path().to_string();
+        let inner = err.into_inner();
+        let (message, param) = if path == "." {
+            (format!("invalid worker: {inner}"), None)
+        } else {
+            (format!("invalid worker: {path}: {inner}"), Some(path))
+        };
+        ApiError::InvalidRequest { message, param }
+    })?;
+    deserializer.end().map_err(|err| ApiError::InvalidRequest {
+        message: format!("invalid worker: {err}"),
+        param: None,
     })?;
     let model_id: ModelId = match spec.model.as_deref() {
         Some(name) => {
@@ -57,7 +79,24 @@ pub(crate) async fn add_worker(
     let spec = with_engine_key(&spec, ctx.credentials().engine_default.as_ref());
     let worker = Worker::from_spec(&spec, vec![model_id]).map_err(invalid)?;
     match ctx.registry().add(worker) {
-        Ok(worker) => Ok((StatusCode::CREATED, Json(worker_json(&ctx, &worker))).into_response()),
+        Ok(worker) => {
+            let mut entry = worker_json(&ctx, &worker);
+            let warnings: Vec<String> = crate::config::pairing_warnings_for(
+                ctx.models(),
+                ctx.registry(),
+                Some(worker.id()),
+            )
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+            for warning in &warnings {
+                tracing::warn!("{warning}");
+            }
+            if !warnings.is_empty() {
+                entry["warnings"] = json!(warnings);
+            }
+            Ok((StatusCode::CREATED, Json(entry)).into_response())
+        }
         Err(err @ WorkerError::Duplicate { .. }) => Err(ApiError::WorkerExists(err)),
         Err(err) => Err(invalid(err)),
     }
@@ -91,6 +130,40 @@ pub(crate) async fn remove_worker(
     Ok(Json(json!({"removed": removed.id()})))
 }
 
+/// `POST /admin/workers/{id}/drain`: takes the worker out of selection until resumed, whatever
+/// its health or load reports say; its in-flight requests finish (watch `inflight` fall to 0).
+/// Idempotent. 404 for an unknown worker.
+pub(crate) async fn drain_worker(
+    State(ctx): State<Arc<AppContext>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    set_drained(&ctx, &id, true)
+}
+
+/// `POST /admin/workers/{id}/resume`: lifts the operator's drain; the worker is a candidate
+/// again once it is also healthy and not reporting starting or draining. Idempotent. 404 for
+/// an unknown worker.
+pub(crate) async fn resume_worker(
+    State(ctx): State<Arc<AppContext>>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    set_drained(&ctx, &id, false)
+}
+
+fn set_drained(ctx: &AppContext, id: &str, drained: bool) -> Result<Json<Value>, ApiError> {
+    let id = WorkerId::new(id).map_err(|err| ApiError::NotFound(err.to_string()))?;
+    let (worker, changed) = ctx
+        .registry()
+        .set_drained(&id, drained)
+        .map_err(|err| ApiError::NotFound(err.to_string()))?;
+    if changed {
+        let inflight = ctx.inflight().count(worker.id());
+        let action = if drained { "drained" } else { "resumed" };
+        tracing::info!(worker = %worker.id(), inflight, "worker {action} by the operator");
+    }
+    Ok(Json(worker_json(ctx, &worker)))
+}
+
 /// `GET /admin/state`: buckets, workers with their KV and load state, and the index size.
 pub(crate) async fn state(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
     let mut models: Vec<Value> = ctx
@@ -117,13 +190,17 @@ pub(crate) async fn state(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
                             })
                         })
                         .collect();
-                    json!({
+                    let mut entry = json!({
                         "id": bucket.id(),
                         "rank": bucket.rank(),
                         "limits": {"min": bucket.limits().min, "max": bucket.limits().max},
                         "max_context_tokens": bucket.max_context_tokens(),
                         "groups": groups,
-                    })
+                    });
+                    if let Some(pair_on) = bucket.groups().pair_on() {
+                        entry["pair_on"] = json!(pair_on.labels());
+                    }
+                    entry
                 })
                 .collect();
             json!({"id": model.id, "buckets": buckets})

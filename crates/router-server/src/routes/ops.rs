@@ -37,7 +37,8 @@ pub(crate) async fn health() -> &'static str {
     "ok"
 }
 
-/// `GET /readiness`: every model has a complete selection possible in at least one bucket.
+/// `GET /readiness`: every model has a complete selection possible in at least one bucket
+/// (so a model whose engines are all drained, starting or draining is not ready).
 pub(crate) async fn readiness(State(ctx): State<Arc<AppContext>>) -> Response {
     if ctx.is_draining() {
         return (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response();
@@ -95,6 +96,9 @@ fn refresh_state_gauges(ctx: &AppContext) {
         let id = worker.id().as_str();
         metrics::inflight(id, ctx.inflight().count(worker.id()));
         metrics::engine_healthy(id, worker.is_healthy());
+        metrics::engine_status(id, worker.reported_status());
+        metrics::engine_drained(id, worker.is_drained());
+        metrics::engine_accepting(id, worker.accepts_new_requests());
         let (state, age) = match ctx.load_table().status_of(worker.id()) {
             Some(status) => (status.freshness.as_str(), status.age_ms),
             None => ("missing", None),

@@ -1,8 +1,8 @@
 //! The simulated engine: one [`serve`] call is one engine (an OpenAI and SGLang HTTP server,
 //! optionally behind an API key and over TLS, a prefix cache with a timing model per
-//! data-parallel rank, KV events over ZeroMQ, a PD bootstrap server for prefill engines, and
-//! fault injection), running until its
-//! cancellation token fires or a `die_after` fault ends it.
+//! data-parallel rank, KV events over ZeroMQ, a PD bootstrap server for prefill engines, fault
+//! injection, and the `/sim/` controls that make it report draining on demand), running until
+//! its cancellation token fires or a `die_after` fault ends it.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), router_sim::engine::EngineError> {
@@ -306,6 +306,7 @@ pub async fn serve(
     let scheme = if tls.is_some() { "https" } else { "http" };
     let bootstrap_client = (config.role == Stage::Decode)
         .then(|| bootstrap::BootstrapClient::new(config.bootstrap_timeout));
+    let draining = Arc::new(AtomicBool::new(false));
     let engine = Arc::new(http::Engine::new(
         config,
         preprocessor,
@@ -313,6 +314,7 @@ pub async fn serve(
         rooms,
         bootstrap_client,
         stop.clone(),
+        Arc::clone(&draining),
     ));
     tracker.spawn(http::accept_loop(
         listener,
@@ -325,7 +327,7 @@ pub async fn serve(
     let loads = LoadSource::new(ranks);
     let load_reporter_addr = reporter_listener.map(|(listener, addr)| {
         let dying = engine.faults.dying().clone();
-        reporter::start(listener, addr, loads.clone(), dying, stop.clone(), &tracker);
+        reporter::start(listener, addr, loads.clone(), dying, draining, stop.clone(), &tracker);
         addr
     });
 

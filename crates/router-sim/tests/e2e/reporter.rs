@@ -117,3 +117,47 @@ async fn load_reporter_streams_native_reports_that_follow_the_engine() {
     cancel.cancel();
     tokio::time::timeout(PATIENCE, task).await.expect("subscriptions stop").expect("task");
 }
+
+#[tokio::test]
+async fn sim_drain_and_resume_change_the_reported_status_and_state_counts_what_arrived() {
+    let sim = Sim::start(&["--load-reporter", "127.0.0.1:0"]).await;
+    let table =
+        Arc::new(EngineReportedLoadTable::new(TableConfig::default(), SystemClock::shared()));
+    let registry = Arc::new(WorkerRegistry::new());
+    let spec = WorkerSpec {
+        load_reporter: Some(sim.endpoint("load reporter").to_owned()),
+        ..WorkerSpec::new("sim-1", sim.url(), Stage::Plain)
+    };
+    registry.add(Worker::from_spec(&spec, vec![ModelId::new("m")]).expect("worker")).expect("add");
+    let config =
+        SubscriptionConfig { report_interval: Duration::from_millis(50), ..Default::default() };
+    let subscriptions = LoadSubscriptions::new(Arc::clone(&table), Arc::clone(&registry), config);
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(subscriptions.run(cancel.clone()));
+    let id = WorkerId::new("sim-1").expect("id");
+    let state = |reply: Reply| reply.json();
+
+    wait_load(&table, &id, "serving", |l| l.status == EngineStatus::Serving).await;
+    assert_eq!(
+        state(get(&format!("{}/sim/state", sim.url())).await),
+        serde_json::json!({"status": "serving", "received": 0})
+    );
+
+    let drained = post(&sim, "/sim/drain", &serde_json::json!({})).await;
+    assert_eq!(drained.status, StatusCode::OK);
+    assert_eq!(drained.json()["status"], "draining");
+    wait_load(&table, &id, "draining", |l| l.status == EngineStatus::Draining).await;
+    let worker = registry.get(&id).expect("registered");
+    assert_eq!(worker.reported_status(), EngineStatus::Draining, "recorded on the worker");
+    // A draining simulator still serves what reaches it, and counts it.
+    assert_eq!(chat(&sim, &request("still here", 2, false)).await.status, StatusCode::OK);
+    assert_eq!(state(get(&format!("{}/sim/state", sim.url())).await)["received"], 1);
+
+    let resumed = post(&sim, "/sim/resume", &serde_json::json!({})).await;
+    assert_eq!(resumed.json(), serde_json::json!({"status": "serving", "received": 1}));
+    wait_load(&table, &id, "serving again", |l| l.status == EngineStatus::Serving).await;
+    assert_eq!(worker.reported_status(), EngineStatus::Serving);
+
+    cancel.cancel();
+    tokio::time::timeout(PATIENCE, task).await.expect("subscriptions stop").expect("task");
+}

@@ -115,7 +115,11 @@ impl KvSubscriptions {
                     self.start(&worker, &mut running, &tracker, &cancel);
                 }
                 Ok(RegistryEvent::Removed(worker)) => self.stop(&worker, &mut running),
-                Ok(RegistryEvent::HealthChanged { .. }) => {}
+                Ok(
+                    RegistryEvent::HealthChanged { .. }
+                    | RegistryEvent::DrainChanged { .. }
+                    | RegistryEvent::StatusReported { .. },
+                ) => {}
                 Err(broadcast::error::RecvError::Lagged(missed)) => {
                     tracing::warn!(missed, "worker registry feed lagged; resynchronising");
                     let (workers, resumed) = self.registry.follow();

@@ -157,7 +157,7 @@ async fn session(
                 Ok(Ok(Some(wire))) => {
                     match Report::from_wire(&wire) {
                         Ok(report) => {
-                            delivered |= ctx.table.apply(worker, incarnation, report).is_ok();
+                            delivered |= ctx.apply(report).is_ok();
                         }
                         Err(reason) => ctx.table.reject(worker, incarnation, reason),
                     }

@@ -7,6 +7,10 @@
 //! and a dead engine never delays the others. Removed workers are dropped from the table and
 //! their task stopped; a replaced worker starts over with its new incarnation, and whatever the
 //! old task still delivers is ignored by the table.
+//!
+//! The status an accepted report states is recorded on the worker in the registry
+//! ([`WorkerRegistry::set_reported_status`]), where engine groups read it: a report the table
+//! refuses (out of order, another engine's, rate-limited, rank-incomplete) changes no status.
 
 mod backoff;
 mod grpc;
@@ -22,7 +26,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::{EngineReportedLoadTable, MissingReason};
+use crate::{EngineReportedLoadTable, MissingReason, RejectReason, Report, ReportKind};
 
 pub use poll::parse_v1_loads;
 
@@ -87,6 +91,7 @@ impl ReportIntervalControl {
 #[derive(Clone, Debug)]
 pub(crate) struct TaskContext {
     pub(crate) table: Arc<EngineReportedLoadTable>,
+    pub(crate) registry: Arc<WorkerRegistry>,
     pub(crate) worker: Arc<Worker>,
     pub(crate) config: Arc<SubscriptionConfig>,
 }
@@ -94,6 +99,17 @@ pub(crate) struct TaskContext {
 impl TaskContext {
     fn mark_missing(&self, reason: MissingReason) {
         self.table.mark_missing(self.worker.id(), self.worker.incarnation(), reason);
+    }
+
+    /// Takes a received report into the table and, when the table accepts it, records the
+    /// status it states on the worker.
+    fn apply(&self, report: Report) -> Result<ReportKind, RejectReason> {
+        let status = report.status;
+        let applied = self.table.apply(self.worker.id(), self.worker.incarnation(), report);
+        if applied.is_ok() {
+            self.registry.set_reported_status(&self.worker, status);
+        }
+        applied
     }
 }
 
@@ -153,7 +169,11 @@ impl LoadSubscriptions {
                     Ok(RegistryEvent::Removed(worker)) => {
                         self.stop(&mut followed, worker.id(), worker.incarnation());
                     }
-                    Ok(RegistryEvent::HealthChanged { .. }) => {}
+                    Ok(
+                        RegistryEvent::HealthChanged { .. }
+                        | RegistryEvent::DrainChanged { .. }
+                        | RegistryEvent::StatusReported { .. },
+                    ) => {}
                     Err(RecvError::Lagged(missed)) => {
                         tracing::warn!(missed, "load subscriptions lagged behind the registry; resynchronising");
                         self.resync(&mut followed, &mut tasks, &cancel);
@@ -190,6 +210,7 @@ impl LoadSubscriptions {
         self.table.register(&worker);
         let ctx = TaskContext {
             table: Arc::clone(&self.table),
+            registry: Arc::clone(&self.registry),
             worker: Arc::clone(&worker),
             config: Arc::clone(&self.config),
         };

@@ -91,7 +91,7 @@ pub(crate) async fn run(ctx: TaskContext, interval: Duration, cancel: Cancellati
                             interval: Some(interval),
                             ranks,
                         };
-                        let _ = ctx.table.apply(worker, incarnation, report);
+                        let _ = ctx.apply(report);
                     }
                     Err(reason) => ctx.table.reject(worker, incarnation, reason),
                 }

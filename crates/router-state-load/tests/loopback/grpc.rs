@@ -402,3 +402,42 @@ async fn a_stalled_stream_is_dropped_and_reopened() {
     router.stop().await;
     cancel.cancel();
 }
+
+#[tokio::test]
+async fn the_status_of_accepted_reports_reaches_the_worker_and_outlives_the_stream() {
+    let with_status = |mut report: pb::LoadReport, status: pb::EngineStatus| {
+        report.status = status as i32;
+        report
+    };
+    let reports = vec![
+        with_status(wire_report("e1", 9, 2, 1, 1), pb::EngineStatus::Draining),
+        // Refused by the table, so they change no status: out of order, another engine's.
+        with_status(wire_report("e1", 9, 1, 1, 1), pb::EngineStatus::Serving),
+        with_status(wire_report("intruder", 9, 3, 1, 1), pb::EngineStatus::Serving),
+    ];
+    let cancel = CancellationToken::new();
+    // The engine ends its stream after the reports, as a process shutting down would.
+    let (addr, _engine) =
+        ScriptedEngine::start(Script { reports, close: true }, cancel.clone()).await;
+    let router =
+        Router::start(vec![reporter_worker("e1", 1, addr)], TableConfig::default(), fast_config());
+    let worker = router.registry.get(&id("e1")).expect("registered");
+    assert_eq!(worker.reported_status(), EngineStatus::Unknown, "nothing stated yet");
+    let status = router
+        .wait_status("e1", "all three seen and the stream gone", |s| {
+            s.accepted == 1
+                && s.rejected.get(RejectReason::SequenceWentBack) >= 1
+                && s.rejected.get(RejectReason::EngineMismatch) >= 1
+                && s.missing_reason == Some(MissingReason::Disconnected)
+        })
+        .await;
+    assert_eq!(status.freshness, Freshness::Missing);
+    assert_eq!(
+        worker.reported_status(),
+        EngineStatus::Draining,
+        "the last stated status stays after refused reports and a lost stream"
+    );
+    assert!(!worker.accepts_new_requests());
+    router.stop().await;
+    cancel.cancel();
+}

@@ -66,7 +66,7 @@ async fn each_refused_change_has_its_status_and_says_why() {
     let cases: [(&str, &str, &str, &str, u16, &str, &str); 7] = [
         ("not JSON", "POST", "/admin/workers", "{", 400, "invalid_request", "invalid worker: "),
         ("an unknown field", "POST", "/admin/workers", r#"{"id": "c", "url": "http://127.0.0.1:3", "weight": 2}"#,
-            400, "invalid_request", "invalid worker: unknown field `weight`"),
+            400, "invalid_request", "invalid worker: weight: unknown field `weight`"),
         ("a URL with credentials", "POST", "/admin/workers", r#"{"id": "c", "url": "http://u:p@127.0.0.1:3"}"#,
             400, "invalid_request", "worker url"),
         ("a model not served here", "POST", "/admin/workers", r#"{"id": "c", "url": "http://127.0.0.1:3", "model": "n"}"#,
@@ -152,4 +152,131 @@ async fn the_state_shows_each_groups_current_candidates() {
     );
     assert_eq!(workers[1]["kv"]["subscribed"], false);
     assert_eq!(state["index"]["local"], true);
+}
+
+#[tokio::test]
+async fn a_worker_is_drained_and_resumed_by_hand_whatever_its_health_and_reports() {
+    let workers = r#"[{id: a, url: "http://127.0.0.1:1"}, {id: b, url: "http://127.0.0.1:2"}]"#;
+    let ctx =
+        context(&one_model("server: {admin_token: t0k}", "m", workers, "{type: round_robin}"));
+    let candidates = |ctx: &std::sync::Arc<crate::app::AppContext>| {
+        let model = ctx.models().next().expect("m");
+        let group = model.resolver.buckets()[0].groups().iter().next().expect("plain");
+        group
+            .candidates(ctx.registry(), &model.id)
+            .iter()
+            .map(|w| w.id().to_string())
+            .collect::<Vec<_>>()
+    };
+    let a = ctx.registry().get(&id("a")).expect("a");
+    let (status, _, listed) = call(&ctx, "GET", "/admin/workers", TOKEN, "").await;
+    assert_eq!(status, StatusCode::OK);
+    let first = &json(&listed)["workers"][0];
+    assert_eq!(
+        (&first["drained"], &first["reported_status"], &first["accepting"], &first["labels"]),
+        (&false.into(), &"unknown".into(), &true.into(), &serde_json::json!({}))
+    );
+
+    for _ in 0..2 {
+        let (status, _, body) = call(&ctx, "POST", "/admin/workers/a/drain", TOKEN, "").await;
+        assert_eq!(status, StatusCode::OK, "draining is idempotent: {body}");
+        let body = json(&body);
+        assert_eq!(
+            (&body["id"], &body["drained"], &body["accepting"]),
+            (&"a".into(), &true.into(), &false.into())
+        );
+        assert_eq!(body["healthy"], true, "a drain is not a health verdict");
+    }
+    assert_eq!(candidates(&ctx), ["b"]);
+    // Probes and reports neither lift nor replace the drain.
+    ctx.health().record(&a, Outcome::Success);
+    ctx.registry().set_reported_status(&a, router_workers::EngineStatus::Serving);
+    assert_eq!(candidates(&ctx), ["b"]);
+
+    let (status, _, body) = call(&ctx, "POST", "/admin/workers/a/resume", TOKEN, "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (json(&body)["drained"].clone(), json(&body)["accepting"].clone()),
+        (false.into(), true.into())
+    );
+    assert_eq!(candidates(&ctx), ["a", "b"]);
+
+    // Resuming lifts only the operator's drain: an engine that says it is draining stays out.
+    ctx.registry().set_reported_status(&a, router_workers::EngineStatus::Draining);
+    let (_, _, body) = call(&ctx, "POST", "/admin/workers/a/resume", TOKEN, "").await;
+    let body = json(&body);
+    assert_eq!(
+        (&body["drained"], &body["reported_status"], &body["accepting"]),
+        (&false.into(), &"draining".into(), &false.into())
+    );
+    assert_eq!(candidates(&ctx), ["b"]);
+
+    #[rustfmt::skip]
+    let refused: [(&str, Option<&str>, u16, &str); 4] = [
+        ("/admin/workers/zz/drain", TOKEN, 404, "unknown worker id zz"),
+        ("/admin/workers/zz/resume", TOKEN, 404, "unknown worker id zz"),
+        ("/admin/workers/a/drain", None, 401, "missing or invalid admin bearer token"),
+        ("/admin/workers/a/drain", Some("wrong"), 401, "missing or invalid admin bearer token"),
+    ];
+    for (path, token, want, says) in refused {
+        let (status, _, body) = call(&ctx, "POST", path, token, "").await;
+        assert_eq!(status.as_u16(), want, "{path}: {body}");
+        assert_eq!(json(&body)["error"]["message"], says, "{path}");
+    }
+    assert!(!ctx.registry().get(&id("a")).expect("a").is_drained(), "nothing drained a");
+    let (status, _, _) = call(&ctx, "GET", "/admin/workers/a/drain", TOKEN, "").await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+}
+
+#[tokio::test]
+async fn labels_come_through_the_admin_api_and_a_bad_one_is_named() {
+    let yaml = "server: {admin_token: t0k}\nmodels:\n  - id: m\n    workers:\n      \
+                - {id: D1, url: \"http://127.0.0.1:1\", role: decode, labels: {rack: a}}\n    \
+                buckets:\n      - {id: pd, groups: {pd: {prefill: {}, decode: {}, pair_on: [rack]}}}\n";
+    let ctx = context(yaml);
+    let paired =
+        r#"{"id": "P1", "url": "http://127.0.0.1:2", "role": "prefill", "labels": {"rack": "a"}}"#;
+    let (status, _, body) = call(&ctx, "POST", "/admin/workers", TOKEN, paired).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let body = json(&body);
+    assert_eq!(body["labels"], serde_json::json!({"rack": "a"}));
+    assert!(body.get("warnings").is_none(), "P1 pairs with D1: {body}");
+    assert_eq!(ctx.registry().get(&id("P1")).expect("P1").label("rack"), Some("a"));
+
+    let unpaired =
+        r#"{"id": "P2", "url": "http://127.0.0.1:3", "role": "prefill", "labels": {"rack": "b"}}"#;
+    let (status, _, body) = call(&ctx, "POST", "/admin/workers", TOKEN, unpaired).await;
+    assert_eq!(status, StatusCode::CREATED, "a warning is no refusal: {body}");
+    assert_eq!(
+        json(&body)["warnings"],
+        serde_json::json!(["bucket pd: prefill engine P2 has no decode engine with the same \
+                            pair_on labels, so it is never selected there"])
+    );
+
+    let (_, _, state) = call(&ctx, "GET", "/admin/state", TOKEN, "").await;
+    let state = json(&state);
+    assert_eq!(state["models"][0]["buckets"][0]["pair_on"], serde_json::json!(["rack"]));
+
+    for (body, param) in [
+        (
+            r#"{"id": "P3", "url": "http://127.0.0.1:4", "role": "prefill", "labels": {"rack": 3}}"#,
+            "labels.rack",
+        ),
+        (
+            r#"{"id": "P3", "url": "http://127.0.0.1:4", "role": "prefill", "labels": {"ok": "x", "tp": true}}"#,
+            "labels.tp",
+        ),
+        (r#"{"id": "P3", "url": "http://127.0.0.1:4", "labels": ["rack"]}"#, "labels"),
+    ] {
+        let (status, _, answer) = call(&ctx, "POST", "/admin/workers", TOKEN, body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        let answer = json(&answer);
+        assert_eq!(answer["error"]["param"], param, "{body}: {answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(
+            message.starts_with(&format!("invalid worker: {param}: invalid type")),
+            "{message}"
+        );
+    }
+    assert!(ctx.registry().get(&id("P3")).is_none());
 }

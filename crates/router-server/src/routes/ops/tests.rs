@@ -85,3 +85,39 @@ async fn a_scrape_refreshes_the_state_gauges_first() {
         "no report, no age"
     );
 }
+
+#[tokio::test]
+async fn a_scrape_shows_each_engines_reported_status_drain_and_whether_it_accepts_requests() {
+    let yaml = "models:\n  - id: st\n    workers: [{id: ops-s1, url: \"http://127.0.0.1:1\"}, \
+                {id: ops-s2, url: \"http://127.0.0.1:2\"}]\n    \
+                buckets: [{id: all, groups: {plain: {}}}]\n";
+    let ctx = context(yaml);
+    let s1 = ctx.registry().get(&WorkerId::new("ops-s1").expect("id")).expect("registered");
+    ctx.registry().set_reported_status(&s1, router_workers::EngineStatus::Draining);
+    ctx.registry().set_drained(&WorkerId::new("ops-s2").expect("id"), true).expect("known");
+    let (_, _, text) = call(&ctx, "GET", "/metrics", None, "").await;
+    for line in [
+        r#"router_engine_status{worker="ops-s1",status="draining"} 1"#,
+        r#"router_engine_status{worker="ops-s1",status="serving"} 0"#,
+        r#"router_engine_status{worker="ops-s1",status="starting"} 0"#,
+        r#"router_engine_status{worker="ops-s1",status="unknown"} 0"#,
+        r#"router_engine_status{worker="ops-s2",status="unknown"} 1"#,
+        r#"router_engine_drained{worker="ops-s1"} 0"#,
+        r#"router_engine_drained{worker="ops-s2"} 1"#,
+        r#"router_engine_accepting{worker="ops-s1"} 0"#,
+        r#"router_engine_accepting{worker="ops-s2"} 0"#,
+        r#"router_engine_healthy{worker="ops-s1"} 1"#,
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line:?} missing from\n{text}");
+    }
+    // Neither engine takes new requests, so the model has no complete selection.
+    let (status, _, body) = call(&ctx, "GET", "/readiness", None, "").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, "no complete selection for st")
+    );
+    ctx.registry().set_drained(&WorkerId::new("ops-s2").expect("id"), false).expect("known");
+    let (_, _, text) = call(&ctx, "GET", "/metrics", None, "").await;
+    assert!(text.lines().any(|l| l == r#"router_engine_accepting{worker="ops-s2"} 1"#), "{text}");
+    assert_eq!(call(&ctx, "GET", "/readiness", None, "").await.0, StatusCode::OK);
+}

@@ -2,7 +2,7 @@
 //! SGLang's `/generate`, all over one generation path) and the probes other routers use, behind
 //! the `--api-key` check for `/v1/`, served (over TLS with `--tls-cert`) by an accept loop whose
 //! connections drop at once when the engine stops (so a dying engine cuts its streams like a
-//! killed process would).
+//! killed process would), and the simulator's own controls under `/sim/`.
 
 mod accept;
 mod auth;
@@ -14,9 +14,10 @@ mod generate;
 mod generation;
 mod info;
 mod openai;
+mod sim;
 
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Router;
@@ -32,6 +33,7 @@ use super::scheduler::Ranks;
 use crate::tokens::Preprocessor;
 
 pub(crate) use accept::accept_loop;
+pub(crate) use sim::status;
 
 /// Largest request body accepted.
 const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
@@ -51,6 +53,11 @@ pub(crate) struct Engine {
     pub(crate) next_id: AtomicU64,
     pub(crate) started_unix: u64,
     pub(crate) stop: CancellationToken,
+    /// Set by `POST /sim/drain`, cleared by `POST /sim/resume`: the load reporter states
+    /// DRAINING (the engine still serves whatever reaches it).
+    pub(crate) draining: Arc<AtomicBool>,
+    /// Generation requests received (chat, completions, `/generate`), for `GET /sim/state`.
+    pub(crate) received: AtomicU64,
 }
 
 impl Engine {
@@ -61,6 +68,7 @@ impl Engine {
         rooms: Option<Arc<Rooms>>,
         bootstrap: Option<BootstrapClient>,
         stop: CancellationToken,
+        draining: Arc<AtomicBool>,
     ) -> Self {
         let faults = FaultState::new(config.faults.clone(), config.seed);
         Self {
@@ -73,6 +81,8 @@ impl Engine {
             next_id: AtomicU64::new(0),
             started_unix: unix_now(),
             stop,
+            draining,
+            received: AtomicU64::new(0),
         }
     }
 
@@ -108,6 +118,9 @@ pub(crate) fn router(engine: Arc<Engine>) -> Router {
         .route("/v1/loads", get(info::loads))
         .route("/get_load", get(info::legacy_load))
         .route("/flush_cache", post(info::flush_cache))
+        .route("/sim/drain", post(sim::drain))
+        .route("/sim/resume", post(sim::resume))
+        .route("/sim/state", get(sim::state))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(engine);
     match api_key {

@@ -138,12 +138,14 @@ impl Finish {
 }
 
 /// `Ok(response)` with its body held back by `--stall-body-ms`; an error counts as an answer
-/// (for `--die-after`) and is sent at once. Dying engines take no new requests.
+/// (for `--die-after`) and is sent at once. Dying engines take no new requests. Every request
+/// is counted as received (`GET /sim/state`), taken or not.
 pub(crate) async fn serve<F, Fut>(engine: Arc<Engine>, handle: F) -> Response
 where
     F: FnOnce(Arc<Engine>) -> Fut,
     Fut: Future<Output = Result<Response, ApiError>>,
 {
+    engine.received.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     engine.refuse_if_dying().await;
     let stall_body = engine.faults.stall_body();
     match handle(Arc::clone(&engine)).await {
