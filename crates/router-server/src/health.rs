@@ -188,7 +188,8 @@ impl HealthBook {
             change(entry, &self.config);
             let after = state_of(entry.breaker);
             if before != after {
-                crate::metrics::breaker_transition(worker.id().as_str(), before, after);
+                let id = worker.id().as_str();
+                crate::metrics::breaker_transition(id, before.as_str(), after.as_str());
                 if after == BreakerState::Open {
                     self.opened.notify_one();
                 }

@@ -270,23 +270,19 @@ pub(crate) fn predicted_blocks(blocks: u64) {
     gauge!("router_kv_predicted_blocks").set(blocks as f64);
 }
 
-/// A client request refused before it reached the chat handler: `overloaded` (the concurrency
-/// bound) or `unauthorized` (no valid client key).
+/// A client request refused before it reached an inference handler: `queue_full` or
+/// `queue_timeout` (the concurrency bound and its queue) or `unauthorized` (no valid client
+/// key).
 pub(crate) fn refused(reason: &'static str) {
     counter!("router_requests_refused_total", "reason" => reason).increment(1);
 }
 
-/// An engine's circuit breaker changed state.
-pub(crate) fn breaker_transition(
-    worker: &str,
-    from: crate::health::BreakerState,
-    to: crate::health::BreakerState,
-) {
-    counter!("router_breaker_transitions_total", "worker" => worker.to_owned(), "to" => to.as_str())
+/// An engine's circuit breaker changed state (`closed`, `open`, `half_open`).
+pub(crate) fn breaker_transition(worker: &str, from: &'static str, to: &'static str) {
+    counter!("router_breaker_transitions_total", "worker" => worker.to_owned(), "to" => to)
         .increment(1);
-    gauge!("router_breaker_state", "worker" => worker.to_owned(), "state" => from.as_str())
-        .set(0.0);
-    gauge!("router_breaker_state", "worker" => worker.to_owned(), "state" => to.as_str()).set(1.0);
+    gauge!("router_breaker_state", "worker" => worker.to_owned(), "state" => from).set(0.0);
+    gauge!("router_breaker_state", "worker" => worker.to_owned(), "state" => to).set(1.0);
 }
 
 /// Requests waiting in the admission queue now.
