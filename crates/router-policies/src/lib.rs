@@ -18,6 +18,9 @@
 //! - [`StickyPolicy`] (`sticky`): the same rules for routing keys, with the configured
 //!   fallback ([`StickyFallback`]).
 //!
+//! Both bind per bucket by default, or for the whole model with `scope: model`
+//! ([`BindingScope`]).
+//!
 //! Cache-aware selection ([`CacheAwarePolicy`], `cache_aware`) reads prefixes through a
 //! [`CacheSource`] (the local index or a remote indexer) once per prepared request
 //! ([`PrefixMemo`], carried by [`RequestTokens`]), and falls back to power-of-k on a miss.
@@ -50,7 +53,7 @@ mod sticky;
 pub use admission::{
     AdmissionCheck, AdmissionLimits, EngineAdmission, EngineObservation, Limit, Rejection,
 };
-pub use affinity::{KeySource, MAX_BIND_ATTEMPTS};
+pub use affinity::{BindingScope, KeySource, MAX_BIND_ATTEMPTS};
 pub use cache::{
     BlockSize, CacheAwarePolicy, CacheSource, CacheSources, CachedPrefix, CachedPrefixes,
     LookupError, MATCHED_TOKEN_BOUNDS, MatchedTokens, PrefixMemo, PrefixOutcome, SourceStats,
@@ -58,7 +61,8 @@ pub use cache::{
 };
 pub use config::{
     CacheAwareSettings, CachePrefixProvider, ConfigError, PolicyConfig, PolicySettings, PolicyType,
-    PredictedTtftSettings, StickyFallback, StickySettings, removed_policy_type, removed_setting,
+    PredictedTtftSettings, SessionAwareSettings, StickyFallback, StickySettings,
+    removed_policy_type, removed_setting,
 };
 pub use contract::{Pick, PickError, PickReason, PickRequest, Policy, RequestTokens};
 pub use handles::{LoadHandles, PolicyHandles};

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use router_state_kv::remote::{ClientConfig, RemoteIndexClient};
 
 use crate::{
-    AdmissionCheck, AdmissionLimits, CacheAwarePolicy, CacheSource, EngineAdmission,
+    AdmissionCheck, AdmissionLimits, BindingScope, CacheAwarePolicy, CacheSource, EngineAdmission,
     LeastLoadPolicy, Policy, PolicyHandles, PowerOfTwoPolicy, PredictedTtftPolicy, RandomPolicy,
     RoundRobinPolicy, SessionAwarePolicy, StickyPolicy,
 };
@@ -263,6 +263,15 @@ impl StickyFallback {
 pub struct StickySettings {
     /// `fallback`: the policy for new or missing routing keys.
     pub fallback: StickyFallback,
+    /// `scope`: one binding per bucket (the default) or for the whole model.
+    pub scope: BindingScope,
+}
+
+/// `session_aware` tuning.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SessionAwareSettings {
+    /// `scope`: one binding per bucket (the default) or for the whole model.
+    pub scope: BindingScope,
 }
 
 /// `cache_aware` tuning, with the defaults of docs/design/POLICY_REFERENCE.md.
@@ -576,7 +585,7 @@ pub enum PolicySettings {
     /// `load_based`
     LoadBased,
     /// `session_aware`
-    SessionAware,
+    SessionAware(SessionAwareSettings),
     /// `sticky`
     Sticky(StickySettings),
     /// `cache_aware`
@@ -593,7 +602,7 @@ impl PolicySettings {
             PolicySettings::Random => PolicyType::Random,
             PolicySettings::PowerOfTwo => PolicyType::PowerOfTwo,
             PolicySettings::LoadBased => PolicyType::LoadBased,
-            PolicySettings::SessionAware => PolicyType::SessionAware,
+            PolicySettings::SessionAware(_) => PolicyType::SessionAware,
             PolicySettings::Sticky(_) => PolicyType::Sticky,
             PolicySettings::CacheAware(_) => PolicyType::CacheAware,
             PolicySettings::PredictedTtft(_) => PolicyType::PredictedTtft,
@@ -671,8 +680,9 @@ impl PolicyConfig {
                 None => Arc::new(LeastLoadPolicy::new(load)),
                 Some(a) => Arc::new(LeastLoadPolicy::new(load).with_admission(a)),
             },
-            PolicySettings::SessionAware => {
-                let policy = SessionAwarePolicy::new(Arc::clone(&handles.sessions), load);
+            PolicySettings::SessionAware(settings) => {
+                let policy = SessionAwarePolicy::new(Arc::clone(&handles.sessions), load)
+                    .with_scope(settings.scope);
                 match admission {
                     None => Arc::new(policy),
                     Some(a) => Arc::new(policy.with_admission(a)),
@@ -680,7 +690,8 @@ impl PolicyConfig {
             }
             PolicySettings::Sticky(settings) => {
                 let fallback = settings.fallback.build(handles);
-                let policy = StickyPolicy::new(Arc::clone(&handles.routing_keys), fallback);
+                let policy = StickyPolicy::new(Arc::clone(&handles.routing_keys), fallback)
+                    .with_scope(settings.scope);
                 match admission {
                     None => Arc::new(policy),
                     Some(a) => Arc::new(policy.with_admission(checked(a))),
