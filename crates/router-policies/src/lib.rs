@@ -27,6 +27,8 @@
 //!
 //! Predicted-TTFT selection ([`PredictedTtftPolicy`], `predicted_ttft`) reads the same sources
 //! and the load state, and picks the candidate with the lowest predicted time to first token.
+//! Its cost model (`ttft_model.rs`) also gives buckets their live SLO estimates
+//! ([`LiveEstimator`]), with the decode speed of one request from the load reports.
 //!
 //! Construction from configuration is [`PolicyConfig::build`], which takes the shared state
 //! handles ([`PolicyHandles`]); policies never create their own subscriptions.
@@ -41,6 +43,7 @@ pub mod config;
 mod contract;
 mod handles;
 mod least_load;
+mod live;
 mod power_of_two;
 mod predicted_ttft;
 pub mod pressure;
@@ -49,6 +52,7 @@ mod round_robin;
 mod sampler;
 mod session_aware;
 mod sticky;
+mod ttft_model;
 
 pub use admission::{
     AdmissionCheck, AdmissionLimits, EngineAdmission, EngineObservation, Limit, Rejection,
@@ -67,6 +71,7 @@ pub use config::{
 pub use contract::{Pick, PickError, PickReason, PickRequest, Policy, RequestTokens};
 pub use handles::{LoadHandles, PolicyHandles};
 pub use least_load::LeastLoadPolicy;
+pub use live::LiveEstimator;
 pub use power_of_two::{LoadChoice, PowerOfTwoPolicy, min_load_choices};
 pub use predicted_ttft::PredictedTtftPolicy;
 pub use random::RandomPolicy;

@@ -640,6 +640,24 @@ impl PolicyConfig {
         }
     }
 
+    /// The prefix source this policy reads (see [`Self::build`]); `None` for the types that
+    /// read none.
+    pub(crate) fn prefix_source(
+        &self,
+        handles: &PolicyHandles,
+    ) -> Result<Option<Arc<CacheSource>>, ConfigError> {
+        let (policy, provider, client) = match &self.kind {
+            PolicySettings::CacheAware(s) => {
+                (PolicyType::CacheAware, s.cache_prefix_provider, s.indexer_client())
+            }
+            PolicySettings::PredictedTtft(s) => {
+                (PolicyType::PredictedTtft, s.cache_prefix_provider, s.indexer_client())
+            }
+            _ => return Ok(None),
+        };
+        prefix_source(handles, policy, provider, &client).map(Some)
+    }
+
     /// Checks ranges and combinations (deserialization already did).
     pub fn validate(&self) -> Result<(), ConfigError> {
         match &self.kind {
