@@ -5,5 +5,6 @@ mod group;
 mod pick_engines;
 mod resolve;
 mod select;
+mod slo;
 mod support;
 mod validation;

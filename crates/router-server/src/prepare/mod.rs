@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use router_buckets::SloTargets;
 use router_policies::RequestTokens;
 use serde_json::Value;
 
@@ -103,6 +104,9 @@ pub(crate) struct PreparedRequest {
     pub session_key: Option<String>,
     /// Routing key from the configured header.
     pub routing_key: Option<String>,
+    /// The SLO targets of the request's headers that its model reads (none until the handler
+    /// sets them).
+    pub slo: SloTargets,
 }
 
 /// Why a request could not be prepared.
@@ -173,6 +177,7 @@ pub(crate) fn prepare(
         tokens,
         session_key: non_empty(session_key),
         routing_key: non_empty(routing_key),
+        slo: SloTargets::NONE,
         request,
     })
 }
