@@ -13,7 +13,7 @@ use crate::admission::{Rejection, rejection};
 use crate::config::PredictedTtftSettings;
 use crate::pressure::Basis;
 use crate::sampler::Sampler;
-use crate::ttft_model::{Estimate, TtftModel};
+use crate::ttft_model::{Estimate, Predictions, TtftModel};
 use crate::{
     CacheSource, ConfigError, EngineAdmission, LoadHandles, Pick, PickError, PickReason,
     PickRequest, Policy,
@@ -112,9 +112,8 @@ impl PredictedTtftPolicy {
         if engines.is_empty() {
             return Err(PickError::NoCandidates { stage: request.stage });
         }
-        let predictions = self.model.predict(Some(&self.source), engines, request).await?;
-        let (basis, loads, estimates) =
-            (predictions.basis, predictions.loads, predictions.estimates);
+        let Predictions { basis, loads, estimates, prefixes } =
+            self.model.predict(Some(&self.source), engines, request).await?;
         let costs: Vec<f64> = estimates.iter().map(|e| self.cost(e)).collect();
         let order = self.order(engines, &estimates, &costs);
         let reason = match basis {
@@ -132,7 +131,7 @@ impl PredictedTtftPolicy {
             tracing::debug!(
                 engine = %engine.id(),
                 predicted_ms = estimate.ms,
-                matched_tokens = request.input_tokens - estimate.uncached,
+                matched_tokens = prefixes.matched(engine),
                 queued_tokens = estimate.queued,
                 rate = estimate.rate,
                 basis = ?basis,

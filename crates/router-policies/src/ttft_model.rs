@@ -25,9 +25,8 @@ pub(crate) struct Estimate {
     pub(crate) ms: f64,
 }
 
-/// The predictions of one request on a set of candidates, in their order, with the load
-/// observations they were made from (for admission).
-#[derive(Debug)]
+/// The predictions of one request on a set of candidates, in their order, with the prefix
+/// lookups and load observations they were made from (for the pick and its admission).
 pub(crate) struct Predictions {
     /// Whether queued work came from the engines' reports or from router-local accounting.
     pub(crate) basis: Basis,
@@ -35,6 +34,8 @@ pub(crate) struct Predictions {
     pub(crate) loads: Vec<Option<EngineLoad>>,
     /// Each candidate's prediction.
     pub(crate) estimates: Vec<Estimate>,
+    /// What the prefix lookups found (nothing without a source).
+    pub(crate) prefixes: Prefixes,
 }
 
 /// The cost model over the application's load state.
@@ -86,7 +87,7 @@ impl TtftModel {
                 self.estimate(engine, load.as_ref(), basis, request.input_tokens, matched)
             })
             .collect();
-        Ok(Predictions { basis, loads, estimates })
+        Ok(Predictions { basis, loads, estimates, prefixes })
     }
 
     /// The prediction for one candidate holding `matched` leading tokens of an `input`-token
