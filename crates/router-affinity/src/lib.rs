@@ -10,8 +10,10 @@
 //!
 //! # Scopes
 //! A binding applies to one [`Scope`]: (model, bucket id, stage, key), where the key is the
-//! value of the session or routing-key header. The parts are length-prefixed into one string,
-//! so no two different tuples share a scope (`("a:b", "c")` and `("a", "b:c")` stay apart).
+//! value of the session or routing-key header, or, for a policy configured with `scope: model`,
+//! (model, stage, key) whatever the bucket ([`Scope::model_wide`]). The parts are
+//! length-prefixed into one string, so no two different tuples share a scope (`("a:b", "c")`
+//! and `("a", "b:c")` stay apart, and a model-wide scope never equals a bucket's).
 //! Empty keys are refused ([`ScopeError::EmptyKey`]): a keyless request never creates a
 //! binding. Keys longer than [`MAX_KEY_BYTES`] are refused too.
 //!

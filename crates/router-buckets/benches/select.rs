@@ -11,8 +11,8 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use futures::executor::block_on;
 use futures::future::BoxFuture;
 use router_buckets::{
-    Bucket, BucketGroups, BucketRequest, BucketResolver, BucketSpec, EngineGroup, PairOn,
-    TokenLimits,
+    Bucket, BucketGroups, BucketRequest, BucketResolver, BucketSlo, BucketSpec, EngineGroup,
+    PairOn, SloTargets, TokenLimits,
 };
 use router_policies::{Pick, PickError, PickReason, PickRequest, Policy};
 use router_workers::{ModelId, Stage, Worker, WorkerId, WorkerRegistry};
@@ -80,6 +80,8 @@ fn resolver(model: &ModelId) -> BucketResolver {
                     decode: group(Stage::Decode, "D"),
                     pair_on: PairOn::none(),
                 },
+                slo: BucketSlo::NONE,
+                live: None,
             })
             .expect("bucket")
         })
@@ -98,6 +100,7 @@ fn bench(c: &mut Criterion) {
         tokens: None,
         session_key: None,
         routing_key: None,
+        slo: SloTargets::NONE,
     };
 
     c.bench_function("resolve 16 buckets", |b| {

@@ -3,11 +3,12 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use router_policies::{Pick, PickError, PickRequest, RequestTokens};
+use router_policies::{LiveEstimator, Pick, PickError, PickRequest, RequestTokens};
 use router_workers::{ModelId, Stage, Worker, WorkerId, WorkerRegistry};
 
 use crate::error::{BucketError, MembershipError, StagePickError};
 use crate::pair::warnings;
+use crate::slo::{BucketSlo, SloEstimate, SloEstimates, SloTargets};
 use crate::{EngineGroup, PairOn, PairingWarning};
 
 /// The inclusive range of input lengths a bucket accepts, in tokens.
@@ -91,6 +92,10 @@ pub struct BucketSpec {
     pub max_context_tokens: Option<u64>,
     /// The bucket's groups.
     pub groups: BucketGroups,
+    /// What the bucket says it delivers, for SLO-aware ordering ([`BucketSlo::NONE`]: nothing).
+    pub slo: BucketSlo,
+    /// Where `live` estimates come from; required when one of `slo` is `live`.
+    pub live: Option<Arc<LiveEstimator>>,
 }
 
 /// A length class of requests and the engines that serve it.
@@ -101,13 +106,16 @@ pub struct Bucket {
     limits: TokenLimits,
     max_context_tokens: Option<u64>,
     groups: BucketGroups,
+    slo: BucketSlo,
+    live: Option<Arc<LiveEstimator>>,
 }
 
 impl Bucket {
     /// Validates a spec: non-empty id, `min <= max`, a context capacity of at least 1 and not
-    /// below `min`, and each group in the slot of its own stage.
+    /// below `min`, each group in the slot of its own stage, and an estimator for `live`
+    /// estimates.
     pub fn new(spec: BucketSpec) -> Result<Self, BucketError> {
-        let BucketSpec { id, rank, limits, max_context_tokens, groups } = spec;
+        let BucketSpec { id, rank, limits, max_context_tokens, groups, slo, live } = spec;
         if id.trim().is_empty() {
             return Err(BucketError::EmptyId);
         }
@@ -126,7 +134,10 @@ impl Bucket {
         if let Some((slot, group)) = groups.slots().find(|(slot, group)| group.stage() != *slot) {
             return Err(BucketError::GroupInWrongSlot { id, slot, group: group.stage() });
         }
-        Ok(Self { id: Arc::from(id), rank, limits, max_context_tokens, groups })
+        if slo.is_live() && live.is_none() {
+            return Err(BucketError::LiveWithoutEstimator { id });
+        }
+        Ok(Self { id: Arc::from(id), rank, limits, max_context_tokens, groups, slo, live })
     }
 
     /// The bucket id.
@@ -152,6 +163,49 @@ impl Bucket {
     /// The groups.
     pub fn groups(&self) -> &BucketGroups {
         &self.groups
+    }
+
+    /// What the bucket declares it delivers.
+    pub fn slo(&self) -> BucketSlo {
+        self.slo
+    }
+
+    /// The bucket's estimates for the targets stated in `active` (the others are not
+    /// estimated): declared values as they are; a live time to first token is the predicted
+    /// one of the best candidate of the first group (plain, or prefill) for this request, and
+    /// a live decode speed the best candidate's of the last group (plain, or decode).
+    pub async fn slo_estimates(
+        &self,
+        workers: &WorkerRegistry,
+        request: &BucketRequest<'_>,
+        active: SloTargets,
+    ) -> SloEstimates {
+        let (first, last) = match &self.groups {
+            BucketGroups::Plain(plain) => (plain, plain),
+            BucketGroups::Pd { prefill, decode, .. } => (prefill, decode),
+        };
+        let mut estimates = SloEstimates::default();
+        if active.ttft_ms.is_some() {
+            estimates.ttft_ms = match (self.slo.ttft_ms, &self.live) {
+                (Some(SloEstimate::Declared(ms)), _) => Some(ms.get() as f64),
+                (Some(SloEstimate::Live), Some(live)) => {
+                    let candidates = first.candidates(workers, request.model);
+                    let pick_request = request.pick_request(&self.id, first.stage());
+                    live.ttft_ms(&candidates, &pick_request).await
+                }
+                _ => None,
+            };
+        }
+        if active.tokens_per_second.is_some() {
+            estimates.tokens_per_second = match (self.slo.tokens_per_second, &self.live) {
+                (Some(SloEstimate::Declared(tps)), _) => Some(tps.get()),
+                (Some(SloEstimate::Live), Some(live)) => {
+                    live.decode_tokens_per_sec(&last.candidates(workers, request.model))
+                }
+                _ => None,
+            };
+        }
+        estimates
     }
 
     /// The largest input this bucket can take: the lesser of `limits.max` and the context
@@ -299,6 +353,9 @@ pub struct BucketRequest<'a> {
     pub session_key: Option<&'a str>,
     /// The routing key from the configured routing-key header; never empty.
     pub routing_key: Option<&'a str>,
+    /// The request's SLO targets ([`SloTargets::NONE`]: none); a target whose preference the
+    /// resolver has disabled is ignored.
+    pub slo: SloTargets,
 }
 
 impl<'a> BucketRequest<'a> {

@@ -61,6 +61,12 @@ pub enum BucketError {
         /// The lower input bound.
         min: u64,
     },
+    /// A `live` SLO estimate with nothing to estimate it from.
+    #[error("bucket {id}: a live SLO estimate needs an estimator")]
+    LiveWithoutEstimator {
+        /// The bucket.
+        id: String,
+    },
     /// A group was built for another stage than the slot it fills (a decode group as
     /// `prefill`, a prefill group as `plain`, ...).
     #[error("bucket {id}: the {slot} slot holds a {group} group")]

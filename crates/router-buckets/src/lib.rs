@@ -16,9 +16,15 @@
 //!    [`router_workers::WorkerRegistry`], intersects them with its membership (`None` = all,
 //!    empty = none), sorts them by id, invokes its policy and rejects an answer outside that
 //!    exact candidate set — including a replaced worker that merely shares a candidate's id.
-//! 4. [`BucketResolver::select`] is the bucket loop: it advances on missing candidates or
-//!    admission rejection, stops on anything else, and after the last bucket reports the
-//!    accumulated rejections or the last unavailable stage ([`SelectError`]).
+//! 4. [`BucketResolver::order`] reorders the compatible buckets by the request's SLO targets
+//!    (docs/design/SLO.md): with a target whose model preference is enabled, each bucket gets a
+//!    tier per target (`slo_first`: when it misses it; `best_effort`: when it meets it) from its
+//!    declared or live estimates ([`BucketSlo`]), and buckets sort by tiers, then by the length
+//!    order. Without one the order is the length order.
+//! 5. [`BucketResolver::select`] is the bucket loop over that order: it advances on missing
+//!    candidates or admission rejection, stops on anything else, and after the last bucket
+//!    reports the accumulated rejections or the last unavailable stage ([`SelectError`]). Its
+//!    [`Selection`] says whether the chosen bucket met each target ([`SloVerdict`]).
 //!
 //! Configuration parsing belongs to router-server; this crate offers validating constructors
 //! ([`EngineGroup::new`], [`Bucket::new`], [`BucketResolver::new`]) and
@@ -32,8 +38,8 @@
 //! # use router_policies::{Pick, PickError, PickReason, PickRequest, Policy};
 //! # use router_workers::{ModelId, Stage, Worker, WorkerRegistry};
 //! use router_buckets::{
-//!     Bucket, BucketGroups, BucketPick, BucketRequest, BucketResolver, BucketSpec, EngineGroup,
-//!     TokenLimits,
+//!     Bucket, BucketGroups, BucketPick, BucketRequest, BucketResolver, BucketSlo, BucketSpec,
+//!     EngineGroup, SloTargets, TokenLimits,
 //! };
 //! # #[derive(Debug)]
 //! # struct First;
@@ -55,6 +61,8 @@
 //!     limits: TokenLimits { min: 0, max: None },
 //!     max_context_tokens: Some(32_768),
 //!     groups: BucketGroups::Plain(group),
+//!     slo: BucketSlo::NONE,
+//!     live: None,
 //! })?;
 //! let resolver = BucketResolver::new(model.clone(), vec![bucket])?;
 //!
@@ -65,6 +73,7 @@
 //!     tokens: None,
 //!     session_key: None,
 //!     routing_key: None,
+//!     slo: SloTargets::NONE,
 //! };
 //! let selection = futures::executor::block_on(resolver.select(&workers, &request))
 //!     .map_err(|failure| failure.error)?;
@@ -82,6 +91,7 @@ mod error;
 mod group;
 mod pair;
 mod resolver;
+mod slo;
 
 pub use bucket::{Bucket, BucketGroups, BucketPick, BucketRequest, BucketSpec, TokenLimits};
 pub use error::{
@@ -90,4 +100,8 @@ pub use error::{
 };
 pub use group::EngineGroup;
 pub use pair::{PairOn, PairingWarning};
-pub use resolver::{BucketResolver, SelectFailure, Selection, Skipped};
+pub use resolver::{BucketResolver, OrderedBucket, SelectFailure, Selection, Skipped};
+pub use slo::{
+    BucketSlo, SloCheck, SloEstimate, SloEstimates, SloPreference, SloPreferences, SloTargetError,
+    SloTargets, SloVerdict, TokensPerSecond, UnknownSloPreference,
+};

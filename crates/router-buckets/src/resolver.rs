@@ -1,4 +1,4 @@
-//! A model's buckets: length-first resolution and the bucket loop.
+//! A model's buckets: length-first resolution, SLO-aware ordering and the bucket loop.
 
 use std::collections::{HashMap, HashSet};
 
@@ -8,6 +8,7 @@ use router_workers::{ModelId, Stage, WorkerId, WorkerRegistry};
 use crate::error::{
     MembershipError, ResolveError, ResolverBuildError, SelectError, StagePickError,
 };
+use crate::slo::{SloPreferences, SloVerdict};
 use crate::{Bucket, BucketPick, BucketRequest, EngineGroup};
 
 /// A model's bucket collection, ordered once at construction.
@@ -18,6 +19,8 @@ pub struct BucketResolver {
     buckets: Vec<Bucket>,
     /// Indexes into `buckets` in resolution order.
     order: Vec<usize>,
+    /// How requests' SLO targets reorder the compatible buckets.
+    slo: SloPreferences,
 }
 
 impl BucketResolver {
@@ -46,7 +49,18 @@ impl BucketResolver {
         // Ids are unique, so the key is a total order and the result does not depend on the
         // configuration order.
         order.sort_by(|&a, &b| buckets[a].order_key().cmp(&buckets[b].order_key()));
-        Ok(Self { model, buckets, order })
+        Ok(Self { model, buckets, order, slo: SloPreferences::default() })
+    }
+
+    /// This resolver with the model's SLO preferences (default: both disabled).
+    pub fn with_slo(mut self, preferences: SloPreferences) -> Self {
+        self.slo = preferences;
+        self
+    }
+
+    /// The model's SLO preferences.
+    pub fn slo(&self) -> SloPreferences {
+        self.slo
     }
 
     /// The model.
@@ -85,8 +99,38 @@ impl BucketResolver {
             .collect())
     }
 
-    /// The whole bucket loop for one request: resolves its buckets, then asks each in order for
-    /// a complete selection until one succeeds.
+    /// The buckets to try for `request`, in order, each with how it stood against the
+    /// request's SLO targets (docs/design/SLO.md, "Ordering").
+    ///
+    /// The compatible buckets of [`Self::resolve`] keep their length order unless the request
+    /// states a target whose preference is enabled. Then each such target adds a tier to a
+    /// bucket (under `slo_first` when it does not meet the target, under `best_effort` when it
+    /// does), and buckets are sorted by their tiers, fewer first, stably: equal tiers keep the
+    /// capacity, rank and id order. Estimates are read once per call: declared ones as
+    /// configured, live ones from the engines' load now ([`Bucket::slo_estimates`]).
+    pub async fn order(
+        &self,
+        workers: &WorkerRegistry,
+        request: &BucketRequest<'_>,
+    ) -> Result<Vec<OrderedBucket<'_>>, ResolveError> {
+        let compatible = self.resolve(request.input_tokens, request.expected_peak_tokens)?;
+        let active = self.slo.active(request.slo);
+        if active.is_empty() {
+            let unranked = |bucket| OrderedBucket { bucket, slo: SloVerdict::default() };
+            return Ok(compatible.into_iter().map(unranked).collect());
+        }
+        let mut ranked = Vec::with_capacity(compatible.len());
+        for bucket in compatible {
+            let estimates = bucket.slo_estimates(workers, request, active).await;
+            let (tiers, slo) = self.slo.judge(active, estimates);
+            ranked.push((tiers, OrderedBucket { bucket, slo }));
+        }
+        ranked.sort_by_key(|(tiers, _)| *tiers);
+        Ok(ranked.into_iter().map(|(_, ordered)| ordered).collect())
+    }
+
+    /// The whole bucket loop for one request: orders its buckets ([`Self::order`]), then asks
+    /// each in order for a complete selection until one succeeds.
     ///
     /// Missing candidates and admission rejection move on to the next bucket, where every
     /// engine is selected again (a failed PD attempt contributes nothing to a later pair). Any
@@ -105,13 +149,12 @@ impl BucketResolver {
                 request: request.model.clone(),
             }));
         }
-        let buckets = self
-            .resolve(request.input_tokens, request.expected_peak_tokens)
-            .map_err(|error| unselected(error.into()))?;
+        let buckets =
+            self.order(workers, request).await.map_err(|error| unselected(error.into()))?;
         let mut skipped: Vec<Skipped<'_>> = Vec::new();
-        for bucket in buckets {
+        for OrderedBucket { bucket, slo } in buckets {
             match bucket.pick_engines(workers, request).await {
-                Ok(pick) => return Ok(Selection { bucket, pick, skipped }),
+                Ok(pick) => return Ok(Selection { bucket, pick, skipped, slo }),
                 Err(error) if error.advances_bucket() => skipped.push(Skipped { bucket, error }),
                 Err(error) => {
                     let error = SelectError::Stopped { bucket: bucket.id().to_owned(), error };
@@ -161,6 +204,17 @@ pub struct Selection<'r> {
     pub pick: BucketPick,
     /// The buckets tried before, in order, with why each was passed over.
     pub skipped: Vec<Skipped<'r>>,
+    /// How the chosen bucket stood against the request's SLO targets when the order was made.
+    pub slo: SloVerdict,
+}
+
+/// A bucket to try, with how it stood against the request's SLO targets.
+#[derive(Debug)]
+pub struct OrderedBucket<'r> {
+    /// The bucket.
+    pub bucket: &'r Bucket,
+    /// A check for each stated target whose preference is enabled.
+    pub slo: SloVerdict,
 }
 
 impl Selection<'_> {

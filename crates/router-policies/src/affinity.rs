@@ -19,6 +19,16 @@
 //!    than [`router_affinity::MAX_KEY_BYTES`] is [`PickError::InvalidKey`].
 //!
 //! A binding records placement, not dispatch: picking never touches in-flight accounting.
+//!
+//! With [`BindingScope::Model`] (`scope: model`) the scope is (model, stage, key): one binding
+//! follows the key across the model's buckets. Bucket-first still rules: the bound engine is
+//! used only when it is a candidate of the bucket being tried *and* admitted there. Otherwise
+//! (another bucket's engine, or one this bucket's admission rejects) the pick runs as for a new
+//! key (rule 2), and the binding moves only to an engine that is admitted. A rejected pick
+//! keeps the binding, and the bucket loop moves on. So where bucket scope answers
+//! [`PickError::AdmissionRejected`] for a rejected bound engine (the next bucket has bindings
+//! of its own), model scope chooses another engine of this bucket first: the next bucket would
+//! move the one binding anyway, and farther from the bucket the request prefers.
 
 use std::sync::Arc;
 
@@ -32,6 +42,45 @@ use crate::{AdmissionCheck, Pick, PickError, PickReason, PickRequest, Policy};
 /// the same candidates; the bound only matters when concurrent picks see different candidate
 /// sets of one group and keep replacing each other's bindings.
 pub const MAX_BIND_ATTEMPTS: usize = 4;
+
+/// How far a binding reaches: `scope` of `session_aware` and `sticky`.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum BindingScope {
+    /// One binding per (model, bucket, stage, key): a key that moves to another bucket is
+    /// placed afresh there, and keeps its binding in the first for when it comes back.
+    #[default]
+    Bucket,
+    /// One binding per (model, stage, key), shared by every bucket: a key keeps its engine
+    /// across buckets while that engine is a candidate of the bucket being tried.
+    Model,
+}
+
+impl BindingScope {
+    /// The configuration name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BindingScope::Bucket => "bucket",
+            BindingScope::Model => "model",
+        }
+    }
+
+    /// The scope of `key` for a pick of `request`.
+    fn of(self, request: &PickRequest<'_>, key: &str) -> Result<Scope, ScopeError> {
+        match self {
+            BindingScope::Bucket => Scope::new(request.model, request.bucket, request.stage, key),
+            BindingScope::Model => Scope::model_wide(request.model, request.stage, key),
+        }
+    }
+}
+
+impl std::fmt::Display for BindingScope {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// Which request key names the binding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,18 +144,19 @@ impl Bindings for AffinityStore {
     }
 }
 
-/// The shared algorithm: where the key comes from, the fallback, and the owning policy's
-/// admission (`None` admits every engine).
+/// The shared algorithm: where the key comes from, how far its binding reaches, the fallback,
+/// and the owning policy's admission (`None` admits every engine).
 #[derive(Debug)]
 pub(crate) struct Affinity {
     pub(crate) key: KeySource,
+    pub(crate) scope: BindingScope,
     pub(crate) fallback: Arc<dyn Policy>,
     pub(crate) admission: Option<AdmissionCheck>,
 }
 
 impl Affinity {
     pub(crate) fn new(key: KeySource, fallback: Arc<dyn Policy>) -> Self {
-        Self { key, fallback, admission: None }
+        Self { key, scope: BindingScope::Bucket, fallback, admission: None }
     }
 
     /// Picks one of `engines` for `request`, reading and updating bindings in `store`.
@@ -123,27 +173,31 @@ impl Affinity {
             return Err(PickError::NoCandidates { stage: request.stage });
         }
         let key = self.key.key(request);
-        let scope =
-            match key.map(|key| Scope::new(request.model, request.bucket, request.stage, key)) {
-                None | Some(Err(ScopeError::EmptyKey)) => {
-                    let worker = self.fallback_choice(engines, request).await?;
-                    return Ok(Pick::new(worker, PickReason::AffinityKeyless));
-                }
-                Some(Err(error)) => return Err(PickError::InvalidKey { key: self.key, error }),
-                Some(Ok(scope)) => scope,
-            };
+        let scope = match key.map(|key| self.scope.of(request, key)) {
+            None | Some(Err(ScopeError::EmptyKey)) => {
+                let worker = self.fallback_choice(engines, request).await?;
+                return Ok(Pick::new(worker, PickReason::AffinityKeyless));
+            }
+            Some(Err(error)) => return Err(PickError::InvalidKey { key: self.key, error }),
+            Some(Ok(scope)) => scope,
+        };
 
         let mut current = store.get(&scope);
         let mut choice: Option<Arc<Worker>> = None;
         for _ in 0..MAX_BIND_ATTEMPTS {
             if let Some(bound) = current.as_ref().and_then(|binding| binding.find_in(engines)) {
                 // The existing binding, or the one a concurrent pick made first: reused only if
-                // admitted. A rejection keeps the binding and tries no other engine.
-                self.admit(bound)?;
-                return Ok(Pick::new(Arc::clone(bound), PickReason::AffinityReused));
+                // admitted. A rejection keeps the binding; with bucket scope no other engine is
+                // tried, with model scope this bucket picks as for a new key.
+                match self.admit(bound) {
+                    Ok(()) => return Ok(Pick::new(Arc::clone(bound), PickReason::AffinityReused)),
+                    Err(rejected) if self.scope == BindingScope::Bucket => return Err(rejected),
+                    Err(_) => {}
+                }
             }
-            // Missing, or bound outside the candidates: the fallback's admitted engine, chosen
-            // once per pick however many compare-and-sets it takes.
+            // Missing, bound outside the candidates, or (model scope) not admitted here: the
+            // fallback's admitted engine, chosen once per pick however many compare-and-sets
+            // it takes. The binding moves only if that engine is admitted.
             let worker = match &choice {
                 Some(worker) => Arc::clone(worker),
                 None => {

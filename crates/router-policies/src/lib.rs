@@ -18,12 +18,17 @@
 //! - [`StickyPolicy`] (`sticky`): the same rules for routing keys, with the configured
 //!   fallback ([`StickyFallback`]).
 //!
+//! Both bind per bucket by default, or for the whole model with `scope: model`
+//! ([`BindingScope`]).
+//!
 //! Cache-aware selection ([`CacheAwarePolicy`], `cache_aware`) reads prefixes through a
 //! [`CacheSource`] (the local index or a remote indexer) once per prepared request
 //! ([`PrefixMemo`], carried by [`RequestTokens`]), and falls back to power-of-k on a miss.
 //!
 //! Predicted-TTFT selection ([`PredictedTtftPolicy`], `predicted_ttft`) reads the same sources
 //! and the load state, and picks the candidate with the lowest predicted time to first token.
+//! Its cost model (`ttft_model.rs`) also gives buckets their live SLO estimates
+//! ([`LiveEstimator`]), with the decode speed of one request from the load reports.
 //!
 //! A picked engine with data-parallel ranks routed by the router (`dp_route`) gets its rank
 //! from [`choose_rank`], the same cost model one level down.
@@ -41,6 +46,7 @@ pub mod config;
 mod contract;
 mod handles;
 mod least_load;
+mod live;
 mod power_of_two;
 mod predicted_ttft;
 pub mod pressure;
@@ -50,11 +56,12 @@ mod round_robin;
 mod sampler;
 mod session_aware;
 mod sticky;
+mod ttft_model;
 
 pub use admission::{
     AdmissionCheck, AdmissionLimits, EngineAdmission, EngineObservation, Limit, Rejection,
 };
-pub use affinity::{KeySource, MAX_BIND_ATTEMPTS};
+pub use affinity::{BindingScope, KeySource, MAX_BIND_ATTEMPTS};
 pub use cache::{
     BlockSize, CacheAwarePolicy, CacheSource, CacheSources, CachedPrefix, CachedPrefixes,
     LookupError, MATCHED_TOKEN_BOUNDS, MatchedTokens, PrefixMemo, PrefixOutcome, SourceStats,
@@ -62,11 +69,13 @@ pub use cache::{
 };
 pub use config::{
     CacheAwareSettings, CachePrefixProvider, ConfigError, PolicyConfig, PolicySettings, PolicyType,
-    PredictedTtftSettings, StickyFallback, StickySettings, removed_policy_type, removed_setting,
+    PredictedTtftSettings, SessionAwareSettings, StickyFallback, StickySettings,
+    removed_policy_type, removed_setting,
 };
 pub use contract::{HeldPrefix, Pick, PickError, PickReason, PickRequest, Policy, RequestTokens};
 pub use handles::{LoadHandles, PolicyHandles};
 pub use least_load::LeastLoadPolicy;
+pub use live::LiveEstimator;
 pub use power_of_two::{LoadChoice, PowerOfTwoPolicy, min_load_choices};
 pub use predicted_ttft::PredictedTtftPolicy;
 pub use random::RandomPolicy;

@@ -10,10 +10,10 @@ use router_state_load::EngineLoad;
 use router_workers::{Stage, Worker};
 
 use crate::admission::{Rejection, rejection};
-use crate::cache::Prefixes;
 use crate::config::PredictedTtftSettings;
 use crate::pressure::Basis;
 use crate::sampler::Sampler;
+use crate::ttft_model::{Estimate, Predictions, TtftModel};
 use crate::{
     CacheSource, ConfigError, EngineAdmission, LoadHandles, Pick, PickError, PickReason,
     PickRequest, Policy,
@@ -22,7 +22,9 @@ use crate::{
 /// Predicted-TTFT selection, for plain and prefill groups: one cost model decided per request
 /// over every candidate, with no fleet-wide switch between "affinity" and "balance" modes.
 ///
-/// For each candidate, predicted TTFT = (queued + uncached) / rate, where
+/// For each candidate, predicted TTFT = (queued + uncached) / rate (the cost model of
+/// `ttft_model.rs`, which the live SLO estimates of buckets, [`crate::LiveEstimator`], share),
+/// where
 /// - **queued** is the prefill work waiting there: the engine-reported waiting uncached tokens
 ///   plus the work this router dispatched to it since the report's capture time (the
 ///   recent-dispatch correction of docs/design/POLICY_DESIGN.md §5, in tokens:
@@ -57,25 +59,10 @@ use crate::{
 #[derive(Debug)]
 pub struct PredictedTtftPolicy {
     source: Arc<CacheSource>,
-    load: LoadHandles,
+    model: TtftModel,
     settings: PredictedTtftSettings,
     admission: Option<Arc<dyn EngineAdmission>>,
     sampler: Sampler,
-}
-
-/// One candidate's prediction.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct Estimate {
-    /// Prefill tokens waiting there before this request.
-    pub(crate) queued: u64,
-    /// This request's tokens not cached there.
-    pub(crate) uncached: u64,
-    /// The rate used, in tokens per second.
-    pub(crate) rate: f64,
-    /// `(queued + uncached) / rate`, in milliseconds.
-    pub(crate) ms: f64,
-    /// What candidates are ranked by: `ms` plus `recompute_weight x uncached / rate`.
-    pub(crate) cost: f64,
 }
 
 impl PredictedTtftPolicy {
@@ -87,7 +74,11 @@ impl PredictedTtftPolicy {
         settings: PredictedTtftSettings,
     ) -> Result<Self, ConfigError> {
         settings.validate()?;
-        Ok(Self { source, load, settings, admission: None, sampler: Sampler::Thread })
+        let model = TtftModel {
+            load,
+            default_prefill_tokens_per_sec: settings.default_prefill_tokens_per_sec,
+        };
+        Ok(Self { source, model, settings, admission: None, sampler: Sampler::Thread })
     }
 
     /// Checks candidates with `admission`, fastest first.
@@ -121,24 +112,10 @@ impl PredictedTtftPolicy {
         if engines.is_empty() {
             return Err(PickError::NoCandidates { stage: request.stage });
         }
-        let prefixes = Prefixes::look_up(&self.source, engines, request, 1).await?;
-        let snapshot = self.load.table.snapshot();
-        let loads: Vec<Option<&EngineLoad>> =
-            engines.iter().map(|e| snapshot.get(e.id())).collect();
-        let basis = if loads.iter().all(|l| l.is_some_and(|l| l.native.is_some())) {
-            Basis::Reported
-        } else {
-            Basis::Local
-        };
-        let estimates: Vec<Estimate> = engines
-            .iter()
-            .zip(&loads)
-            .map(|(engine, load)| {
-                let matched = prefixes.matched(engine);
-                self.estimate(engine, *load, basis, request.input_tokens, matched)
-            })
-            .collect();
-        let order = self.order(engines, &estimates);
+        let Predictions { basis, loads, estimates, prefixes } =
+            self.model.predict(Some(&self.source), engines, request).await?;
+        let costs: Vec<f64> = estimates.iter().map(|e| self.cost(e)).collect();
+        let order = self.order(engines, &estimates, &costs);
         let reason = match basis {
             Basis::Reported => PickReason::PredictedTtft,
             Basis::Local => PickReason::PredictedTtftLocal,
@@ -146,7 +123,7 @@ impl PredictedTtftPolicy {
         let mut rejections: Vec<Rejection> = Vec::new();
         for index in order {
             let engine = &engines[index];
-            if let Some(rejection) = self.check(engine, loads[index]) {
+            if let Some(rejection) = self.check(engine, loads[index].as_ref()) {
                 rejections.push(rejection);
                 continue;
             }
@@ -154,7 +131,7 @@ impl PredictedTtftPolicy {
             tracing::debug!(
                 engine = %engine.id(),
                 predicted_ms = estimate.ms,
-                matched_tokens = request.input_tokens - estimate.uncached,
+                matched_tokens = prefixes.matched(engine),
                 queued_tokens = estimate.queued,
                 rate = estimate.rate,
                 basis = ?basis,
@@ -168,7 +145,8 @@ impl PredictedTtftPolicy {
         Err(PickError::NoAdmissibleEngine { rejections })
     }
 
-    /// The prediction for one candidate.
+    /// The prediction for one candidate (the shared cost model's).
+    #[cfg(test)]
     pub(crate) fn estimate(
         &self,
         engine: &Worker,
@@ -177,38 +155,29 @@ impl PredictedTtftPolicy {
         input: u64,
         matched: u64,
     ) -> Estimate {
-        let inflight = &self.load.inflight;
-        let native = load.and_then(|l| l.native.as_ref().map(|n| (l, n)));
-        let queued = match (basis, native) {
-            (Basis::Reported, Some((load, native))) => native
-                .waiting_uncached_tokens
-                .saturating_add(inflight.dispatched_tokens_since(engine.id(), load.captured_at)),
-            _ => inflight.inflight_tokens(engine.id()),
-        };
-        let rate = native
-            .and_then(|(_, n)| n.prefill_tokens_per_sec)
-            .filter(|rate| rate.is_finite() && *rate > 0.0)
-            .unwrap_or(self.settings.default_prefill_tokens_per_sec);
-        let uncached = input - matched.min(input);
-        let ms = queued.saturating_add(uncached) as f64 / rate * 1000.0;
-        let cost = ms + self.settings.recompute_weight * uncached as f64 / rate * 1000.0;
-        Estimate { queued, uncached, rate, ms, cost }
+        self.model.estimate(engine, load, basis, input, matched)
+    }
+
+    /// What candidates are ranked by: the predicted ms plus `recompute_weight x uncached /
+    /// rate`.
+    fn cost(&self, estimate: &Estimate) -> f64 {
+        estimate.ms
+            + self.settings.recompute_weight * estimate.uncached as f64 / estimate.rate * 1000.0
     }
 
     /// Candidate indices in the order admission tries them: first the near ties of the best
     /// (fewest uncached tokens first, so a holder of the prefix keeps it while it is no slower
     /// than the margin; equal ones in a sampled order), then the rest by predicted time, then
     /// id.
-    pub(crate) fn order(&self, engines: &[Arc<Worker>], estimates: &[Estimate]) -> Vec<usize> {
+    fn order(&self, engines: &[Arc<Worker>], estimates: &[Estimate], costs: &[f64]) -> Vec<usize> {
         let mut order: Vec<usize> = (0..engines.len()).collect();
         order.sort_by(|&a, &b| {
-            let (ea, eb) = (&estimates[a], &estimates[b]);
-            ea.cost.total_cmp(&eb.cost).then_with(|| engines[a].id().cmp(engines[b].id()))
+            costs[a].total_cmp(&costs[b]).then_with(|| engines[a].id().cmp(engines[b].id()))
         });
         let Some(&best) = order.first() else { return order };
         let s = &self.settings;
-        let ceiling = estimates[best].cost * (1.0 + s.near_tie_ratio) + s.near_tie_ms;
-        let ties = order.partition_point(|&i| estimates[i].cost <= ceiling);
+        let ceiling = costs[best] * (1.0 + s.near_tie_ratio) + s.near_tie_ms;
+        let ties = order.partition_point(|&i| costs[i] <= ceiling);
         if ties > 1 {
             let near = &mut order[..ties];
             self.sampler.with(|rng| near.shuffle(rng));
@@ -220,7 +189,7 @@ impl PredictedTtftPolicy {
 
     /// Admission on one observation: `None` when admitted.
     fn check(&self, engine: &Worker, load: Option<&EngineLoad>) -> Option<Rejection> {
-        let inflight = self.load.inflight.count(engine.id());
+        let inflight = self.model.load.inflight.count(engine.id());
         rejection(self.admission.as_deref(), engine, load, inflight)
     }
 }

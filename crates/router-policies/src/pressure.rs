@@ -298,6 +298,7 @@ mod tests {
                 max_running_requests: 8,
                 prefill_tokens_per_sec: None,
                 prefill_queue_ms: None,
+                request_decode_tokens_per_sec: None,
             }),
         }
     }

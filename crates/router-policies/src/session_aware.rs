@@ -9,12 +9,13 @@ use router_workers::Worker;
 
 use crate::affinity::{Affinity, KeySource};
 use crate::{
-    AdmissionCheck, EngineAdmission, LoadHandles, Pick, PickError, PickRequest, Policy,
-    PowerOfTwoPolicy,
+    AdmissionCheck, BindingScope, EngineAdmission, LoadHandles, Pick, PickError, PickRequest,
+    Policy, PowerOfTwoPolicy,
 };
 
 /// Binds each session (the session header's key) to an engine, per (model, bucket id, stage,
-/// key), and reuses an admitted binding regardless of pressure.
+/// key), or per (model, stage, key) with [`BindingScope::Model`], and reuses an admitted
+/// binding regardless of pressure.
 ///
 /// - A binding whose engine is a candidate (same incarnation) and passes this policy's
 ///   admission is reused ([`crate::PickReason::AffinityReused`]); if admission rejects it the
@@ -25,6 +26,8 @@ use crate::{
 ///   wins, and its engine is checked the same way before it is returned.
 /// - A request without a session key goes to power-of-two, checked by this policy, and creates
 ///   no binding ([`crate::PickReason::AffinityKeyless`]).
+/// - With [`BindingScope::Model`] a bound engine this group's admission rejects is passed over
+///   like one outside the candidates (the module documentation of `affinity.rs` says why).
 ///
 /// The caller owns the store: its idle timeout, its sweeper and its registry follower
 /// (`router_affinity::run_sweeper`, `router_affinity::follow_registry`). Use a store for
@@ -56,6 +59,17 @@ impl SessionAwarePolicy {
     pub fn with_admission(mut self, admission: Arc<dyn EngineAdmission>) -> Self {
         self.affinity.admission = Some(AdmissionCheck::new(admission, self.load.clone()));
         self
+    }
+
+    /// Binds sessions per bucket (the default) or for the whole model.
+    pub fn with_scope(mut self, scope: BindingScope) -> Self {
+        self.affinity.scope = scope;
+        self
+    }
+
+    /// How far a binding reaches.
+    pub fn scope(&self) -> BindingScope {
+        self.affinity.scope
     }
 
     /// The session store this policy reads and binds.

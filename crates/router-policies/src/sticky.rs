@@ -8,10 +8,11 @@ use router_affinity::AffinityStore;
 use router_workers::Worker;
 
 use crate::affinity::{Affinity, KeySource};
-use crate::{AdmissionCheck, Pick, PickError, PickRequest, Policy};
+use crate::{AdmissionCheck, BindingScope, Pick, PickError, PickRequest, Policy};
 
 /// Binds each routing key (the routing-key header's value) to an engine, per (model, bucket
-/// id, stage, key), with the same rules as [`crate::SessionAwarePolicy`]; new, missing and
+/// id, stage, key) or, with [`BindingScope::Model`], per (model, stage, key), with the same
+/// rules as [`crate::SessionAwarePolicy`]; new, missing and
 /// out-of-group keys go to the configured fallback (`round_robin` by default, `random`,
 /// `power_of_two` or `load_based`; see [`crate::StickyFallback::build`]).
 ///
@@ -37,6 +38,17 @@ impl StickyPolicy {
     pub fn with_admission(mut self, admission: AdmissionCheck) -> Self {
         self.affinity.admission = Some(admission);
         self
+    }
+
+    /// Binds routing keys per bucket (the default) or for the whole model.
+    pub fn with_scope(mut self, scope: BindingScope) -> Self {
+        self.affinity.scope = scope;
+        self
+    }
+
+    /// How far a binding reaches.
+    pub fn scope(&self) -> BindingScope {
+        self.affinity.scope
     }
 
     /// The routing-key store this policy reads and binds.

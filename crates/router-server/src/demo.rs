@@ -151,12 +151,16 @@ pub async fn start(port: u16) -> Result<(DemoFleet, ConfigFile), DemoError> {
         tokenizer: tokenizer.clone(),
         chat_template: None,
         affinity: Default::default(),
+        ttft_slo: Default::default(),
+        tps_slo: Default::default(),
         workers: plain_workers,
         buckets: vec![BucketConfig {
             id: "default".into(),
             rank: 0,
             limits: Default::default(),
             max_context_tokens: None,
+            ttft_ms: None,
+            tokens_per_second: None,
             groups: GroupsConfig { plain: Some(group(RECOMMENDED_POLICY)?), pd: None },
         }],
     });
@@ -165,12 +169,16 @@ pub async fn start(port: u16) -> Result<(DemoFleet, ConfigFile), DemoError> {
         tokenizer,
         chat_template: None,
         affinity: Default::default(),
+        ttft_slo: Default::default(),
+        tps_slo: Default::default(),
         workers: pd_workers,
         buckets: vec![BucketConfig {
             id: "pd".into(),
             rank: 0,
             limits: Default::default(),
             max_context_tokens: None,
+            ttft_ms: None,
+            tokens_per_second: None,
             groups: GroupsConfig {
                 plain: None,
                 pd: Some(PdGroupsConfig {

@@ -30,6 +30,15 @@ pub(crate) enum ApiError {
         /// The offending parameter (a body field, or a header's name).
         param: Option<String>,
     },
+    /// An SLO target header that cannot be used (docs/design/SLO.md, "Errors").
+    #[error("header {header}")]
+    InvalidSloTarget {
+        /// The header.
+        header: &'static str,
+        /// What is wrong with its value.
+        #[source]
+        error: router_buckets::SloTargetError,
+    },
     /// The model is not served here.
     #[error("model {0:?} is not served by this router")]
     UnknownModel(String),
@@ -275,7 +284,9 @@ impl ApiError {
     /// The HTTP status of this error.
     pub(crate) fn status(&self) -> StatusCode {
         match self {
-            ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::InvalidRequest { .. } | ApiError::InvalidSloTarget { .. } => {
+                StatusCode::BAD_REQUEST
+            }
             ApiError::UnknownModel(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::WorkerExists(_) => StatusCode::CONFLICT,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -297,6 +308,7 @@ impl ApiError {
     pub(crate) fn kind(&self) -> (&'static str, &'static str) {
         match self {
             ApiError::InvalidRequest { .. } => ("invalid_request_error", "invalid_request"),
+            ApiError::InvalidSloTarget { .. } => ("invalid_request_error", "invalid_slo_target"),
             ApiError::UnknownModel(_) => ("invalid_request_error", "model_not_found"),
             ApiError::BodyTooLarge { .. } => ("invalid_request_error", "body_too_large"),
             ApiError::BodyTimeout { .. } => ("invalid_request_error", "body_timeout"),
@@ -320,6 +332,7 @@ impl ApiError {
         let (kind, code) = self.kind();
         let param = match self {
             ApiError::InvalidRequest { param, .. } => param.clone(),
+            ApiError::InvalidSloTarget { header, .. } => Some((*header).to_owned()),
             ApiError::WorkerExists(_) => Some("id".into()),
             _ => None,
         };

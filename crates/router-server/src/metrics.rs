@@ -136,6 +136,14 @@ pub(crate) fn ttft_prediction(model: &str, predicted_ms: f64, observed: Duration
     }
 }
 
+/// A request answered by the bucket the SLO order chose, for one target it stated and its
+/// model reads (`target`: `ttft` or `tps`): whether that bucket's estimate met it.
+pub(crate) fn slo_request(model: &str, target: &'static str, met: bool) {
+    let met = if met { "true" } else { "false" };
+    counter!("router_slo_requests_total", "model" => model.to_owned(), "target" => target, "met" => met)
+        .increment(1);
+}
+
 /// A successful pick by a policy.
 pub(crate) fn pick(policy: &'static str, stage: &'static str, reason: &'static str) {
     counter!("router_picks_total", "policy" => policy, "stage" => stage, "reason" => reason)
@@ -404,6 +412,9 @@ mod tests {
     fn each_counter_and_gauge_has_its_name_and_labels() {
         install();
         pick("metrics-policy", "prefill", "metrics-reason");
+        slo_request("metrics-m2", "ttft", true);
+        slo_request("metrics-m2", "ttft", true);
+        slo_request("metrics-m2", "tps", false);
         admission_rejection("metrics-limit");
         admission_rejection("metrics-limit");
         bucket_fallback("metrics-m2", "short", "admission");
@@ -420,8 +431,10 @@ mod tests {
         let stats = SourceStats { found: 3, refused: 1, ..SourceStats::default() };
         cache_lookups("metrics-source", &stats);
         #[rustfmt::skip]
-        let series: [Series; 21] = [
+        let series: [Series; 23] = [
             ("router_picks_total", &[("policy", "metrics-policy"), ("stage", "prefill"), ("reason", "metrics-reason")], 1.0),
+            ("router_slo_requests_total", &[("model", "metrics-m2"), ("target", "ttft"), ("met", "true")], 2.0),
+            ("router_slo_requests_total", &[("model", "metrics-m2"), ("target", "tps"), ("met", "false")], 1.0),
             ("router_admission_rejections_total", &[("limit", "metrics-limit")], 2.0),
             ("router_bucket_fallbacks_total", &[("model", "metrics-m2"), ("bucket", "short"), ("reason", "admission")], 1.0),
             ("router_engine_failures_total", &[("worker", "metrics-w1"), ("kind", "stalled")], 1.0),

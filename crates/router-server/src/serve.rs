@@ -1,14 +1,15 @@
 //! One prepared request's way through the router: the bucket loop of router-buckets selects
-//! the engines, [`crate::dispatch`] sends to them, and an engine that could not be reached is
-//! selected around, within the retry budget. What the selection passed over feeds the metrics
-//! from the selection's own record.
+//! the engines (in the SLO order of the request's targets), [`crate::dispatch`] sends to them,
+//! and an engine that could not be reached is selected around, within the retry budget. What
+//! the selection passed over feeds the metrics from the selection's own record; whether the
+//! serving bucket met the SLO targets goes to the response headers and the metrics.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use axum::http::HeaderValue;
 use axum::response::Response;
-use router_buckets::{BucketRequest, BucketResolver, Selection, Skipped};
+use router_buckets::{BucketRequest, BucketResolver, Selection, Skipped, SloVerdict};
 use router_policies::PickError;
 use tracing::warn;
 
@@ -45,6 +46,7 @@ pub(crate) async fn serve(
         tokens: prepared.tokens.as_deref(),
         session_key: prepared.session_key.as_deref(),
         routing_key: prepared.routing_key.as_deref(),
+        slo: prepared.slo,
     };
     let (path, streamed) = (prepared.request.endpoint.path(), prepared.request.stream);
     let exchange = Exchange { ctx, request_id, path, streamed };
@@ -60,6 +62,7 @@ pub(crate) async fn serve(
         };
         labels.bucket.clear();
         labels.bucket.push_str(selection.bucket.id());
+        let verdict = selection.slo;
         let dispatch = Dispatch {
             exchange,
             prepared,
@@ -72,6 +75,7 @@ pub(crate) async fn serve(
                 if retries > 0 {
                     response.headers_mut().insert("x-router-retries", HeaderValue::from(retries));
                 }
+                report_slo(&mut response, &labels.model, verdict);
                 return Ok(response);
             }
             Err(err) if err.is_retryable() && retries < retry.max_retries => {
@@ -115,6 +119,25 @@ async fn select<'r>(
     metrics::selection(model_label, started.elapsed());
     Ok(selection)
 }
+
+/// Says, in the response headers and the metrics, whether the bucket that served met each SLO
+/// target the request stated and its model reads (`x-router-slo-ttft`, `x-router-slo-tps`:
+/// `met` or `missed`, by the bucket's estimate when the order was made).
+fn report_slo(response: &mut Response, model_label: &str, verdict: SloVerdict) {
+    for (header, target, check) in
+        [(SLO_TTFT_HEADER, "ttft", verdict.ttft), (SLO_TPS_HEADER, "tps", verdict.tps)]
+    {
+        let Some(check) = check else { continue };
+        let value = HeaderValue::from_static(if check.met { "met" } else { "missed" });
+        response.headers_mut().insert(header, value);
+        metrics::slo_request(model_label, target, check.met);
+    }
+}
+
+/// Whether the serving bucket met the request's time-to-first-token target.
+pub(crate) const SLO_TTFT_HEADER: &str = "x-router-slo-ttft";
+/// Whether the serving bucket met the request's decode-throughput target.
+pub(crate) const SLO_TPS_HEADER: &str = "x-router-slo-tps";
 
 fn count_skipped(model_label: &str, skipped: &Skipped<'_>) {
     let reason = match &skipped.error.error {

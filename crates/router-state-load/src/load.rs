@@ -53,6 +53,11 @@ pub struct NativeLoad {
     /// divided by the derived prefill rate; the mean over ranks either way. `None` when neither
     /// is available. Never derived from decode throughput.
     pub prefill_queue_ms: Option<f64>,
+    /// The decode speed of one request on this engine, in output tokens per second: each
+    /// rank's reported generation throughput over its running requests (while it runs some;
+    /// an idle rank keeps the last such speed of its instance), averaged over the ranks that
+    /// have one. `None` when no rank reports a throughput or none has decoded yet.
+    pub request_decode_tokens_per_sec: Option<f64>,
 }
 
 /// One data-parallel rank's share of an [`EngineLoad`], as its report stated it.

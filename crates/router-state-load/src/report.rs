@@ -90,6 +90,9 @@ pub struct RankSample {
     pub total_prefill_busy_us: Option<u64>,
     /// The engine's own estimate of the prefill queue time, in milliseconds.
     pub estimated_prefill_queue_ms: Option<f64>,
+    /// Output tokens generated per second over the engine's recent window, summed over the
+    /// rank's requests (SGLang's `gen_throughput`).
+    pub decode_tokens_per_sec: Option<f64>,
 }
 
 impl RankSample {
@@ -131,6 +134,12 @@ impl RankSample {
         self
     }
 
+    /// Adds the generation throughput (output tokens per second over the rank's requests).
+    pub fn with_decode_rate(mut self, tokens_per_sec: f64) -> Self {
+        self.decode_tokens_per_sec = Some(tokens_per_sec);
+        self
+    }
+
     /// Whether the rank carries every native gauge a NATIVE report needs.
     pub fn has_native_gauges(&self) -> bool {
         self.waiting_uncached_tokens.is_some()
@@ -161,6 +170,7 @@ impl RankSample {
             total_prefill_uncached_tokens: pick(rank.total_prefill_uncached_tokens),
             total_prefill_busy_us: pick(rank.total_prefill_busy_us),
             estimated_prefill_queue_ms: if native { rank.estimated_prefill_queue_ms } else { None },
+            decode_tokens_per_sec: if native { rank.decode_tokens_per_sec } else { None },
         }
     }
 
@@ -180,6 +190,7 @@ impl RankSample {
             total_prefill_uncached_tokens: keep(self.total_prefill_uncached_tokens),
             total_prefill_busy_us: keep(self.total_prefill_busy_us),
             estimated_prefill_queue_ms: if native { self.estimated_prefill_queue_ms } else { None },
+            decode_tokens_per_sec: if native { self.decode_tokens_per_sec } else { None },
         }
     }
 }
@@ -263,7 +274,10 @@ mod tests {
         let rank = RankSample {
             age: Duration::from_millis(40),
             estimated_prefill_queue_ms: Some(12.5),
-            ..RankSample::basic(1, 2, 3, 4, 5).with_native(6, 7, 8).with_prefill_counters(9, 10)
+            ..RankSample::basic(1, 2, 3, 4, 5)
+                .with_native(6, 7, 8)
+                .with_prefill_counters(9, 10)
+                .with_decode_rate(321.5)
         };
         let wire = pb::LoadReport {
             engine_id: "e".into(),
@@ -285,7 +299,7 @@ mod tests {
 
     #[test]
     fn basic_wire_report_drops_native_fields() {
-        let rank = RankSample::basic(0, 1, 1, 1, 1).with_native(5, 5, 5);
+        let rank = RankSample::basic(0, 1, 1, 1, 1).with_native(5, 5, 5).with_decode_rate(9.0);
         let wire = pb::LoadReport {
             kind: pb::ReportKind::Basic as i32,
             ranks: vec![rank.to_wire(0, true)],
@@ -293,6 +307,7 @@ mod tests {
         };
         let report = Report::from_wire(&wire).expect("valid");
         assert_eq!(report.ranks[0].waiting_uncached_tokens, None);
+        assert_eq!(report.ranks[0].decode_tokens_per_sec, None);
         assert_eq!(report.ranks[0].age, Duration::ZERO, "unknown timestamps mean no age");
     }
 

@@ -6,5 +6,6 @@ mod pairing;
 mod pick_engines;
 mod resolve;
 mod select;
+mod slo;
 mod support;
 mod validation;

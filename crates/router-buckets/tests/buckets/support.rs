@@ -5,8 +5,8 @@ use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 use router_buckets::{
-    Bucket, BucketGroups, BucketRequest, BucketResolver, BucketSpec, EngineGroup, PairOn,
-    TokenLimits,
+    Bucket, BucketGroups, BucketRequest, BucketResolver, BucketSlo, BucketSpec, EngineGroup,
+    PairOn, SloTargets, TokenLimits,
 };
 use router_policies::{
     KeySource, Limit, Pick, PickError, PickReason, PickRequest, Policy, Rejection, RequestTokens,
@@ -53,6 +53,7 @@ pub fn request<'a>(model: &'a ModelId, input_tokens: u64, peak: Option<u64>) -> 
         tokens: None,
         session_key: None,
         routing_key: None,
+        slo: SloTargets::NONE,
     }
 }
 
@@ -212,8 +213,16 @@ pub fn bucket(
     max_context_tokens: Option<u64>,
     groups: BucketGroups,
 ) -> Bucket {
-    Bucket::new(BucketSpec { id: id.into(), rank, limits, max_context_tokens, groups })
-        .expect("valid bucket")
+    Bucket::new(BucketSpec {
+        id: id.into(),
+        rank,
+        limits,
+        max_context_tokens,
+        groups,
+        slo: BucketSlo::NONE,
+        live: None,
+    })
+    .expect("valid bucket")
 }
 
 /// A plain, catch-all bucket with a first-candidate policy.

@@ -42,6 +42,8 @@ fn buckets_reject_bad_ids_ranges_and_slots() {
         limits,
         max_context_tokens: context,
         groups,
+        slo: router_buckets::BucketSlo::NONE,
+        live: None,
     };
     let group = |stage| EngineGroup::new(stage, None, first()).expect("group");
     let cases: Vec<(BucketSpec, BucketError)> = vec![

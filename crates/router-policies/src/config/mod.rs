@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use router_state_kv::remote::{ClientConfig, RemoteIndexClient};
 
 use crate::{
-    AdmissionCheck, AdmissionLimits, CacheAwarePolicy, CacheSource, EngineAdmission,
+    AdmissionCheck, AdmissionLimits, BindingScope, CacheAwarePolicy, CacheSource, EngineAdmission,
     LeastLoadPolicy, Policy, PolicyHandles, PowerOfTwoPolicy, PredictedTtftPolicy, RandomPolicy,
     RoundRobinPolicy, SessionAwarePolicy, StickyPolicy,
 };
@@ -263,6 +263,15 @@ impl StickyFallback {
 pub struct StickySettings {
     /// `fallback`: the policy for new or missing routing keys.
     pub fallback: StickyFallback,
+    /// `scope`: one binding per bucket (the default) or for the whole model.
+    pub scope: BindingScope,
+}
+
+/// `session_aware` tuning.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SessionAwareSettings {
+    /// `scope`: one binding per bucket (the default) or for the whole model.
+    pub scope: BindingScope,
 }
 
 /// `cache_aware` tuning, with the defaults of docs/design/POLICY_REFERENCE.md.
@@ -576,7 +585,7 @@ pub enum PolicySettings {
     /// `load_based`
     LoadBased,
     /// `session_aware`
-    SessionAware,
+    SessionAware(SessionAwareSettings),
     /// `sticky`
     Sticky(StickySettings),
     /// `cache_aware`
@@ -593,7 +602,7 @@ impl PolicySettings {
             PolicySettings::Random => PolicyType::Random,
             PolicySettings::PowerOfTwo => PolicyType::PowerOfTwo,
             PolicySettings::LoadBased => PolicyType::LoadBased,
-            PolicySettings::SessionAware => PolicyType::SessionAware,
+            PolicySettings::SessionAware(_) => PolicyType::SessionAware,
             PolicySettings::Sticky(_) => PolicyType::Sticky,
             PolicySettings::CacheAware(_) => PolicyType::CacheAware,
             PolicySettings::PredictedTtft(_) => PolicyType::PredictedTtft,
@@ -629,6 +638,24 @@ impl PolicyConfig {
             PolicySettings::PredictedTtft(settings) => Some(settings.cache_prefix_provider),
             _ => None,
         }
+    }
+
+    /// The prefix source this policy reads (see [`Self::build`]); `None` for the types that
+    /// read none.
+    pub(crate) fn prefix_source(
+        &self,
+        handles: &PolicyHandles,
+    ) -> Result<Option<Arc<CacheSource>>, ConfigError> {
+        let (policy, provider, client) = match &self.kind {
+            PolicySettings::CacheAware(s) => {
+                (PolicyType::CacheAware, s.cache_prefix_provider, s.indexer_client())
+            }
+            PolicySettings::PredictedTtft(s) => {
+                (PolicyType::PredictedTtft, s.cache_prefix_provider, s.indexer_client())
+            }
+            _ => return Ok(None),
+        };
+        prefix_source(handles, policy, provider, &client).map(Some)
     }
 
     /// Checks ranges and combinations (deserialization already did).
@@ -671,8 +698,9 @@ impl PolicyConfig {
                 None => Arc::new(LeastLoadPolicy::new(load)),
                 Some(a) => Arc::new(LeastLoadPolicy::new(load).with_admission(a)),
             },
-            PolicySettings::SessionAware => {
-                let policy = SessionAwarePolicy::new(Arc::clone(&handles.sessions), load);
+            PolicySettings::SessionAware(settings) => {
+                let policy = SessionAwarePolicy::new(Arc::clone(&handles.sessions), load)
+                    .with_scope(settings.scope);
                 match admission {
                     None => Arc::new(policy),
                     Some(a) => Arc::new(policy.with_admission(a)),
@@ -680,7 +708,8 @@ impl PolicyConfig {
             }
             PolicySettings::Sticky(settings) => {
                 let fallback = settings.fallback.build(handles);
-                let policy = StickyPolicy::new(Arc::clone(&handles.routing_keys), fallback);
+                let policy = StickyPolicy::new(Arc::clone(&handles.routing_keys), fallback)
+                    .with_scope(settings.scope);
                 match admission {
                     None => Arc::new(policy),
                     Some(a) => Arc::new(policy.with_admission(checked(a))),

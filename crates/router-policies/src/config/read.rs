@@ -7,8 +7,10 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 
 use super::{
     AdmissionLimits, CacheAwareSettings, ConfigError, PolicyConfig, PolicySettings, PolicyType,
-    PredictedTtftSettings, StickySettings, removed_policy_type, removed_setting,
+    PredictedTtftSettings, SessionAwareSettings, StickySettings, removed_policy_type,
+    removed_setting,
 };
+use crate::BindingScope;
 
 /// Every tuning field, with the types it applies to.
 const TUNING: &[(&str, PolicyType)] = &[
@@ -37,6 +39,8 @@ const TUNING: &[(&str, PolicyType)] = &[
     ("near_tie_ms", PolicyType::PredictedTtft),
     ("recompute_weight", PolicyType::PredictedTtft),
     ("fallback", PolicyType::Sticky),
+    ("scope", PolicyType::Sticky),
+    ("scope", PolicyType::SessionAware),
 ];
 
 /// One address or a list of them.
@@ -56,6 +60,7 @@ struct Raw {
     cache: CacheAwareSettings,
     predicted: PredictedTtftSettings,
     sticky: StickySettings,
+    scope: BindingScope,
 }
 
 impl Raw {
@@ -110,6 +115,7 @@ impl Raw {
             "near_tie_ms" => self.predicted.near_tie_ms = value(map)?,
             "recompute_weight" => self.predicted.recompute_weight = value(map)?,
             "fallback" => self.sticky.fallback = value(map)?,
+            "scope" => self.scope = value(map)?,
             _ => {
                 let field = format!("policy.{key}");
                 let error = match removed_setting(&key) {
@@ -147,8 +153,12 @@ impl Raw {
             PolicyType::Random => PolicySettings::Random,
             PolicyType::PowerOfTwo => PolicySettings::PowerOfTwo,
             PolicyType::LoadBased => PolicySettings::LoadBased,
-            PolicyType::SessionAware => PolicySettings::SessionAware,
-            PolicyType::Sticky => PolicySettings::Sticky(self.sticky),
+            PolicyType::SessionAware => {
+                PolicySettings::SessionAware(SessionAwareSettings { scope: self.scope })
+            }
+            PolicyType::Sticky => {
+                PolicySettings::Sticky(StickySettings { scope: self.scope, ..self.sticky })
+            }
             PolicyType::PredictedTtft => {
                 PolicySettings::PredictedTtft(Box::new(self.predicted.with_source_of(&self.cache)))
             }

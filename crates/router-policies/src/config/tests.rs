@@ -83,10 +83,50 @@ fn sticky_fallback_defaults_to_round_robin_and_takes_the_four_choices() {
         ("load_based", StickyFallback::LoadBased),
     ] {
         let config = yaml(&format!("{{type: sticky, fallback: {name}}}")).expect(name);
-        assert_eq!(config.kind, PolicySettings::Sticky(StickySettings { fallback }));
+        let expected = StickySettings { fallback, scope: BindingScope::Bucket };
+        assert_eq!(config.kind, PolicySettings::Sticky(expected));
     }
     let err = yaml("{type: sticky, fallback: cache_aware}").expect_err("not a fallback");
     assert!(err.contains("fallback: unknown variant `cache_aware`"), "{err}");
+}
+
+#[test]
+fn session_and_sticky_bind_per_bucket_unless_scope_is_model() {
+    let session = |text: &str| yaml(text).map(|c| c.kind);
+    assert_eq!(
+        session("type: session_aware"),
+        Ok(PolicySettings::SessionAware(SessionAwareSettings { scope: BindingScope::Bucket }))
+    );
+    for (name, scope) in [("bucket", BindingScope::Bucket), ("model", BindingScope::Model)] {
+        assert_eq!(
+            session(&format!("{{type: session_aware, scope: {name}}}")),
+            Ok(PolicySettings::SessionAware(SessionAwareSettings { scope })),
+            "{name}"
+        );
+        let sticky = yaml(&format!("{{type: sticky, fallback: random, scope: {name}}}"))
+            .expect("valid sticky");
+        let expected = StickySettings { fallback: StickyFallback::Random, scope };
+        assert_eq!(sticky.kind, PolicySettings::Sticky(expected), "{name}");
+    }
+    let err = yaml("{type: session_aware, scope: global}").expect_err("not a scope");
+    assert!(err.contains("scope: unknown variant `global`"), "{err}");
+    assert!(err.contains("expected `bucket` or `model`"), "the choices are named: {err}");
+    let err = yaml("{type: power_of_two, scope: model}").expect_err("not an affinity policy");
+    assert!(err.contains("policy.scope does not apply to policy type power_of_two"), "{err}");
+    let err = yaml("{type: session_aware, scope: model, scope: bucket}").expect_err("twice");
+    assert!(err.contains("duplicate field policy.scope"), "{err}");
+
+    // The scope reaches the built policy.
+    let handles = crate::tests::fixtures::Fleet::empty(Stage::Plain).handles();
+    for (text, scope) in [
+        ("{type: session_aware, scope: model}", BindingScope::Model),
+        ("{type: sticky, scope: model}", BindingScope::Model),
+        ("{type: sticky}", BindingScope::Bucket),
+    ] {
+        let policy = yaml(text).expect("valid").build(&handles).expect("built");
+        let built = format!("{policy:?}");
+        assert!(built.contains(&format!("scope: {scope:?}")), "{text}: {built}");
+    }
 }
 
 #[test]

@@ -241,6 +241,7 @@ fn only_a_positive_finite_prefill_rate_estimate_is_used() {
             max_running_requests: 8,
             prefill_tokens_per_sec: rate,
             prefill_queue_ms: None,
+            request_decode_tokens_per_sec: None,
         }),
     };
     let engine = &world.workers[0];

@@ -3,7 +3,7 @@
 
 mod cases;
 pub(crate) mod doubles;
-mod fixtures;
+pub(crate) mod fixtures;
 mod props;
 
 use std::sync::Arc;

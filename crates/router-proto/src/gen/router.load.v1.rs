@@ -137,6 +137,13 @@ pub struct RankLoad {
     /// values are ignored.
     #[prost(double, optional, tag = "12")]
     pub estimated_prefill_queue_ms: ::core::option::Option<f64>,
+    /// Output tokens this rank generated per second over its recent window, summed over its
+    /// requests. Divided by `running_requests` it is the decode speed of one request there, which
+    /// the router compares with clients' throughput targets (`tokens_per_second: live`); while the
+    /// rank runs nothing the router keeps the last such speed of this instance. Optional even in
+    /// NATIVE reports. NaN, infinite or negative values are ignored. \[gen_throughput\]
+    #[prost(double, optional, tag = "13")]
+    pub decode_tokens_per_sec: ::core::option::Option<f64>,
 }
 /// Which fields a report carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]

@@ -391,12 +391,16 @@ impl ServeArgs {
             tokenizer: self.tokenizer.clone(),
             chat_template: None,
             affinity: Default::default(),
+            ttft_slo: Default::default(),
+            tps_slo: Default::default(),
             workers,
             buckets: vec![BucketConfig {
                 id: "default".into(),
                 rank: 0,
                 limits: Default::default(),
                 max_context_tokens: None,
+                ttft_ms: None,
+                tokens_per_second: None,
                 groups,
             }],
         });

@@ -4,11 +4,17 @@
 //! (`models[0].buckets[1].limits.max`). A top-level section is a `*Section` (`ServerSection`,
 //! `AffinitySection`, ...), so it never reads like the domain crate's own settings
 //! (`router_affinity::AffinityConfig`); an entry inside one is a `*Config` (`BucketConfig`).
+//! The SLO keys (`ttft_slo`, `tps_slo`, a bucket's `ttft_ms` and `tokens_per_second`) are read
+//! into router-buckets' own types, refusing zero, negative and non-finite estimates.
 
+use std::fmt;
+use std::num::NonZeroU64;
 use std::path::{Path, PathBuf};
 
+use router_buckets::{SloEstimate, SloPreference, TokensPerSecond};
 use router_policies::PolicyConfig;
 use router_workers::{ApiKey, WorkerSpec};
+use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 
 use crate::health::HealthSection;
@@ -200,6 +206,12 @@ pub struct ModelConfig {
     /// Session and routing-key headers and binding expiry.
     #[serde(default)]
     pub affinity: AffinitySection,
+    /// How time-to-first-token targets (`x-sgl-ttft-slo-ms`) reorder the buckets.
+    #[serde(default, deserialize_with = "slo_preference")]
+    pub ttft_slo: SloPreference,
+    /// How decode-throughput targets (`x-sgl-tps-slo`) reorder the buckets.
+    #[serde(default, deserialize_with = "slo_preference")]
+    pub tps_slo: SloPreference,
     /// The engines serving this model.
     #[serde(default)]
     pub workers: Vec<WorkerSpec>,
@@ -279,6 +291,12 @@ pub struct BucketConfig {
     /// Context capacity: input plus requested output must fit.
     #[serde(default)]
     pub max_context_tokens: Option<u64>,
+    /// Time to first token the bucket delivers, in milliseconds, or `live`.
+    #[serde(default, deserialize_with = "ttft_estimate")]
+    pub ttft_ms: Option<SloEstimate<NonZeroU64>>,
+    /// Decode speed of one request the bucket delivers, in tokens per second, or `live`.
+    #[serde(default, deserialize_with = "tps_estimate")]
+    pub tokens_per_second: Option<SloEstimate<TokensPerSecond>>,
     /// Exactly one of `plain` or `pd`.
     pub groups: GroupsConfig,
 }
@@ -380,12 +398,106 @@ impl ConfigFile {
         serde_path_to_error::deserialize(deserializer).map_err(|err| {
             let path = err.path().to_string();
             let inner = err.into_inner().to_string();
-            // serde_yaml_ng's own message usually starts with the path already.
+            // YAML names the path of errors inside values itself.
             if path == "." || inner.starts_with(&format!("{path}: ")) {
                 inner
             } else {
                 format!("{path}: {inner}")
             }
         })
+    }
+}
+
+/// `ttft_slo` / `tps_slo`: `disabled`, `slo_first` or `best_effort`; anything else is an error
+/// the parser prefixes with the field's path.
+fn slo_preference<'de, D: Deserializer<'de>>(deserializer: D) -> Result<SloPreference, D::Error> {
+    struct PreferenceVisitor;
+
+    impl Visitor<'_> for PreferenceVisitor {
+        type Value = SloPreference;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("disabled, slo_first or best_effort")
+        }
+
+        fn visit_str<E: de::Error>(self, name: &str) -> Result<SloPreference, E> {
+            name.parse().map_err(E::custom)
+        }
+    }
+
+    deserializer.deserialize_str(PreferenceVisitor)
+}
+
+/// `ttft_ms`: a positive integer of milliseconds, or `live`.
+fn ttft_estimate<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<SloEstimate<NonZeroU64>>, D::Error> {
+    deserializer.deserialize_any(EstimateVisitor::<NonZeroU64> {
+        expected: "a positive integer of milliseconds or live",
+        from_f64: |_| None,
+        from_u64: NonZeroU64::new,
+    })
+}
+
+/// `tokens_per_second`: a finite number above 0, or `live`.
+fn tps_estimate<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<SloEstimate<TokensPerSecond>>, D::Error> {
+    deserializer.deserialize_any(EstimateVisitor::<TokensPerSecond> {
+        expected: "a finite number of tokens per second above 0, or live",
+        from_f64: TokensPerSecond::new,
+        from_u64: |v| TokensPerSecond::new(v as f64),
+    })
+}
+
+/// Reads a bucket's declared estimate: a number its kind accepts, `live`, or null (absent).
+struct EstimateVisitor<T> {
+    expected: &'static str,
+    from_f64: fn(f64) -> Option<T>,
+    from_u64: fn(u64) -> Option<T>,
+}
+
+impl<T> EstimateVisitor<T> {
+    fn refuse<E: de::Error>(&self, got: impl fmt::Display) -> E {
+        E::custom(format_args!("must be {}, got {got}", self.expected))
+    }
+}
+
+impl<'de, T> Visitor<'de> for EstimateVisitor<T> {
+    type Value = Option<SloEstimate<T>>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.expected)
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+        (self.from_u64)(v).map(|v| Some(SloEstimate::Declared(v))).ok_or_else(|| self.refuse(v))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+        match u64::try_from(v) {
+            Ok(v) => self.visit_u64(v),
+            Err(_) => Err(self.refuse(v)),
+        }
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+        (self.from_f64)(v).map(|v| Some(SloEstimate::Declared(v))).ok_or_else(|| self.refuse(v))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+        if v == "live" {
+            Ok(Some(SloEstimate::Live))
+        } else {
+            Err(self.refuse(format_args!("{v:?}")))
+        }
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+        Ok(None)
     }
 }

@@ -15,9 +15,10 @@ use std::time::Duration;
 
 use router_affinity::AffinityStore;
 use router_buckets::{
-    Bucket, BucketGroups, BucketResolver, BucketSpec, EngineGroup, PairOn, TokenLimits,
+    Bucket, BucketGroups, BucketResolver, BucketSlo, BucketSpec, EngineGroup, PairOn,
+    SloPreferences, TokenLimits,
 };
-use router_policies::{CachePrefixProvider, PolicyHandles};
+use router_policies::{CachePrefixProvider, LiveEstimator, PolicyHandles};
 use router_workers::{ApiKey, ModelId, Stage, Worker, WorkerId, WorkerRegistry, WorkerSpec};
 
 pub use cli::{Cli, Command, ServeArgs, reject_dropped_options};
@@ -274,12 +275,27 @@ fn build_model(
             );
             continue;
         }
+        let slo =
+            BucketSlo { ttft_ms: bucket.ttft_ms, tokens_per_second: bucket.tokens_per_second };
+        let live = if slo.is_live() {
+            match live_estimator(&bucket.groups, handles) {
+                Ok(live) => live,
+                Err(err) => {
+                    problems.push(&bpath, err);
+                    continue;
+                }
+            }
+        } else {
+            None
+        };
         let spec = BucketSpec {
             id: bucket.id.clone(),
             rank: bucket.rank,
             limits: TokenLimits { min: bucket.limits.min, max: bucket.limits.max },
             max_context_tokens: bucket.max_context_tokens,
             groups,
+            slo,
+            live,
         };
         match Bucket::new(spec) {
             Ok(built) => {
@@ -291,8 +307,9 @@ fn build_model(
             Err(err) => problems.push(bpath, err),
         }
     }
+    let slo = SloPreferences { ttft: model.ttft_slo, tps: model.tps_slo };
     let resolver = match BucketResolver::new(model_id.clone(), buckets) {
-        Ok(resolver) => Some(resolver),
+        Ok(resolver) => Some(resolver.with_slo(slo)),
         Err(err) => {
             problems.push(format!("{path}.buckets"), err);
             None
@@ -324,6 +341,21 @@ fn build_model(
         sessions,
         routing_keys,
     })
+}
+
+/// The live SLO estimator of a bucket: it reads what the bucket's first group (plain, or
+/// prefill) reads ([`LiveEstimator::for_group`]). `None` for a bucket whose groups are not
+/// configured as one kind (already reported by the group check).
+fn live_estimator(
+    groups: &GroupsConfig,
+    handles: &PolicyHandles,
+) -> Result<Option<Arc<LiveEstimator>>, router_policies::ConfigError> {
+    let first = match (&groups.plain, &groups.pd) {
+        (Some(plain), None) => plain,
+        (None, Some(pd)) => &pd.prefill,
+        _ => return Ok(None),
+    };
+    LiveEstimator::for_group(&first.policy, handles).map(|live| Some(Arc::new(live)))
 }
 
 /// Whether the router keeps a local prefix index fed by KV events. It does unless every group
@@ -481,22 +513,37 @@ pub fn summary<'a>(
     let mut out = String::new();
     for &model in &models {
         let workers = registry.workers().iter().filter(|w| w.serves(&model.id)).count();
+        let slo = model.resolver.slo();
         out.push_str(&format!(
-            "model {}: {} workers, tokenizer {}\n",
+            "model {}: {} workers, tokenizer {}, ttft_slo {}, tps_slo {}\n",
             model.id,
             workers,
-            if model.tokenization.is_some() { "loaded" } else { "none (size estimate)" }
+            if model.tokenization.is_some() { "loaded" } else { "none (size estimate)" },
+            slo.ttft,
+            slo.tps,
         ));
         for bucket in model.resolver.buckets() {
             let limits = bucket.limits();
             out.push_str(&format!(
-                "  bucket {} (rank {}, input {}..={}, context {}):",
+                "  bucket {} (rank {}, input {}..={}, context {}",
                 bucket.id(),
                 bucket.rank(),
                 limits.min,
                 limits.max.map_or("unbounded".to_owned(), |m| m.to_string()),
                 bucket.max_context_tokens().map_or("unbounded".to_owned(), |m| m.to_string()),
             ));
+            // Declared estimates, and the missing ones an enabled preference will compare.
+            let declared = bucket.slo();
+            let unset = || "unset".to_owned();
+            if declared.ttft_ms.is_some() || slo.ttft.is_enabled() {
+                let ttft = declared.ttft_ms.map_or_else(unset, |e| e.to_string());
+                out.push_str(&format!(", ttft_ms {ttft}"));
+            }
+            if declared.tokens_per_second.is_some() || slo.tps.is_enabled() {
+                let tps = declared.tokens_per_second.map_or_else(unset, |e| e.to_string());
+                out.push_str(&format!(", tokens_per_second {tps}"));
+            }
+            out.push_str("):");
             for group in bucket.groups().iter() {
                 let members = group.members().map_or("all".to_owned(), |m| {
                     m.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")

@@ -331,3 +331,75 @@ fn pair_on_is_read_checked_and_shown_with_its_warnings() {
     let err = ConfigFile::parse(&plain).expect_err("pair_on belongs to groups.pd");
     assert!(err.contains("unknown field `pair_on`"), "{err}");
 }
+
+/// The parse error of a one-model configuration whose bucket has `bucket_extra` keys and whose
+/// model has `model_extra`.
+fn slo_parse_error(model_extra: &str, bucket_extra: &str) -> String {
+    let yaml = format!(
+        "models:\n  - id: m\n    {model_extra}\n    workers: {PLAIN_NO_KV}\n    buckets:\n      \
+         - {{id: all, {bucket_extra}groups: {{plain: {{}}}}}}\n"
+    );
+    match ConfigFile::parse(&yaml) {
+        Ok(_) => panic!("parsed: {yaml}"),
+        Err(err) => err,
+    }
+}
+
+#[test]
+fn slo_keys_refuse_unknown_preferences_and_unusable_estimates_by_path() {
+    #[rustfmt::skip]
+    let cases: [(&str, &str, &str); 14] = [
+        ("ttft_slo: fastest", "", "models[0].ttft_slo: unknown SLO preference \"fastest\" (expected disabled, slo_first or best_effort)"),
+        ("tps_slo: on", "", "models[0].tps_slo: unknown SLO preference \"on\""),
+        ("ttft_slo: [slo_first]", "", "models[0].ttft_slo: invalid type: sequence, expected disabled, slo_first or best_effort"),
+        ("", "ttft_ms: 0, ", "models[0].buckets[0].ttft_ms: must be a positive integer of milliseconds or live, got 0"),
+        ("", "ttft_ms: -5, ", "models[0].buckets[0].ttft_ms: must be a positive integer of milliseconds or live, got -5"),
+        ("", "ttft_ms: 1.5, ", "models[0].buckets[0].ttft_ms: must be a positive integer of milliseconds or live, got 1.5"),
+        ("", "ttft_ms: soon, ", "models[0].buckets[0].ttft_ms: must be a positive integer of milliseconds or live, got \"soon\""),
+        ("", "ttft_ms: .inf, ", "models[0].buckets[0].ttft_ms: must be"),
+        ("", "tokens_per_second: 0, ", "models[0].buckets[0].tokens_per_second: must be a finite number of tokens per second above 0, or live, got 0"),
+        ("", "tokens_per_second: -2.5, ", "models[0].buckets[0].tokens_per_second: must be a finite number of tokens per second above 0, or live, got -2.5"),
+        ("", "tokens_per_second: .nan, ", "models[0].buckets[0].tokens_per_second: must be a finite number of tokens per second above 0, or live, got NaN"),
+        ("", "tokens_per_second: .inf, ", "models[0].buckets[0].tokens_per_second: must be a finite number of tokens per second above 0, or live, got inf"),
+        ("", "tokens_per_second: Live, ", "models[0].buckets[0].tokens_per_second: must be"),
+        ("", "tokens_per_second: [1], ", "models[0].buckets[0].tokens_per_second: invalid type"),
+    ];
+    for (model_extra, bucket_extra, expected) in cases {
+        let err = slo_parse_error(model_extra, bucket_extra);
+        assert!(err.starts_with(expected), "{model_extra}{bucket_extra}: {err}");
+    }
+}
+
+#[test]
+fn slo_keys_build_the_resolver_and_check_config_prints_them() {
+    let yaml = format!(
+        "models:\n  - id: m\n    ttft_slo: slo_first\n    tps_slo: best_effort\n    \
+         workers: {PLAIN_NO_KV}\n    buckets:\n      \
+         - {{id: fast, limits: {{max: 100}}, ttft_ms: 50, tokens_per_second: 12.5, groups: {{plain: {{}}}}}}\n      \
+         - {{id: live, limits: {{max: 1000}}, ttft_ms: live, tokens_per_second: live, groups: {{plain: {{}}}}}}\n      \
+         - {{id: none, ttft_ms: null, groups: {{plain: {{}}}}}}\n"
+    );
+    let ctx = build(&yaml).expect("builds");
+    let model = ctx.models().next().expect("one model");
+    let slo = model.resolver.slo();
+    assert_eq!((slo.ttft.as_str(), slo.tps.as_str()), ("slo_first", "best_effort"));
+    let printed = summary(ctx.models(), ctx.registry());
+    for line in [
+        "model m: 2 workers, tokenizer none (size estimate), ttft_slo slo_first, tps_slo best_effort",
+        "  bucket fast (rank 0, input 0..=100, context unbounded, ttft_ms 50, tokens_per_second 12.5): plain [all] round_robin",
+        "  bucket live (rank 0, input 0..=1000, context unbounded, ttft_ms live, tokens_per_second live): plain [all] round_robin",
+        "  bucket none (rank 0, input 0..=unbounded, context unbounded, ttft_ms unset, tokens_per_second unset): plain [all] round_robin",
+    ] {
+        assert!(printed.lines().any(|l| l == line), "{line:?} missing from\n{printed}");
+    }
+
+    // Without preferences the summary shows only what a bucket declares.
+    let plain = one_model("", "", PLAIN_NO_KV, "{plain: {}}");
+    let ctx = build(&plain).expect("builds");
+    let printed = summary(ctx.models(), ctx.registry());
+    assert!(printed.contains("ttft_slo disabled, tps_slo disabled"), "{printed}");
+    assert!(
+        printed.contains("  bucket all (rank 0, input 0..=unbounded, context unbounded): plain"),
+        "{printed}"
+    );
+}

@@ -10,6 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use router_buckets::SloTargets;
 use router_policies::RequestTokens;
 use router_workers::DpRoute;
 use serde_json::Value;
@@ -108,6 +109,9 @@ pub(crate) struct PreparedRequest {
     pub routing_key: Option<String>,
     /// The data-parallel rank the client asked for, and how ([`client_rank`]).
     pub client_rank: Option<ClientRank>,
+    /// The SLO targets of the request's headers that its model reads (none until the handler
+    /// sets them).
+    pub slo: SloTargets,
 }
 
 /// A data-parallel rank a client asked for: in SGLang's `data_parallel_rank` body field or
@@ -222,6 +226,7 @@ pub(crate) fn prepare(
         session_key: non_empty(session_key),
         routing_key: non_empty(routing_key),
         client_rank: None,
+        slo: SloTargets::NONE,
         request,
     })
 }

@@ -14,6 +14,7 @@ use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use futures::future::BoxFuture;
 use router_affinity::{MAX_KEY_BYTES, ScopeError};
+use router_buckets::{SloPreferences, SloTargets};
 use tracing::{Instrument, info, warn};
 
 use super::body::{read_body, request_id};
@@ -83,7 +84,8 @@ async fn handle(
     labels.model.push_str(model.id.as_str());
     let session = affinity_key(headers, &model.affinity.session_id_header)?;
     let routing = affinity_key(headers, &model.affinity.routing_key_header)?;
-    let mut prepared = if model.tokenization.is_some() && body.len() > INLINE_PREPARE_BYTES {
+    let slo = slo_targets(headers, model.resolver.slo())?;
+    let prepared = if model.tokenization.is_some() && body.len() > INLINE_PREPARE_BYTES {
         // Templating and tokenizing a long prompt takes milliseconds: off the event loop, so
         // the other connections it serves are not held up; at most one such preparation per
         // core at a time, the permit travelling with the work, so a client that leaves cannot
@@ -104,7 +106,7 @@ async fn handle(
     } else {
         prepare(body, request, model.tokenization.as_deref(), session, routing)?
     };
-    prepared.client_rank = client_rank;
+    let prepared = PreparedRequest { slo, client_rank, ..prepared };
     serve(ctx, model, &prepared, request_id, started, labels).await
 }
 
@@ -134,6 +136,35 @@ fn affinity_key<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str
         return Err(invalid(format!("header {name}: {error}")));
     }
     Ok(Some(key))
+}
+
+/// The request's time-to-first-token target (milliseconds).
+pub(crate) const TTFT_SLO_HEADER: &str = "x-sgl-ttft-slo-ms";
+/// The request's decode-throughput target (tokens per second).
+pub(crate) const TPS_SLO_HEADER: &str = "x-sgl-tps-slo";
+
+/// The SLO targets of the request's headers that the model reads: a header whose preference is
+/// disabled is ignored whatever it holds; an enabled one that does not parse, a TTFT target of
+/// 0 or a throughput target that is not a finite number above 0 is a 400 naming the header.
+fn slo_targets(headers: &HeaderMap, preferences: SloPreferences) -> Result<SloTargets, ApiError> {
+    let text = |header: &'static str| -> Option<String> {
+        headers.get(header).map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+    };
+    let invalid = |header| move |error| ApiError::InvalidSloTarget { header, error };
+    let mut targets = SloTargets::NONE;
+    if preferences.ttft.is_enabled()
+        && let Some(value) = text(TTFT_SLO_HEADER)
+    {
+        targets.ttft_ms =
+            Some(SloTargets::parse_ttft_ms(&value).map_err(invalid(TTFT_SLO_HEADER))?);
+    }
+    if preferences.tps.is_enabled()
+        && let Some(value) = text(TPS_SLO_HEADER)
+    {
+        let tps = SloTargets::parse_tokens_per_second(&value).map_err(invalid(TPS_SLO_HEADER))?;
+        targets.tokens_per_second = Some(tps);
+    }
+    Ok(targets)
 }
 
 #[cfg(test)]

@@ -43,7 +43,8 @@ pub struct RankLoad {
 }
 
 impl RankLoad {
-    /// This rank as a NATIVE [`RankSample`] of age zero.
+    /// This rank as a NATIVE [`RankSample`] of age zero, its generation throughput as the
+    /// decode rate.
     pub fn to_rank_sample(&self) -> RankSample {
         RankSample::basic(
             self.dp_rank,
@@ -54,6 +55,7 @@ impl RankLoad {
         )
         .with_native(self.waiting_uncached_tokens, self.total_kv_tokens, self.max_running)
         .with_prefill_counters(self.total_prefill_uncached_tokens, self.total_prefill_busy_us)
+        .with_decode_rate(self.gen_throughput)
     }
 }
 
@@ -189,7 +191,7 @@ mod tests {
     }
 
     #[test]
-    fn every_rank_becomes_a_native_sample_with_the_prefill_counters() {
+    fn every_rank_becomes_a_native_sample_with_the_prefill_counters_and_decode_rate() {
         let snapshot = snapshot();
         let engine = snapshot.to_engine_snapshot(EngineStatus::Serving);
         assert_eq!(engine.status, EngineStatus::Serving);
@@ -201,6 +203,7 @@ mod tests {
             RankSample::basic(0, 2, 1, 1000, 3000)
                 .with_native(30, 1040, 8)
                 .with_prefill_counters(5, 6)
+                .with_decode_rate(12.3456)
         );
         assert_eq!(sample.age, Duration::ZERO);
     }

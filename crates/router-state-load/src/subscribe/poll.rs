@@ -4,7 +4,8 @@
 //! (a bare array of ranks is accepted too), one object per data-parallel rank with
 //! `dp_rank`, `num_running_reqs`, `num_waiting_reqs`, `num_used_tokens`,
 //! `max_total_num_tokens` (required) and `num_waiting_uncached_tokens`, `num_total_tokens`,
-//! `max_running_requests` (the native gauges), plus, when an engine adds them,
+//! `max_running_requests` (the native gauges), `gen_throughput` (output tokens per second over
+//! the rank's requests, the decode speed's source), plus, when an engine adds them,
 //! `total_prefill_uncached_tokens`, `total_prefill_busy_us` and `estimated_prefill_queue_ms`.
 //! Other fields are ignored. Polled reports have instance id 0 and a local sequence; the
 //! engine's timestamps are not used (the numbers count as captured on receipt).
@@ -188,12 +189,18 @@ fn parse_rank(value: &Value) -> Result<RankSample, RejectReason> {
         max_running_requests: count(obj, "max_running_requests")?,
         total_prefill_uncached_tokens: count(obj, "total_prefill_uncached_tokens")?,
         total_prefill_busy_us: count(obj, "total_prefill_busy_us")?,
-        estimated_prefill_queue_ms: match obj.get("estimated_prefill_queue_ms") {
-            None | Some(Value::Null) => None,
-            Some(Value::Number(n)) => n.as_f64(),
-            Some(_) => return Err(RejectReason::Malformed),
-        },
+        estimated_prefill_queue_ms: number(obj, "estimated_prefill_queue_ms")?,
+        decode_tokens_per_sec: number(obj, "gen_throughput")?,
     })
+}
+
+/// A number field, left for the table to judge; absent or null is `None`.
+fn number(obj: &Map<String, Value>, key: &str) -> Result<Option<f64>, RejectReason> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Number(n)) => Ok(n.as_f64()),
+        Some(_) => Err(RejectReason::Malformed),
+    }
 }
 
 /// A non-negative integer field; absent or null is `None`.
@@ -242,6 +249,7 @@ mod tests {
             RankSample::basic(0, 24, 3, 382_910, 524_288).with_native(6144, 401_294, 256)
         );
         assert_eq!(ranks[0].dp_rank, 1);
+        assert_eq!(ranks[0].decode_tokens_per_sec, Some(1521.08), "gen_throughput");
     }
 
     #[test]
@@ -275,6 +283,7 @@ mod tests {
         let malformed = [
             rank(r#""num_total_tokens": "12""#),
             rank(r#""estimated_prefill_queue_ms": NaN"#),
+            rank(r#""gen_throughput": "fast""#),
             r#"{"loads": [{"dp_rank": 0}]}"#.to_owned(),
             r#"{"version": "0.5"}"#.to_owned(),
             "[1, 2]".to_owned(),

@@ -1,5 +1,5 @@
-//! Pure steps of ingesting a report: value checks, rank completeness, prefill-rate derivation
-//! and the sum over ranks.
+//! Pure steps of ingesting a report: value checks, rank completeness, prefill-rate and
+//! per-request decode-speed derivation, and the sum over ranks.
 
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,8 @@ pub(crate) const MAX_TOKENS: u64 = 1 << 40;
 const MAX_QUEUE_MS: f64 = 86_400_000.0;
 /// Prefill rates beyond this (tokens per second of busy time) are counter noise.
 const MAX_PREFILL_RATE: f64 = 1e9;
+/// Generation throughputs beyond this (tokens per second) are not measurements.
+const MAX_DECODE_RATE: f64 = 1e9;
 /// Busy time needed between two counter samples before a rate is derived from them.
 const MIN_BUSY_WINDOW_US: u64 = 1_000;
 /// Ages beyond this are treated as this (the report is stale on arrival either way).
@@ -33,6 +35,7 @@ pub(crate) fn sanitize(report: &mut Report) -> Result<bool, RejectReason> {
                 total_prefill_uncached_tokens: None,
                 total_prefill_busy_us: None,
                 estimated_prefill_queue_ms: None,
+                decode_tokens_per_sec: None,
                 ..*rank
             };
         }
@@ -56,6 +59,12 @@ pub(crate) fn sanitize(report: &mut Report) -> Result<bool, RejectReason> {
             && !(ms.is_finite() && (0.0..=MAX_QUEUE_MS).contains(&ms))
         {
             rank.estimated_prefill_queue_ms = None;
+            clamped = true;
+        }
+        if let Some(rate) = rank.decode_tokens_per_sec
+            && !(rate.is_finite() && (0.0..=MAX_DECODE_RATE).contains(&rate))
+        {
+            rank.decode_tokens_per_sec = None;
             clamped = true;
         }
         if rank.age > MAX_AGE {
@@ -126,10 +135,37 @@ pub(crate) fn rank_load(rank: &RankSample) -> RankLoad {
     }
 }
 
-/// Sums complete, sanitized ranks into an engine load received at `received_at`.
+/// One rank's decode speed per request: the last one a report showed while the rank was
+/// decoding.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct RankDecode {
+    last: Option<f64>,
+}
+
+impl RankDecode {
+    /// Takes a rank's running requests and generation throughput (output tokens per second
+    /// over its requests) and returns the decode speed of one request there: throughput over
+    /// running requests while both are positive, else the last such speed (a rank with nothing
+    /// to decode is as fast as it last was). Without a throughput there is none, and the
+    /// memory is dropped.
+    pub(crate) fn observe(&mut self, running: u64, throughput: Option<f64>) -> Option<f64> {
+        let Some(throughput) = throughput else {
+            *self = Self::default();
+            return None;
+        };
+        if running > 0 && throughput > 0.0 {
+            self.last = Some(throughput / running as f64);
+        }
+        self.last
+    }
+}
+
+/// Sums complete, sanitized ranks into an engine load received at `received_at`. `rates` are
+/// the ranks' prefill rates and `decode` their per-request decode speeds, in rank order.
 pub(crate) fn aggregate(
     ranks: &[&RankSample],
     rates: &[Option<f64>],
+    decode: &[Option<f64>],
     claimed: ReportKind,
     status: EngineStatus,
     received_at: Instant,
@@ -139,7 +175,7 @@ pub(crate) fn aggregate(
     let oldest = ranks.iter().map(|r| r.age).max().unwrap_or_default();
     let capacity_known = ranks.iter().all(|r| r.kv_capacity_tokens > 0);
     let native = (claimed == ReportKind::Native && ranks.iter().all(|r| r.has_native_gauges()))
-        .then(|| native(ranks, rates));
+        .then(|| native(ranks, rates, decode));
     EngineLoad {
         kind: if native.is_some() { ReportKind::Native } else { ReportKind::Basic },
         status,
@@ -154,7 +190,7 @@ pub(crate) fn aggregate(
     }
 }
 
-fn native(ranks: &[&RankSample], rates: &[Option<f64>]) -> NativeLoad {
+fn native(ranks: &[&RankSample], rates: &[Option<f64>], decode: &[Option<f64>]) -> NativeLoad {
     let sum = |f: fn(&RankSample) -> Option<u64>| {
         ranks.iter().fold(0u64, |acc, r| acc.saturating_add(f(r).unwrap_or(0)))
     };
@@ -182,7 +218,14 @@ fn native(ranks: &[&RankSample], rates: &[Option<f64>]) -> NativeLoad {
         max_running_requests: sum(|r| r.max_running_requests),
         prefill_tokens_per_sec: rates.map(|rates| rates.iter().sum()),
         prefill_queue_ms: engine_estimate.or(derived),
+        request_decode_tokens_per_sec: mean(decode.iter().flatten().copied()),
     }
+}
+
+/// The mean of `values`; `None` for none.
+fn mean(values: impl Iterator<Item = f64>) -> Option<f64> {
+    let (sum, n) = values.fold((0.0, 0u32), |(sum, n), v| (sum + v, n + 1));
+    (n > 0).then(|| sum / f64::from(n))
 }
 
 #[cfg(test)]
@@ -211,6 +254,34 @@ mod tests {
         assert_eq!(c.observe(Some(10), Some(10)), None, "counter reset");
         assert_eq!(c.observe(Some(1_010), Some(1_000_010)), Some(1_000.0));
         assert_eq!(c.observe(None, Some(2_000_010)), None, "counters gone");
+    }
+
+    #[test]
+    fn decode_speed_is_throughput_per_running_request_and_kept_while_idle() {
+        let mut d = RankDecode::default();
+        assert_eq!(d.observe(0, Some(0.0)), None, "never decoded");
+        assert_eq!(d.observe(4, Some(400.0)), Some(100.0), "400 tokens/s over 4 requests");
+        assert_eq!(d.observe(0, Some(0.0)), Some(100.0), "idle: as fast as it last was");
+        assert_eq!(d.observe(2, Some(0.0)), Some(100.0), "running but no output yet");
+        assert_eq!(d.observe(8, Some(200.0)), Some(25.0), "a larger batch is slower");
+        assert_eq!(d.observe(8, None), None, "no throughput reported");
+        assert_eq!(d.observe(0, Some(0.0)), None, "the memory went with it");
+    }
+
+    #[test]
+    fn sanitize_drops_invalid_decode_throughput() {
+        for rate in [-1.0, f64::NAN, f64::INFINITY, 1e12] {
+            let rank = RankSample::basic(0, 1, 1, 1, 1).with_native(0, 0, 1).with_decode_rate(rate);
+            let mut report = Report::new("e", 1, 1, ReportKind::Native, vec![rank]);
+            assert_eq!(sanitize(&mut report), Ok(true), "{rate}");
+            assert_eq!(report.ranks[0].decode_tokens_per_sec, None, "{rate}");
+        }
+        let rank = RankSample::basic(0, 1, 1, 1, 1).with_native(0, 0, 1).with_decode_rate(0.0);
+        let mut report = Report::new("e", 1, 1, ReportKind::Native, vec![rank]);
+        assert_eq!(sanitize(&mut report), Ok(false), "zero is a throughput");
+        let mut basic = Report::new("e", 1, 1, ReportKind::Basic, vec![rank]);
+        assert_eq!(sanitize(&mut basic), Ok(false));
+        assert_eq!(basic.ranks[0].decode_tokens_per_sec, None, "a basic report has none");
     }
 
     #[test]
@@ -252,8 +323,14 @@ mod tests {
         let a = RankSample { age: Duration::from_millis(5), ..RankSample::basic(0, 1, 2, 30, 100) };
         let b =
             RankSample { age: Duration::from_millis(50), ..RankSample::basic(1, 3, 4, 70, 100) };
-        let load =
-            aggregate(&[&a, &b], &[None, None], ReportKind::Basic, EngineStatus::Serving, now);
+        let load = aggregate(
+            &[&a, &b],
+            &[None, None],
+            &[None, None],
+            ReportKind::Basic,
+            EngineStatus::Serving,
+            now,
+        );
         assert_eq!((load.running_requests, load.waiting_requests), (4, 6));
         assert_eq!((load.kv_used_tokens, load.kv_capacity_tokens), (100, 200));
         assert_eq!(load.captured_at, now - Duration::from_millis(50));
@@ -261,6 +338,7 @@ mod tests {
         let unknown = RankSample::basic(1, 0, 0, 5, 0);
         let load = aggregate(
             &[&a, &unknown],
+            &[None, None],
             &[None, None],
             ReportKind::Basic,
             EngineStatus::Serving,
@@ -277,6 +355,7 @@ mod tests {
         let load = aggregate(
             &[&a, &b],
             &[Some(1_000.0), Some(1_000.0)],
+            &[Some(40.0), None],
             ReportKind::Native,
             EngineStatus::Serving,
             now,
@@ -285,20 +364,29 @@ mod tests {
         assert_eq!(native.prefill_tokens_per_sec, Some(2_000.0));
         assert_eq!(native.prefill_queue_ms, Some(2_000.0), "mean of 1 s and 3 s");
         assert_eq!(native.max_running_requests, 16);
+        assert_eq!(native.request_decode_tokens_per_sec, Some(40.0), "the ranks that have one");
 
         let rate_missing = aggregate(
             &[&a, &b],
             &[Some(1_000.0), None],
+            &[None, None],
             ReportKind::Native,
             EngineStatus::Serving,
             now,
         );
         assert_eq!(rate_missing.native.expect("native").prefill_queue_ms, None);
+        assert_eq!(rate_missing.native.expect("native").request_decode_tokens_per_sec, None);
 
         let a = RankSample { estimated_prefill_queue_ms: Some(10.0), ..a };
         let b = RankSample { estimated_prefill_queue_ms: Some(30.0), ..b };
-        let load =
-            aggregate(&[&a, &b], &[None, None], ReportKind::Native, EngineStatus::Serving, now);
+        let load = aggregate(
+            &[&a, &b],
+            &[None, None],
+            &[None, None],
+            ReportKind::Native,
+            EngineStatus::Serving,
+            now,
+        );
         assert_eq!(load.native.expect("native").prefill_queue_ms, Some(20.0));
     }
 
@@ -308,8 +396,14 @@ mod tests {
         let a = RankSample::basic(0, 0, 0, 0, 1).with_native(1, 1, 1);
         let mut b = RankSample::basic(1, 0, 0, 0, 1).with_native(1, 1, 1);
         b.total_kv_tokens = None;
-        let load =
-            aggregate(&[&a, &b], &[None, None], ReportKind::Native, EngineStatus::Serving, now);
+        let load = aggregate(
+            &[&a, &b],
+            &[None, None],
+            &[None, None],
+            ReportKind::Native,
+            EngineStatus::Serving,
+            now,
+        );
         assert_eq!(load.kind, ReportKind::Basic);
         assert_eq!(load.native, None);
     }

@@ -1,12 +1,12 @@
-//! The writer-side state of one engine: ordering baselines, rate limit, prefill counters and
-//! the current usable report.
+//! The writer-side state of one engine: ordering baselines, rate limit, prefill counters, the
+//! last decode speeds and the current usable report.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use router_workers::WorkerId;
 
-use super::aggregate::{self, RankCounters};
+use super::aggregate::{self, RankCounters, RankDecode};
 use super::{Entry, TableConfig};
 use crate::{
     EngineLoadStatus, Freshness, MissingReason, RejectReason, RejectionCounts, Report, ReportKind,
@@ -48,6 +48,7 @@ pub(crate) struct EngineState {
     order: Option<(u64, u64)>,
     retired: VecDeque<u64>,
     counters: Vec<RankCounters>,
+    decode: Vec<RankDecode>,
     bucket: TokenBucket,
     interval: Option<Duration>,
     stale_after: Duration,
@@ -66,6 +67,7 @@ impl EngineState {
             order: None,
             retired: VecDeque::new(),
             counters: vec![RankCounters::default(); usize::try_from(dp_size).unwrap_or(0)],
+            decode: vec![RankDecode::default(); usize::try_from(dp_size).unwrap_or(0)],
             bucket: TokenBucket::default(),
             interval: None,
             stale_after: config.stale_after_for(None),
@@ -122,7 +124,12 @@ impl EngineState {
                 counters.observe(rank.total_prefill_uncached_tokens, rank.total_prefill_busy_us)
             })
             .collect();
-        let load = aggregate::aggregate(&ranks, &rates, report.kind, report.status, now);
+        let decode: Vec<Option<f64>> = ranks
+            .iter()
+            .zip(&mut self.decode)
+            .map(|(rank, decode)| decode.observe(rank.running_requests, rank.decode_tokens_per_sec))
+            .collect();
+        let load = aggregate::aggregate(&ranks, &rates, &decode, report.kind, report.status, now);
         let too_old = now.saturating_duration_since(load.captured_at) >= self.stale_after;
         let fresh_until = if too_old { now } else { now + self.stale_after };
         let ranks = ranks.iter().map(|r| aggregate::rank_load(r)).collect();
@@ -149,6 +156,7 @@ impl EngineState {
                     self.retired.pop_front();
                 }
                 self.counters.iter_mut().for_each(|c| *c = RankCounters::default());
+                self.decode.iter_mut().for_each(|d| *d = RankDecode::default());
             }
             None => {}
         }

@@ -181,6 +181,28 @@ fn new_instance_resets_baselines_and_old_instances_stay_retired() {
 }
 
 #[test]
+fn decode_speed_per_request_follows_the_reports_and_forgets_a_previous_instance() {
+    let f = Fixture::new();
+    let w = f.add("a", 2);
+    let speed = |f: &Fixture| {
+        f.load(&w).and_then(|l| l.native).and_then(|n| n.request_decode_tokens_per_sec)
+    };
+    let rank = |r, running, throughput| native(r, running).with_decode_rate(throughput);
+    // Rank 0: 600 tokens/s over 3 requests; rank 1 has never decoded.
+    f.apply(&w, report(&w, 1, 1, vec![rank(0, 3, 600.0), rank(1, 0, 0.0)])).expect("first");
+    assert_eq!(speed(&f), Some(200.0), "the rank that decodes");
+    // Rank 0 idle now keeps 200; rank 1 decodes 2 requests at 100 each.
+    f.apply(&w, report(&w, 1, 2, vec![rank(0, 0, 0.0), rank(1, 2, 200.0)])).expect("second");
+    assert_eq!(speed(&f), Some(150.0), "mean of 200 and 100");
+    // A restart forgets the idle speeds of the old process.
+    f.apply(&w, report(&w, 2, 1, vec![rank(0, 0, 0.0), rank(1, 0, 0.0)])).expect("restart");
+    assert_eq!(speed(&f), None);
+    // Without the field there is no speed at all.
+    f.apply(&w, report(&w, 2, 2, vec![native(0, 4), native(1, 4)])).expect("no throughput");
+    assert_eq!(speed(&f), None);
+}
+
+#[test]
 fn prefill_queue_time_is_waiting_uncached_over_derived_rate() {
     let f = Fixture::new();
     let w = f.add("a", 2);

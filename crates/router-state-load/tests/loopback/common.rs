@@ -188,6 +188,7 @@ pub fn wire_report(
                 total_prefill_uncached_tokens: Some(0),
                 total_prefill_busy_us: Some(0),
                 estimated_prefill_queue_ms: None,
+                decode_tokens_per_sec: None,
             })
             .collect(),
         sent_at_unix_ms: 0,

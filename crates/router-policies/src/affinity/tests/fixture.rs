@@ -12,8 +12,8 @@ use router_state_load::{
 use router_workers::{ModelId, Stage, Worker};
 
 use crate::{
-    AdmissionCheck, AdmissionLimits, EngineAdmission, LoadHandles, Pick, PickError, PickRequest,
-    Policy, PolicyHandles, SessionAwarePolicy, StickyFallback, StickyPolicy,
+    AdmissionCheck, AdmissionLimits, BindingScope, EngineAdmission, LoadHandles, Pick, PickError,
+    PickRequest, Policy, PolicyHandles, SessionAwarePolicy, StickyFallback, StickyPolicy,
 };
 
 pub(super) const BUCKET: &str = "short";
@@ -97,6 +97,11 @@ impl Fleet {
         Scope::new(&self.model, BUCKET, Stage::Plain, key).expect("valid scope")
     }
 
+    /// The model-wide scope of `key` on plain engines.
+    pub(super) fn model_scope(&self, key: &str) -> Scope {
+        Scope::model_wide(&self.model, Stage::Plain, key).expect("valid scope")
+    }
+
     pub(super) fn admission(&self, limits: AdmissionLimits) -> AdmissionCheck {
         AdmissionCheck::new(Arc::new(limits), self.load.clone())
     }
@@ -146,18 +151,31 @@ impl Flavor {
         store: &Arc<AffinityStore>,
         limits: AdmissionLimits,
     ) -> Arc<dyn Policy> {
+        self.build_scoped(fleet, store, limits, BindingScope::Bucket)
+    }
+
+    /// [`Flavor::build`] binding with `scope`.
+    pub(super) fn build_scoped(
+        self,
+        fleet: &Fleet,
+        store: &Arc<AffinityStore>,
+        limits: AdmissionLimits,
+        scope: BindingScope,
+    ) -> Arc<dyn Policy> {
         let admission: Option<Arc<dyn EngineAdmission>> =
             (!limits.is_unlimited()).then(|| Arc::new(limits) as Arc<dyn EngineAdmission>);
         match self {
             Flavor::Session => {
-                let policy = SessionAwarePolicy::new(Arc::clone(store), fleet.load.clone());
+                let policy = SessionAwarePolicy::new(Arc::clone(store), fleet.load.clone())
+                    .with_scope(scope);
                 match admission {
                     None => Arc::new(policy),
                     Some(a) => Arc::new(policy.with_admission(a)),
                 }
             }
             Flavor::Sticky(fallback) => {
-                let policy = StickyPolicy::new(Arc::clone(store), fallback.build(&fleet.handles()));
+                let policy = StickyPolicy::new(Arc::clone(store), fallback.build(&fleet.handles()))
+                    .with_scope(scope);
                 match admission {
                     None => Arc::new(policy),
                     Some(a) => {

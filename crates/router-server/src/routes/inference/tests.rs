@@ -2,7 +2,8 @@
 //! and whole chat requests through the routes to an in-process engine: what the engine
 //! receives (its own credential, never the client's; the request id; no router-owned fields),
 //! each refusal with its code and the client's request id, draining, the metrics' model label,
-//! and a long prompt prepared on the blocking pool.
+//! a long prompt prepared on the blocking pool, and SLO targets: read only when enabled,
+//! refused when unusable, and answered with whether the serving bucket met them.
 
 use std::sync::Arc;
 
@@ -186,4 +187,98 @@ async fn a_long_tokenized_prompt_is_served_byte_for_byte() {
     // Its token ids were there: its blocks are predicted entries on the engine.
     let predictions = ctx.predictions().expect("predictions are on by default");
     assert!(predictions.blocks(std::time::Instant::now()) > 100);
+}
+
+/// A model `model` of one engine at `url` in two buckets: `fast` (up to 1000 input tokens,
+/// `fast_slo` its declared estimates) and `slow` (unbounded, 2 s to the first token, 10 tokens
+/// per second), with the model keys `prefs` (`ttft_slo: slo_first`, say).
+fn slo_model(model: &str, url: &str, prefs: &str, fast_slo: &str) -> String {
+    format!(
+        "models:\n  - id: {model}\n    {prefs}\n    workers: [{{id: {model}-e, url: \"{url}\"}}]\n    \
+         buckets:\n      \
+         - {{id: fast, limits: {{max: 1000}}, {fast_slo}groups: {{plain: {{}}}}}}\n      \
+         - {{id: slow, ttft_ms: 2000, tokens_per_second: 10, groups: {{plain: {{}}}}}}\n"
+    )
+}
+
+/// The request's headers, the bucket that serves it, and its `x-router-slo-ttft` and
+/// `x-router-slo-tps`.
+type SloCase<'a> = (&'a [(&'a str, &'a str)], &'a str, Option<&'a str>, Option<&'a str>);
+
+#[tokio::test]
+async fn slo_headers_order_the_buckets_and_the_answer_says_whether_they_were_met() {
+    let (url, received) = recording_engine().await;
+    let prefs = "ttft_slo: slo_first\n    tps_slo: best_effort";
+    let ctx = context(&slo_model("slo-m", &url, prefs, "ttft_ms: 100, tokens_per_second: 50, "));
+    let counted = |target: &str, met: &str| {
+        metric("router_slo_requests_total", &[("model", "slo-m"), ("target", target), ("met", met)])
+    };
+    #[rustfmt::skip]
+    let cases: [SloCase<'_>; 5] = [
+        // No target: the length order, and nothing said about SLOs.
+        (&[], "fast", None, None),
+        // fast meets a tight TTFT target, slow does not.
+        (&[("x-sgl-ttft-slo-ms", "150")], "fast", Some("met"), None),
+        // Nobody meets 50 ms: the length order, and the answer says it was missed.
+        (&[("x-sgl-ttft-slo-ms", "50")], "fast", Some("missed"), None),
+        // A best-effort throughput target that fast meets and slow does not: slow serves it.
+        (&[("x-sgl-tps-slo", "20")], "slow", None, Some("missed")),
+        // Both: fast meets both (a tier for the best-effort one), slow neither (a tier for
+        // the slo_first one); equal tiers keep the length order.
+        (&[("x-sgl-ttft-slo-ms", "150"), ("x-sgl-tps-slo", "20")], "fast", Some("met"), Some("met")),
+    ];
+    for (headers, bucket, ttft, tps) in cases {
+        let response = chat(&ctx, headers, chat_body("slo-m", "")).await;
+        assert_eq!(response.status(), StatusCode::OK, "{headers:?}");
+        let header = |name: &str| response.headers().get(name).map(|v| v.to_str().expect("ascii"));
+        assert_eq!(header("x-router-bucket"), Some(bucket), "{headers:?}");
+        assert_eq!(header("x-router-slo-ttft"), ttft, "{headers:?}");
+        assert_eq!(header("x-router-slo-tps"), tps, "{headers:?}");
+    }
+    assert_eq!(received.lock().len(), cases.len());
+    assert_eq!(counted("ttft", "true"), Some(2.0));
+    assert_eq!(counted("ttft", "false"), Some(1.0));
+    assert_eq!(counted("tps", "true"), Some(1.0));
+    assert_eq!(counted("tps", "false"), Some(1.0));
+}
+
+#[tokio::test]
+async fn a_bad_enabled_slo_header_is_a_400_before_any_dispatch_and_a_disabled_one_is_ignored() {
+    let (url, received) = recording_engine().await;
+    let both = "ttft_slo: slo_first\n    tps_slo: slo_first";
+    let ctx = context(&slo_model("slo-bad", &url, both, "ttft_ms: 100, "));
+    #[rustfmt::skip]
+    let cases: [(&str, &str, &str); 10] = [
+        ("x-sgl-ttft-slo-ms", "fast", "not a positive integer of milliseconds"),
+        ("x-sgl-ttft-slo-ms", "0", "at least 1 ms"),
+        ("x-sgl-ttft-slo-ms", "-5", "not a positive integer"),
+        ("x-sgl-ttft-slo-ms", "2.5", "not a positive integer"),
+        ("x-sgl-tps-slo", "0", "finite number above 0, got 0"),
+        ("x-sgl-tps-slo", "-3", "finite number above 0, got -3"),
+        ("x-sgl-tps-slo", "NaN", "got NaN"),
+        ("x-sgl-tps-slo", "inf", "got inf"),
+        ("x-sgl-tps-slo", "lots", "not a number of tokens per second"),
+        ("x-sgl-tps-slo", "", "not a number"),
+    ];
+    for (header, value, says) in cases {
+        let response = chat(&ctx, &[(header, value)], chat_body("slo-bad", "")).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{header}: {value}");
+        let answer: serde_json::Value = serde_json::from_str(&text(response).await).expect("json");
+        assert_eq!(answer["error"]["code"], "invalid_slo_target", "{answer}");
+        assert_eq!(answer["error"]["param"], header, "{answer}");
+        let message = answer["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.starts_with(&format!("header {header}: ")), "{message}");
+        assert!(message.contains(says), "{header}: {value}: {message}");
+    }
+    assert!(received.lock().is_empty(), "nothing was dispatched");
+
+    // With the preferences disabled (the default) the headers are not read at all.
+    let ctx = context(&slo_model("slo-off", &url, "", "ttft_ms: 100, "));
+    let headers = [("x-sgl-ttft-slo-ms", "0"), ("x-sgl-tps-slo", "NaN")];
+    let response = chat(&ctx, &headers, chat_body("slo-off", "")).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["x-router-bucket"], "fast");
+    assert!(!response.headers().contains_key("x-router-slo-ttft"));
+    assert!(!response.headers().contains_key("x-router-slo-tps"));
+    assert_eq!(received.lock().len(), 1);
 }

@@ -1,0 +1,119 @@
+//! The time-to-first-token cost model: (prefill work queued on an engine + this request's
+//! uncached tokens there) / that engine's prefill rate. One model, read by the
+//! `predicted_ttft` policy to rank its candidates and by the live SLO estimates of buckets
+//! ([`crate::LiveEstimator`]) to say how soon a bucket's best engine would answer.
+
+use std::sync::Arc;
+
+use router_state_load::EngineLoad;
+use router_workers::Worker;
+
+use crate::cache::Prefixes;
+use crate::pressure::Basis;
+use crate::{CacheSource, LoadHandles, PickError, PickRequest};
+
+/// One candidate's prediction.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Estimate {
+    /// Prefill tokens waiting there before this request.
+    pub(crate) queued: u64,
+    /// This request's tokens not cached there.
+    pub(crate) uncached: u64,
+    /// The rate used, in tokens per second.
+    pub(crate) rate: f64,
+    /// `(queued + uncached) / rate`, in milliseconds.
+    pub(crate) ms: f64,
+}
+
+/// The predictions of one request on a set of candidates, in their order, with the prefix
+/// lookups and load observations they were made from (for the pick and its admission).
+pub(crate) struct Predictions {
+    /// Whether queued work came from the engines' reports or from router-local accounting.
+    pub(crate) basis: Basis,
+    /// Each candidate's usable load report, if it has one.
+    pub(crate) loads: Vec<Option<EngineLoad>>,
+    /// Each candidate's prediction.
+    pub(crate) estimates: Vec<Estimate>,
+    /// What the prefix lookups found (nothing without a source).
+    pub(crate) prefixes: Prefixes,
+}
+
+/// The cost model over the application's load state.
+#[derive(Clone, Debug)]
+pub(crate) struct TtftModel {
+    pub(crate) load: LoadHandles,
+    /// The prefill rate assumed for an engine before its reports give one.
+    pub(crate) default_prefill_tokens_per_sec: f64,
+}
+
+impl TtftModel {
+    /// Predicts `request` on every one of `engines`.
+    ///
+    /// - **queued** is the engine-reported waiting uncached tokens plus the work this router
+    ///   dispatched there since the report's capture time (the recent-dispatch correction:
+    ///   `Inflight::dispatched_tokens_since`). When any candidate lacks a fresh, complete native
+    ///   report, every candidate is judged by router-local work instead (the uncached tokens of
+    ///   its requests in flight, `Inflight::inflight_tokens`), [`Basis::Local`];
+    /// - **uncached** is the input minus the leading tokens the candidate holds, looked up in
+    ///   `source` through the request's memo (every token without a source, token ids, a
+    ///   block size or an answering backend);
+    /// - **rate** is the candidate's prefill rate derived from its reports, or the default
+    ///   before the first estimate (a negative, NaN or zero estimate is ignored).
+    ///
+    /// Fails only when the source refuses the lookup as an invalid query.
+    pub(crate) async fn predict(
+        &self,
+        source: Option<&Arc<CacheSource>>,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+    ) -> Result<Predictions, PickError> {
+        let prefixes = match source {
+            Some(source) => Prefixes::look_up(source, engines, request, 1).await?,
+            None => Prefixes::default(),
+        };
+        let snapshot = self.load.table.snapshot();
+        let loads: Vec<Option<EngineLoad>> =
+            engines.iter().map(|e| snapshot.get(e.id()).copied()).collect();
+        let basis = if loads.iter().all(|l| l.is_some_and(|l| l.native.is_some())) {
+            Basis::Reported
+        } else {
+            Basis::Local
+        };
+        let estimates = engines
+            .iter()
+            .zip(&loads)
+            .map(|(engine, load)| {
+                let matched = prefixes.matched(engine);
+                self.estimate(engine, load.as_ref(), basis, request.input_tokens, matched)
+            })
+            .collect();
+        Ok(Predictions { basis, loads, estimates, prefixes })
+    }
+
+    /// The prediction for one candidate holding `matched` leading tokens of an `input`-token
+    /// request.
+    pub(crate) fn estimate(
+        &self,
+        engine: &Worker,
+        load: Option<&EngineLoad>,
+        basis: Basis,
+        input: u64,
+        matched: u64,
+    ) -> Estimate {
+        let inflight = &self.load.inflight;
+        let native = load.and_then(|l| l.native.as_ref().map(|n| (l, n)));
+        let queued = match (basis, native) {
+            (Basis::Reported, Some((load, native))) => native
+                .waiting_uncached_tokens
+                .saturating_add(inflight.dispatched_tokens_since(engine.id(), load.captured_at)),
+            _ => inflight.inflight_tokens(engine.id()),
+        };
+        let rate = native
+            .and_then(|(_, n)| n.prefill_tokens_per_sec)
+            .filter(|rate| rate.is_finite() && *rate > 0.0)
+            .unwrap_or(self.default_prefill_tokens_per_sec);
+        let uncached = input - matched.min(input);
+        let ms = queued.saturating_add(uncached) as f64 / rate * 1000.0;
+        Estimate { queued, uncached, rate, ms }
+    }
+}
