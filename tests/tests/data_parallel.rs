@@ -57,6 +57,19 @@ async fn post(
     http.send("POST", &format!("{}{path}", router.url), &all, body.to_string()).await
 }
 
+/// Waits until the engine's load reports say every rank is idle. A report taken while the last
+/// request still queued makes its rank look busy until the next report (the choice reads the
+/// last report, as an engine's does); a conversation's next turn comes seconds later, when the
+/// reports are current, and this waits for that.
+async fn idle_report(http: &Http, router: &Router) {
+    eventually("a load report of idle ranks", async || {
+        let loads = http.get(&router.url, "/get_loads", &[]).await.json();
+        let entries = loads["workers"].as_array().cloned().unwrap_or_default();
+        !entries.is_empty() && entries.iter().all(|e| e["load"] == 0)
+    })
+    .await;
+}
+
 /// A first request with a long prefix, then (once its blocks are indexed) six follow-ups
 /// sharing it: the rank of each and the prompt tokens each found cached.
 async fn follow_ups(router: &Router) -> (Option<u32>, Vec<(Option<u32>, u64)>) {
@@ -72,6 +85,7 @@ async fn follow_ups(router: &Router) -> (Option<u32>, Vec<(Option<u32>, u64)>) {
     .await;
     let mut served = Vec::new();
     for i in 1..=6 {
+        idle_report(&http, router).await;
         let body = chat_body("m", &format!("{prefix} Question {i}?"), 1);
         let reply = http.chat(&router.url, &body, &[]).await;
         assert_eq!(reply.status, 200, "{}", reply.body);
