@@ -101,6 +101,7 @@ fn bench(c: &mut Criterion) {
         session_key: None,
         routing_key: None,
         slo: SloTargets::NONE,
+        excluded: &[],
     };
 
     c.bench_function("resolve 16 buckets", |b| {

@@ -324,9 +324,12 @@ impl Bucket {
     async fn pick_in(
         &self,
         group: &EngineGroup,
-        candidates: Vec<Arc<Worker>>,
+        mut candidates: Vec<Arc<Worker>>,
         request: &BucketRequest<'_>,
     ) -> Result<Pick, StagePickError> {
+        if !request.excluded.is_empty() {
+            candidates.retain(|worker| !request.excluded.contains(worker.id()));
+        }
         group
             .pick_among(candidates, &self.id, request)
             .await
@@ -356,6 +359,9 @@ pub struct BucketRequest<'a> {
     /// The request's SLO targets ([`SloTargets::NONE`]: none); a target whose preference the
     /// resolver has disabled is ignored.
     pub slo: SloTargets,
+    /// Engines this request must not be sent to (those that already failed it: a retry
+    /// selects among the others).
+    pub excluded: &'a [WorkerId],
 }
 
 impl<'a> BucketRequest<'a> {

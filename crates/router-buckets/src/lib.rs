@@ -74,6 +74,7 @@
 //!     session_key: None,
 //!     routing_key: None,
 //!     slo: SloTargets::NONE,
+//!     excluded: &[],
 //! };
 //! let selection = futures::executor::block_on(resolver.select(&workers, &request))
 //!     .map_err(|failure| failure.error)?;

@@ -120,6 +120,18 @@ pub(crate) enum EngineError {
         /// At most 1 KiB of its body.
         text: String,
     },
+    /// The engine declined the request with a status the router retries elsewhere
+    /// (`server.retry.on_status`: busy, overloaded, unavailable, gateway errors). Answered
+    /// with that status when no retry is left.
+    #[error("engine {worker} declined the request ({}): {text}", status.as_u16())]
+    Declined {
+        /// The engine.
+        worker: WorkerId,
+        /// Its status.
+        status: StatusCode,
+        /// At most 1 KiB of its body.
+        text: String,
+    },
     /// The engine refused the router's credential (401 or 403). Passing that on would tell
     /// the client its own key is wrong.
     #[error(
@@ -240,6 +252,7 @@ impl EngineError {
         match self {
             EngineError::Send(err) => err.worker(),
             EngineError::Status { worker, .. }
+            | EngineError::Declined { worker, .. }
             | EngineError::RefusedCredentials { worker, .. }
             | EngineError::Refused { worker, .. }
             | EngineError::MidResponse { worker, .. }
@@ -253,6 +266,7 @@ impl EngineError {
         match self {
             EngineError::Send(err) => err.kind(),
             EngineError::Status { .. } => "status",
+            EngineError::Declined { .. } => "declined",
             EngineError::RefusedCredentials { .. } => "credentials",
             EngineError::Refused { .. } => "refused",
             EngineError::MidResponse { .. } => "transport",
@@ -268,6 +282,7 @@ impl EngineError {
     fn code(&self) -> &'static str {
         match self {
             EngineError::Send(SendError::Unreachable { .. }) => "engine_unreachable",
+            EngineError::Declined { .. } => "engine_declined",
             _ if self.is_timeout() => "engine_timeout",
             _ => "engine_failed",
         }
@@ -275,10 +290,26 @@ impl EngineError {
 }
 
 impl ApiError {
-    /// Whether the bucket loop may select again and resend: only a plain dispatch's engine
-    /// that received nothing.
+    /// Whether the bucket loop may select again and resend: only a plain dispatch, whose
+    /// engine received nothing or declined the request before any byte of its answer went to
+    /// the client.
     pub(crate) fn is_retryable(&self) -> bool {
-        matches!(self, ApiError::Engine(EngineError::Send(SendError::Unreachable { .. })))
+        matches!(
+            self,
+            ApiError::Engine(
+                EngineError::Send(SendError::Unreachable { .. }) | EngineError::Declined { .. }
+            )
+        )
+    }
+
+    /// Why a retry happens, for metrics: `unreachable` or `status_<code>`.
+    pub(crate) fn retry_reason(&self) -> String {
+        match self {
+            ApiError::Engine(EngineError::Declined { status, .. }) => {
+                format!("status_{}", status.as_u16())
+            }
+            _ => "unreachable".to_owned(),
+        }
     }
 
     /// The HTTP status of this error.
@@ -297,6 +328,8 @@ impl ApiError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ApiError::Preparation(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Engine(EngineError::Declined { status, .. })
+            | ApiError::Decode(EngineError::Declined { status, .. }) => *status,
             ApiError::Engine(err) | ApiError::Prefill(err) | ApiError::Decode(err) => {
                 if err.is_timeout() { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY }
             }

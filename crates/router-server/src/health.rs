@@ -7,7 +7,10 @@
 //! lets at most `breaker_trials` trial requests through at once: the engine stops being a
 //! candidate while that many are in flight. `breaker_successes` successful trials close it; a
 //! failed one opens it again. A trial that never reports (its client left before any outcome)
-//! gives its place back after another cool-down.
+//! gives back its place after another cool-down.
+//!
+//! An engine that declines a request with `Retry-After` is held off (no candidate) for that long,
+//! capped by `server.retry.max_retry_after_secs`; the run loop wakes when the hold ends.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -86,6 +89,8 @@ struct EngineHealth {
     probe_healthy: bool,
     probe_streak: i64,
     breaker: Breaker,
+    /// Until when the engine asked to be left alone (`Retry-After`).
+    held_until: Option<Instant>,
 }
 
 impl EngineHealth {
@@ -95,6 +100,7 @@ impl EngineHealth {
             probe_healthy: true,
             probe_streak: 0,
             breaker: Breaker::Closed { failures: 0 },
+            held_until: None,
         }
     }
 
@@ -102,6 +108,7 @@ impl EngineHealth {
     /// half-open with room for another trial.
     fn effective(&self, config: &HealthSection) -> bool {
         self.probe_healthy
+            && self.held_until.is_none()
             && match self.breaker {
                 Breaker::Closed { .. } => true,
                 Breaker::Open { .. } => false,
@@ -120,7 +127,8 @@ pub struct HealthBook {
     registry: Arc<WorkerRegistry>,
     config: HealthSection,
     engines: Mutex<HashMap<WorkerId, EngineHealth>>,
-    /// Wakes the run loop when a breaker opens, so that it half-opens on time.
+    /// Wakes the run loop when a breaker opens or an engine is held off, so that it acts on
+    /// time.
     opened: Notify,
 }
 
@@ -232,49 +240,64 @@ impl HealthBook {
         });
     }
 
-    /// Moves open breakers whose time is up to half-open, and gives back the places of trials
-    /// that never reported within a cool-down.
+    /// Holds `worker` off for `hold` (it answered `Retry-After`): no candidate until then.
+    pub fn hold_off(&self, worker: &Worker, hold: Duration) {
+        let until = Instant::now() + hold;
+        self.update(worker, |engine, _| {
+            engine.held_until = Some(engine.held_until.map_or(until, |held| held.max(until)));
+        });
+        self.opened.notify_one();
+    }
+
+    /// Moves open breakers whose time is up to half-open, gives back the places of trials
+    /// that never reported within a cool-down, and ends hold-offs that are over.
     pub fn tick(&self, now: Instant) {
-        let cool_down = Duration::from_secs(self.config.breaker_open_secs);
-        let due = |breaker: Breaker| match breaker {
-            Breaker::Open { until } => until <= now,
-            Breaker::HalfOpen { trials, since, .. } => trials > 0 && since + cool_down <= now,
-            Breaker::Closed { .. } => false,
-        };
         let due_ids: Vec<WorkerId> = self
             .engines
             .lock()
             .iter()
-            .filter(|(_, e)| due(e.breaker))
+            .filter(|(_, e)| self.due_at(e).is_some_and(|at| at <= now))
             .map(|(id, _)| id.clone())
             .collect();
+        let cool_down = Duration::from_secs(self.config.breaker_open_secs);
         for id in due_ids {
             if let Some(worker) = self.registry.get(&id) {
-                self.update(&worker, |engine, _| match engine.breaker {
-                    Breaker::Open { until } if until <= now => {
-                        engine.breaker = Breaker::HalfOpen { trials: 0, successes: 0, since: now };
+                self.update(&worker, |engine, _| {
+                    if engine.held_until.is_some_and(|until| until <= now) {
+                        engine.held_until = None;
                     }
-                    Breaker::HalfOpen { successes, .. } if due(engine.breaker) => {
-                        engine.breaker = Breaker::HalfOpen { trials: 0, successes, since: now };
+                    match engine.breaker {
+                        Breaker::Open { until } if until <= now => {
+                            engine.breaker =
+                                Breaker::HalfOpen { trials: 0, successes: 0, since: now };
+                        }
+                        Breaker::HalfOpen { trials, successes, since }
+                            if trials > 0 && since + cool_down <= now =>
+                        {
+                            engine.breaker = Breaker::HalfOpen { trials: 0, successes, since: now };
+                        }
+                        _ => {}
                     }
-                    _ => {}
                 });
             }
         }
     }
 
-    /// The next instant [`Self::tick`] has work: the earliest end of a cool-down.
-    fn next_due(&self) -> Option<Instant> {
+    /// When `engine` next has work for [`Self::tick`]: the end of its breaker's cool-down, of
+    /// a silent trial's, or of its hold-off, whichever is first.
+    fn due_at(&self, engine: &EngineHealth) -> Option<Instant> {
         let cool_down = Duration::from_secs(self.config.breaker_open_secs);
-        self.engines
-            .lock()
-            .values()
-            .filter_map(|e| match e.breaker {
-                Breaker::Open { until } => Some(until),
-                Breaker::HalfOpen { trials, since, .. } if trials > 0 => Some(since + cool_down),
-                _ => None,
-            })
-            .min()
+        let breaker = match engine.breaker {
+            Breaker::Open { until } => Some(until),
+            Breaker::HalfOpen { trials, since, .. } if trials > 0 => Some(since + cool_down),
+            _ => None,
+        };
+        breaker.into_iter().chain(engine.held_until).min()
+    }
+
+    /// The next instant [`Self::tick`] has work.
+    fn next_due(&self) -> Option<Instant> {
+        self.engines.lock().values().filter_map(|e| self.due_at(e)).min()
     }
 
     /// Forgets engines that left the registry.

@@ -304,9 +304,10 @@ pub(crate) fn queue_wait(waited: Duration, admitted: bool) {
     histogram!("router_queue_wait_seconds", "outcome" => outcome).record(waited.as_secs_f64());
 }
 
-/// A dispatch retried after an engine could not be reached.
-pub(crate) fn retry(model: &str) {
-    counter!("router_retries_total", "model" => model.to_owned()).increment(1);
+/// A dispatch retried on another engine: `unreachable` or `status_<code>`.
+pub(crate) fn retry(model: &str, reason: &str) {
+    counter!("router_retries_total", "model" => model.to_owned(), "reason" => reason.to_owned())
+        .increment(1);
 }
 
 /// A retry refused because the retry budget was spent.
@@ -420,7 +421,7 @@ mod tests {
         bucket_fallback("metrics-m2", "short", "admission");
         engine_failure("metrics-w1", "stalled");
         refused("metrics-refusal");
-        retry("metrics-m2");
+        retry("metrics-m2", "unreachable");
         retry_budget_exhausted("metrics-m2");
         inflight("metrics-w1", 7);
         engine_healthy("metrics-w1", false);

@@ -1,10 +1,14 @@
-//! Retries of dispatches that failed before the engine received anything, under a budget.
+//! Retries of plain dispatches that failed before any byte reached the client, under a budget.
 //!
-//! Only one failure qualifies: the engine could not be reached (connection refused, connect
-//! timeout, TLS handshake failure). The request provably never started there, and the failure
-//! marks the engine unhealthy, so the retry is a fresh selection (the whole bucket loop) that no
-//! longer sees that engine; it is not a substitution inside the earlier pick. Nothing is
-//! retried once an engine has answered, and never after a byte went to the client.
+//! Two failures qualify: the engine could not be reached (connection refused, connect timeout,
+//! TLS handshake failure: the request provably never started there, and the engine is marked
+//! unhealthy), or it answered a status of `on_status` (by default 429, 502, 503, 504: it is
+//! busy or unavailable, and said so before doing the work). The retry is a fresh selection (the
+//! whole bucket loop) that excludes every engine that failed the request; it is not a
+//! substitution inside the earlier pick. An engine's `Retry-After` holds it off for every
+//! request for that long (capped by `max_retry_after_secs`). Nothing is retried once an engine's
+//! answer started, never after a byte went to the client, and never a PD pair (its prefill
+//! engine may already hold the request).
 //!
 //! The budget is Linkerd's: retries may add `budget_ratio` of the requests of the last
 //! `budget_window_secs` (a window sliding by the second), plus `budget_min_per_sec` so that a
@@ -17,7 +21,7 @@ use std::time::{Duration, Instant};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
-/// `server.retry`: how dispatches to unreachable engines are retried.
+/// `server.retry`: how plain dispatches are retried on another engine.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct RetrySection {
@@ -31,6 +35,10 @@ pub struct RetrySection {
     pub budget_min_per_sec: f64,
     /// What "recent" means for the budget, in seconds.
     pub budget_window_secs: u64,
+    /// Engine statuses that decline a request, retried on another engine.
+    pub on_status: Vec<u16>,
+    /// Longest hold-off an engine's `Retry-After` gets, in seconds.
+    pub max_retry_after_secs: u64,
 }
 
 impl Default for RetrySection {
@@ -41,6 +49,8 @@ impl Default for RetrySection {
             budget_ratio: 0.2,
             budget_min_per_sec: 10.0,
             budget_window_secs: 10,
+            on_status: vec![429, 502, 503, 504],
+            max_retry_after_secs: 30,
         }
     }
 }
@@ -66,6 +76,15 @@ impl RetrySection {
         }
         if self.budget_window_secs > 3600 {
             problems.push(("budget_window_secs", "must be at most 3600"));
+        }
+        if self.on_status.iter().any(|s| !(400..=599).contains(s) || [401, 403].contains(s)) {
+            problems.push((
+                "on_status",
+                "must list 4xx or 5xx statuses other than 401 and 403 (a refused credential)",
+            ));
+        }
+        if self.max_retry_after_secs > 3600 {
+            problems.push(("max_retry_after_secs", "must be at most 3600"));
         }
         problems
     }
@@ -273,6 +292,8 @@ mod tests {
             budget_window_secs: 0,
             max_retries: 11,
             backoff_ms: 60_001,
+            on_status: vec![429, 401, 200],
+            max_retry_after_secs: 3601,
         };
         let fields: Vec<_> = bad.problems().into_iter().map(|(field, _)| field).collect();
         assert_eq!(
@@ -282,7 +303,9 @@ mod tests {
                 "budget_min_per_sec",
                 "budget_window_secs",
                 "max_retries",
-                "backoff_ms"
+                "backoff_ms",
+                "on_status",
+                "max_retry_after_secs"
             ]
         );
         assert!(RetrySection::default().problems().is_empty());
@@ -321,6 +344,8 @@ mod tests {
             budget_window_secs: 3600,
             max_retries: 10,
             backoff_ms: 60_000,
+            on_status: vec![408, 429, 500, 599],
+            max_retry_after_secs: 3600,
         };
         assert!(edges.problems().is_empty(), "{:?}", edges.problems());
     }

@@ -1,6 +1,7 @@
 //! One prepared request's way through the router: the bucket loop of router-buckets selects
 //! the engines (in the SLO order of the request's targets), [`crate::dispatch`] sends to them,
-//! and an engine that could not be reached is selected around, within the retry budget. What
+//! and an engine that could not be reached or declined the request is selected around, within
+//! the retry budget. What
 //! the selection passed over feeds the metrics from the selection's own record; whether the
 //! serving bucket met the SLO targets goes to the response headers and the metrics.
 
@@ -11,6 +12,7 @@ use axum::http::HeaderValue;
 use axum::response::Response;
 use router_buckets::{BucketRequest, BucketResolver, Selection, Skipped, SloVerdict};
 use router_policies::PickError;
+use router_workers::WorkerId;
 use tracing::warn;
 
 use crate::app::AppContext;
@@ -39,22 +41,16 @@ pub(crate) async fn serve(
     started: Instant,
     labels: &mut Labels,
 ) -> Result<Response, ApiError> {
-    let request = BucketRequest {
-        model: model.resolver.model(),
-        input_tokens: prepared.input_tokens,
-        expected_peak_tokens: prepared.expected_peak_tokens,
-        tokens: prepared.tokens.as_deref(),
-        session_key: prepared.session_key.as_deref(),
-        routing_key: prepared.routing_key.as_deref(),
-        slo: prepared.slo,
-    };
     let (path, streamed) = (prepared.request.endpoint.path(), prepared.request.stream);
     let exchange = Exchange { ctx, request_id, path, streamed };
     ctx.retry_budget().deposit_at(started);
     let retry = &ctx.server().retry;
     let mut retries = 0;
     let mut failure: Option<ApiError> = None;
+    // Engines that failed this request: a retry selects among the others.
+    let mut excluded = Vec::new();
     loop {
+        let request = bucket_request(model, prepared, &excluded);
         let selection = match select(ctx, &model.resolver, &request, &labels.model, started).await {
             Ok(selection) => selection,
             // A retry that finds nothing left to try reports the failure that caused it.
@@ -66,10 +62,11 @@ pub(crate) async fn serve(
         let dispatch = Dispatch {
             exchange,
             prepared,
-            model: request.model,
+            model: model.resolver.model(),
             bucket: selection.bucket.id(),
             started,
         };
+        let engines: Vec<WorkerId> = selection.pick.workers().map(|w| w.id().clone()).collect();
         match dispatch.run(selection.pick).await {
             Ok(mut response) => {
                 if retries > 0 {
@@ -84,13 +81,32 @@ pub(crate) async fn serve(
                     return Err(err);
                 }
                 retries += 1;
-                metrics::retry(&labels.model);
-                warn!(error = %Chain(&err), retry = retries, "engine unreachable; selecting again");
+                metrics::retry(&labels.model, &err.retry_reason());
+                warn!(error = %Chain(&err), retry = retries, "selecting again without that engine");
+                excluded.extend(engines);
                 tokio::time::sleep(retry.backoff(retries)).await;
                 failure = Some(err);
             }
             Err(err) => return Err(err),
         }
+    }
+}
+
+/// `prepared` as the bucket loop of `model` sees it, sent to none of `excluded`.
+fn bucket_request<'a>(
+    model: &'a ModelRuntime,
+    prepared: &'a PreparedRequest,
+    excluded: &'a [WorkerId],
+) -> BucketRequest<'a> {
+    BucketRequest {
+        model: model.resolver.model(),
+        input_tokens: prepared.input_tokens,
+        expected_peak_tokens: prepared.expected_peak_tokens,
+        tokens: prepared.tokens.as_deref(),
+        session_key: prepared.session_key.as_deref(),
+        routing_key: prepared.routing_key.as_deref(),
+        slo: prepared.slo,
+        excluded,
     }
 }
 

@@ -110,6 +110,12 @@ struct EngineArgs {
     /// Fraction of generation requests (chat, completions, /generate) answered with HTTP 500.
     #[arg(long, default_value_t = 0.0)]
     fail_rate: f64,
+    /// The status of those answers (400..=599) [default: 500].
+    #[arg(long)]
+    fail_status: Option<u16>,
+    /// Send `Retry-After: SECS` with those answers.
+    #[arg(long, value_name = "SECS")]
+    fail_retry_after: Option<u64>,
     /// Delay before anything is sent back for each generation request, in ms.
     #[arg(long, default_value_t = 0)]
     stall_ms: u64,
@@ -166,6 +172,8 @@ impl EngineArgs {
         config.stream_interval = self.stream_interval.unwrap_or(config.stream_interval);
         config.faults = Faults {
             fail_rate: self.fail_rate,
+            fail_status: self.fail_status,
+            fail_retry_after: self.fail_retry_after,
             stall: Duration::from_millis(self.stall_ms),
             stall_body: Duration::from_millis(self.stall_body_ms),
             die_after: self.die_after,

@@ -197,6 +197,7 @@ async fn policy_sees_the_groups_stage_and_the_request_facts() {
         session_key: Some("s-1"),
         routing_key: Some("r-1"),
         slo: router_buckets::SloTargets::NONE,
+        excluded: &[],
     };
     group.pick(&registry, "long-context", &req).await.expect("pick");
     assert_eq!(

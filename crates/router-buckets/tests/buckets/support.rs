@@ -54,6 +54,7 @@ pub fn request<'a>(model: &'a ModelId, input_tokens: u64, peak: Option<u64>) -> 
         session_key: None,
         routing_key: None,
         slo: SloTargets::NONE,
+        excluded: &[],
     }
 }
 

@@ -106,9 +106,10 @@ impl Exchange<'_> {
         })
     }
 
-    /// Judges an engine's response head: a server error (recorded against the engine, with
-    /// the start of its body) or a refusal of the router's credential is the engine's
-    /// failure; anything else is the client's answer.
+    /// Judges an engine's response head: a status of `server.retry.on_status` declines the
+    /// request (the engine is held off for its `Retry-After`, capped), a server error
+    /// (recorded against the engine, with the start of its body) or a refusal of the router's
+    /// credential is the engine's failure; anything else is the client's answer.
     async fn checked(
         &self,
         worker: &Worker,
@@ -117,6 +118,18 @@ impl Exchange<'_> {
         let (parts, body) = upstream.into_parts();
         let status = parts.status;
         let worker_id = || worker.id().clone();
+        let retry = &self.ctx.server().retry;
+        if retry.on_status.contains(&status.as_u16()) {
+            if status.is_server_error() {
+                self.ctx.health().record(worker, Outcome::Failure);
+            }
+            if let Some(secs) = retry_after_secs(&parts.headers) {
+                let secs = secs.min(retry.max_retry_after_secs);
+                self.ctx.health().hold_off(worker, Duration::from_secs(secs));
+            }
+            let text = read_snippet(body).await;
+            return Err(counted(EngineError::Declined { worker: worker_id(), status, text }));
+        }
         if status.is_server_error() {
             self.ctx.health().record(worker, Outcome::Failure);
             let text = read_snippet(body).await;
@@ -206,6 +219,11 @@ impl Exchange<'_> {
     fn idle_limit(&self) -> Duration {
         Duration::from_secs(self.ctx.server().engine_idle_timeout_secs)
     }
+}
+
+/// The seconds of a `Retry-After: N` header (the HTTP-date form is not used by engines).
+fn retry_after_secs(headers: &http::HeaderMap) -> Option<u64> {
+    headers.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim().parse().ok()
 }
 
 /// `err`, counted in `router_engine_failures_total`.

@@ -155,6 +155,11 @@ impl EngineConfig {
         if self.stream_interval == 0 {
             return bad("--stream-interval", "must be at least 1".into());
         }
+        if let Some(status) = self.faults.fail_status
+            && !(400..=599).contains(&status)
+        {
+            return bad("--fail-status", format!("{status} is not a 4xx or 5xx status"));
+        }
         if !(0.0..=1.0).contains(&self.faults.fail_rate) {
             return bad("--fail-rate", format!("{} is not in [0, 1]", self.faults.fail_rate));
         }

@@ -1,4 +1,5 @@
-//! Fault injection: answer a fraction of requests with 500, stall before the first byte or
+//! Fault injection: answer a fraction of requests with 500 (or another status, with a
+//! `Retry-After`), stall before the first byte or
 //! between the head and the body, die after N answered requests, stop publishing KV events
 //! (handled by the publisher).
 
@@ -16,6 +17,10 @@ pub struct Faults {
     /// Fraction of generation requests (chat, completions, `/generate`) answered with HTTP
     /// 500, in `[0, 1]`.
     pub fail_rate: f64,
+    /// The status of those answers; `None`: 500.
+    pub fail_status: Option<u16>,
+    /// A `Retry-After` (seconds) on those answers.
+    pub fail_retry_after: Option<u64>,
     /// Delay before anything is sent back for a generation request.
     pub stall: Duration,
     /// Delay between a generation answer's head and its body (a stalled engine, as the router
@@ -50,6 +55,11 @@ impl FaultState {
     /// Draws whether this request fails.
     pub(crate) fn roll_failure(&self) -> bool {
         self.faults.fail_rate > 0.0 && self.rng.lock().random::<f64>() < self.faults.fail_rate
+    }
+
+    /// The status of an injected failure, and its `Retry-After`.
+    pub(crate) fn failure(&self) -> (u16, Option<u64>) {
+        (self.faults.fail_status.unwrap_or(500), self.faults.fail_retry_after)
     }
 
     pub(crate) fn stall(&self) -> Duration {

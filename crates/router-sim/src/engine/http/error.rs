@@ -9,11 +9,13 @@ use http::StatusCode;
 pub(crate) struct ApiError {
     pub(crate) status: StatusCode,
     pub(crate) message: String,
+    /// Seconds for a `Retry-After` header.
+    pub(crate) retry_after: Option<u64>,
 }
 
 impl ApiError {
     pub(crate) fn new(status: StatusCode, message: impl Into<String>) -> Self {
-        Self { status, message: message.into() }
+        Self { status, message: message.into(), retry_after: None }
     }
 
     pub(crate) fn bad_request(message: impl Into<String>) -> Self {
@@ -31,6 +33,7 @@ fn error_type(status: StatusCode) -> &'static str {
         StatusCode::UNAUTHORIZED => "AuthenticationError",
         StatusCode::NOT_FOUND => "NotFoundError",
         StatusCode::CONFLICT => "ConflictError",
+        StatusCode::TOO_MANY_REQUESTS => "RateLimitError",
         s if s.is_server_error() => "InternalServerError",
         _ => "Error",
     }
@@ -46,6 +49,10 @@ impl IntoResponse for ApiError {
                 "code": self.status.as_u16(),
             }
         });
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some(secs) = self.retry_after {
+            response.headers_mut().insert(http::header::RETRY_AFTER, secs.into());
+        }
+        response
     }
 }

@@ -222,7 +222,9 @@ pub(crate) async fn start(engine: &Engine, request: Request) -> Result<Generatio
         for guard in guards.iter_mut().flatten() {
             guard.fail(INJECTED);
         }
-        return Err(ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, INJECTED));
+        let (status, retry_after) = engine.faults.failure();
+        let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return Err(ApiError { retry_after, ..ApiError::new(status, INJECTED) });
     }
 
     let mut prepared = Vec::with_capacity(request.prompts.len());
