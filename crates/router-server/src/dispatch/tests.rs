@@ -201,9 +201,12 @@ async fn what_the_client_and_the_breaker_hear_of_a_plain_dispatch() {
         ("an answer in frames", Script::Frames(&["{\"a\":", "1}"]), false, Answer(200, "{\"a\":1}".into()), Some(Success), None),
         ("a client error is the client's answer", Script::Answer(400, "bad field"), false,
             Answer(400, "bad field".into()), Some(Success), None),
-        ("so is a rate limit", Script::Answer(429, "slow down"), false, Answer(429, "slow down".into()), Some(Success), None),
-        ("a server error, in the engine's words", Script::Answer(503, "  overloaded here\n"), false,
-            Error(502, "engine {id} answered 503: overloaded here".into()), Some(Failure), Some("status")),
+        ("a rate limit declines the request, with the engine's status", Script::Answer(429, "slow down"), false,
+            Error(429, "engine {id} declined the request (429): slow down".into()), None, Some("declined")),
+        ("so does an overloaded engine, which counts against it", Script::Answer(503, "  overloaded here\n"), false,
+            Error(503, "engine {id} declined the request (503): overloaded here".into()), Some(Failure), Some("declined")),
+        ("another server error, in the engine's words", Script::Answer(500, "  broken here\n"), false,
+            Error(502, "engine {id} answered 500: broken here".into()), Some(Failure), Some("status")),
         ("a refused credential is not the client's", Script::Answer(401, "bad key"), false,
             Error(502, "engine {id} refused the router's credentials (401); check the worker's api_key".into()),
             None, Some("credentials")),
@@ -294,13 +297,13 @@ async fn a_server_error_whose_body_never_comes_is_still_reported() {
 async fn a_long_error_body_is_cut_to_its_first_kibibyte() {
     static PAGE: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     let page = PAGE.get_or_init(|| format!("{}{}", "a".repeat(1024), "b".repeat(3000)));
-    let (ctx, worker) = engine("long", "long-1", Script::Answer(502, page)).await;
+    let (ctx, worker) = engine("long", "long-1", Script::Answer(500, page)).await;
     let pick = Pick::new(Arc::clone(&worker), PickReason::OnlyCandidate);
-    let err = dispatch(&ctx, "long", pick, false).await.expect_err("a 502");
+    let err = dispatch(&ctx, "long", pick, false).await.expect_err("a 500");
     let ApiError::Engine(EngineError::Status { text, status, .. }) = &err else {
         panic!("{err:?}")
     };
-    assert_eq!(*status, StatusCode::BAD_GATEWAY);
+    assert_eq!(*status, StatusCode::INTERNAL_SERVER_ERROR);
     assert_eq!(text, &"a".repeat(1024), "the start of the engine's words, not none of them");
 }
 
