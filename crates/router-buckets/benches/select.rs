@@ -96,6 +96,7 @@ fn bench(c: &mut Criterion) {
         tokens: None,
         session_key: None,
         routing_key: None,
+        subset: None,
     };
 
     c.bench_function("resolve 16 buckets", |b| {

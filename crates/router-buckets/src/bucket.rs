@@ -230,6 +230,10 @@ pub struct BucketRequest<'a> {
     pub session_key: Option<&'a str>,
     /// The routing key from the configured routing-key header; never empty.
     pub routing_key: Option<&'a str>,
+    /// When set, the only workers that may be candidates, in any order (an endpoint picker's
+    /// subset hint): every group intersects its candidates with it, so an empty list leaves
+    /// every group without candidates. `None`: no restriction.
+    pub subset: Option<&'a [WorkerId]>,
 }
 
 impl<'a> BucketRequest<'a> {

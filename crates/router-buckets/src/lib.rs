@@ -62,6 +62,7 @@
 //!     tokens: None,
 //!     session_key: None,
 //!     routing_key: None,
+//!     subset: None,
 //! };
 //! let selection = futures::executor::block_on(resolver.select(&workers, &request))
 //!     .map_err(|failure| failure.error)?;

@@ -38,14 +38,7 @@ pub(crate) async fn serve(
     started: Instant,
     labels: &mut Labels,
 ) -> Result<Response, ApiError> {
-    let request = BucketRequest {
-        model: model.resolver.model(),
-        input_tokens: prepared.input_tokens,
-        expected_peak_tokens: prepared.expected_peak_tokens,
-        tokens: prepared.tokens.as_deref(),
-        session_key: prepared.session_key.as_deref(),
-        routing_key: prepared.routing_key.as_deref(),
-    };
+    let request = prepared.bucket_request(model.resolver.model());
     let (path, streamed) = (prepared.request.endpoint.path(), prepared.request.stream);
     let exchange = Exchange { ctx, request_id, path, streamed };
     ctx.retry_budget().deposit_at(started);
@@ -93,7 +86,7 @@ pub(crate) async fn serve(
 /// The bucket loop (docs/design/POLICY_DESIGN.md §3, in router-buckets), with its record counted: each
 /// pick by policy, stage and reason; each bucket passed over, and each admission rejection
 /// met there.
-async fn select<'r>(
+pub(crate) async fn select<'r>(
     ctx: &AppContext,
     resolver: &'r BucketResolver,
     request: &BucketRequest<'_>,

@@ -196,6 +196,7 @@ async fn policy_sees_the_groups_stage_and_the_request_facts() {
         tokens: Some(&prompt),
         session_key: Some("s-1"),
         routing_key: Some("r-1"),
+        subset: None,
     };
     group.pick(&registry, "long-context", &req).await.expect("pick");
     assert_eq!(

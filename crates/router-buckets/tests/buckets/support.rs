@@ -52,6 +52,7 @@ pub fn request<'a>(model: &'a ModelId, input_tokens: u64, peak: Option<u64>) -> 
         tokens: None,
         session_key: None,
         routing_key: None,
+        subset: None,
     }
 }
 

@@ -10,8 +10,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use router_buckets::BucketRequest;
 use router_policies::RequestTokens;
-use router_workers::DpRoute;
+use router_workers::{DpRoute, ModelId};
 use serde_json::Value;
 
 pub(crate) use router_chat_template::{ChatTemplate, TemplateError};
@@ -108,6 +109,21 @@ pub(crate) struct PreparedRequest {
     pub routing_key: Option<String>,
     /// The data-parallel rank the client asked for, and how ([`client_rank`]).
     pub client_rank: Option<ClientRank>,
+}
+
+impl PreparedRequest {
+    /// The facts the bucket loop selects `model`'s engines by; no subset.
+    pub(crate) fn bucket_request<'a>(&'a self, model: &'a ModelId) -> BucketRequest<'a> {
+        BucketRequest {
+            model,
+            input_tokens: self.input_tokens,
+            expected_peak_tokens: self.expected_peak_tokens,
+            tokens: self.tokens.as_deref(),
+            session_key: self.session_key.as_deref(),
+            routing_key: self.routing_key.as_deref(),
+            subset: None,
+        }
+    }
 }
 
 /// A data-parallel rank a client asked for: in SGLang's `data_parallel_rank` body field or
