@@ -1,0 +1,1 @@
+//! Protocol tests of the endpoint picker.
