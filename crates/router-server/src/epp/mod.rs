@@ -37,8 +37,10 @@ use crate::app::AppContext;
 /// extension's convention).
 pub const DEFAULT_GRPC_PORT: u16 = 9002;
 
-/// Fallback engines named after the pick unless `--fallbacks` says otherwise.
-pub const DEFAULT_FALLBACKS: usize = 2;
+/// Fallback engines named after the pick unless `--fallbacks` says otherwise: none, because
+/// plain Envoy's ORIGINAL_DST cluster reads the header as one address (measured on Envoy 1.40:
+/// a list there finds no host); gateways that walk the list on retries take `--fallbacks N`.
+pub const DEFAULT_FALLBACKS: usize = 0;
 
 /// How the picker answers.
 #[derive(Clone, Debug)]
@@ -112,11 +114,8 @@ impl EppServer {
         let (health, health_service) = health::EppHealth::start(Arc::clone(&ctx));
         // Envoy's BUFFERED mode sends a whole body in one message.
         let max_message = ctx.max_body_bytes().saturating_add(64 * 1024);
-        let service = ExtProcService {
-            ctx,
-            settings: Arc::new(settings),
-            cancel: abort_streams.clone(),
-        };
+        let service =
+            ExtProcService { ctx, settings: Arc::new(settings), cancel: abort_streams.clone() };
         let ext_proc = ExternalProcessorServer::new(service)
             .max_decoding_message_size(max_message)
             .max_encoding_message_size(max_message);

@@ -8,12 +8,12 @@ use prost_types::value::Kind;
 use prost_types::{Struct, Value};
 use router_proto::envoy::config::core::v3::header_value_option::HeaderAppendAction;
 use router_proto::envoy::config::core::v3::{HeaderValue, HeaderValueOption};
-use router_proto::envoy::r#type::v3::HttpStatus;
 use router_proto::envoy::service::ext_proc::v3::{
     BodyMutation, BodyResponse, CommonResponse, HeaderMutation, HeadersResponse, ImmediateResponse,
     ProcessingResponse, StreamedBodyResponse, TrailersResponse, body_mutation,
     processing_response::Response,
 };
+use router_proto::envoy::r#type::v3::HttpStatus;
 
 use super::endpoints::{DESTINATION_HEADER, DESTINATION_NAMESPACE, PREFILLER_HEADER};
 use super::pick::Routed;
@@ -62,7 +62,8 @@ pub(crate) fn overwrite(key: &str, value: &str) -> HeaderValueOption {
 /// `{"envoy.lb": {"x-gateway-destination-endpoint": destination}}`.
 pub(crate) fn destination_metadata(destination: &str) -> Struct {
     let string = |s: &str| Value { kind: Some(Kind::StringValue(s.to_owned())) };
-    let inner = Struct { fields: BTreeMap::from([(DESTINATION_HEADER.to_owned(), string(destination))]) };
+    let inner =
+        Struct { fields: BTreeMap::from([(DESTINATION_HEADER.to_owned(), string(destination))]) };
     let outer = Value { kind: Some(Kind::StructValue(inner)) };
     Struct { fields: BTreeMap::from([(DESTINATION_NAMESPACE.to_owned(), outer)]) }
 }
@@ -141,7 +142,9 @@ pub(crate) fn streamed_chunks(side: Side, body: &[u8], ends: bool) -> Vec<Proces
         let streamed = StreamedBodyResponse { body: bytes.to_vec(), end_of_stream };
         body_continue(
             side,
-            Some(BodyMutation { mutation: Some(body_mutation::Mutation::StreamedResponse(streamed)) }),
+            Some(BodyMutation {
+                mutation: Some(body_mutation::Mutation::StreamedResponse(streamed)),
+            }),
         )
     };
     if body.is_empty() {

@@ -231,7 +231,9 @@ impl Exchange {
             };
         }
         if self.body.len() + body.body.len() > self.ctx.max_body_bytes() {
-            return vec![self.immediate(&ApiError::BodyTooLarge { limit: self.ctx.max_body_bytes() })];
+            return vec![
+                self.immediate(&ApiError::BodyTooLarge { limit: self.ctx.max_body_bytes() }),
+            ];
         }
         self.body.extend_from_slice(&body.body);
         match self.request_mode {
