@@ -555,7 +555,7 @@ pub mod envoy {
             let (port, admin) = (free_port(), free_port());
             let config =
                 TempPath::write("envoy.yaml", &config(port, admin, pickers, failure_mode_allow));
-            let args = vec![
+            let args = [
                 "-c".to_owned(),
                 config.display(),
                 "--log-level".to_owned(),
