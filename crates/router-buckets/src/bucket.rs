@@ -324,12 +324,9 @@ impl Bucket {
     async fn pick_in(
         &self,
         group: &EngineGroup,
-        mut candidates: Vec<Arc<Worker>>,
+        candidates: Vec<Arc<Worker>>,
         request: &BucketRequest<'_>,
     ) -> Result<Pick, StagePickError> {
-        if !request.excluded.is_empty() {
-            candidates.retain(|worker| !request.excluded.contains(worker.id()));
-        }
         group
             .pick_among(candidates, &self.id, request)
             .await
@@ -362,9 +359,24 @@ pub struct BucketRequest<'a> {
     /// Engines this request must not be sent to (those that already failed it: a retry
     /// selects among the others).
     pub excluded: &'a [WorkerId],
+    /// When set, the only workers that may be candidates, in any order (an endpoint picker's
+    /// subset hint): every group intersects its candidates with it, so an empty list leaves
+    /// every group without candidates. `None`: no restriction.
+    pub subset: Option<&'a [WorkerId]>,
 }
 
 impl<'a> BucketRequest<'a> {
+    /// Narrows `candidates` to this request's subset, if it has one, without the engines it
+    /// excludes.
+    pub(crate) fn narrow(&self, candidates: &mut Vec<Arc<Worker>>) {
+        if let Some(subset) = self.subset {
+            candidates.retain(|worker| subset.contains(worker.id()));
+        }
+        if !self.excluded.is_empty() {
+            candidates.retain(|worker| !self.excluded.contains(worker.id()));
+        }
+    }
+
     /// The request as the `stage` group of bucket `bucket` sees it.
     pub fn pick_request<'b>(&self, bucket: &'b str, stage: Stage) -> PickRequest<'b>
     where

@@ -99,9 +99,22 @@ impl EngineGroup {
         candidates
     }
 
+    /// The candidates for `request`: [`EngineGroup::candidates`] within its subset and
+    /// without the engines it excludes.
+    fn candidates_for(
+        &self,
+        workers: &WorkerRegistry,
+        request: &BucketRequest<'_>,
+    ) -> Vec<Arc<Worker>> {
+        let mut candidates = self.candidates(workers, request.model);
+        request.narrow(&mut candidates);
+        candidates
+    }
+
     /// Picks one engine for `request` in bucket `bucket`.
     ///
-    /// Builds the candidates (see [`EngineGroup::candidates`]); with none, answers
+    /// Builds the candidates (see [`EngineGroup::candidates`], within the request's subset
+    /// when it has one); with none, answers
     /// [`PickError::NoCandidates`] without invoking the policy. Otherwise invokes the policy
     /// with a [`router_policies::PickRequest`] of this group's stage and checks the answer
     /// against the exact candidate set: an engine that is not one of the very `Arc<Worker>`
@@ -117,18 +130,46 @@ impl EngineGroup {
     }
 
     /// [`EngineGroup::pick`] among `candidates`: this group's candidates narrowed further by
-    /// the bucket (a PD pairing constraint), still sorted by id.
+    /// the bucket (a PD pairing constraint), still sorted by id, and here by the request's own
+    /// limits (its subset, the engines it excludes).
     pub(crate) async fn pick_among(
         &self,
-        candidates: Vec<Arc<Worker>>,
+        mut candidates: Vec<Arc<Worker>>,
         bucket: &str,
         request: &BucketRequest<'_>,
     ) -> Result<Pick, PickError> {
+        request.narrow(&mut candidates);
         if candidates.is_empty() {
             return Err(PickError::NoCandidates { stage: self.stage });
         }
         let pick_request = request.pick_request(bucket, self.stage);
         let pick = self.policy.pick(&candidates, &pick_request).await?;
+        if !is_candidate(&candidates, &pick.worker) {
+            return Err(PickError::OutsideCandidates { worker: pick.worker.id().clone() });
+        }
+        Ok(pick)
+    }
+
+    /// A fallback to name after the engines `named` (the pick, then earlier fallbacks), for a
+    /// proxy that retries on its own: the policy's [`Policy::pick_fallback`] over this
+    /// request's candidates less `named`, asked as for a request without session or routing
+    /// key so that no binding is read or moved. Checked against that exact candidate set like
+    /// [`EngineGroup::pick`]; none left is [`PickError::NoCandidates`].
+    pub async fn pick_fallback(
+        &self,
+        workers: &WorkerRegistry,
+        bucket: &str,
+        request: &BucketRequest<'_>,
+        named: &[WorkerId],
+    ) -> Result<Pick, PickError> {
+        let mut candidates = self.candidates_for(workers, request);
+        candidates.retain(|worker| !named.contains(worker.id()));
+        if candidates.is_empty() {
+            return Err(PickError::NoCandidates { stage: self.stage });
+        }
+        let keyless = BucketRequest { session_key: None, routing_key: None, ..*request };
+        let pick_request = keyless.pick_request(bucket, self.stage);
+        let pick = self.policy.pick_fallback(&candidates, &pick_request).await?;
         if !is_candidate(&candidates, &pick.worker) {
             return Err(PickError::OutsideCandidates { worker: pick.worker.id().clone() });
         }

@@ -75,6 +75,7 @@
 //!     routing_key: None,
 //!     slo: SloTargets::NONE,
 //!     excluded: &[],
+//!     subset: None,
 //! };
 //! let selection = futures::executor::block_on(resolver.select(&workers, &request))
 //!     .map_err(|failure| failure.error)?;

@@ -175,7 +175,7 @@ impl Affinity {
         let key = self.key.key(request);
         let scope = match key.map(|key| self.scope.of(request, key)) {
             None | Some(Err(ScopeError::EmptyKey)) => {
-                let worker = self.fallback_choice(engines, request).await?;
+                let worker = self.fallback_choice(engines, request, false).await?;
                 return Ok(Pick::new(worker, PickReason::AffinityKeyless));
             }
             Some(Err(error)) => return Err(PickError::InvalidKey { key: self.key, error }),
@@ -201,7 +201,7 @@ impl Affinity {
             let worker = match &choice {
                 Some(worker) => Arc::clone(worker),
                 None => {
-                    let worker = self.fallback_choice(engines, request).await?;
+                    let worker = self.fallback_choice(engines, request, false).await?;
                     choice = Some(Arc::clone(&worker));
                     worker
                 }
@@ -219,16 +219,36 @@ impl Affinity {
         Err(PickError::NoCandidates { stage: request.stage })
     }
 
+    /// A fallback engine to name after a pick ([`crate::Policy::pick_fallback`]): the
+    /// fallback policy's choice as for a request without a key, so no binding is read or
+    /// made, and the fallback's own state is left alone.
+    pub(crate) async fn pick_fallback(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+    ) -> Result<Pick, PickError> {
+        if engines.is_empty() {
+            return Err(PickError::NoCandidates { stage: request.stage });
+        }
+        let worker = self.fallback_choice(engines, request, true).await?;
+        Ok(Pick::new(worker, PickReason::AffinityKeyless))
+    }
+
     /// The fallback's engine, resolved to the candidate it names and admitted by the owning
-    /// policy.
+    /// policy; asked with [`crate::Policy::pick_fallback`] when `for_fallback`.
     async fn fallback_choice(
         &self,
         engines: &[Arc<Worker>],
         request: &PickRequest<'_>,
+        for_fallback: bool,
     ) -> Result<Arc<Worker>, PickError> {
         // The fallback reads its own state; this policy checks its own admission on the
         // engine it returns.
-        let pick = self.fallback.pick(engines, request).await?;
+        let pick = if for_fallback {
+            self.fallback.pick_fallback(engines, request).await?
+        } else {
+            self.fallback.pick(engines, request).await?
+        };
         let Some(worker) = Binding::of(&pick.worker).find_in(engines) else {
             return Err(PickError::OutsideCandidates { worker: pick.worker.id().clone() });
         };

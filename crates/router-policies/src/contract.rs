@@ -34,6 +34,22 @@ pub trait Policy: Send + Sync + fmt::Debug {
         request: &'a PickRequest<'a>,
     ) -> BoxFuture<'a, Result<Pick, PickError>>;
 
+    /// The engine to name after a pick, for a proxy that retries on its own (the endpoint
+    /// picker's fallback list): chosen as [`Policy::pick`] chooses from `engines` (which the
+    /// caller has already narrowed to exclude the engines named before), but leaving the
+    /// policy's own state alone: a rotation does not advance and no key is bound, so naming
+    /// fallbacks never changes what later requests get.
+    ///
+    /// The default is [`Policy::pick`], right for a policy whose picks change nothing;
+    /// round-robin and the affinity policies override it.
+    fn pick_fallback<'a>(
+        &'a self,
+        engines: &'a [Arc<Worker>],
+        request: &'a PickRequest<'a>,
+    ) -> BoxFuture<'a, Result<Pick, PickError>> {
+        self.pick(engines, request)
+    }
+
     /// The configuration name of this policy (`round_robin`, `cache_aware`, ...), used as a
     /// metrics label.
     fn name(&self) -> &'static str;

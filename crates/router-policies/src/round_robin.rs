@@ -32,16 +32,22 @@ impl RoundRobinPolicy {
         self
     }
 
+    /// The engine whose turn it is; the cursor moves on only when `advance`.
     fn select(
         &self,
         engines: &[Arc<Worker>],
         request: &PickRequest<'_>,
+        advance: bool,
     ) -> Result<Pick, PickError> {
         let (worker, reason) = match engines {
             [] => return Err(PickError::NoCandidates { stage: request.stage }),
             [only] => (only, PickReason::OnlyCandidate),
             _ => {
-                let turn = self.cursor.fetch_add(1, Ordering::Relaxed);
+                let turn = if advance {
+                    self.cursor.fetch_add(1, Ordering::Relaxed)
+                } else {
+                    self.cursor.load(Ordering::Relaxed)
+                };
                 (&engines[turn % engines.len()], PickReason::RoundRobin)
             }
         };
@@ -58,7 +64,16 @@ impl Policy for RoundRobinPolicy {
         engines: &'a [Arc<Worker>],
         request: &'a PickRequest<'a>,
     ) -> BoxFuture<'a, Result<Pick, PickError>> {
-        Box::pin(future::ready(self.select(engines, request)))
+        Box::pin(future::ready(self.select(engines, request, true)))
+    }
+
+    /// The engine whose turn comes next, without taking the turn.
+    fn pick_fallback<'a>(
+        &'a self,
+        engines: &'a [Arc<Worker>],
+        request: &'a PickRequest<'a>,
+    ) -> BoxFuture<'a, Result<Pick, PickError>> {
+        Box::pin(future::ready(self.select(engines, request, false)))
     }
 
     fn name(&self) -> &'static str {

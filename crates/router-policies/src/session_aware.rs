@@ -87,6 +87,14 @@ impl Policy for SessionAwarePolicy {
         Box::pin(self.affinity.pick(self.store.as_ref(), engines, request))
     }
 
+    fn pick_fallback<'a>(
+        &'a self,
+        engines: &'a [Arc<Worker>],
+        request: &'a PickRequest<'a>,
+    ) -> BoxFuture<'a, Result<Pick, PickError>> {
+        Box::pin(self.affinity.pick_fallback(engines, request))
+    }
+
     fn name(&self) -> &'static str {
         "session_aware"
     }

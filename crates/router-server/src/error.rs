@@ -101,6 +101,14 @@ pub(crate) enum ApiError {
     /// A worker with this id is already registered (admin API).
     #[error(transparent)]
     WorkerExists(router_workers::WorkerError),
+    /// The endpoint picker chose an engine whose URL names no `host:port` Envoy could dial.
+    #[error("engine {worker} has no host:port in its url {url}")]
+    NoEndpoint {
+        /// The engine.
+        worker: WorkerId,
+        /// Its URL.
+        url: String,
+    },
 }
 
 /// Why an exchange with one engine failed.
@@ -327,13 +335,28 @@ impl ApiError {
             ApiError::ShuttingDown | ApiError::NoEngineAnswered { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            ApiError::Preparation(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Preparation(_) | ApiError::NoEndpoint { .. } => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
             ApiError::Engine(EngineError::Declined { status, .. })
             | ApiError::Decode(EngineError::Declined { status, .. }) => *status,
             ApiError::Engine(err) | ApiError::Prefill(err) | ApiError::Decode(err) => {
                 if err.is_timeout() { StatusCode::GATEWAY_TIMEOUT } else { StatusCode::BAD_GATEWAY }
             }
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+        }
+    }
+
+    /// The status the endpoint picker answers with (`crate::epp`): [`ApiError::status`], but
+    /// admission rejecting every engine is shedding, 429 as the Gateway API inference
+    /// extension's pickers answer it, so that clients and gateways back off instead of
+    /// reading the pool as down.
+    pub(crate) fn picker_status(&self) -> StatusCode {
+        match self {
+            ApiError::Select(SelectError::NoAdmissibleEngine { .. }) => {
+                StatusCode::TOO_MANY_REQUESTS
+            }
+            _ => self.status(),
         }
     }
 
@@ -350,7 +373,9 @@ impl ApiError {
             ApiError::QueueFull => ("rate_limit_exceeded", "queue_full"),
             ApiError::QueueTimeout { .. } => ("rate_limit_exceeded", "queue_timeout"),
             ApiError::NoEngineAnswered { .. } => ("service_unavailable", "no_engine_answered"),
-            ApiError::Preparation(_) => ("internal_error", "internal_error"),
+            ApiError::Preparation(_) | ApiError::NoEndpoint { .. } => {
+                ("internal_error", "internal_error")
+            }
             ApiError::Engine(err) | ApiError::Prefill(err) | ApiError::Decode(err) => {
                 ("upstream_error", err.code())
             }

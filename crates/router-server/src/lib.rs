@@ -5,7 +5,9 @@
 //! shutdown, request preparation (validation, chat template, tokenizer), serving a prepared
 //! request through router-buckets' bucket loop (`serve.rs`), dispatch to a plain engine or a PD
 //! pair (`dispatch/`) over the engine clients (`forward/`), the client/engine/admin credentials,
-//! slow-client timeouts, health checking and circuit breaking, metrics and the admin API.
+//! slow-client timeouts, health checking and circuit breaking, metrics and the admin API; and
+//! the endpoint picker for Envoy-based gateways (`epp/`), which prepares and selects the same
+//! way and lets Envoy forward.
 //! Domain errors are mapped to HTTP statuses in one place (`error.rs`).
 //!
 //! Does not own: selection (router-policies, router-buckets) or state ingestion (the state
@@ -18,6 +20,7 @@ mod auth;
 pub mod config;
 pub mod demo;
 mod dispatch;
+pub mod epp;
 mod error;
 mod forward;
 mod health;

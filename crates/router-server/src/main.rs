@@ -1,4 +1,5 @@
-//! `router-server`: serve, validate a configuration, run the KV indexer, or run the demo.
+//! `router-server`: serve, validate a configuration, run the KV indexer, run as an endpoint
+//! picker for Envoy, or run the demo.
 #![expect(clippy::print_stdout, reason = "the binary reports its address and summaries on stdout")]
 
 use std::process::ExitCode;
@@ -51,6 +52,9 @@ async fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
         Some(Command::CheckConfig { file }) => Ok(check_config(&file)),
         Some(Command::KvIndexer { config, listen }) => kv_indexer(&config, &listen).await,
+        Some(Command::Epp { config, grpc_port, fallbacks }) => {
+            epp(&config, grpc_port, router_server::epp::EppSettings { fallbacks }).await
+        }
         None => serve(cli.serve, cli.worker_threads.map(usize::from)).await,
     }
 }
@@ -148,6 +152,47 @@ async fn serve(
     if let Some(fleet) = demo {
         fleet.stop();
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs the endpoint picker: ext_proc and gRPC health on `server.host:grpc_port`, health,
+/// metrics and the admin API on `server.host:server.port`. On SIGTERM readiness turns
+/// NOT_SERVING, open streams get `server.shutdown_drain_secs` to finish, then both stop.
+async fn epp(
+    file: &std::path::Path,
+    grpc_port: u16,
+    settings: router_server::epp::EppSettings,
+) -> Result<ExitCode> {
+    let config = ConfigFile::load(file)?;
+    router_server::logging::init(config.server.log_json);
+    let ctx = AppContext::build(&config).map_err(|problems| {
+        let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        anyhow::anyhow!("invalid configuration:\n  {}", lines.join("\n  "))
+    })?;
+    let ctx = Arc::new(ctx);
+    let host = &config.server.host;
+    let grpc = format!("{host}:{grpc_port}");
+    let listener =
+        tokio::net::TcpListener::bind(&grpc).await.with_context(|| format!("binding {grpc}"))?;
+    let admin = format!("{host}:{}", config.server.port);
+    let admin_addr = tokio::net::lookup_host(&admin)
+        .await
+        .with_context(|| format!("resolving {admin}"))?
+        .next()
+        .with_context(|| format!("{admin} resolves to no address"))?;
+    // Starts the background services (state subscriptions, health checks) too.
+    let app = router_server::server::operations_routes(Arc::clone(&ctx));
+    let serving = Serving::start_app(Arc::clone(&ctx), app, admin_addr, 1)
+        .with_context(|| format!("listening on {admin}"))?;
+    let picker = router_server::epp::EppServer::start(Arc::clone(&ctx), listener, settings)?;
+    tracing::info!(grpc = %picker.addr, admin = %serving.addr, "endpoint picker listening");
+    println!("epp admin on http://{}", serving.addr);
+    println!("epp listening on {}", picker.addr);
+    shutdown_signal().await;
+    tracing::info!("shutting down: draining open streams");
+    let drain = Duration::from_secs(config.server.shutdown_drain_secs);
+    picker.stop(drain).await;
+    serving.stop(Duration::from_secs(1)).await;
     Ok(ExitCode::SUCCESS)
 }
 

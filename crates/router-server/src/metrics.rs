@@ -315,6 +315,32 @@ pub(crate) fn retry_budget_exhausted(model: &str) {
     counter!("router_retry_budget_exhausted_total", "model" => model.to_owned()).increment(1);
 }
 
+/// An endpoint-picker stream began, with the filter's request body mode.
+pub(crate) fn epp_stream(mode: &'static str) {
+    counter!("router_epp_streams_total", "mode" => mode).increment(1);
+}
+
+/// An endpoint-picker stream ended: `closed` by Envoy, `reset` (broken, a client gone) or
+/// `abandoned` (Envoy stopped reading).
+pub(crate) fn epp_stream_end(end: &'static str) {
+    counter!("router_epp_stream_ends_total", "end" => end).increment(1);
+}
+
+/// Endpoint-picker streams open now, moved by `delta`.
+pub(crate) fn epp_stream_open(delta: f64) {
+    gauge!("router_epp_open_streams").increment(delta);
+}
+
+/// A local reply the endpoint picker answered instead of a pick.
+pub(crate) fn epp_immediate_response(status: u16) {
+    counter!("router_epp_immediate_responses_total", "status" => status.to_string()).increment(1);
+}
+
+/// A pick with `count` fallbacks named after it.
+pub(crate) fn epp_fallbacks(count: usize) {
+    histogram!("router_epp_fallback_endpoints").record(count as f64);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

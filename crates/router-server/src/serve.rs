@@ -50,7 +50,7 @@ pub(crate) async fn serve(
     // Engines that failed this request: a retry selects among the others.
     let mut excluded = Vec::new();
     loop {
-        let request = bucket_request(model, prepared, &excluded);
+        let request = prepared.bucket_request(model.resolver.model(), &excluded);
         let selection = match select(ctx, &model.resolver, &request, &labels.model, started).await {
             Ok(selection) => selection,
             // A retry that finds nothing left to try reports the failure that caused it.
@@ -92,28 +92,10 @@ pub(crate) async fn serve(
     }
 }
 
-/// `prepared` as the bucket loop of `model` sees it, sent to none of `excluded`.
-fn bucket_request<'a>(
-    model: &'a ModelRuntime,
-    prepared: &'a PreparedRequest,
-    excluded: &'a [WorkerId],
-) -> BucketRequest<'a> {
-    BucketRequest {
-        model: model.resolver.model(),
-        input_tokens: prepared.input_tokens,
-        expected_peak_tokens: prepared.expected_peak_tokens,
-        tokens: prepared.tokens.as_deref(),
-        session_key: prepared.session_key.as_deref(),
-        routing_key: prepared.routing_key.as_deref(),
-        slo: prepared.slo,
-        excluded,
-    }
-}
-
 /// The bucket loop (docs/design/POLICY_DESIGN.md §3, in router-buckets), with its record counted: each
 /// pick by policy, stage and reason; each bucket passed over, and each admission rejection
 /// met there.
-async fn select<'r>(
+pub(crate) async fn select<'r>(
     ctx: &AppContext,
     resolver: &'r BucketResolver,
     request: &BucketRequest<'_>,

@@ -26,14 +26,7 @@ use crate::{auth, limit};
 
 /// The router's HTTP routes over `ctx`.
 pub fn routes(ctx: Arc<AppContext>) -> Router {
-    let admin_routes = Router::new()
-        .route("/admin/workers", get(admin::list_workers).post(admin::add_worker))
-        .route("/admin/workers/{id}", delete(admin::remove_worker))
-        .route("/admin/workers/{id}/drain", post(admin::drain_worker))
-        .route("/admin/workers/{id}/resume", post(admin::resume_worker))
-        .route("/admin/state", get(admin::state))
-        .route("/flush_cache", post(fleet::flush_cache))
-        .route_layer(from_fn_with_state(Arc::clone(ctx.credentials()), auth::require_admin_token));
+    let admin_routes = admin_routes(&ctx);
     // One bound on concurrent inference requests (and its queue), whichever endpoint they use.
     let slot = || from_fn_with_state(Arc::clone(ctx.admission()), limit::concurrency);
     let client_routes = Endpoint::ALL
@@ -53,6 +46,30 @@ pub fn routes(ctx: Arc<AppContext>) -> Router {
         .route("/readiness", get(ops::readiness))
         .route("/metrics", get(ops::prometheus))
         .merge(admin_routes)
+        .layer(DefaultBodyLimit::max(ctx.max_body_bytes()))
+        .with_state(ctx)
+}
+
+/// The admin API, behind the admin token.
+fn admin_routes(ctx: &Arc<AppContext>) -> Router<Arc<AppContext>> {
+    Router::new()
+        .route("/admin/workers", get(admin::list_workers).post(admin::add_worker))
+        .route("/admin/workers/{id}", delete(admin::remove_worker))
+        .route("/admin/workers/{id}/drain", post(admin::drain_worker))
+        .route("/admin/workers/{id}/resume", post(admin::resume_worker))
+        .route("/admin/state", get(admin::state))
+        .route("/flush_cache", post(fleet::flush_cache))
+        .route_layer(from_fn_with_state(Arc::clone(ctx.credentials()), auth::require_admin_token))
+}
+
+/// The operations surface alone, for the endpoint picker's HTTP port: `/health`,
+/// `/readiness`, `/metrics` and the admin API; no client endpoint (clients go through Envoy).
+pub fn operations_routes(ctx: Arc<AppContext>) -> Router {
+    Router::new()
+        .route("/health", get(ops::health))
+        .route("/readiness", get(ops::readiness))
+        .route("/metrics", get(ops::prometheus))
+        .merge(admin_routes(&ctx))
         .layer(DefaultBodyLimit::max(ctx.max_body_bytes()))
         .with_state(ctx)
 }
@@ -165,6 +182,18 @@ impl Serving {
         addr: SocketAddr,
         event_loops: usize,
     ) -> std::io::Result<Self> {
+        let app = routes(Arc::clone(&ctx));
+        Self::start_app(ctx, app, addr, event_loops)
+    }
+
+    /// [`Serving::start`] serving `app` instead of the router's routes (the endpoint picker
+    /// serves [`operations_routes`]).
+    pub fn start_app(
+        ctx: Arc<AppContext>,
+        app: Router,
+        addr: SocketAddr,
+        event_loops: usize,
+    ) -> std::io::Result<Self> {
         if addr.port() != 0 {
             // SO_REUSEPORT would let these listeners join another process's on the same port
             // (a stale router of the same user) and split its traffic: a plain bind first
@@ -182,7 +211,6 @@ impl Serving {
         ctx.start();
         let (shutdown, stop) = tokio::sync::watch::channel(false);
         let limits = ConnectionLimits::from(ctx.server());
-        let app = routes(Arc::clone(&ctx));
         let loops = listeners
             .into_iter()
             .enumerate()

@@ -198,6 +198,7 @@ async fn policy_sees_the_groups_stage_and_the_request_facts() {
         routing_key: Some("r-1"),
         slo: router_buckets::SloTargets::NONE,
         excluded: &[],
+        subset: None,
     };
     group.pick(&registry, "long-context", &req).await.expect("pick");
     assert_eq!(

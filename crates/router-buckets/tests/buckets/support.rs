@@ -55,6 +55,7 @@ pub fn request<'a>(model: &'a ModelId, input_tokens: u64, peak: Option<u64>) -> 
         routing_key: None,
         slo: SloTargets::NONE,
         excluded: &[],
+        subset: None,
     }
 }
 

@@ -1,4 +1,4 @@
-//! The command line: serving with a file, `check-config`, `kv-indexer`, `--demo`, and the
+//! The command line: serving with a file, `check-config`, `kv-indexer`, `epp`, `--demo`, and the
 //! quick-start flags that build a single bucket without a file.
 //!
 //! No flag is dropped without a word ([`Cli::check`]): a quick-start flag with `--config` or
@@ -50,6 +50,20 @@ pub enum Command {
         /// Address of the gRPC listener.
         #[arg(long, default_value = "127.0.0.1:50060")]
         listen: String,
+    },
+    /// Run as an endpoint picker for Envoy-based gateways: an ext_proc gRPC server that picks
+    /// each request's engine (workers, buckets and policies from the file) and lets Envoy
+    /// forward; the file's `server.host:server.port` serves health, metrics and the admin API.
+    Epp {
+        /// The configuration file.
+        #[arg(long)]
+        config: PathBuf,
+        /// Port of the ext_proc gRPC listener, on the file's `server.host` (0: any free port).
+        #[arg(long, default_value_t = crate::epp::DEFAULT_GRPC_PORT)]
+        grpc_port: u16,
+        /// Engines named after the pick in `x-gateway-destination-endpoint`, for Envoy's retries.
+        #[arg(long, default_value_t = crate::epp::DEFAULT_FALLBACKS, value_name = "N")]
+        fallbacks: usize,
     },
 }
 
@@ -123,6 +137,7 @@ impl Cli {
         let name = match command {
             Command::CheckConfig { .. } => "check-config",
             Command::KvIndexer { .. } => "kv-indexer",
+            Command::Epp { .. } => "epp",
         };
         let serving = self.worker_threads.map(|_| "--worker-threads");
         match serving.into_iter().chain(self.serve.given().into_iter().map(|(flag, _)| flag)).next()

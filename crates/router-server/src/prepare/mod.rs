@@ -10,9 +10,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use router_buckets::SloTargets;
+use router_buckets::{BucketRequest, SloTargets};
 use router_policies::RequestTokens;
-use router_workers::DpRoute;
+use router_workers::{DpRoute, ModelId, WorkerId};
 use serde_json::Value;
 
 pub(crate) use router_chat_template::{ChatTemplate, TemplateError};
@@ -112,6 +112,28 @@ pub(crate) struct PreparedRequest {
     /// The SLO targets of the request's headers that its model reads (none until the handler
     /// sets them).
     pub slo: SloTargets,
+}
+
+impl PreparedRequest {
+    /// The facts the bucket loop selects `model`'s engines by, sent to none of `excluded`;
+    /// no subset.
+    pub(crate) fn bucket_request<'a>(
+        &'a self,
+        model: &'a ModelId,
+        excluded: &'a [WorkerId],
+    ) -> BucketRequest<'a> {
+        BucketRequest {
+            model,
+            input_tokens: self.input_tokens,
+            expected_peak_tokens: self.expected_peak_tokens,
+            tokens: self.tokens.as_deref(),
+            session_key: self.session_key.as_deref(),
+            routing_key: self.routing_key.as_deref(),
+            slo: self.slo,
+            excluded,
+            subset: None,
+        }
+    }
 }
 
 /// A data-parallel rank a client asked for: in SGLang's `data_parallel_rank` body field or

@@ -12,6 +12,7 @@ use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
+use bytes::Bytes;
 use futures::future::BoxFuture;
 use router_affinity::{MAX_KEY_BYTES, ScopeError};
 use router_buckets::{SloPreferences, SloTargets};
@@ -19,6 +20,7 @@ use tracing::{Instrument, info, warn};
 
 use super::body::{read_body, request_id};
 use crate::app::AppContext;
+use crate::config::ModelRuntime;
 use crate::error::{ApiError, Chain};
 use crate::metrics;
 use crate::prepare::{
@@ -78,6 +80,20 @@ async fn handle(
     }
     let body =
         read_body(headers, body, ctx.max_body_bytes(), ctx.server().body_read_timeout_secs).await?;
+    let (model, prepared) = prepare_request(ctx, endpoint, headers, body, labels).await?;
+    serve(ctx, model, &prepared, request_id, started, labels).await
+}
+
+/// Parses and prepares a whole request body of `endpoint` with its `headers`: the model (named
+/// in `labels` as soon as it is known), the affinity keys, the SLO targets, the client's
+/// data-parallel rank, the tokens. What the HTTP front and the endpoint picker (`crate::epp`) share.
+pub(crate) async fn prepare_request<'c>(
+    ctx: &'c AppContext,
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    body: Bytes,
+    labels: &mut Labels,
+) -> Result<(&'c ModelRuntime, PreparedRequest), ApiError> {
     let request = parse_request(endpoint, &body, ctx.server().max_batch_size)?;
     let client_rank = client_rank(request.client_rank, headers.get(DP_RANK_HEADER))?;
     let model = ctx.requested_model(request.model.as_deref())?;
@@ -106,8 +122,7 @@ async fn handle(
     } else {
         prepare(body, request, model.tokenization.as_deref(), session, routing)?
     };
-    let prepared = PreparedRequest { slo, client_rank, ..prepared };
-    serve(ctx, model, &prepared, request_id, started, labels).await
+    Ok((model, PreparedRequest { slo, client_rank, ..prepared }))
 }
 
 /// Bodies up to this size are templated and tokenized on the event loop (tens of
