@@ -2,16 +2,18 @@
 //!
 //! Owns the identity of an engine ([`WorkerId`]), the models it serves ([`ModelId`]), its
 //! [`Stage`] (plain, prefill or decode), its engine-side endpoints (KV events, load reporter,
-//! PD bootstrap port), its live health, and the [`WorkerRegistry`] with its change feed.
+//! PD bootstrap port), where it came from ([`WorkerOrigin`]), its live health, and the [`WorkerRegistry`] with its change feed.
 //!
 //! Does not own: load or KV-cache observations (router-state-load, router-state-kv), health
 //! probing (router-server drives it and calls [`WorkerRegistry::set_health`]), or selection.
 
 mod error;
+mod origin;
 mod registry;
 mod worker;
 
 pub use error::WorkerError;
+pub use origin::{DiscoveredPod, WorkerOrigin};
 pub use registry::{ModelKind, RegistryEvent, WorkerRegistry};
 pub use worker::{
     ApiKey, DEFAULT_BLOCK_SIZE, DpRoute, KvEventsSpec, LoadPollSpec, ModelId, Stage, Worker,

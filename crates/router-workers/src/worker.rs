@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use crate::WorkerError;
+use crate::{WorkerError, WorkerOrigin};
 
 /// Stable identifier of an engine, as written in the configuration (`P1`, `engine-3`).
 ///
@@ -332,12 +332,14 @@ pub struct Worker {
     load_reporter: Option<String>,
     load_poll: Option<LoadPollSpec>,
     api_key: Option<ApiKey>,
+    origin: WorkerOrigin,
     incarnation: u64,
     healthy: AtomicBool,
 }
 
 impl Worker {
-    /// Validates a spec into a worker serving `models`. The worker starts healthy.
+    /// Validates a spec into a worker serving `models`, from the configuration (see
+    /// [`Worker::with_origin`]). The worker starts healthy.
     pub fn from_spec(spec: &WorkerSpec, models: Vec<ModelId>) -> Result<Self, WorkerError> {
         let id = WorkerId::new(&spec.id)?;
         let url = validate_url(&spec.url)?;
@@ -380,6 +382,7 @@ impl Worker {
             load_reporter: spec.load_reporter.clone(),
             load_poll: spec.load_poll.clone(),
             api_key: spec.api_key.clone(),
+            origin: WorkerOrigin::Config,
             incarnation: NEXT_INCARNATION.fetch_add(1, Ordering::Relaxed),
             healthy: AtomicBool::new(true),
         })
@@ -399,6 +402,16 @@ impl Worker {
     ) -> Result<Self, WorkerError> {
         let spec = WorkerSpec { model: Some(model.to_string()), ..WorkerSpec::new(id, url, stage) };
         Self::from_spec(&spec, vec![model.clone()])
+    }
+
+    /// This worker, coming from `origin` instead of the configuration.
+    pub fn with_origin(self, origin: WorkerOrigin) -> Self {
+        Self { origin, ..self }
+    }
+
+    /// Where this worker came from.
+    pub fn origin(&self) -> &WorkerOrigin {
+        &self.origin
     }
 
     /// The stable identifier.
