@@ -29,8 +29,8 @@ use serde_json::{Value, json};
 use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinSet;
 
-pub use pods::{PodBuilder, pod};
 use pods::Selector;
+pub use pods::{PodBuilder, pod};
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -98,7 +98,8 @@ impl FakeKube {
             state: Mutex::new(State { rv: 1, ..State::default() }),
             live: broadcast::channel(4096).0,
         });
-        let mut fake = Self { shared, addr: SocketAddr::from(([127, 0, 0, 1], port)), running: None };
+        let mut fake =
+            Self { shared, addr: SocketAddr::from(([127, 0, 0, 1], port)), running: None };
         fake.restart().await;
         fake
     }
@@ -185,7 +186,8 @@ impl FakeKube {
         after: Option<Value>,
     ) {
         state.rv += 1;
-        let change = Arc::new(Change { rv: state.rv, namespace: namespace.to_owned(), before, after });
+        let change =
+            Arc::new(Change { rv: state.rv, namespace: namespace.to_owned(), before, after });
         state.history.push(Arc::clone(&change));
         if !state.silent {
             let _ = self.shared.live.send(Broadcast::Change(change));
@@ -305,11 +307,7 @@ fn status_object(code: u16, reason: &str, message: &str) -> Value {
 }
 
 fn query(request: &Request<hyper::body::Incoming>) -> BTreeMap<String, String> {
-    request
-        .uri()
-        .query()
-        .map(|q| url_decode_pairs(q).collect())
-        .unwrap_or_default()
+    request.uri().query().map(|q| url_decode_pairs(q).collect()).unwrap_or_default()
 }
 
 fn url_decode_pairs(query: &str) -> impl Iterator<Item = (String, String)> + '_ {
@@ -354,7 +352,10 @@ fn handle(shared: &Shared, request: &Request<hyper::body::Incoming>) -> Response
             );
         }
         "/apis" => {
-            return full(StatusCode::OK, &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": []}));
+            return full(
+                StatusCode::OK,
+                &json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": []}),
+            );
         }
         "/api/v1" => {
             return full(
@@ -378,12 +379,18 @@ fn handle(shared: &Shared, request: &Request<hyper::body::Incoming>) -> Response
         .and_then(|rest| rest.strip_suffix("/pods"))
         .filter(|ns| !ns.contains('/'));
     let Some(namespace) = namespace else {
-        return full(StatusCode::NOT_FOUND, &status_object(404, "NotFound", "the server could not find the requested resource"));
+        return full(
+            StatusCode::NOT_FOUND,
+            &status_object(404, "NotFound", "the server could not find the requested resource"),
+        );
     };
     let params = query(request);
     let Some(selector) = Selector::parse(params.get("labelSelector").map_or("", String::as_str))
     else {
-        return full(StatusCode::BAD_REQUEST, &status_object(400, "BadRequest", "unable to parse requirement"));
+        return full(
+            StatusCode::BAD_REQUEST,
+            &status_object(400, "BadRequest", "unable to parse requirement"),
+        );
     };
     let watch = params.get("watch").is_some_and(|w| w == "true" || w == "1");
     let mut state = shared.state();
@@ -478,7 +485,11 @@ impl Watch {
         Some(json!({"type": kind, "object": object}))
     }
 
-    async fn forward(self, mut live: broadcast::Receiver<Broadcast>, tx: mpsc::UnboundedSender<Value>) {
+    async fn forward(
+        self,
+        mut live: broadcast::Receiver<Broadcast>,
+        tx: mpsc::UnboundedSender<Value>,
+    ) {
         loop {
             let message = tokio::select! {
                 () = tx.closed() => return,

@@ -16,8 +16,11 @@ struct Kubeconfig(std::path::PathBuf);
 
 impl Kubeconfig {
     fn write(fake: &FakeKube) -> Self {
-        let path = std::env::temp_dir()
-            .join(format!("fake-kube-{}-{}.yaml", std::process::id(), fake.port()));
+        let path = std::env::temp_dir().join(format!(
+            "fake-kube-{}-{}.yaml",
+            std::process::id(),
+            fake.port()
+        ));
         std::fs::write(&path, fake.kubeconfig("inference")).expect("write kubeconfig");
         Self(path)
     }
@@ -71,7 +74,11 @@ async fn kubectl_lists_by_selector_and_forbidden_namespaces_are_refused() {
     let (ok, _, err) = kubectl(&config, &["get", "pods", "-o", "json"]).await;
     assert!(!ok, "a forbidden namespace is refused");
     assert!(err.contains("forbidden"), "{err}");
-    assert!(fake.requests().iter().any(|r| r == "LIST inference app=engine"), "{:?}", fake.requests());
+    assert!(
+        fake.requests().iter().any(|r| r == "LIST inference app=engine"),
+        "{:?}",
+        fake.requests()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
