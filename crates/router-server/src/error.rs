@@ -86,6 +86,19 @@ pub(crate) enum ApiError {
     /// A worker with this id is already registered (admin API).
     #[error(transparent)]
     WorkerExists(router_workers::WorkerError),
+    /// The worker stands for a discovered pod, which alone decides when it leaves (admin API).
+    #[error(
+        "worker {id} was discovered from pod {namespace}/{pod} and leaves when the pod stops \
+         being a Ready, selected pod: change the pod (its labels or readiness) instead"
+    )]
+    WorkerDiscovered {
+        /// The worker.
+        id: String,
+        /// The pod's namespace.
+        namespace: String,
+        /// The pod.
+        pod: String,
+    },
 }
 
 /// Why an exchange with one engine failed.
@@ -271,7 +284,7 @@ impl ApiError {
         match self {
             ApiError::InvalidRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::UnknownModel(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::WorkerExists(_) => StatusCode::CONFLICT,
+            ApiError::WorkerExists(_) | ApiError::WorkerDiscovered { .. } => StatusCode::CONFLICT,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Select(err) => select_status(err),
@@ -304,6 +317,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => ("authentication_error", "unauthorized"),
             ApiError::NotFound(_) => ("invalid_request_error", "not_found"),
             ApiError::WorkerExists(_) => ("invalid_request_error", "invalid_request"),
+            ApiError::WorkerDiscovered { .. } => ("invalid_request_error", "worker_discovered"),
         }
     }
 

@@ -11,6 +11,7 @@ use router_policies::PolicyConfig;
 use router_workers::{ApiKey, WorkerSpec};
 use serde::{Deserialize, Serialize};
 
+use super::discovery::DiscoverySection;
 use crate::health::HealthSection;
 use crate::retry::RetrySection;
 
@@ -33,6 +34,9 @@ pub struct ConfigFile {
     /// Served models, each with its engines and buckets.
     #[serde(default)]
     pub models: Vec<ModelConfig>,
+    /// Engines found through the Kubernetes API, joining a configured model.
+    #[serde(default)]
+    pub discovery: Option<DiscoverySection>,
 }
 
 /// `server`: listener, limits and operations.

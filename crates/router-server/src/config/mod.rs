@@ -5,6 +5,7 @@
 //! `check-config` and startup report the same problems.
 
 mod cli;
+mod discovery;
 mod file;
 
 use std::borrow::Cow;
@@ -19,6 +20,7 @@ use router_policies::{CachePrefixProvider, PolicyHandles};
 use router_workers::{ApiKey, ModelId, Stage, Worker, WorkerId, WorkerRegistry, WorkerSpec};
 
 pub use cli::{Cli, Command, ServeArgs, reject_dropped_options};
+pub use discovery::{DiscoverySection, KvEventsPorts};
 pub use file::{
     AffinitySection, BucketConfig, ConfigFile, GroupConfig, GroupsConfig, KvSection, LimitsConfig,
     LoadSection, ModelConfig, ParseError, PdGroupsConfig, ServerSection,
@@ -156,6 +158,28 @@ fn kv_problems(config: &ConfigFile, problems: &mut Problems) {
             ),
         );
     }
+}
+
+/// Builds Kubernetes discovery's configuration from the `discovery` section (`None` without
+/// one), with every problem at its path. Discovered workers without an `api_key` get
+/// `engine_key`.
+pub fn build_discovery(
+    config: &ConfigFile,
+    engine_key: Option<&ApiKey>,
+) -> Result<Option<router_discovery::DiscoveryConfig>, Vec<Problem>> {
+    let Some(section) = &config.discovery else { return Ok(None) };
+    let shapes: Vec<discovery::ModelShape<'_>> = config
+        .models
+        .iter()
+        .map(|m| discovery::ModelShape {
+            id: &m.id,
+            plain_buckets: m.buckets.iter().any(|b| b.groups.plain.is_some()),
+            pd_buckets: m.buckets.iter().any(|b| b.groups.pd.is_some()),
+        })
+        .collect();
+    let mut problems = Problems::default();
+    let built = discovery::build(section, &shapes, engine_key, &mut problems);
+    if problems.0.is_empty() { Ok(built) } else { Err(problems.0) }
 }
 
 /// Registers every configured worker in `registry` (what the `kv-indexer` process needs),

@@ -85,3 +85,19 @@ async fn a_scrape_refreshes_the_state_gauges_first() {
         "no report, no age"
     );
 }
+
+#[tokio::test]
+async fn readiness_waits_for_discovery_to_list_its_pods_even_with_static_workers() {
+    let yaml = format!(
+        "discovery: {{selector: app=engine, model: ops-a, api_server: \"http://127.0.0.1:9\"}}\n{}",
+        two_models()
+    );
+    let ctx = context(&yaml);
+    let (status, _, body) = call(&ctx, "GET", "/readiness", None, "").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body, "kubernetes discovery has not listed its pods yet");
+    assert!(
+        ctx.model("ops-a").is_some_and(|m| m.resolver.has_candidates(ctx.registry())),
+        "the static worker is still a candidate"
+    );
+}
