@@ -32,8 +32,7 @@ impl LabelSelector {
     /// characters. An empty selector, which would select every pod of the namespace, is
     /// refused.
     pub fn parse(text: &str) -> Result<Self, SelectorError> {
-        let fail =
-            |reason: String| SelectorError { selector: text.to_owned(), reason: reason.clone() };
+        let fail = |reason: String| SelectorError { selector: text.to_owned(), reason };
         let mut expressions = Vec::new();
         for requirement in split_requirements(text).map_err(|r| fail(r.to_owned()))? {
             expressions.push(parse_requirement(requirement).map_err(fail)?);
