@@ -307,6 +307,22 @@ fn the_discovery_section_is_checked_with_the_path_of_each_problem() {
             ),
         }
     }
+    // A cache-reading group of discovered engines must see their KV events.
+    let tok = format!("tokenizer: \"{}\"", tokenizer());
+    let cache_model = |extra: &str| {
+        format!(
+            "  - id: m\n    {tok}\n    buckets: [{{id: all, groups: {{plain: {{policy: {{type: cache_aware}}}}}}}}]\n{extra}"
+        )
+    };
+    let blind = build(&discovering("{selector: a=b}", &cache_model(""))).err().unwrap_or_default();
+    assert!(
+        blind.iter().any(|p| p.path == "models[0].buckets[0].groups.plain.policy"
+            && p.message.contains("discovery.kv_events")),
+        "{blind:?}"
+    );
+    let seeing = build(&discovering("{selector: a=b, kv_events: {port: kv}}", &cache_model("")));
+    assert!(seeing.is_ok(), "{:?}", seeing.err());
+
     let unknown = ConfigFile::parse(&discovering("{selector: a=b, selectors: x}", PLAIN_MODEL));
     assert!(unknown.expect_err("unknown key").contains("discovery"), "unknown keys are errors");
 }
