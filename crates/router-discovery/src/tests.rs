@@ -1,6 +1,6 @@
 //! Discovery against the fake API server over HTTP: the watch through lost events and a 410
 //! relist, a bookmark that spares a relist, an API server restarted and one down at start, a
-//! forbidden namespace, and a burst of a thousand pod changes applied while selection goes on.
+//! forbidden namespace, a watch event of an unknown type, and a burst of a thousand pod changes applied while selection goes on.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -167,6 +167,26 @@ async fn a_forbidden_namespace_is_reported_with_the_rbac_it_needs_and_retried() 
 
     fake.forbid("inference", false);
     running.wait_for(&["e1"]).await;
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_event_of_an_unknown_type_is_reported_and_the_watch_goes_on() {
+    let fake = FakeKube::start().await;
+    fake.put_pod("inference", engine("e1", 1).build());
+    let running = run(config(&fake.url()));
+    running.wait_for(&["e1"]).await;
+    eventually("a live watch", async || fake.live_watches() > 0).await;
+
+    fake.inject_event(serde_json::json!({"type": "RESIZED", "object": {"kind": "Pod"}}));
+    let mut changes = running.state.changes();
+    let error = on_change(&mut changes, || running.state.status().sources[0].last_error.clone())
+        .await
+        .expect("reported");
+    assert!(error.contains("cannot read"), "{error}");
+    fake.put_pod("inference", engine("e2", 2).build());
+    running.wait_for(&["e1", "e2"]).await;
+    assert_eq!(running.state.status().sources[0].last_error, None, "cleared by the next event");
     running.stop().await;
 }
 

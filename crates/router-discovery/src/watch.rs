@@ -113,6 +113,15 @@ impl Failure {
             kube::Error::Api(status) => {
                 Self::api(status.code, &status.reason, &status.message, namespace)
             }
+            kube::Error::SerdeError(_) => Self {
+                message: format!(
+                    "the API server sent what the router cannot read (a watch event of an \
+                     unknown type?); watching on: {}",
+                    chain(client)
+                ),
+                forbidden: false,
+                relists: false,
+            },
             other => Self {
                 message: format!("cannot reach the Kubernetes API server: {}", chain(other)),
                 forbidden: false,
@@ -123,6 +132,16 @@ impl Failure {
 
     fn api(code: u16, reason: &str, message: &str, namespace: &str) -> Self {
         let (message, forbidden) = match code {
+            // What kube makes of a watch event it cannot read (an unknown type): a status
+            // without a code.
+            0 => (
+                format!(
+                    "the API server sent a watch event the router cannot read (an unknown \
+                     type?); skipped, watching on{}",
+                    if message.is_empty() { String::new() } else { format!(": {message}") }
+                ),
+                false,
+            ),
             403 => (
                 format!(
                     "forbidden (403): the router may not list and watch pods in namespace \

@@ -7,7 +7,7 @@
 //!
 //! The test drives it: [`FakeKube::put_pod`], [`FakeKube::delete_pod`], [`FakeKube::bookmark`],
 //! [`FakeKube::expire_watches`] (410 on every live watch and compacted history, so watchers
-//! relist), [`FakeKube::set_silent`] (changes reach no live watch, as if the events were lost),
+//! relist), [`FakeKube::inject_event`] (any line on every live watch), [`FakeKube::set_silent`] (changes reach no live watch, as if the events were lost),
 //! [`FakeKube::forbid`], [`FakeKube::stop`] and [`FakeKube::restart`]. [`FakeKube::requests`]
 //! tells what was asked (`LIST ns selector` or `WATCH ns rv`).
 
@@ -43,6 +43,8 @@ enum Broadcast {
     Bookmark(u64),
     /// Every live watch gets 410 Gone and ends.
     Expire,
+    /// Sent as it is to every live watch.
+    Raw(Value),
 }
 
 /// One change in the history: the object before and after (absent = did not exist).
@@ -207,6 +209,12 @@ impl FakeKube {
         state.floor = state.rv;
         state.history.clear();
         let _ = self.shared.live.send(Broadcast::Expire);
+    }
+
+    /// Sends `event` as it is, one line, to every live watch (an event of a type no client
+    /// knows, say).
+    pub fn inject_event(&self, event: Value) {
+        let _ = self.shared.live.send(Broadcast::Raw(event));
     }
 
     /// Compacts the history up to now without telling anyone: a watch resumed from an older
@@ -501,6 +509,7 @@ impl Watch {
                     json!({"type": "BOOKMARK", "object": {"kind": "Pod", "apiVersion": "v1",
                         "metadata": {"resourceVersion": rv.to_string()}}})
                 }),
+                Ok(Broadcast::Raw(event)) => Some(event),
                 Ok(Broadcast::Expire) => {
                     let _ = tx.send(json!({"type": "ERROR", "object": status_object(410, "Expired", "too old resource version")}));
                     return;
