@@ -22,7 +22,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::Credentials;
 use crate::config::{
-    ConfigFile, ModelRuntime, Problem, ServerSection, build_models, keeps_local_index,
+    ConfigFile, ModelRuntime, Problem, ServerSection, build_discovery, build_models,
+    keeps_local_index,
 };
 use crate::error::ApiError;
 use crate::forward::{ForwardConfig, Forwarder, OutcomeSink};
@@ -60,6 +61,10 @@ pub struct AppContext {
     model_cards: Arc<ModelCards>,
     /// How often and how patiently the model cards are refreshed (the health checker's).
     card_refresh: (Duration, Duration),
+    /// Kubernetes discovery, taken by `start`.
+    discovery: Mutex<Option<router_discovery::Discovery>>,
+    /// Its status, when it is configured.
+    discovery_state: Option<router_discovery::DiscoveryState>,
     cancel: CancellationToken,
     tasks: Mutex<JoinSet<()>>,
 }
@@ -105,7 +110,19 @@ impl AppContext {
             vec![Problem { path: err.variable.to_owned(), message: err.reason.to_owned() }]
         })?;
         let runtimes =
-            build_models(config, &registry, &handles, credentials.engine_default.as_ref())?;
+            build_models(config, &registry, &handles, credentials.engine_default.as_ref());
+        let discovery = build_discovery(config, credentials.engine_default.as_ref());
+        let (runtimes, discovery) = match (runtimes, discovery) {
+            (Ok(runtimes), Ok(discovery)) => (runtimes, discovery),
+            (runtimes, discovery) => {
+                let mut problems = runtimes.err().unwrap_or_default();
+                problems.extend(discovery.err().unwrap_or_default());
+                return Err(problems);
+            }
+        };
+        let discovery =
+            discovery.map(|config| router_discovery::Discovery::new(config, Arc::clone(&registry)));
+        let discovery_state = discovery.as_ref().map(router_discovery::Discovery::state);
         let wildcard = runtimes.iter().find(|m| m.id.as_str() == "*").map(|m| m.id.clone());
         let models = runtimes.into_iter().map(|m| (m.id.clone(), m)).collect();
         let engine_problem = |path: &str, err: &dyn std::fmt::Display| {
@@ -148,6 +165,8 @@ impl AppContext {
                 Duration::from_secs(config.health.interval_secs.max(1)),
                 Duration::from_secs(config.health.timeout_secs.max(1)),
             ),
+            discovery: Mutex::new(discovery),
+            discovery_state,
             cancel: CancellationToken::new(),
             tasks: Mutex::new(JoinSet::new()),
         })
@@ -174,6 +193,9 @@ impl AppContext {
         tasks.spawn(subscriptions.run(self.cancel.child_token()));
         if let Some(kv) = self.kv_subscriptions.lock().take() {
             tasks.spawn(kv.run(self.cancel.child_token()));
+        }
+        if let Some(discovery) = self.discovery.lock().take() {
+            tasks.spawn(discovery.run(self.cancel.child_token()));
         }
         for model in self.models.values() {
             for store in [&model.sessions, &model.routing_keys] {
@@ -255,6 +277,11 @@ impl AppContext {
     /// Every served model.
     pub fn models(&self) -> impl Iterator<Item = &ModelRuntime> {
         self.models.values()
+    }
+
+    /// Kubernetes discovery's status, when it is configured.
+    pub fn discovery(&self) -> Option<&router_discovery::DiscoveryState> {
+        self.discovery_state.as_ref()
     }
 
     /// The worker registry.
@@ -398,6 +425,8 @@ fn load_settings(config: &ConfigFile) -> router_state_load::TableConfig {
 
 /// Forgets the in-flight counters of engines that leave the registry, so an engine added later
 /// under the same id starts from zero (guards still held count into the forgotten counters).
+/// Behind the feed (a burst of changes, say a thousand pods), it forgets every engine no longer
+/// registered.
 async fn forget_removed(
     registry: Arc<WorkerRegistry>,
     inflight: Arc<Inflight>,
@@ -411,7 +440,18 @@ async fn forget_removed(
         };
         match event {
             Ok(RegistryEvent::Removed(worker)) => inflight.remove(worker.id()),
-            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+            Ok(_) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                let (current, resumed) = registry.follow();
+                feed = resumed;
+                let live: std::collections::HashSet<&router_workers::WorkerId> =
+                    current.iter().map(|w| w.id()).collect();
+                for (id, _) in inflight.counts() {
+                    if !live.contains(&id) {
+                        inflight.remove(&id);
+                    }
+                }
+            }
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
         }
     }

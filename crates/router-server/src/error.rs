@@ -109,6 +109,19 @@ pub(crate) enum ApiError {
         /// Its URL.
         url: String,
     },
+    /// The worker stands for a discovered pod, which alone decides when it leaves (admin API).
+    #[error(
+        "worker {id} was discovered from pod {namespace}/{pod} and leaves when the pod stops \
+         being a Ready, selected pod: change the pod (its labels or readiness) instead"
+    )]
+    WorkerDiscovered {
+        /// The worker.
+        id: String,
+        /// The pod's namespace.
+        namespace: String,
+        /// The pod.
+        pod: String,
+    },
 }
 
 /// Why an exchange with one engine failed.
@@ -327,7 +340,7 @@ impl ApiError {
                 StatusCode::BAD_REQUEST
             }
             ApiError::UnknownModel(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::WorkerExists(_) => StatusCode::CONFLICT,
+            ApiError::WorkerExists(_) | ApiError::WorkerDiscovered { .. } => StatusCode::CONFLICT,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Select(err) => select_status(err),
@@ -382,6 +395,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => ("authentication_error", "unauthorized"),
             ApiError::NotFound(_) => ("invalid_request_error", "not_found"),
             ApiError::WorkerExists(_) => ("invalid_request_error", "invalid_request"),
+            ApiError::WorkerDiscovered { .. } => ("invalid_request_error", "worker_discovered"),
         }
     }
 

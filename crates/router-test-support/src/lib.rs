@@ -5,12 +5,16 @@
 //! [`on_change`] re-checks one whenever a watch channel signals, [`settle`] lets the spawned tasks of a current-thread
 //! runtime run until a condition holds. Each gives up after a bound ([`PATIENCE`], or a number
 //! of scheduler turns) that only a broken test reaches: a bound, never a timing assertion.
+//! Also the fake Kubernetes API server ([`fake_kube`]) that router-discovery's tests and the
+//! end-to-end discovery test both run.
 //!
 //! Does not own the fixtures of one crate (they stay beside its tests), nor process spawners
 //! (`router-e2e`, their only user, keeps them). It depends on no workspace crate, so that any
 //! crate's unit tests can use it without building a second copy of that crate.
 
 use std::time::Duration;
+
+pub mod fake_kube;
 
 use tokio::sync::watch;
 

@@ -3,7 +3,7 @@
 use crate::{ModelId, Stage, WorkerId};
 
 /// A worker that cannot be built, or a registry change that would break a rule.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum WorkerError {
     /// Worker ids must be non-empty.

@@ -419,3 +419,24 @@ proptest! {
         prop_assert_eq!(replayed, current);
     }
 }
+
+#[test]
+fn a_worker_comes_from_the_configuration_unless_told_otherwise() {
+    let model = ModelId::new("m");
+    let worker = Worker::plain("w", "http://127.0.0.1:1", &model).expect("worker");
+    assert_eq!(worker.origin(), &WorkerOrigin::Config);
+    let incarnation = worker.incarnation();
+    let pod = DiscoveredPod { namespace: "ns".into(), pod: "w".into(), uid: "u-1".into() };
+    let worker = worker.with_origin(WorkerOrigin::Discovery(pod.clone()));
+    assert_eq!(worker.origin().pod(), Some(&pod));
+    assert_eq!(worker.incarnation(), incarnation, "the same worker, only its origin said");
+    let shown = serde_json::to_value(worker.origin()).expect("serializes");
+    assert_eq!(
+        shown,
+        serde_json::json!({"source": "discovery", "namespace": "ns", "pod": "w", "uid": "u-1"})
+    );
+    assert_eq!(
+        serde_json::to_value(WorkerOrigin::Admin).expect("serializes"),
+        serde_json::json!({"source": "admin"})
+    );
+}

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{EngineStatus, WorkerError, WorkerLabels};
+use crate::{EngineStatus, WorkerError, WorkerLabels, WorkerOrigin};
 
 /// Stable identifier of an engine, as written in the configuration (`P1`, `engine-3`).
 ///
@@ -339,6 +339,7 @@ pub struct Worker {
     load_poll: Option<LoadPollSpec>,
     labels: WorkerLabels,
     api_key: Option<ApiKey>,
+    origin: WorkerOrigin,
     incarnation: u64,
     healthy: AtomicBool,
     /// Taken out of selection by the operator (`POST /admin/workers/{id}/drain`).
@@ -348,8 +349,9 @@ pub struct Worker {
 }
 
 impl Worker {
-    /// Validates a spec into a worker serving `models`. The worker starts healthy, not
-    /// drained, and with an unknown reported status.
+    /// Validates a spec into a worker serving `models`, from the configuration (see
+    /// [`Worker::with_origin`]). The worker starts healthy, not drained, and with an unknown
+    /// reported status.
     pub fn from_spec(spec: &WorkerSpec, models: Vec<ModelId>) -> Result<Self, WorkerError> {
         let id = WorkerId::new(&spec.id)?;
         let url = validate_url(&spec.url)?;
@@ -396,6 +398,7 @@ impl Worker {
             load_poll: spec.load_poll.clone(),
             labels: spec.labels.clone(),
             api_key: spec.api_key.clone(),
+            origin: WorkerOrigin::Config,
             incarnation: NEXT_INCARNATION.fetch_add(1, Ordering::Relaxed),
             healthy: AtomicBool::new(true),
             drained: AtomicBool::new(false),
@@ -417,6 +420,16 @@ impl Worker {
     ) -> Result<Self, WorkerError> {
         let spec = WorkerSpec { model: Some(model.to_string()), ..WorkerSpec::new(id, url, stage) };
         Self::from_spec(&spec, vec![model.clone()])
+    }
+
+    /// This worker, coming from `origin` instead of the configuration.
+    pub fn with_origin(self, origin: WorkerOrigin) -> Self {
+        Self { origin, ..self }
+    }
+
+    /// Where this worker came from.
+    pub fn origin(&self) -> &WorkerOrigin {
+        &self.origin
     }
 
     /// The stable identifier.

@@ -13,6 +13,9 @@ use router_policies::PolicyConfig;
 use router_workers::{ApiKey, Stage, WorkerSpec};
 use serde_json::{Map, Value, json};
 
+use router_discovery::PodPort;
+
+use super::discovery::DiscoverySection;
 use super::file::{
     BucketConfig, ConfigFile, GroupConfig, GroupsConfig, ModelConfig, PdGroupsConfig,
 };
@@ -127,6 +130,27 @@ pub struct ServeArgs {
     /// Admin API bearer token (overrides `server.admin_token`; or `ROUTER_ADMIN_TOKEN`).
     #[arg(long)]
     pub admin_token: Option<String>,
+    /// Find engines as Kubernetes pods (`discovery` in the file): with `--selector`, or with
+    /// `--prefill-selector` and `--decode-selector`. On top of a file it sets those keys; as a
+    /// quick start the discovered engines are the model's (besides any `--worker-urls`).
+    #[arg(long)]
+    pub service_discovery: bool,
+    /// Discovery: label selector of plain engine pods, `KEY=VALUE` requirements (several are
+    /// joined with commas; any selector syntax works).
+    #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
+    pub selector: Vec<String>,
+    /// Discovery: label selector of prefill engine pods.
+    #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
+    pub prefill_selector: Vec<String>,
+    /// Discovery: label selector of decode engine pods.
+    #[arg(long, num_args = 1.., value_name = "KEY=VALUE")]
+    pub decode_selector: Vec<String>,
+    /// Discovery: the namespace watched (default: the kubeconfig context's or the pod's own).
+    #[arg(long, value_name = "NAMESPACE")]
+    pub service_discovery_namespace: Option<String>,
+    /// Discovery: the engines' HTTP port, a number or a container port name (default 80).
+    #[arg(long, value_name = "PORT")]
+    pub service_discovery_port: Option<String>,
 }
 
 impl Cli {
@@ -236,7 +260,22 @@ pub fn reject_dropped_options(args: &[String]) -> Result<(), String> {
 impl ServeArgs {
     /// Whether quick-start flags describe the fleet.
     pub fn is_quick_start(&self) -> bool {
-        !self.worker_urls.is_empty() || self.pd_disaggregation
+        !self.worker_urls.is_empty() || self.pd_disaggregation || self.service_discovery
+    }
+
+    /// The discovery flags given besides `--service-discovery`.
+    fn discovery_flags(&self) -> Vec<&'static str> {
+        let s = self;
+        [
+            ("--selector", !s.selector.is_empty()),
+            ("--prefill-selector", !s.prefill_selector.is_empty()),
+            ("--decode-selector", !s.decode_selector.is_empty()),
+            ("--service-discovery-namespace", s.service_discovery_namespace.is_some()),
+            ("--service-discovery-port", s.service_discovery_port.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(flag, set)| set.then_some(flag))
+        .collect()
     }
 
     /// Every serving flag given, with whether it is quick-start only (it builds the
@@ -263,10 +302,12 @@ impl ServeArgs {
             ("--max-in-flight", s.max_in_flight.is_some(), true),
             ("--policy-arg", !s.policy_args.is_empty(), true),
             ("--affinity-mode", s.affinity_mode.is_some(), true),
+            ("--service-discovery", s.service_discovery, false),
         ]
         .into_iter()
         .filter(|(_, set, _)| *set)
         .map(|(flag, _, quick)| (flag, quick))
+        .chain(self.discovery_flags().into_iter().map(|flag| (flag, false)))
         .collect()
     }
 
@@ -289,6 +330,27 @@ impl ServeArgs {
                 ));
             }
         }
+        let discovery = self.discovery_flags();
+        if let Some(flag) = discovery.first().filter(|_| !self.service_discovery) {
+            return Err(format!("{flag} needs --service-discovery"));
+        }
+        if self.service_discovery && self.demo {
+            return Err("--service-discovery has no effect with --demo, whose fleet is fixed: \
+                        serve a configuration file with a discovery section instead"
+                .to_owned());
+        }
+        if self.service_discovery && self.config.is_none() {
+            let pd_selector =
+                discovery.iter().find(|f| ["--prefill-selector", "--decode-selector"].contains(f));
+            if let Some(flag) = pd_selector.filter(|_| !self.pd_disaggregation) {
+                return Err(format!("{flag} needs --pd-disaggregation"));
+            }
+            if self.pd_disaggregation && discovery.contains(&"--selector") {
+                return Err("--selector selects plain engines: a --pd-disaggregation quick start \
+                            discovers with --prefill-selector and --decode-selector"
+                    .to_owned());
+            }
+        }
         if !self.pd_disaggregation
             && let Some(flag) = quick.iter().find(|f| {
                 ["--prefill", "--decode", "--prefill-policy", "--decode-policy"].contains(f)
@@ -300,12 +362,42 @@ impl ServeArgs {
     }
 
     /// Applies the flags that go on top of any configuration (a file, the demo or a quick
-    /// start) and are not listen or logging settings: `--admin-token`.
+    /// start) and are not listen or logging settings: `--admin-token`, and the discovery
+    /// flags, which set the keys of the `discovery` section (creating it).
     pub fn apply_overrides(&self, config: &mut ConfigFile) -> Result<(), String> {
         if let Some(token) = &self.admin_token {
             let token =
                 ApiKey::new(token.as_str()).map_err(|why| format!("--admin-token: {why}"))?;
             config.server.admin_token = Some(token);
+        }
+        if self.service_discovery {
+            let section = config.discovery.get_or_insert_with(DiscoverySection::default);
+            for (flag, key) in [
+                (&self.selector, &mut section.selector),
+                (&self.prefill_selector, &mut section.prefill_selector),
+                (&self.decode_selector, &mut section.decode_selector),
+            ] {
+                if !flag.is_empty() {
+                    *key = Some(flag.join(","));
+                }
+            }
+            if let Some(namespace) = &self.service_discovery_namespace {
+                section.namespace = Some(namespace.clone());
+            }
+            if let Some(port) = &self.service_discovery_port {
+                section.port = match port.parse::<u16>() {
+                    Ok(number) => PodPort::Number(number),
+                    Err(_) if port.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') => {
+                        PodPort::Name(port.clone())
+                    }
+                    Err(_) => {
+                        return Err(format!(
+                            "--service-discovery-port {port}: a port number or a container \
+                             port name"
+                        ));
+                    }
+                };
+            }
         }
         Ok(())
     }
@@ -358,9 +450,11 @@ impl ServeArgs {
             if !self.worker_urls.is_empty() {
                 return Err("--worker-urls and --pd-disaggregation exclude each other".into());
             }
-            if self.prefill.is_empty() || self.decode.is_empty() {
+            if !self.service_discovery && (self.prefill.is_empty() || self.decode.is_empty()) {
                 return Err(
-                    "--pd-disaggregation needs at least one --prefill and one --decode".into()
+                    "--pd-disaggregation needs at least one --prefill and one --decode, or \
+                     --service-discovery"
+                        .into(),
                 );
             }
             let mut prefill = self.prefill.iter().peekable();
@@ -569,6 +663,73 @@ mod tests {
                 assert!(err.contains(how), "{line}: {err}");
             }
         }
+    }
+
+    #[test]
+    fn the_discovery_flags_set_the_discovery_section_on_a_quick_start_or_a_file() {
+        let cli = parse(
+            "--service-discovery --selector app=sglang tier=gpu --service-discovery-namespace \
+             inference --service-discovery-port http --policy power_of_two",
+        );
+        cli.serve.check().expect("a discovery quick start");
+        let mut config = cli.serve.quick_start_config().expect("config");
+        assert!(config.models[0].workers.is_empty(), "the fleet is discovered");
+        cli.serve.apply_overrides(&mut config).expect("overrides");
+        let section = config.discovery.as_ref().expect("discovery");
+        assert_eq!(section.selector.as_deref(), Some("app=sglang,tier=gpu"));
+        assert_eq!(section.namespace.as_deref(), Some("inference"));
+        assert_eq!(section.port, PodPort::Name("http".into()));
+
+        let cli = parse(
+            "--pd-disaggregation --service-discovery --prefill-selector role=prefill \
+             --decode-selector role=decode --service-discovery-port 30000",
+        );
+        cli.serve.check().expect("a PD discovery quick start");
+        let mut config = cli.serve.quick_start_config().expect("no --prefill needed");
+        cli.serve.apply_overrides(&mut config).expect("overrides");
+        let section = config.discovery.as_ref().expect("discovery");
+        assert_eq!(section.prefill_selector.as_deref(), Some("role=prefill"));
+        assert_eq!(section.port, PodPort::Number(30000));
+        assert!(config.models[0].buckets[0].groups.pd.is_some());
+
+        // On top of a file, the flags set (or create) its discovery keys.
+        let cli = parse("--config r.yaml --service-discovery --selector app=x");
+        cli.serve.check().expect("with a file");
+        let mut config = ConfigFile::default();
+        cli.serve.apply_overrides(&mut config).expect("overrides");
+        assert_eq!(config.discovery.and_then(|d| d.selector).as_deref(), Some("app=x"));
+    }
+
+    #[test]
+    fn a_discovery_flag_that_would_have_no_effect_is_an_error_naming_it() {
+        for (line, flag, mention) in [
+            ("--config r.yaml --selector app=x", "--selector", "--service-discovery"),
+            (
+                "--worker-urls http://a:1 --service-discovery-port 80",
+                "--service-discovery-port",
+                "needs",
+            ),
+            ("--demo --service-discovery --selector a=b", "--service-discovery", "--demo"),
+            (
+                "--service-discovery --prefill-selector r=p --decode-selector r=d",
+                "--prefill-selector",
+                "--pd-disaggregation",
+            ),
+            (
+                "--pd-disaggregation --service-discovery --selector a=b",
+                "--selector",
+                "plain engines",
+            ),
+            ("--service-discovery check-config r.yaml", "--service-discovery", "check-config"),
+        ] {
+            let err = parse(line).check().expect_err(line);
+            assert!(err.starts_with(flag), "{line}: {err}");
+            assert!(err.contains(mention), "{line}: {err}");
+        }
+        let cli = parse("--service-discovery --selector a=b --service-discovery-port a/b");
+        let mut config = ConfigFile::default();
+        let err = cli.serve.apply_overrides(&mut config).expect_err("not a port");
+        assert!(err.starts_with("--service-discovery-port"), "{err}");
     }
 
     #[test]

@@ -17,6 +17,7 @@ use router_workers::{ApiKey, WorkerSpec};
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 
+use super::discovery::DiscoverySection;
 use crate::health::HealthSection;
 use crate::retry::RetrySection;
 
@@ -39,6 +40,9 @@ pub struct ConfigFile {
     /// Served models, each with its engines and buckets.
     #[serde(default)]
     pub models: Vec<ModelConfig>,
+    /// Engines found through the Kubernetes API, joining a configured model.
+    #[serde(default)]
+    pub discovery: Option<DiscoverySection>,
 }
 
 /// `server`: listener, limits and operations.

@@ -5,6 +5,7 @@
 //! `check-config` and startup report the same problems.
 
 mod cli;
+mod discovery;
 mod file;
 
 use std::borrow::Cow;
@@ -22,6 +23,7 @@ use router_policies::{CachePrefixProvider, LiveEstimator, PolicyHandles};
 use router_workers::{ApiKey, ModelId, Stage, Worker, WorkerId, WorkerRegistry, WorkerSpec};
 
 pub use cli::{Cli, Command, ServeArgs, reject_dropped_options};
+pub use discovery::{DiscoverySection, KvEventsPorts};
 pub use file::{
     AffinitySection, BucketConfig, ConfigFile, GroupConfig, GroupsConfig, KvSection, LimitsConfig,
     LoadSection, ModelConfig, ParseError, PdGroupsConfig, ServerSection,
@@ -133,9 +135,15 @@ pub fn build_models(
             problems.push(format!("{path}.id"), format!("duplicate model id {:?}", model.id));
             continue;
         }
-        if let Some(runtime) =
-            build_model(&path, model, registry, handles, engine_key, &mut problems)
-        {
+        if let Some(runtime) = build_model(
+            &path,
+            model,
+            discovered(config, model),
+            registry,
+            handles,
+            engine_key,
+            &mut problems,
+        ) {
             runtimes.push(runtime);
         }
     }
@@ -163,6 +171,28 @@ fn kv_problems(config: &ConfigFile, problems: &mut Problems) {
             ),
         );
     }
+}
+
+/// Builds Kubernetes discovery's configuration from the `discovery` section (`None` without
+/// one), with every problem at its path. Discovered workers without an `api_key` get
+/// `engine_key`.
+pub fn build_discovery(
+    config: &ConfigFile,
+    engine_key: Option<&ApiKey>,
+) -> Result<Option<router_discovery::DiscoveryConfig>, Vec<Problem>> {
+    let Some(section) = &config.discovery else { return Ok(None) };
+    let shapes: Vec<discovery::ModelShape<'_>> = config
+        .models
+        .iter()
+        .map(|m| discovery::ModelShape {
+            id: &m.id,
+            plain_buckets: m.buckets.iter().any(|b| b.groups.plain.is_some()),
+            pd_buckets: m.buckets.iter().any(|b| b.groups.pd.is_some()),
+        })
+        .collect();
+    let mut problems = Problems::default();
+    let built = discovery::build(section, &shapes, engine_key, &mut problems);
+    if problems.0.is_empty() { Ok(built) } else { Err(problems.0) }
 }
 
 /// Registers every configured worker in `registry` (what the `kv-indexer` process needs),
@@ -222,9 +252,20 @@ pub fn with_engine_key<'a>(spec: &'a WorkerSpec, default: Option<&ApiKey>) -> Co
     }
 }
 
+/// The discovery section when it may find engines of `model`: its `model`, the router's only
+/// model, or any model when a label names it.
+fn discovered<'a>(config: &'a ConfigFile, model: &ModelConfig) -> Option<&'a DiscoverySection> {
+    config.discovery.as_ref().filter(|d| match (&d.model, &d.model_label) {
+        (Some(named), _) => *named == model.id,
+        (None, Some(_)) => true,
+        (None, None) => config.models.len() == 1,
+    })
+}
+
 fn build_model(
     path: &str,
     model: &ModelConfig,
+    discovery: Option<&DiscoverySection>,
     registry: &WorkerRegistry,
     handles: &PolicyHandles,
     engine_key: Option<&ApiKey>,
@@ -263,7 +304,7 @@ fn build_model(
     let mut buckets = Vec::new();
     for (b, bucket) in model.buckets.iter().enumerate() {
         let bpath = format!("{path}.buckets[{b}]");
-        check_prefix_groups(path, &bpath, model, &bucket.groups, problems);
+        check_prefix_groups(path, &bpath, model, discovery, &bucket.groups, problems);
         let Some(groups) = build_groups(&bpath, &bucket.groups, handles, problems) else {
             continue;
         };
@@ -393,12 +434,15 @@ fn each_group<'a>(
 /// to see a cache: its model has a tokenizer (the token ids to look up), and some configured
 /// worker of the group publishes KV events to the local index, or, for a remote indexer,
 /// declares its block size. A single engine without them only falls back to load for itself;
-/// a group whose configured workers all lack them never sees a hit. A group with no configured
-/// workers (filled through the admin API) is not judged.
+/// a group whose configured workers all lack them never sees a hit. Discovered engines count
+/// as members of a group without `worker_ids`, with discovery's `kv_events` and `block_size`.
+/// A group with neither configured nor discovered workers (filled through the admin API) is
+/// not judged.
 fn check_prefix_groups(
     mpath: &str,
     bpath: &str,
     model: &ModelConfig,
+    discovery: Option<&DiscoverySection>,
     groups: &GroupsConfig,
     problems: &mut Problems,
 ) {
@@ -419,23 +463,36 @@ fn check_prefix_groups(
             Some(ids) => model.workers.iter().filter(|w| ids.contains(&w.id)).collect(),
             None => model.workers.iter().filter(|w| w.role == stage).collect(),
         };
-        if members.is_empty() {
+        let discovered = discovery.filter(|_| group.worker_ids.is_none());
+        if members.is_empty() && discovered.is_none() {
             continue;
         }
+        let discovered_kv = discovered.is_some_and(|d| d.kv_events.is_some());
+        let discovered_size = discovered.is_some_and(|d| d.block_size.is_some()) || discovered_kv;
+        let also =
+            if discovered.is_some() { " (discovered engines: discovery.kv_events)" } else { "" };
         let message = match provider {
-            CachePrefixProvider::RadixTree if !members.iter().any(|w| w.kv_events.is_some()) => {
+            CachePrefixProvider::RadixTree
+                if !discovered_kv && !members.iter().any(|w| w.kv_events.is_some()) =>
+            {
                 format!(
                     "{policy} reads the local KV index, but no worker of this group publishes \
-                     KV events: give the workers kv_events {{endpoint: \"tcp://HOST:PORT\"}}, or \
-                     use cache_prefix_provider: indexer with a kv-indexer that receives them"
+                     KV events: give the workers kv_events {{endpoint: \"tcp://HOST:PORT\"}}{also}, \
+                     or use cache_prefix_provider: indexer with a kv-indexer that receives them"
                 )
             }
             CachePrefixProvider::Indexer
-                if !members.iter().any(|w| w.block_size.is_some() || w.kv_events.is_some()) =>
+                if !discovered_size
+                    && !members.iter().any(|w| w.block_size.is_some() || w.kv_events.is_some()) =>
             {
+                let also = if discovered.is_some() {
+                    " (discovered engines: discovery.block_size)"
+                } else {
+                    ""
+                };
                 format!(
                     "{policy} asks the remote indexer in blocks of each engine's block size, \
-                     but no worker of this group declares one: give the workers block_size"
+                     but no worker of this group declares one: give the workers block_size{also}"
                 )
             }
             _ => continue,

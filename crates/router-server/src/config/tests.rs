@@ -403,3 +403,86 @@ fn slo_keys_build_the_resolver_and_check_config_prints_them() {
         "{printed}"
     );
 }
+
+/// A `discovery` section (YAML flow mapping) over a one-model configuration with `buckets`.
+fn discovering(discovery: &str, models: &str) -> String {
+    format!("discovery: {discovery}\nmodels:\n{models}")
+}
+
+const PLAIN_MODEL: &str = "  - id: m\n    buckets: [{id: all, groups: {plain: {}}}]\n";
+const PD_MODEL: &str =
+    "  - id: pd\n    buckets: [{id: all, groups: {pd: {prefill: {}, decode: {}}}}]\n";
+
+#[test]
+fn the_discovery_section_is_checked_with_the_path_of_each_problem() {
+    let two = format!("{PLAIN_MODEL}{PD_MODEL}");
+    #[rustfmt::skip]
+    let cases: Vec<Case> = vec![
+        ("a plain selector", discovering("{selector: app=sglang}", PLAIN_MODEL), None),
+        ("named ports and engine endpoints",
+            discovering("{selector: app=sglang, port: http, kv_events: {port: kv}, load_reporter_port: 50051}", PLAIN_MODEL), None),
+        ("pd selectors for a pd model",
+            discovering("{prefill_selector: role=prefill, decode_selector: role=decode}", PD_MODEL), None),
+        ("a model label over several models",
+            discovering("{selector: app=sglang, prefill_selector: r=p, decode_selector: r=d, model_label: sglang.ai/model}", &two), None),
+        ("no selector", discovering("{namespace: x}", PLAIN_MODEL),
+            Some(("discovery", "needs selector"))),
+        ("a selector that does not parse", discovering("{selector: \"app in (a\"}", PLAIN_MODEL),
+            Some(("discovery.selector", "label selector \"app in (a\""))),
+        ("prefill without decode", discovering("{prefill_selector: r=p}", PD_MODEL),
+            Some(("discovery.decode_selector", "needed with prefill_selector"))),
+        ("a plain selector for a pd model", discovering("{selector: app=x}", PD_MODEL),
+            Some(("discovery.selector", "pd buckets"))),
+        ("pd selectors for a plain model",
+            discovering("{prefill_selector: r=p, decode_selector: r=d}", PLAIN_MODEL),
+            Some(("discovery.prefill_selector", "plain buckets"))),
+        ("both kinds for one model",
+            discovering("{selector: a=b, prefill_selector: r=p, decode_selector: r=d}", PLAIN_MODEL),
+            Some(("discovery.selector", "plain and PD engines"))),
+        ("which of several models", discovering("{selector: a=b}", &two),
+            Some(("discovery.model", "required: this router serves 2 models (m, pd)"))),
+        ("a model not configured", discovering("{selector: a=b, model: x}", PLAIN_MODEL),
+            Some(("discovery.model", "\"x\" is not a configured model (m)"))),
+        ("model and model_label", discovering("{selector: a=b, model: m, model_label: k}", PLAIN_MODEL),
+            Some(("discovery.model_label", "exclusive"))),
+        ("a model label that is no label key", discovering("{selector: a=b, model_label: \"a=b\"}", PLAIN_MODEL),
+            Some(("discovery.model_label", "not a label key"))),
+        ("port 0", discovering("{selector: a=b, port: 0}", PLAIN_MODEL),
+            Some(("discovery.port", "from 1 to 65535"))),
+        ("a bad API server URL", discovering("{selector: a=b, api_server: \"ftp://x\"}", PLAIN_MODEL),
+            Some(("discovery.api_server", "scheme must be http or https"))),
+        ("no backoff", discovering("{selector: a=b, backoff_initial_ms: 0}", PLAIN_MODEL),
+            Some(("discovery.backoff_initial_ms", "at least 1"))),
+        ("dp_size 0", discovering("{selector: a=b, dp_size: 0}", PLAIN_MODEL),
+            Some(("discovery.dp_size", "at least 1"))),
+    ];
+    for (name, yaml, expected) in cases {
+        match (build(&yaml), expected) {
+            (Ok(ctx), None) => assert!(ctx.discovery().is_some(), "{name}"),
+            (Ok(_), Some(expected)) => panic!("{name}: expected {expected:?}"),
+            (Err(problems), None) => panic!("{name}: {problems:?}"),
+            (Err(problems), Some((path, fragment))) => assert!(
+                problems.iter().any(|p| p.path == path && p.message.contains(fragment)),
+                "{name}: {problems:?}"
+            ),
+        }
+    }
+    // A cache-reading group of discovered engines must see their KV events.
+    let tok = format!("tokenizer: \"{}\"", tokenizer());
+    let cache_model = |extra: &str| {
+        format!(
+            "  - id: m\n    {tok}\n    buckets: [{{id: all, groups: {{plain: {{policy: {{type: cache_aware}}}}}}}}]\n{extra}"
+        )
+    };
+    let blind = build(&discovering("{selector: a=b}", &cache_model(""))).err().unwrap_or_default();
+    assert!(
+        blind.iter().any(|p| p.path == "models[0].buckets[0].groups.plain.policy"
+            && p.message.contains("discovery.kv_events")),
+        "{blind:?}"
+    );
+    let seeing = build(&discovering("{selector: a=b, kv_events: {port: kv}}", &cache_model("")));
+    assert!(seeing.is_ok(), "{:?}", seeing.err());
+
+    let unknown = ConfigFile::parse(&discovering("{selector: a=b, selectors: x}", PLAIN_MODEL));
+    assert!(unknown.expect_err("unknown key").contains("discovery"), "unknown keys are errors");
+}

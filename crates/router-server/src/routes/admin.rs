@@ -10,7 +10,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use router_workers::{ModelId, Worker, WorkerError, WorkerId, WorkerSpec};
+use router_workers::{ModelId, Worker, WorkerError, WorkerId, WorkerOrigin, WorkerSpec};
 use serde_json::{Value, json};
 
 use crate::app::AppContext;
@@ -35,6 +35,7 @@ fn worker_json(ctx: &AppContext, worker: &Worker) -> Value {
         "bootstrap_port": worker.bootstrap_port(),
         "kv_events": worker.kv_events(),
         "load_reporter": worker.load_reporter(),
+        "origin": worker.origin(),
     })
 }
 
@@ -77,7 +78,8 @@ pub(crate) async fn add_worker(
     let invalid =
         |err: WorkerError| ApiError::InvalidRequest { message: err.to_string(), param: None };
     let spec = with_engine_key(&spec, ctx.credentials().engine_default.as_ref());
-    let worker = Worker::from_spec(&spec, vec![model_id]).map_err(invalid)?;
+    let worker =
+        Worker::from_spec(&spec, vec![model_id]).map_err(invalid)?.with_origin(WorkerOrigin::Admin);
     match ctx.registry().add(worker) {
         Ok(worker) => {
             let mut entry = worker_json(&ctx, &worker);
@@ -126,6 +128,13 @@ pub(crate) async fn remove_worker(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let id = WorkerId::new(&id).map_err(|err| ApiError::NotFound(err.to_string()))?;
+    if let Some(pod) = ctx.registry().get(&id).as_ref().and_then(|w| w.origin().pod()) {
+        return Err(ApiError::WorkerDiscovered {
+            id: id.to_string(),
+            namespace: pod.namespace.clone(),
+            pod: pod.pod.clone(),
+        });
+    }
     let removed = ctx.registry().remove(&id).map_err(|err| ApiError::NotFound(err.to_string()))?;
     Ok(Json(json!({"removed": removed.id()})))
 }
@@ -164,7 +173,8 @@ fn set_drained(ctx: &AppContext, id: &str, drained: bool) -> Result<Json<Value>,
     Ok(Json(worker_json(ctx, &worker)))
 }
 
-/// `GET /admin/state`: buckets, workers with their KV and load state, and the index size.
+/// `GET /admin/state`: buckets, workers with their origin and their KV and load state, the
+/// index size, and Kubernetes discovery's status when it runs.
 pub(crate) async fn state(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
     let mut models: Vec<Value> = ctx
         .models()
@@ -247,6 +257,7 @@ pub(crate) async fn state(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
     Json(json!({
         "models": models,
         "workers": workers,
+        "discovery": ctx.discovery().map(|d| d.status()),
         "index": {
             "local": ctx.kv_index().is_some(),
             "nodes": index.nodes,

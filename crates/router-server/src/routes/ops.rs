@@ -37,11 +37,24 @@ pub(crate) async fn health() -> &'static str {
     "ok"
 }
 
-/// `GET /readiness`: every model has a complete selection possible in at least one bucket
-/// (so a model whose engines are all drained, starting or draining is not ready).
+/// `GET /readiness`: Kubernetes discovery (when on) has listed its pods once, and every model
+/// has a complete selection possible in at least one bucket (so a model whose engines are all
+/// drained, starting or draining is not ready).
 pub(crate) async fn readiness(State(ctx): State<Arc<AppContext>>) -> Response {
     if ctx.is_draining() {
         return (StatusCode::SERVICE_UNAVAILABLE, "draining").into_response();
+    }
+    if let Some(discovery) = ctx.discovery().filter(|d| !d.is_synced()) {
+        let status = discovery.status();
+        let error = status
+            .cluster_error
+            .or_else(|| status.sources.into_iter().find_map(|s| s.last_error))
+            .map_or_else(String::new, |error| format!(": {error}"));
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("kubernetes discovery has not listed its pods yet{error}"),
+        )
+            .into_response();
     }
     let unready: Vec<_> = ctx
         .models()

@@ -280,3 +280,57 @@ async fn labels_come_through_the_admin_api_and_a_bad_one_is_named() {
     }
     assert!(ctx.registry().get(&id("P3")).is_none());
 }
+
+#[tokio::test]
+async fn the_state_says_where_each_worker_came_from_and_a_discovered_one_is_its_pods() {
+    let top = "server: {admin_token: t0k}\ndiscovery: {selector: app=engine, api_server: \"http://127.0.0.1:9\"}";
+    let workers = r#"[{id: a, url: "http://127.0.0.1:1"}]"#;
+    let ctx = context(&one_model(top, "m", workers, "{type: round_robin}"));
+    let added = r#"{"id": "b", "url": "http://127.0.0.1:2"}"#;
+    assert_eq!(call(&ctx, "POST", "/admin/workers", TOKEN, added).await.0, StatusCode::CREATED);
+    let pod = router_workers::DiscoveredPod {
+        namespace: "inference".into(),
+        pod: "engine-0".into(),
+        uid: "uid-7".into(),
+    };
+    let discovered =
+        router_workers::Worker::plain("engine-0", "http://127.0.0.1:3", &ModelId::new("m"))
+            .expect("worker")
+            .with_origin(router_workers::WorkerOrigin::Discovery(pod));
+    ctx.registry().add(discovered).expect("added");
+
+    let (status, _, body) = call(&ctx, "GET", "/admin/state", TOKEN, "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let state = json(&body);
+    let origins: Vec<(String, serde_json::Value)> = state["workers"]
+        .as_array()
+        .expect("workers")
+        .iter()
+        .map(|w| (w["id"].as_str().unwrap_or_default().to_owned(), w["origin"].clone()))
+        .collect();
+    assert_eq!(
+        origins,
+        [
+            ("a".to_owned(), serde_json::json!({"source": "config"})),
+            ("b".to_owned(), serde_json::json!({"source": "admin"})),
+            (
+                "engine-0".to_owned(),
+                serde_json::json!({
+                    "source": "discovery", "namespace": "inference", "pod": "engine-0", "uid": "uid-7"
+                })
+            ),
+        ]
+    );
+    let discovery = &state["discovery"];
+    assert_eq!(discovery["synced"], false, "never started: {discovery}");
+    assert_eq!(discovery["sources"][0]["selector"], "app=engine");
+    assert_eq!(discovery["sources"][0]["role"], "plain");
+
+    // A discovered worker leaves with its pod, not through the admin API.
+    let (status, _, body) = call(&ctx, "DELETE", "/admin/workers/engine-0", TOKEN, "").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let message = json(&body)["error"]["message"].as_str().unwrap_or_default().to_owned();
+    assert!(message.contains("pod inference/engine-0"), "{message}");
+    assert!(ctx.registry().get(&id("engine-0")).is_some());
+    assert_eq!(call(&ctx, "DELETE", "/admin/workers/b", TOKEN, "").await.0, StatusCode::OK);
+}

@@ -121,3 +121,19 @@ async fn a_scrape_shows_each_engines_reported_status_drain_and_whether_it_accept
     assert!(text.lines().any(|l| l == r#"router_engine_accepting{worker="ops-s2"} 1"#), "{text}");
     assert_eq!(call(&ctx, "GET", "/readiness", None, "").await.0, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn readiness_waits_for_discovery_to_list_its_pods_even_with_static_workers() {
+    let yaml = format!(
+        "discovery: {{selector: app=engine, model: ops-a, api_server: \"http://127.0.0.1:9\"}}\n{}",
+        two_models()
+    );
+    let ctx = context(&yaml);
+    let (status, _, body) = call(&ctx, "GET", "/readiness", None, "").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body, "kubernetes discovery has not listed its pods yet");
+    assert!(
+        ctx.model("ops-a").is_some_and(|m| m.resolver.has_candidates(ctx.registry())),
+        "the static worker is still a candidate"
+    );
+}
