@@ -3,7 +3,7 @@
 //!
 //! Two models, because a model is served by plain engines or by PD pairs, never both:
 //! `demo` on four plain engines, and `demo-pd` on one prefill and one decode engine, each with
-//! [`PD_DP_SIZE`] data-parallel ranks whose rank the router chooses (`dp_route: body`). Every
+//! `PD_DP_SIZE` data-parallel ranks whose rank the router chooses (`dp_route: body`). Every
 //! engine is a real router-sim engine in this process, on its own loopback ports, publishing KV
 //! events over ZeroMQ and streaming load reports over gRPC like a real one. Plain and prefill
 //! groups run [`RECOMMENDED_POLICY`], the policy that won the load sweep of

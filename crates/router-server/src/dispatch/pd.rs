@@ -67,7 +67,6 @@ pub(super) async fn dispatch(
     decode: Pick,
 ) -> Result<Response, ApiError> {
     let (prepared, x) = (d.prepared, d.exchange);
-    let tokens = prepared.tokens.as_deref();
     let prefill_rank = d.rank(&prefill, Stage::Prefill)?;
     let decode_rank = d.rank(&decode, Stage::Decode)?;
     let mut fields = bootstrap_fields(
@@ -81,23 +80,8 @@ pub(super) async fn dispatch(
         fields.push(("disagg_prefill_dp_rank", rank.rank.into()));
     }
     let decode_request = d.engine_request(&decode.worker, decode_rank, &fields);
-    let input = prepared.input_tokens;
-    let prefill_guard = x.ctx.dispatched(
-        d.model,
-        &prefill,
-        Stage::Prefill,
-        prefill_rank.map(|r| r.rank),
-        input,
-        tokens,
-    );
-    let decode_guard = x.ctx.dispatched(
-        d.model,
-        &decode,
-        Stage::Decode,
-        decode_rank.map(|r| r.rank),
-        input,
-        tokens,
-    );
+    let prefill_guard = d.dispatched(&prefill, Stage::Prefill, prefill_rank);
+    let decode_guard = d.dispatched(&decode, Stage::Decode, decode_rank);
 
     let (failed_tx, mut failed_rx) = oneshot::channel::<ApiError>();
     let prefill_task = {

@@ -21,20 +21,11 @@ pub(super) async fn dispatch(
     pick: Pick,
     stage: Stage,
 ) -> Result<Response, ApiError> {
-    let prepared = d.prepared;
-    let tokens = prepared.tokens.as_deref();
     let x = d.exchange;
     let worker = &pick.worker;
     let rank = d.rank(&pick, stage)?;
     let request = d.engine_request(worker, rank, &[]);
-    let guard = x.ctx.dispatched(
-        d.model,
-        &pick,
-        stage,
-        rank.map(|r| r.rank),
-        prepared.input_tokens,
-        tokens,
-    );
+    let guard = d.dispatched(&pick, stage, rank);
     let dispatched_at = Instant::now();
     let upstream = x.send(worker, request).await.map_err(ApiError::Engine)?;
     metrics::time_to_response_head(d.model.as_str(), d.started.elapsed());

@@ -10,6 +10,7 @@
 
 use bytes::Bytes;
 use router_policies::{Pick, RankChoice, RankReason, choose_rank};
+use router_state_load::InflightGuard;
 use router_workers::{DpRoute, Stage, Worker};
 use serde_json::{Map, Value};
 
@@ -64,6 +65,25 @@ impl Dispatch<'_> {
             }
             Ok(choice)
         })
+    }
+
+    /// The in-flight guard of sending `pick` for `stage`, to `rank` when one was chosen
+    /// ([`AppContext::dispatched`](crate::app::AppContext::dispatched)).
+    pub(super) fn dispatched(
+        &self,
+        pick: &Pick,
+        stage: Stage,
+        rank: Option<RankChoice>,
+    ) -> InflightGuard {
+        let prepared = self.prepared;
+        self.exchange.ctx.dispatched(
+            self.model,
+            pick,
+            stage,
+            rank.map(|r| r.rank),
+            prepared.input_tokens,
+            prepared.tokens.as_deref(),
+        )
     }
 
     /// The request `worker` gets: the prepared body with the router's `fields` set (the PD

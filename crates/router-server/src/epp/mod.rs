@@ -3,12 +3,12 @@
 //! state, for Envoy-based Gateway API inference gateways (docs/epp.md).
 //!
 //! Owns the gRPC service and its lifecycle ([`EppServer`]), the gRPC health of `liveness`,
-//! `readiness` and the ext_proc service ([`health`]), one stream per request ([`stream`]), the
-//! decision ([`pick`]), the messages sent back ([`reply`]) and the `ip:port` naming of engines
-//! and the subset hint ([`endpoints`]).
+//! `readiness` and the ext_proc service (`health`), one stream per request (`stream`), the
+//! decision (`pick`), the messages sent back (`reply`) and the `ip:port` naming of engines
+//! and the subset hint (`endpoints`).
 //!
-//! Does not own: preparation ([`crate::routes::inference::prepare_request`]), selection
-//! ([`crate::serve::select`], router-buckets), the HTTP admin surface ([`crate::server`]), or
+//! Does not own: preparation (`crate::routes::inference::prepare_request`), selection
+//! (`crate::serve::select`, router-buckets), the HTTP admin surface (`crate::server`), or
 //! forwarding: Envoy sends the request, the picker only names where.
 
 mod endpoints;
