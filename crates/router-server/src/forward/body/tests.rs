@@ -107,7 +107,7 @@ impl Fixture {
         let guard = self.inflight.acquire(self.worker.id(), Stage::Plain);
         let sink: Arc<dyn OutcomeSink> = self.sink.clone();
         let idle = Duration::from_secs(300);
-        GuardedBody::new(engine, vec![guard], Arc::clone(&self.worker), sink, idle, partner)
+        GuardedBody::new(engine, vec![guard], Arc::clone(&self.worker), sink, idle, partner, None)
     }
 
     fn held(&self) -> u64 {

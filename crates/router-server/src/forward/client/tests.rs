@@ -14,6 +14,7 @@ use router_workers::{ApiKey, ModelId, Stage, Worker, WorkerSpec};
 
 use super::{ForwardConfig, Forwarder};
 use crate::error::SendError;
+use crate::telemetry::TraceHeaders;
 use crate::tests::{nothing_listens, serve};
 
 /// What an engine saw of each request: method, path, version and headers.
@@ -123,8 +124,16 @@ async fn each_failure_to_get_a_head_is_named() {
     for (name, url, config, kind) in cases {
         let client = forwarder(config);
         let body = Bytes::from_static(b"{}");
-        let sent =
-            client.send(&worker(&url, None), "/v1/chat/completions", body, &REQUEST_ID, None).await;
+        let sent = client
+            .send(
+                &worker(&url, None),
+                "/v1/chat/completions",
+                body,
+                &REQUEST_ID,
+                None,
+                &TraceHeaders::default(),
+            )
+            .await;
         let err = sent.expect_err(name);
         assert_eq!(err.kind(), kind, "{name}: {err:?}");
         assert_eq!(err.worker().as_str(), "e1", "{name}");
