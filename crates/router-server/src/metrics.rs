@@ -489,6 +489,33 @@ mod tests {
     }
 
     #[test]
+    fn answers_are_recorded_per_model_and_engine() {
+        install();
+        let ms = Duration::from_millis;
+        let usage = Usage { prompt: 10, cached: 4, completion: 5 };
+        answer("metrics-ans", "metrics-e1", Some(ms(20)), Some(ms(5)), ms(45), Some(usage));
+        answer("metrics-ans", "metrics-e1", None, None, ms(30), None);
+        answer("metrics-ans", "metrics-e2", None, None, ms(30), Some(usage));
+        engine_selected("metrics-e1", "plain");
+        engine_selected("metrics-e1", "plain");
+        engine_selected("metrics-e1", "decode");
+        let e1 = [("model", "metrics-ans"), ("worker", "metrics-e1")];
+        let e2 = [("model", "metrics-ans"), ("worker", "metrics-e2")];
+        assert_eq!(value("router_time_to_first_token_seconds_count", &e1), Some(1.0));
+        assert_eq!(value("router_time_to_first_token_seconds_sum", &e1), Some(0.02));
+        assert_eq!(value("router_inter_token_latency_seconds_sum", &e1), Some(0.005));
+        assert_eq!(value("router_e2e_latency_seconds_count", &e1), Some(2.0));
+        assert_eq!(value("router_e2e_latency_seconds_count", &e2), Some(1.0));
+        assert_eq!(value("router_prompt_tokens_total", &e1), Some(10.0));
+        assert_eq!(value("router_cached_tokens_total", &e1), Some(4.0));
+        assert_eq!(value("router_completion_tokens_total", &e2), Some(5.0));
+        let plain = [("worker", "metrics-e1"), ("stage", "plain")];
+        let decode = [("worker", "metrics-e1"), ("stage", "decode")];
+        assert_eq!(value("router_engine_selections_total", &plain), Some(2.0));
+        assert_eq!(value("router_engine_selections_total", &decode), Some(1.0));
+    }
+
+    #[test]
     fn ttft_predictions_compare_with_what_the_client_saw() {
         install();
         ttft_prediction("metrics-ttft", 200.0, Duration::from_millis(300));
