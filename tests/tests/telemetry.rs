@@ -15,7 +15,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
-use router_e2e::{Engine, Http, Router, chat_body};
+use router_e2e::{Engine, Http, Router, chat_body, pd_router_yaml};
 use tokio::sync::Mutex;
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -139,6 +139,36 @@ async fn sglang_generate_counts_come_from_meta_info() {
     assert_eq!(value("router_time_to_first_token_seconds_count"), Some(1.0));
     assert_eq!(value("router_inter_token_latency_seconds_count"), Some(1.0));
     assert_eq!(value("router_e2e_latency_seconds_count"), Some(2.0));
+}
+
+#[tokio::test]
+async fn a_pd_pair_counts_its_decode_engine_and_both_engines_get_the_trace_context() {
+    let p = Engine::start("m", &["--role", "prefill", "--bootstrap-port", "0"]);
+    let d = Engine::start("m", &["--role", "decode"]);
+    let router = Router::with_config(&pd_router_yaml(&p, &d, "", "round_robin"));
+    let http = Http::default();
+    let parent = traceparent();
+    let mut body = chat_body("m", "hello pd", 3);
+    body["stream"] = true.into();
+    body["stream_options"] = serde_json::json!({"include_usage": true});
+    let reply = http.chat(&router.url, &body, &[("traceparent", parent.as_str())]).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let usage = stream_usage(&reply.body);
+    for engine in [&p, &d] {
+        assert_eq!(engine_trace_context(&http, engine).await, (parent.clone(), None));
+    }
+    let metrics = http.get(&router.url, "/metrics", &[]).await.body;
+    let decode = [("model", "m"), ("worker", "D1")];
+    assert_eq!(series(&metrics, "router_time_to_first_token_seconds_count", &decode), Some(1.0));
+    assert_eq!(series(&metrics, "router_completion_tokens_total", &decode), Some(3.0));
+    let prompt = usage["prompt_tokens"].as_f64().expect("prompt tokens");
+    assert_eq!(series(&metrics, "router_prompt_tokens_total", &decode), Some(prompt));
+    let prefill = [("model", "m"), ("worker", "P1")];
+    assert_eq!(series(&metrics, "router_e2e_latency_seconds_count", &prefill), None, "{metrics}");
+    for (worker, stage) in [("P1", "prefill"), ("D1", "decode")] {
+        let labels = [("worker", worker), ("stage", stage)];
+        assert_eq!(series(&metrics, "router_engine_selections_total", &labels), Some(1.0));
+    }
 }
 
 /// The trace context the engine last received, from its `GET /sim/state`.
