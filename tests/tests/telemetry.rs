@@ -20,6 +20,7 @@ use tokio::sync::Mutex;
 
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const CLIENT_SPAN: &str = "00f067aa0ba902b7";
+const STREAM_TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
 
 fn traceparent() -> String {
     format!("00-{TRACE_ID}-{CLIENT_SPAN}-01")
@@ -259,7 +260,7 @@ async fn with_export_the_routers_spans_reach_the_collector_and_parent_the_engine
         .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener));
     let server = tokio::spawn(server);
 
-    let engine = Engine::start("m", &[]);
+    let engine = Engine::start("m", &["--decode-tokens-per-sec", "50"]);
     let telemetry = format!(
         "telemetry: {{otlp_endpoint: \"http://{collector}\", sample_ratio: 1.0, service_name: e2e-router}}\n"
     );
@@ -279,22 +280,51 @@ async fn with_export_the_routers_spans_reach_the_collector_and_parent_the_engine
     assert_ne!(dispatch_id, CLIENT_SPAN, "the router's span is the engine's parent");
     assert_eq!(state.as_deref(), Some("vendor=x"));
 
+    // A stream of its own trace: 10 tokens at 50 per second.
+    let streamed_parent = format!("00-{STREAM_TRACE_ID}-{CLIENT_SPAN}-01");
+    let mut streamed = chat_body("m", "stream me", 10);
+    streamed["stream"] = true.into();
+    let reply =
+        http.chat(&router.url, &streamed, &[("traceparent", streamed_parent.as_str())]).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+
     // The spans arrive within a few export intervals.
     let mut spans = Vec::new();
     for _ in 0..100 {
         spans = receiver.spans.lock().await.clone();
-        let names: Vec<&str> = spans.iter().map(|(_, s)| s.name.as_str()).collect();
-        if ["/v1/chat/completions", "preparation", "selection", "dispatch"]
-            .iter()
-            .all(|n| names.contains(n))
-        {
+        let names: Vec<(&str, String)> =
+            spans.iter().map(|(_, s)| (s.name.as_str(), hex(&s.trace_id))).collect();
+        let all =
+            ["/v1/chat/completions", "preparation", "selection", "dispatch"].iter().all(|n| {
+                [TRACE_ID, STREAM_TRACE_ID].iter().all(|t| names.contains(&(*n, (*t).to_owned())))
+            });
+        if all {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    let of_trace = |trace: &str, name: &str| {
+        spans
+            .iter()
+            .find(|(_, s)| s.name == name && hex(&s.trace_id) == trace)
+            .map(|(_, s)| s.clone())
+            .unwrap_or_else(|| panic!("no {name} span of {trace} among {spans:?}"))
+    };
+    // The streamed request's span lasts until the stream's end, past its dispatch (which ends
+    // at the engine's response head) by most of the 200 ms of decoding.
+    let duration = |span: &Span| span.end_time_unix_nano.saturating_sub(span.start_time_unix_nano);
+    let stream_request = of_trace(STREAM_TRACE_ID, "/v1/chat/completions");
+    let stream_dispatch = of_trace(STREAM_TRACE_ID, "dispatch");
+    assert!(
+        stream_request.end_time_unix_nano >= stream_dispatch.end_time_unix_nano + 100_000_000,
+        "request {} ns, dispatch {} ns",
+        duration(&stream_request),
+        duration(&stream_dispatch)
+    );
     let find = |name: &str| {
         spans
             .iter()
+            .filter(|(_, s)| hex(&s.trace_id) == TRACE_ID)
             .find(|(_, s)| s.name == name)
             .unwrap_or_else(|| panic!("no {name} span among {spans:?}"))
     };
@@ -319,6 +349,10 @@ async fn with_export_the_routers_spans_reach_the_collector_and_parent_the_engine
     assert_eq!(hex(&dispatch.span_id), dispatch_id, "the engine's parent is the dispatch span");
     assert_eq!(attribute(dispatch, "router.engine").as_deref(), Some("e1"));
     assert_eq!(attribute(dispatch, "http.response.status_code").as_deref(), Some("200"));
+    assert!(
+        request.end_time_unix_nano >= dispatch.end_time_unix_nano,
+        "the request span outlasts its dispatch: it ends once the answer was sent"
+    );
     let (_, preparation) = find("preparation");
     assert_eq!(attribute(preparation, "router.model").as_deref(), Some("m"));
     server.abort();

@@ -8,9 +8,13 @@
 //! the two client headers, and they reach the engines unchanged.
 
 use std::borrow::Cow;
+use std::pin::Pin;
 use std::sync::OnceLock;
+use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
+use axum::body::Body;
+use axum::response::Response;
 use http::{HeaderMap, HeaderName, HeaderValue};
 use opentelemetry::propagation::{Extractor, Injector, TextMapPropagator as _};
 use opentelemetry::trace::{
@@ -202,16 +206,18 @@ impl RequestTrace {
         }
     }
 
-    /// Ends the request span with the response status.
-    pub(crate) fn finish(&self, status: u16) {
-        if let Some(context) = &self.span {
-            let span = context.span();
-            span.set_attribute(KeyValue::new("http.response.status_code", i64::from(status)));
-            if status >= 500 {
-                span.set_status(Status::error(format!("status {status}")));
-            }
-            span.end();
+    /// Notes the response status on the request span, which ends once `response` has been
+    /// sent (a stream at its end, or when the client leaves): the span's context travels with
+    /// the body, ended as the body is dropped. With export off the response is unchanged.
+    pub(crate) fn finish(self, response: Response) -> Response {
+        let Some(context) = &self.span else { return response };
+        let status = response.status().as_u16();
+        let span = context.span();
+        span.set_attribute(KeyValue::new("http.response.status_code", i64::from(status)));
+        if status >= 500 {
+            span.set_status(Status::error(format!("status {status}")));
         }
+        response.map(|body| Body::new(Traced { inner: body, trace: self }))
     }
 }
 
@@ -249,6 +255,40 @@ impl ChildSpan {
 impl Drop for ChildSpan {
     fn drop(&mut self) {
         if let Some(context) = &self.context {
+            context.span().end();
+        }
+    }
+}
+
+/// A response body carrying its request's span, which ends when the body is dropped.
+struct Traced {
+    inner: Body,
+    trace: RequestTrace,
+}
+
+impl http_body::Body for Traced {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskContext<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for Traced {
+    fn drop(&mut self) {
+        if let Some(context) = &self.trace.span {
             context.span().end();
         }
     }

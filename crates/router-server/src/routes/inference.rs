@@ -63,11 +63,9 @@ async fn endpoint_request(
             err.into_response()
         }
     };
-    let status = response.status().as_u16();
-    metrics::request(&labels.model, &labels.bucket, status, started.elapsed());
-    trace.finish(status);
+    metrics::request(&labels.model, &labels.bucket, response.status().as_u16(), started.elapsed());
     response.headers_mut().insert("x-request-id", request_id);
-    response
+    trace.finish(response)
 }
 
 #[expect(clippy::too_many_arguments, reason = "the request's parts, each used once")]
