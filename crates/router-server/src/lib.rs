@@ -33,7 +33,9 @@ mod retry;
 mod routes;
 mod serve;
 pub mod server;
+pub mod telemetry;
 mod tls;
+mod usage;
 
 #[cfg(test)]
 mod tests;

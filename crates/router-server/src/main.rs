@@ -115,6 +115,7 @@ async fn serve(
         let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
         anyhow::anyhow!("invalid configuration:\n  {}", lines.join("\n  "))
     })?;
+    router_server::telemetry::init(&config.telemetry).context("setting up trace export")?;
     let ctx = Arc::new(ctx);
     let addr = format!("{}:{}", config.server.host, config.server.port);
     let event_loops = worker_threads
@@ -149,6 +150,7 @@ async fn serve(
     shutdown_signal().await;
     tracing::info!("shutting down: draining in-flight requests");
     serving.stop(Duration::from_secs(config.server.shutdown_drain_secs)).await;
+    router_server::telemetry::shutdown().await;
     if let Some(fleet) = demo {
         fleet.stop();
     }

@@ -11,6 +11,8 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use router_policies::{MATCHED_TOKEN_BOUNDS, MatchedTokens, SourceStats};
 use router_workers::EngineStatus;
 
+use crate::usage::Usage;
+
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 
 /// Latency buckets in seconds: from sub-millisecond router work to long generations.
@@ -141,6 +143,80 @@ pub(crate) fn ttft_prediction(model: &str, predicted_ms: f64, observed: Duration
 pub(crate) fn slo_request(model: &str, target: &'static str, met: bool) {
     let met = if met { "true" } else { "false" };
     counter!("router_slo_requests_total", "model" => model.to_owned(), "target" => target, "met" => met)
+        .increment(1);
+}
+
+/// The per-engine series of one model that every answer touches, cached per thread as
+/// [`SERIES`] is.
+struct EngineSeries {
+    ttft: Histogram,
+    itl: Histogram,
+    e2e: Histogram,
+    prompt: Counter,
+    cached: Counter,
+    completion: Counter,
+}
+
+thread_local! {
+    static ENGINE_SERIES: RefCell<HashMap<String, HashMap<String, EngineSeries>>> =
+        RefCell::new(HashMap::new());
+}
+
+/// Runs `f` on the series of `model` on `worker`, creating them on first use.
+fn with_engine(model: &str, worker: &str, f: impl FnOnce(&EngineSeries)) {
+    ENGINE_SERIES.with_borrow_mut(|series| {
+        if !series.contains_key(model) {
+            series.insert(model.to_owned(), HashMap::new());
+        }
+        let Some(series) = series.get_mut(model) else { return };
+        if let Some(found) = series.get(worker) {
+            return f(found);
+        }
+        let labels = [("model", model.to_owned()), ("worker", worker.to_owned())];
+        let created = EngineSeries {
+            ttft: histogram!("router_time_to_first_token_seconds", &labels),
+            itl: histogram!("router_inter_token_latency_seconds", &labels),
+            e2e: histogram!("router_e2e_latency_seconds", &labels),
+            prompt: counter!("router_prompt_tokens_total", &labels),
+            cached: counter!("router_cached_tokens_total", &labels),
+            completion: counter!("router_completion_tokens_total", &labels),
+        };
+        f(&created);
+        series.insert(worker.to_owned(), created);
+    });
+}
+
+/// What one answer of `worker` for `model` took and used: from receiving the request to the
+/// first streamed byte (`ttft`, streams only) and to the end (`e2e`), the mean gap between
+/// two generated tokens (`itl`, when the engine reported more than one), and the engine's
+/// token counts.
+pub(crate) fn answer(
+    model: &str,
+    worker: &str,
+    ttft: Option<Duration>,
+    itl: Option<Duration>,
+    e2e: Duration,
+    usage: Option<Usage>,
+) {
+    with_engine(model, worker, |series| {
+        if let Some(ttft) = ttft {
+            series.ttft.record(ttft.as_secs_f64());
+        }
+        if let Some(itl) = itl {
+            series.itl.record(itl.as_secs_f64());
+        }
+        series.e2e.record(e2e.as_secs_f64());
+        if let Some(usage) = usage {
+            series.prompt.increment(usage.prompt);
+            series.cached.increment(usage.cached);
+            series.completion.increment(usage.completion);
+        }
+    });
+}
+
+/// An engine chosen by a selection, for `stage` (`plain`, `prefill`, `decode`).
+pub(crate) fn engine_selected(worker: &str, stage: &'static str) {
+    counter!("router_engine_selections_total", "worker" => worker.to_owned(), "stage" => stage)
         .increment(1);
 }
 
@@ -410,6 +486,33 @@ mod tests {
         assert_eq!(value("router_selection_seconds_count", &model), Some(2.0));
         let fast = [("model", "metrics-m"), ("le", "0.001")];
         assert_eq!(value("router_selection_seconds_bucket", &fast), Some(2.0));
+    }
+
+    #[test]
+    fn answers_are_recorded_per_model_and_engine() {
+        install();
+        let ms = Duration::from_millis;
+        let usage = Usage { prompt: 10, cached: 4, completion: 5 };
+        answer("metrics-ans", "metrics-e1", Some(ms(20)), Some(ms(5)), ms(45), Some(usage));
+        answer("metrics-ans", "metrics-e1", None, None, ms(30), None);
+        answer("metrics-ans", "metrics-e2", None, None, ms(30), Some(usage));
+        engine_selected("metrics-e1", "plain");
+        engine_selected("metrics-e1", "plain");
+        engine_selected("metrics-e1", "decode");
+        let e1 = [("model", "metrics-ans"), ("worker", "metrics-e1")];
+        let e2 = [("model", "metrics-ans"), ("worker", "metrics-e2")];
+        assert_eq!(value("router_time_to_first_token_seconds_count", &e1), Some(1.0));
+        assert_eq!(value("router_time_to_first_token_seconds_sum", &e1), Some(0.02));
+        assert_eq!(value("router_inter_token_latency_seconds_sum", &e1), Some(0.005));
+        assert_eq!(value("router_e2e_latency_seconds_count", &e1), Some(2.0));
+        assert_eq!(value("router_e2e_latency_seconds_count", &e2), Some(1.0));
+        assert_eq!(value("router_prompt_tokens_total", &e1), Some(10.0));
+        assert_eq!(value("router_cached_tokens_total", &e1), Some(4.0));
+        assert_eq!(value("router_completion_tokens_total", &e2), Some(5.0));
+        let plain = [("worker", "metrics-e1"), ("stage", "plain")];
+        let decode = [("worker", "metrics-e1"), ("stage", "decode")];
+        assert_eq!(value("router_engine_selections_total", &plain), Some(2.0));
+        assert_eq!(value("router_engine_selections_total", &decode), Some(1.0));
     }
 
     #[test]

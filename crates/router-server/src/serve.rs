@@ -21,6 +21,7 @@ use crate::dispatch::{Dispatch, Exchange};
 use crate::error::{ApiError, Chain};
 use crate::metrics;
 use crate::prepare::PreparedRequest;
+use crate::telemetry::{ChildSpan, RequestTrace};
 
 /// What a request's metrics are labelled with, filled in as it becomes known.
 #[derive(Debug, Default)]
@@ -40,9 +41,10 @@ pub(crate) async fn serve(
     request_id: &HeaderValue,
     started: Instant,
     labels: &mut Labels,
+    trace: &RequestTrace,
 ) -> Result<Response, ApiError> {
     let (path, streamed) = (prepared.request.endpoint.path(), prepared.request.stream);
-    let exchange = Exchange { ctx, request_id, path, streamed };
+    let exchange = Exchange { ctx, request_id, path, streamed, trace };
     ctx.retry_budget().deposit_at(started);
     let retry = &ctx.server().retry;
     let mut retries = 0;
@@ -51,11 +53,19 @@ pub(crate) async fn serve(
     let mut excluded = Vec::new();
     loop {
         let request = prepared.bucket_request(model.resolver.model(), &excluded);
+        let span = trace.child("selection");
         let selection = match select(ctx, &model.resolver, &request, &labels.model, started).await {
             Ok(selection) => selection,
             // A retry that finds nothing left to try reports the failure that caused it.
-            Err(err) => return Err(failure.unwrap_or(err)),
+            Err(err) => {
+                span.fail(&Chain(&err));
+                return Err(failure.unwrap_or(err));
+            }
         };
+        if span.is_recording() {
+            describe(&span, &selection, retries);
+        }
+        drop(span);
         labels.bucket.clear();
         labels.bucket.push_str(selection.bucket.id());
         let verdict = selection.slo;
@@ -113,9 +123,25 @@ pub(crate) async fn select<'r>(
     let selection = outcome.map_err(|failure| ApiError::Select(failure.error))?;
     for (group, pick) in selection.picks() {
         metrics::pick(group.policy().name(), group.stage().as_str(), pick.reason.as_str());
+        metrics::engine_selected(pick.worker.id().as_str(), group.stage().as_str());
     }
     metrics::selection(model_label, started.elapsed());
     Ok(selection)
+}
+
+/// The selection span's attributes: the bucket, and per stage (`plain`, `prefill`, `decode`)
+/// the policy, its reason and the engine; `router.retry` on a retry's selection.
+fn describe(span: &ChildSpan, selection: &Selection<'_>, retries: u32) {
+    span.set("router.bucket", selection.bucket.id().to_owned());
+    for (group, pick) in selection.picks() {
+        let stage = group.stage().as_str();
+        span.set(format!("router.{stage}.policy"), group.policy().name());
+        span.set(format!("router.{stage}.reason"), pick.reason.as_str());
+        span.set(format!("router.{stage}.engine"), pick.worker.id().as_str().to_owned());
+    }
+    if retries > 0 {
+        span.set("router.retry", i64::from(retries));
+    }
 }
 
 /// Says, in the response headers and the metrics, whether the bucket that served met each SLO

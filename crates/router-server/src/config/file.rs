@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::discovery::DiscoverySection;
 use crate::health::HealthSection;
 use crate::retry::RetrySection;
+use crate::telemetry::TelemetrySection;
 
 /// The whole configuration file.
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -43,6 +44,9 @@ pub struct ConfigFile {
     /// Engines found through the Kubernetes API, joining a configured model.
     #[serde(default)]
     pub discovery: Option<DiscoverySection>,
+    /// Trace export (OpenTelemetry, OTLP/gRPC).
+    #[serde(default)]
+    pub telemetry: TelemetrySection,
 }
 
 /// `server`: listener, limits and operations.

@@ -109,6 +109,9 @@ pub fn build_models(
     for (field, message) in config.server.retry.problems() {
         problems.push(format!("server.retry.{field}"), message);
     }
+    for (field, message) in config.telemetry.problems() {
+        problems.push(format!("telemetry.{field}"), message);
+    }
     if config.server.worker_threads.is_some_and(|n| n == 0 || n > 1024) {
         problems.push("server.worker_threads", "must be between 1 and 1024");
     }

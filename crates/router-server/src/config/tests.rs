@@ -486,3 +486,28 @@ fn the_discovery_section_is_checked_with_the_path_of_each_problem() {
     let unknown = ConfigFile::parse(&discovering("{selector: a=b, selectors: x}", PLAIN_MODEL));
     assert!(unknown.expect_err("unknown key").contains("discovery"), "unknown keys are errors");
 }
+
+#[test]
+fn the_telemetry_section_is_off_by_default_and_checked() {
+    let plain = "{plain: {policy: {type: round_robin}}}";
+    let config = ConfigFile::parse(&one_model("", "", PLAIN_NO_KV, plain)).expect("parses");
+    assert_eq!(config.telemetry.otlp_endpoint, None, "no export unless asked");
+    assert_eq!(config.telemetry.sample_ratio, 1.0);
+    let good = "telemetry: {otlp_endpoint: \"http://127.0.0.1:4317\", sample_ratio: 0.25, service_name: r1}";
+    let config = ConfigFile::parse(&one_model(good, "", PLAIN_NO_KV, plain)).expect("parses");
+    assert_eq!(config.telemetry.otlp_endpoint.as_deref(), Some("http://127.0.0.1:4317"));
+    assert_eq!(
+        (config.telemetry.sample_ratio, config.telemetry.service_name.as_str()),
+        (0.25, "r1")
+    );
+    assert!(build(&one_model(good, "", PLAIN_NO_KV, plain)).is_ok());
+    let bad = "telemetry: {otlp_endpoint: \"collector:4317\", sample_ratio: 2}";
+    let Err(problems) = build(&one_model(bad, "", PLAIN_NO_KV, plain)) else {
+        panic!("a bad telemetry section is refused")
+    };
+    let paths: Vec<String> = problems.iter().map(|p| p.path.clone()).collect();
+    assert!(paths.contains(&"telemetry.sample_ratio".to_owned()), "{paths:?}");
+    assert!(paths.contains(&"telemetry.otlp_endpoint".to_owned()), "{paths:?}");
+    let unknown = "telemetry: {endpoint: \"http://127.0.0.1:4317\"}";
+    assert!(ConfigFile::parse(&one_model(unknown, "", PLAIN_NO_KV, plain)).is_err());
+}

@@ -30,9 +30,10 @@ use tokio::sync::oneshot;
 
 use crate::app::AppContext;
 use crate::error::{ApiError, EngineError, SendError};
-use crate::forward::{GuardedBody, Outcome, OutcomeSink as _, passthrough_headers};
+use crate::forward::{AnswerMetrics, GuardedBody, Outcome, OutcomeSink as _, passthrough_headers};
 use crate::metrics;
 use crate::prepare::PreparedRequest;
+use crate::telemetry::RequestTrace;
 use rank::EngineRequest;
 
 /// Largest whole (non-streamed) answer the router buffers, in bytes.
@@ -65,6 +66,8 @@ pub(crate) struct Exchange<'a> {
     pub request_id: &'a HeaderValue,
     /// The client asked for a stream.
     pub streamed: bool,
+    /// The request's trace: each send is a dispatch span, its context sent to the engine.
+    pub trace: &'a RequestTrace,
 }
 
 impl Dispatch<'_> {
@@ -85,6 +88,13 @@ impl Dispatch<'_> {
     }
 }
 
+impl Dispatch<'_> {
+    /// What this request's answer is measured with.
+    fn answer_metrics(&self) -> AnswerMetrics {
+        AnswerMetrics { model: self.model.clone(), started: self.started }
+    }
+}
+
 impl Exchange<'_> {
     /// Sends `request` to `worker`, telling the circuit breaker and the failure counter about
     /// transport failures.
@@ -95,8 +105,20 @@ impl Exchange<'_> {
     ) -> Result<hyper::Response<Incoming>, EngineError> {
         let EngineRequest { body, rank_header } = request;
         let forwarder = self.ctx.forwarder();
-        let sent = forwarder.send(worker, self.path, body, self.request_id, rank_header).await;
+        let span = self.trace.child("dispatch");
+        if span.is_recording() {
+            span.set("router.engine", worker.id().as_str().to_owned());
+            span.set("server.address", worker.url().to_owned());
+            span.set("url.path", self.path);
+        }
+        let trace = self.trace.engine_headers(&span);
+        let (path, id) = (self.path, self.request_id);
+        let sent = forwarder.send(worker, path, body, id, rank_header, &trace).await;
+        if let Ok(response) = &sent {
+            span.set("http.response.status_code", i64::from(response.status().as_u16()));
+        }
         sent.map_err(|err| {
+            span.fail(&err);
             let outcome = match err {
                 SendError::Unreachable { .. } => Outcome::Unreachable,
                 _ => Outcome::Failure,
@@ -147,7 +169,8 @@ impl Exchange<'_> {
     }
 
     /// The client's response streaming the engine's body, holding `guards` until it ends.
-    /// A message on `partner_failure` ends the stream with that error.
+    /// A message on `partner_failure` ends the stream with that error. A stream that ends
+    /// normally is measured for `metrics`.
     fn stream(
         &self,
         parts: Parts,
@@ -155,6 +178,7 @@ impl Exchange<'_> {
         guards: Vec<InflightGuard>,
         worker: &Arc<Worker>,
         partner_failure: Option<oneshot::Receiver<ApiError>>,
+        metrics: AnswerMetrics,
     ) -> Response {
         let body = GuardedBody::new(
             body,
@@ -163,18 +187,21 @@ impl Exchange<'_> {
             self.ctx.health_sink(),
             self.idle_limit(),
             partner_failure,
+            Some(metrics),
         );
         response(&parts, Body::new(body))
     }
 
-    /// The client's response carrying the engine's whole answer.
+    /// The client's response carrying the engine's whole answer, measured for `metrics`.
     async fn whole(
         &self,
         parts: Parts,
         body: Incoming,
         worker: &Worker,
+        metrics: &AnswerMetrics,
     ) -> Result<Response, EngineError> {
         let answer = self.read_answer(worker, body).await?;
+        metrics.whole(worker, &answer);
         Ok(response(&parts, Body::from(answer)))
     }
 

@@ -87,10 +87,12 @@ pub(super) async fn dispatch(
     let prefill_task = {
         let (ctx, worker) = (Arc::clone(x.ctx), Arc::clone(&prefill.worker));
         let (request_id, path, streamed) = (x.request_id.clone(), x.path, x.streamed);
+        let trace = x.trace.clone();
         tokio::spawn(
             async move {
                 let _guard = prefill_guard;
-                let x = Exchange { ctx: &ctx, request_id: &request_id, path, streamed };
+                let x =
+                    Exchange { ctx: &ctx, request_id: &request_id, path, streamed, trace: &trace };
                 if let Err(err) = run_prefill(x, &worker, prefill_request).await {
                     let err = ApiError::Prefill(err);
                     warn!(error = %Chain(&err), "prefill failed");
@@ -125,9 +127,10 @@ pub(super) async fn dispatch(
     let (parts, body) = x.checked(decode_worker, upstream).await.map_err(ApiError::Decode)?;
     let mut response = if x.streams(&parts) {
         let partner = (!prefill_succeeded).then_some(failed_rx);
-        x.stream(parts, body, vec![decode_guard], decode_worker, partner)
+        x.stream(parts, body, vec![decode_guard], decode_worker, partner, d.answer_metrics())
     } else {
-        let answer = x.whole(parts, body, decode_worker);
+        let answer_metrics = d.answer_metrics();
+        let answer = x.whole(parts, body, decode_worker, &answer_metrics);
         let response = if prefill_succeeded {
             answer.await.map_err(ApiError::Decode)?
         } else {

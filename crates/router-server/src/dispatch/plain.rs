@@ -31,7 +31,7 @@ pub(super) async fn dispatch(
     metrics::time_to_response_head(d.model.as_str(), d.started.elapsed());
     let (parts, body) = x.checked(worker, upstream).await.map_err(ApiError::Engine)?;
     let mut response = if x.streams(&parts) {
-        let response = x.stream(parts, body, vec![guard], worker, None);
+        let response = x.stream(parts, body, vec![guard], worker, None, d.answer_metrics());
         match pick.predicted_ttft_ms {
             Some(predicted_ms) => {
                 let model = d.model.clone();
@@ -45,7 +45,9 @@ pub(super) async fn dispatch(
             None => response,
         }
     } else {
-        let response = x.whole(parts, body, worker).await.map_err(ApiError::Engine)?;
+        let answer_metrics = d.answer_metrics();
+        let response = x.whole(parts, body, worker, &answer_metrics).await;
+        let response = response.map_err(ApiError::Engine)?;
         drop(guard);
         response
     };

@@ -157,7 +157,14 @@ fn heard(ctx: &AppContext, worker: &Worker) -> Option<Outcome> {
 
 fn exchange<'a>(ctx: &'a Arc<AppContext>, stream: bool) -> Exchange<'a> {
     static REQUEST_ID: HeaderValue = HeaderValue::from_static("test");
-    Exchange { ctx, request_id: &REQUEST_ID, path: Endpoint::Chat.path(), streamed: stream }
+    static TRACE: crate::telemetry::RequestTrace = crate::telemetry::RequestTrace::none();
+    Exchange {
+        ctx,
+        request_id: &REQUEST_ID,
+        path: Endpoint::Chat.path(),
+        streamed: stream,
+        trace: &TRACE,
+    }
 }
 
 async fn dispatch(

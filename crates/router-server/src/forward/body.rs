@@ -7,6 +7,11 @@
 //! reported to the circuit breaker. Dropping the body (the client went away) releases the
 //! guards and drops the upstream response, which closes the engine connection and so cancels
 //! the request there.
+//!
+//! A stream that ends normally reports its timing and the engine's token counts
+//! ([`AnswerMetrics`]): each data frame only notes the time it arrived (already taken for the
+//! idle bound) and keeps a reference to itself as the stream's tail; the tail is read for the
+//! final usage chunk once, at the end. The bytes pass unchanged.
 
 use std::convert::Infallible;
 use std::future::Future as _;
@@ -19,7 +24,7 @@ use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, header};
 use http_body::{Body, Frame, SizeHint};
 use router_state_load::InflightGuard;
-use router_workers::Worker;
+use router_workers::{ModelId, Worker};
 use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
 
@@ -44,6 +49,60 @@ pub(crate) struct GuardedBody<B: Body = hyper::body::Incoming> {
     /// The engine's body ended while coalescing.
     ended: bool,
     finished: bool,
+    /// What the end of the stream reports to the metrics.
+    timing: Option<StreamTiming>,
+}
+
+/// What an answer's metrics are labelled with and measured from.
+#[derive(Clone, Debug)]
+pub(crate) struct AnswerMetrics {
+    /// The served model.
+    pub model: ModelId,
+    /// When the router received the request.
+    pub started: std::time::Instant,
+}
+
+impl AnswerMetrics {
+    /// Records a whole answer of `worker` (its token counts read from `answer`), complete now.
+    pub(crate) fn whole(&self, worker: &Worker, answer: &[u8]) {
+        let e2e = self.started.elapsed();
+        let usage = crate::usage::of_answer(answer);
+        metrics::answer(self.model.as_str(), worker.id().as_str(), None, None, e2e, usage);
+    }
+}
+
+/// A stream's timing so far: the first and the last data frame, and the last two frames.
+struct StreamTiming {
+    labels: AnswerMetrics,
+    first: Option<Instant>,
+    last: Option<Instant>,
+    tail: [Bytes; 2],
+}
+
+impl StreamTiming {
+    /// A data frame passed on, having arrived `at`.
+    fn passed(&mut self, data: &Bytes, at: Instant) {
+        self.first.get_or_insert(at);
+        self.last = Some(at);
+        self.tail.swap(0, 1);
+        self.tail[1] = data.clone();
+    }
+
+    /// The stream ended normally: its timing and counts go to the metrics.
+    fn report(&self, worker: &Worker) {
+        let started = Instant::from_std(self.labels.started);
+        let e2e = self.labels.started.elapsed();
+        let ttft = self.first.map(|first| first.saturating_duration_since(started));
+        let usage = crate::usage::of_stream_tail(&[&self.tail[0], &self.tail[1]]);
+        let itl = match (self.first, self.last, usage) {
+            (Some(first), Some(last), Some(usage)) if usage.completion > 1 => {
+                let gaps = u32::try_from(usage.completion - 1).unwrap_or(u32::MAX);
+                Some(last.saturating_duration_since(first) / gaps)
+            }
+            _ => None,
+        };
+        metrics::answer(self.labels.model.as_str(), worker.id().as_str(), ttft, itl, e2e, usage);
+    }
 }
 
 impl<B: Body> GuardedBody<B> {
@@ -55,7 +114,14 @@ impl<B: Body> GuardedBody<B> {
         sink: Arc<dyn OutcomeSink>,
         idle_limit: Duration,
         partner_failure: Option<oneshot::Receiver<ApiError>>,
+        metrics: Option<AnswerMetrics>,
     ) -> Self {
+        let timing = metrics.map(|labels| StreamTiming {
+            labels,
+            first: None,
+            last: None,
+            tail: [Bytes::new(), Bytes::new()],
+        });
         Self {
             inner,
             guards,
@@ -66,6 +132,7 @@ impl<B: Body> GuardedBody<B> {
             stashed: None,
             ended: false,
             finished: false,
+            timing,
         }
     }
 
@@ -107,6 +174,11 @@ where
         match polled {
             Poll::Pending => Poll::Pending,
             Poll::Ready(None) => {
+                if !self.finished
+                    && let Some(timing) = self.timing.take()
+                {
+                    timing.report(&self.worker);
+                }
                 self.finish(Outcome::Success);
                 Poll::Ready(None)
             }
@@ -199,6 +271,9 @@ where
             }
         }
         let data = batch.map_or(data, BytesMut::freeze);
+        if let Some(timing) = &mut this.timing {
+            timing.passed(&data, this.idle.last_progress);
+        }
         Poll::Ready(Some(Ok(Frame::data(data))))
     }
 

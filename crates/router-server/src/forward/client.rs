@@ -20,6 +20,7 @@ use router_workers::Worker;
 use rustls::ClientConfig;
 
 use crate::error::SendError;
+use crate::telemetry::TraceHeaders;
 use crate::tls::TlsConfigError;
 
 /// The engine connector: plain TCP for `http://`, rustls for `https://`, the whole connection
@@ -161,8 +162,8 @@ impl Forwarder {
     }
 
     /// POSTs the JSON `body` to `path` (`/v1/chat/completions`, say) on `worker`, naming
-    /// data-parallel rank `rank` in the `X-data-parallel-rank` header when given, and waits for
-    /// the response head.
+    /// data-parallel rank `rank` in the `X-data-parallel-rank` header when given and carrying
+    /// the W3C trace context `trace`, and waits for the response head.
     pub async fn send(
         &self,
         worker: &Worker,
@@ -170,6 +171,7 @@ impl Forwarder {
         body: Bytes,
         request_id: &HeaderValue,
         rank: Option<u32>,
+        trace: &TraceHeaders,
     ) -> Result<Response<Incoming>, SendError> {
         let url = format!("{}{path}", worker.url());
         let mut request = Request::builder()
@@ -186,6 +188,7 @@ impl Forwarder {
             source,
         })?;
         authorize(&mut request, worker);
+        trace.apply(request.headers_mut());
         let worker = worker.id().clone();
         match tokio::time::timeout(self.config.request_timeout, self.request(request)).await {
             Ok(Ok(response)) => Ok(response),

@@ -27,6 +27,7 @@ use crate::prepare::{
     DP_RANK_HEADER, Endpoint, PreparedRequest, client_rank, parse_request, prepare,
 };
 use crate::serve::{Labels, serve};
+use crate::telemetry::RequestTrace;
 
 /// The handler of `endpoint`'s route (the path is [`Endpoint::path`]).
 pub(crate) fn handler(
@@ -45,7 +46,8 @@ async fn endpoint_request(
     let span = tracing::info_span!("request", id = %request_id.to_str().unwrap_or_default());
     let started = Instant::now();
     let mut labels = Labels::default();
-    let result = handle(endpoint, &ctx, &headers, body, &request_id, started, &mut labels)
+    let trace = RequestTrace::start(&headers, endpoint.path(), &request_id);
+    let result = handle(endpoint, &ctx, &headers, body, &request_id, started, &mut labels, &trace)
         .instrument(span.clone())
         .await;
     let mut response = match result {
@@ -63,9 +65,10 @@ async fn endpoint_request(
     };
     metrics::request(&labels.model, &labels.bucket, response.status().as_u16(), started.elapsed());
     response.headers_mut().insert("x-request-id", request_id);
-    response
+    trace.finish(response)
 }
 
+#[expect(clippy::too_many_arguments, reason = "the request's parts, each used once")]
 async fn handle(
     endpoint: Endpoint,
     ctx: &Arc<AppContext>,
@@ -74,14 +77,25 @@ async fn handle(
     request_id: &HeaderValue,
     started: Instant,
     labels: &mut Labels,
+    trace: &RequestTrace,
 ) -> Result<Response, ApiError> {
     if ctx.is_draining() {
         return Err(ApiError::ShuttingDown);
     }
+    let span = trace.child("preparation");
     let body =
-        read_body(headers, body, ctx.max_body_bytes(), ctx.server().body_read_timeout_secs).await?;
-    let (model, prepared) = prepare_request(ctx, endpoint, headers, body, labels).await?;
-    serve(ctx, model, &prepared, request_id, started, labels).await
+        read_body(headers, body, ctx.max_body_bytes(), ctx.server().body_read_timeout_secs).await;
+    let prepared = match body {
+        Ok(body) => prepare_request(ctx, endpoint, headers, body, labels).await,
+        Err(err) => Err(err),
+    };
+    let (model, prepared) = prepared.inspect_err(|err| span.fail(&Chain(err)))?;
+    if span.is_recording() {
+        span.set("router.model", labels.model.clone());
+        span.set("router.input_tokens", prepared.input_tokens as i64);
+    }
+    drop(span);
+    serve(ctx, model, &prepared, request_id, started, labels, trace).await
 }
 
 /// Parses and prepares a whole request body of `endpoint` with its `headers`: the model (named

@@ -22,7 +22,16 @@ async fn serve_one(ctx: &Arc<AppContext>, model: &str) -> (Result<Response, ApiE
     let prepared = prepared(model, false);
     let mut labels = Labels { model: model.to_owned(), ..Labels::default() };
     let request_id = HeaderValue::from_static("test");
-    let served = serve(ctx, runtime, &prepared, &request_id, Instant::now(), &mut labels).await;
+    let served = serve(
+        ctx,
+        runtime,
+        &prepared,
+        &request_id,
+        Instant::now(),
+        &mut labels,
+        &crate::telemetry::RequestTrace::none(),
+    )
+    .await;
     (served, labels)
 }
 

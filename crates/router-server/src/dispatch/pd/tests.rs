@@ -131,7 +131,8 @@ async fn dispatch(ctx: &Arc<AppContext>, stream: bool) -> Result<Response, ApiEr
     };
     let request_id = HeaderValue::from_static("test");
     let path = Endpoint::Chat.path();
-    let exchange = Exchange { ctx, request_id: &request_id, path, streamed: stream };
+    let trace = crate::telemetry::RequestTrace::none();
+    let exchange = Exchange { ctx, request_id: &request_id, path, streamed: stream, trace: &trace };
     let d = Dispatch {
         exchange,
         prepared: &prepared,

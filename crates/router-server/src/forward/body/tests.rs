@@ -16,7 +16,7 @@ use router_state_load::{Inflight, SystemClock};
 use router_workers::{ModelId, Stage, Worker, WorkerId};
 use tokio::sync::oneshot;
 
-use super::{COALESCE_LIMIT, GuardedBody};
+use super::{AnswerMetrics, COALESCE_LIMIT, GuardedBody};
 use crate::error::{ApiError, EngineError};
 use crate::forward::{Outcome, OutcomeSink};
 
@@ -104,10 +104,20 @@ impl Fixture {
         engine: Scripted,
         partner: Option<oneshot::Receiver<ApiError>>,
     ) -> GuardedBody<Scripted> {
+        self.measured(engine, partner, None)
+    }
+
+    fn measured(
+        &self,
+        engine: Scripted,
+        partner: Option<oneshot::Receiver<ApiError>>,
+        metrics: Option<AnswerMetrics>,
+    ) -> GuardedBody<Scripted> {
         let guard = self.inflight.acquire(self.worker.id(), Stage::Plain);
         let sink: Arc<dyn OutcomeSink> = self.sink.clone();
         let idle = Duration::from_secs(300);
-        GuardedBody::new(engine, vec![guard], Arc::clone(&self.worker), sink, idle, partner)
+        let worker = Arc::clone(&self.worker);
+        GuardedBody::new(engine, vec![guard], worker, sink, idle, partner, metrics)
     }
 
     fn held(&self) -> u64 {
@@ -222,4 +232,51 @@ async fn a_client_that_leaves_releases_the_guard_without_blaming_the_engine() {
     drop(body);
     assert_eq!(fixture.held(), 0);
     assert_eq!(fixture.outcomes(), [Outcome::Success]);
+}
+
+#[tokio::test]
+async fn a_measured_stream_passes_its_bytes_unchanged_and_reports_at_its_end() {
+    crate::metrics::install();
+    let fixture = Fixture::new();
+    let labels = |model: &str| AnswerMetrics {
+        model: ModelId::new(model),
+        started: std::time::Instant::now(),
+    };
+    let usage = r#"data: {"choices":[],"usage":{"prompt_tokens":6,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":2}}}
+
+"#;
+    let steps = || {
+        [
+            Step::Data("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"),
+            Step::Pending,
+            Step::Data("data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n"),
+            Step::Pending,
+            Step::Data(usage),
+            Step::Pending,
+            Step::Data("data: [DONE]\n\n"),
+        ]
+    };
+    let plain = frames(fixture.body(Scripted::new(steps()), None)).await;
+    let body = fixture.measured(Scripted::new(steps()), None, Some(labels("body-m")));
+    assert_eq!(frames(body).await, plain, "measuring changes no byte");
+    let series =
+        |name: &str, model: &str| crate::tests::metric(name, &[("model", model), ("worker", "e1")]);
+    assert_eq!(series("router_time_to_first_token_seconds_count", "body-m"), Some(1.0));
+    assert_eq!(series("router_inter_token_latency_seconds_count", "body-m"), Some(1.0));
+    assert_eq!(series("router_e2e_latency_seconds_count", "body-m"), Some(1.0));
+    assert_eq!(series("router_prompt_tokens_total", "body-m"), Some(6.0));
+    assert_eq!(series("router_cached_tokens_total", "body-m"), Some(2.0));
+    assert_eq!(series("router_completion_tokens_total", "body-m"), Some(3.0));
+
+    // A stream that breaks off, or that the client leaves, reports nothing.
+    let broken = Scripted::new([Step::Data(usage), Step::Pending, Step::Fail]);
+    frames(fixture.measured(broken, None, Some(labels("body-broken")))).await;
+    let mut left =
+        fixture.measured(Scripted::stalling([Step::Data(usage)]), None, Some(labels("body-left")));
+    assert!(left.frame().await.is_some());
+    drop(left);
+    for model in ["body-broken", "body-left"] {
+        assert_eq!(series("router_e2e_latency_seconds_count", model), None, "{model}");
+        assert_eq!(series("router_prompt_tokens_total", model), None, "{model}");
+    }
 }

@@ -14,6 +14,7 @@ use router_workers::{ApiKey, ModelId, Stage, Worker, WorkerSpec};
 
 use super::{ForwardConfig, Forwarder};
 use crate::error::SendError;
+use crate::telemetry::{RequestTrace, TraceHeaders};
 use crate::tests::{nothing_listens, serve};
 
 /// What an engine saw of each request: method, path, version and headers.
@@ -62,10 +63,18 @@ const REQUEST_ID: HeaderValue = HeaderValue::from_static("req-1");
 async fn a_request_carries_the_engines_own_key_the_request_id_and_json() {
     let (url, seen) = seeing_engine().await;
     let client = forwarder(ForwardConfig::default());
-    for key in [Some("engine-key"), None] {
+    let mut client_headers = HeaderMap::new();
+    let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    client_headers.insert("traceparent", HeaderValue::from_static(parent));
+    let trace = RequestTrace::start(&client_headers, "test", &REQUEST_ID);
+    let dispatch = trace.child("dispatch");
+    for (key, trace) in
+        [(Some("engine-key"), trace.engine_headers(&dispatch)), (None, Default::default())]
+    {
         let engine = worker(&url, key);
         let body = Bytes::from_static(b"{}");
-        let response = client.send(&engine, "/v1/chat/completions", body, &REQUEST_ID, None).await;
+        let path = "/v1/chat/completions";
+        let response = client.send(&engine, path, body, &REQUEST_ID, None, &trace).await;
         assert_eq!(response.expect("answered").status(), 200);
     }
     let seen = seen.lock();
@@ -80,6 +89,8 @@ async fn a_request_carries_the_engines_own_key_the_request_id_and_json() {
     assert_eq!(keyed["x-request-id"], "req-1");
     assert_eq!(keyed["content-type"], "application/json");
     assert!(!keyless.contains_key("authorization"), "no key, no credential");
+    assert_eq!(keyed["traceparent"], parent, "the trace context travels");
+    assert!(!keyless.contains_key("traceparent"), "none made up");
 }
 
 #[tokio::test]
@@ -88,7 +99,9 @@ async fn http2_is_spoken_with_prior_knowledge_when_asked() {
     let client = forwarder(ForwardConfig { http2: true, ..ForwardConfig::default() });
     let engine = worker(&url, None);
     let body = Bytes::from_static(b"{}");
-    let response = client.send(&engine, "/v1/chat/completions", body, &REQUEST_ID, None).await;
+    let trace = TraceHeaders::default();
+    let path = "/v1/chat/completions";
+    let response = client.send(&engine, path, body, &REQUEST_ID, None, &trace).await;
     assert_eq!(response.expect("answered").status(), 200);
     assert_eq!(seen.lock()[0].2, Version::HTTP_2);
 }
@@ -123,8 +136,16 @@ async fn each_failure_to_get_a_head_is_named() {
     for (name, url, config, kind) in cases {
         let client = forwarder(config);
         let body = Bytes::from_static(b"{}");
-        let sent =
-            client.send(&worker(&url, None), "/v1/chat/completions", body, &REQUEST_ID, None).await;
+        let sent = client
+            .send(
+                &worker(&url, None),
+                "/v1/chat/completions",
+                body,
+                &REQUEST_ID,
+                None,
+                &TraceHeaders::default(),
+            )
+            .await;
         let err = sent.expect_err(name);
         assert_eq!(err.kind(), kind, "{name}: {err:?}");
         assert_eq!(err.worker().as_str(), "e1", "{name}");

@@ -58,6 +58,9 @@ pub(crate) struct Engine {
     pub(crate) draining: Arc<AtomicBool>,
     /// Generation requests received (chat, completions, `/generate`), for `GET /sim/state`.
     pub(crate) received: AtomicU64,
+    /// The W3C trace context (`traceparent`, `tracestate`) of the last request that carried
+    /// one, for `GET /sim/state`.
+    pub(crate) trace_context: parking_lot::Mutex<sim::TraceContext>,
 }
 
 impl Engine {
@@ -83,6 +86,7 @@ impl Engine {
             stop,
             draining,
             received: AtomicU64::new(0),
+            trace_context: parking_lot::Mutex::default(),
         }
     }
 
@@ -122,6 +126,7 @@ pub(crate) fn router(engine: Arc<Engine>) -> Router {
         .route("/sim/resume", post(sim::resume))
         .route("/sim/state", get(sim::state))
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn_with_state(Arc::clone(&engine), sim::note_trace_context))
         .with_state(engine);
     match api_key {
         Some(key) => routes.layer(middleware::from_fn_with_state(key, auth::require_api_key)),

@@ -1,0 +1,169 @@
+//! The token counts an engine reports with its answer: OpenAI's `usage` (`prompt_tokens`,
+//! `completion_tokens`, `prompt_tokens_details.cached_tokens`) or SGLang's `/generate`
+//! `meta_info` (`prompt_tokens`, `completion_tokens`, `cached_tokens`). A whole answer is read
+//! once it is complete (a batched `/generate` answer, an array, is summed); a stream's counts
+//! are those of its last event that carries any (the final usage chunk of an OpenAI stream
+//! asked for with `stream_options.include_usage`, the last chunk of a `/generate` stream),
+//! found in the stream's tail once it has ended.
+
+use serde::Deserialize;
+
+/// Tokens of one answer.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Usage {
+    /// Prompt tokens.
+    pub prompt: u64,
+    /// Prompt tokens served from the engine's prefix cache.
+    pub cached: u64,
+    /// Generated tokens.
+    pub completion: u64,
+}
+
+impl std::ops::Add for Usage {
+    type Output = Self;
+
+    fn add(self, other: Self) -> Self {
+        Self {
+            prompt: self.prompt + other.prompt,
+            cached: self.cached + other.cached,
+            completion: self.completion + other.completion,
+        }
+    }
+}
+
+/// The fields of an answer (or a stream's chunk) that carry counts; the rest is skipped.
+#[derive(Deserialize)]
+struct Reported {
+    #[serde(default)]
+    usage: Option<OpenAiUsage>,
+    #[serde(default)]
+    meta_info: Option<MetaInfo>,
+}
+
+#[derive(Deserialize)]
+struct OpenAiUsage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<Details>,
+}
+
+#[derive(Deserialize)]
+struct Details {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct MetaInfo {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+impl Reported {
+    fn usage(self) -> Option<Usage> {
+        if let Some(usage) = self.usage {
+            let cached = usage.prompt_tokens_details.and_then(|d| d.cached_tokens);
+            return Some(Usage {
+                prompt: usage.prompt_tokens.unwrap_or(0),
+                cached: cached.unwrap_or(0),
+                completion: usage.completion_tokens.unwrap_or(0),
+            });
+        }
+        let meta = self.meta_info?;
+        Some(Usage {
+            prompt: meta.prompt_tokens.unwrap_or(0),
+            cached: meta.cached_tokens.unwrap_or(0),
+            completion: meta.completion_tokens.unwrap_or(0),
+        })
+    }
+}
+
+/// The counts of a whole JSON answer, if it reports any.
+pub(crate) fn of_answer(body: &[u8]) -> Option<Usage> {
+    let start = body.iter().position(|b| !b.is_ascii_whitespace())?;
+    if body[start] == b'[' {
+        let all: Vec<Reported> = serde_json::from_slice(body).ok()?;
+        all.into_iter().filter_map(Reported::usage).reduce(|a, b| a + b)
+    } else {
+        serde_json::from_slice::<Reported>(body).ok()?.usage()
+    }
+}
+
+/// Most events, from the end, searched for counts in a stream's tail.
+const TAIL_EVENTS: usize = 8;
+
+/// The counts of the last event that carries any among the SSE events of `tail` (the
+/// stream's last frames, oldest first; the first event may be cut off and is then skipped).
+pub(crate) fn of_stream_tail(tail: &[&[u8]]) -> Option<Usage> {
+    let text: Vec<u8> = tail.concat();
+    let text = String::from_utf8_lossy(&text);
+    text.rsplit("\n\n").filter(|event| !event.trim().is_empty()).take(TAIL_EVENTS).find_map(
+        |event| {
+            let data: String = event
+                .lines()
+                .filter_map(|line| line.strip_prefix("data:"))
+                .map(str::trim_start)
+                .collect();
+            if data.is_empty() || data == "[DONE]" {
+                return None;
+            }
+            serde_json::from_str::<Reported>(&data).ok()?.usage()
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_answers_report_openai_usage_or_sglang_meta_info() {
+        let openai = br#"{"id":"x","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":10,"completion_tokens":3,"total_tokens":13,"prompt_tokens_details":{"cached_tokens":4}}}"#;
+        assert_eq!(of_answer(openai), Some(Usage { prompt: 10, cached: 4, completion: 3 }));
+        let no_details =
+            br#"{"usage":{"prompt_tokens":5,"completion_tokens":1,"prompt_tokens_details":null}}"#;
+        assert_eq!(of_answer(no_details), Some(Usage { prompt: 5, cached: 0, completion: 1 }));
+        let generate = br#"{"text":"hi","meta_info":{"prompt_tokens":7,"completion_tokens":2,"cached_tokens":6}}"#;
+        assert_eq!(of_answer(generate), Some(Usage { prompt: 7, cached: 6, completion: 2 }));
+        let batch = br#" [{"meta_info":{"prompt_tokens":7,"completion_tokens":2}},{"meta_info":{"prompt_tokens":3,"completion_tokens":1,"cached_tokens":1}}]"#;
+        assert_eq!(of_answer(batch), Some(Usage { prompt: 10, cached: 1, completion: 3 }));
+        assert_eq!(of_answer(br#"{"choices":[]}"#), None);
+        assert_eq!(of_answer(b"not json"), None);
+        assert_eq!(of_answer(b""), None);
+    }
+
+    #[test]
+    fn a_streams_counts_are_its_last_reporting_events() {
+        let chunk = br#"data: {"choices":[{"delta":{"content":"a"}}],"usage":null}
+
+"#;
+        let usage = br#"data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":8}}}
+
+data: [DONE]
+
+"#;
+        let expected = Some(Usage { prompt: 9, cached: 8, completion: 4 });
+        assert_eq!(of_stream_tail(&[chunk, usage]), expected);
+        // The usage chunk and [DONE] in frames of their own, an event cut across two frames.
+        let (head, rest) = usage.split_at(20);
+        assert_eq!(of_stream_tail(&[head, rest]), expected);
+        assert_eq!(of_stream_tail(&[chunk, b"data: [DONE]\n\n"]), None, "no usage asked for");
+        let generate = br#"data: {"text":"a","meta_info":{"prompt_tokens":3,"completion_tokens":1,"cached_tokens":0}}
+
+data: {"text":"ab","meta_info":{"prompt_tokens":3,"completion_tokens":2,"cached_tokens":0}}
+
+data: [DONE]
+
+"#;
+        let last = Some(Usage { prompt: 3, cached: 0, completion: 2 });
+        assert_eq!(of_stream_tail(&[generate]), last);
+        assert_eq!(of_stream_tail(&[]), None);
+    }
+}
