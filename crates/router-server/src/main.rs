@@ -109,7 +109,7 @@ async fn serve(
         config.server.port = port;
     }
     config.server.log_json |= args.log_json;
-    router_server::logging::init(config.server.log_json);
+    router_server::logging::init(&config.server).map_err(anyhow::Error::msg)?;
 
     let ctx = AppContext::build(&config).map_err(|problems| {
         let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
@@ -140,6 +140,19 @@ async fn serve(
         (None, None) => anyhow::bail!("{addr} resolves to no address"),
     };
     tracing::info!(addr = %serving.addr, "router listening");
+    let metrics = match config.server.metrics_port {
+        Some(port) => {
+            let host = config.server.metrics_host.as_deref().unwrap_or(&config.server.host);
+            let addr = format!("{host}:{port}");
+            let listener = router_server::server::MetricsListener::start(Arc::clone(&ctx), &addr)
+                .await
+                .with_context(|| format!("listening for metrics on {addr}"))?;
+            tracing::info!(addr = %listener.addr, "metrics listening");
+            println!("metrics listening on http://{}/metrics", listener.addr);
+            Some(listener)
+        }
+        None => None,
+    };
     if demo.is_some() {
         print!("{}", router_server::demo::banner(serving.addr));
     } else {
@@ -149,6 +162,9 @@ async fn serve(
     shutdown_signal().await;
     tracing::info!("shutting down: draining in-flight requests");
     serving.stop(Duration::from_secs(config.server.shutdown_drain_secs)).await;
+    if let Some(metrics) = metrics {
+        metrics.stop().await;
+    }
     if let Some(fleet) = demo {
         fleet.stop();
     }
@@ -164,7 +180,7 @@ async fn epp(
     settings: router_server::epp::EppSettings,
 ) -> Result<ExitCode> {
     let config = ConfigFile::load(file)?;
-    router_server::logging::init(config.server.log_json);
+    router_server::logging::init(&config.server).map_err(anyhow::Error::msg)?;
     let ctx = AppContext::build(&config).map_err(|problems| {
         let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
         anyhow::anyhow!("invalid configuration:\n  {}", lines.join("\n  "))
@@ -201,7 +217,7 @@ async fn epp(
 /// `cache_prefix_provider: indexer`.
 async fn kv_indexer(file: &std::path::Path, listen: &str) -> Result<ExitCode> {
     let config = ConfigFile::load(file)?;
-    router_server::logging::init(config.server.log_json);
+    router_server::logging::init(&config.server).map_err(anyhow::Error::msg)?;
     let registry = Arc::new(router_workers::WorkerRegistry::new());
     // The indexer never calls an engine's HTTP API, so it needs no engine key.
     router_server::config::register_all_workers(&config, &registry, None).map_err(|problems| {

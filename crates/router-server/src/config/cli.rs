@@ -3,8 +3,9 @@
 //!
 //! No flag is dropped without a word ([`Cli::check`]): a quick-start flag with `--config` or
 //! `--demo`, a PD flag without `--pd-disaggregation`, or a serving flag with a subcommand is
-//! an error naming it. `--host`, `--port`, `--log-json`, `--worker-threads` and
-//! `--admin-token` apply on top of a file or the demo.
+//! an error naming it. `--host`, `--port`, `--log-json`, `--worker-threads`, `--admin-token`
+//! and the flags shared with sglang-router and vllm-router ([`DropInArgs`]) apply on top of a
+//! file or the demo.
 
 use std::path::PathBuf;
 
@@ -16,6 +17,7 @@ use serde_json::{Map, Value, json};
 use router_discovery::PodPort;
 
 use super::discovery::DiscoverySection;
+use super::dropin::{self, DropInArgs};
 use super::file::{
     BucketConfig, ConfigFile, GroupConfig, GroupsConfig, ModelConfig, PdGroupsConfig,
 };
@@ -97,7 +99,8 @@ pub struct ServeArgs {
     /// Quick start: prefill/decode disaggregation.
     #[arg(long)]
     pub pd_disaggregation: bool,
-    /// Quick start: a prefill engine, optionally followed by its bootstrap port. Repeatable.
+    /// Quick start: a prefill engine, optionally followed by its bootstrap port (or `none`: the
+    /// engine's default bootstrap port). Repeatable.
     #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = clap::ArgAction::Append)]
     pub prefill: Vec<String>,
     /// Quick start: a decode engine. Repeatable.
@@ -151,6 +154,9 @@ pub struct ServeArgs {
     /// Discovery: the engines' HTTP port, a number or a container port name (default 80).
     #[arg(long, value_name = "PORT")]
     pub service_discovery_port: Option<String>,
+    /// The flags shared with sglang-router and vllm-router.
+    #[command(flatten)]
+    pub dropin: DropInArgs,
 }
 
 impl Cli {
@@ -200,6 +206,9 @@ const DEFAULT_OVERLOAD_INFLIGHT: u64 = 256;
 /// Options and values that were removed, with what replaces them. Checked on the raw
 /// arguments before parsing so the message can say more than "unknown argument".
 pub fn reject_dropped_options(args: &[String]) -> Result<(), String> {
+    if let Some(refusal) = dropin::refuse(args) {
+        return Err(refusal);
+    }
     let value_after = |flag: &str| {
         args.iter().enumerate().find_map(|(i, a)| {
             a.strip_prefix(&format!("{flag}="))
@@ -308,6 +317,7 @@ impl ServeArgs {
         .filter(|(_, set, _)| *set)
         .map(|(flag, _, quick)| (flag, quick))
         .chain(self.discovery_flags().into_iter().map(|flag| (flag, false)))
+        .chain(self.dropin.given().into_iter().map(|flag| (flag, false)))
         .collect()
     }
 
@@ -362,9 +372,11 @@ impl ServeArgs {
     }
 
     /// Applies the flags that go on top of any configuration (a file, the demo or a quick
-    /// start) and are not listen or logging settings: `--admin-token`, and the discovery
-    /// flags, which set the keys of the `discovery` section (creating it).
+    /// start) but `--host`, `--port` and `--log-json`: `--admin-token`, the flags shared with
+    /// sglang-router and vllm-router, and the discovery flags, which set the keys of the
+    /// `discovery` section (creating it).
     pub fn apply_overrides(&self, config: &mut ConfigFile) -> Result<(), String> {
+        self.dropin.apply(config)?;
         if let Some(token) = &self.admin_token {
             let token =
                 ApiKey::new(token.as_str()).map_err(|why| format!("--admin-token: {why}"))?;
@@ -420,7 +432,7 @@ impl ServeArgs {
         }
         let group = |flag: &str, policy: Option<&str>| -> Result<GroupConfig, String> {
             let mut map = Map::new();
-            map.insert("type".into(), policy.unwrap_or("round_robin").into());
+            map.insert("type".into(), dropin::policy_alias(policy.unwrap_or("round_robin")).into());
             for arg in &self.policy_args {
                 let (key, value) = arg
                     .split_once('=')
@@ -464,6 +476,11 @@ impl ServeArgs {
                     Some(Ok(port)) => {
                         prefill.next();
                         Some(port)
+                    }
+                    // sglang-router's spelling of "no bootstrap port given".
+                    _ if prefill.peek().is_some_and(|p| p.eq_ignore_ascii_case("none")) => {
+                        prefill.next();
+                        None
                     }
                     _ => None,
                 };
