@@ -185,7 +185,6 @@ fn flags_this_router_cannot_honour_are_refused_with_their_replacement() {
         (&["--eviction-interval-secs", "120"], "kv.max_index_nodes"),
         (&["--max-tree-size", "67108864"], "kv.max_index_nodes"),
         (&["--cb-window-duration-secs", "60"], "--cb-failure-threshold"),
-        (&["--dp-aware"], "dp_route: body"),
         (&["--vllm-pd-disaggregation"], "--worker-urls"),
         (&["--policy", "prefix_hash"], "cache_aware"),
     ] {
@@ -242,4 +241,22 @@ models:
     assert_eq!(health["endpoint"], "/health_generate");
     let unbounded = server["max_concurrent_requests"].as_u64().expect("a number");
     assert!(unbounded > 1 << 40, "-1 is no bound: {unbounded}");
+}
+
+#[tokio::test]
+async fn dp_aware_learns_each_engines_dp_size_and_routes_to_its_ranks() {
+    let engine = Engine::start("m", &["--dp-size", "3"]);
+    let line =
+        owned(&["--worker-urls", &engine.url, "--dp-aware", "--port", "0", "--admin-token", ADMIN]);
+    let router = router_e2e::Router::with_args(&line);
+    let http = Http::default();
+    let state = router.admin_state(&http, ADMIN).await;
+    assert_eq!(state["workers"][0]["dp_size"], 3, "from /get_server_info: {state}");
+    for _ in 0..3 {
+        let answered = http.chat(&router.url, &chat_body("m", "hello", 2), &[]).await;
+        assert_eq!(answered.status, 200, "{}", answered.body);
+    }
+    let scraped = http.get(&router.url, "/metrics", &[]).await.body;
+    let ranked = scraped.lines().filter(|l| l.starts_with("router_dp_rank_dispatches_total{"));
+    assert!(ranked.count() >= 1, "the router chose ranks: {scraped}");
 }

@@ -91,7 +91,11 @@ async fn serve(
     let mut config = if let Some(path) = &args.config {
         ConfigFile::load(path)?
     } else if args.is_quick_start() {
-        args.quick_start_config().map_err(anyhow::Error::msg)?
+        let mut config = args.quick_start_config().map_err(anyhow::Error::msg)?;
+        if args.dp_aware {
+            router_server::config::learn_dp_sizes(&mut config).await.map_err(anyhow::Error::msg)?;
+        }
+        config
     } else if args.demo {
         let (fleet, config) = router_server::demo::start(args.port.unwrap_or(8080)).await?;
         demo = Some(fleet);

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use router_policies::PolicyConfig;
-use router_workers::{ApiKey, Stage, WorkerSpec};
+use router_workers::{ApiKey, DpRoute, Stage, WorkerSpec};
 use serde_json::{Map, Value, json};
 
 use router_discovery::PodPort;
@@ -106,6 +106,11 @@ pub struct ServeArgs {
     /// Quick start: a decode engine. Repeatable.
     #[arg(long, value_name = "URL", action = clap::ArgAction::Append)]
     pub decode: Vec<String>,
+    /// Quick start: route each request to a data-parallel rank the router picks
+    /// (`dp_route: body`), learning each engine's `dp_size` from its `/get_server_info` at
+    /// startup, as sglang-router does.
+    #[arg(long)]
+    pub dp_aware: bool,
     /// Quick start: policy of the prefill group.
     #[arg(long, value_name = "NAME")]
     pub prefill_policy: Option<String>,
@@ -196,6 +201,7 @@ fn file_equivalent(flag: &str) -> &'static str {
         "--tokenizer" => "models[].tokenizer",
         "--filter" | "--max-in-flight" => "policy.admission.max_inflight_requests",
         "--affinity-mode" => "nothing: strict is the only affinity mode; drop the flag",
+        "--dp-aware" => "models[].workers[].dp_size and dp_route: body",
         _ => "its equivalent",
     }
 }
@@ -311,6 +317,7 @@ impl ServeArgs {
             ("--max-in-flight", s.max_in_flight.is_some(), true),
             ("--policy-arg", !s.policy_args.is_empty(), true),
             ("--affinity-mode", s.affinity_mode.is_some(), true),
+            ("--dp-aware", s.dp_aware, true),
             ("--service-discovery", s.service_discovery, false),
         ]
         .into_iter()
@@ -511,6 +518,12 @@ impl ServeArgs {
             }
             GroupsConfig { plain: Some(group("--policy", self.policy.as_deref())?), pd: None }
         };
+        if self.dp_aware {
+            // dp_size is learned from the engines before serving (`learn_dp_sizes`).
+            for worker in &mut workers {
+                worker.dp_route = Some(DpRoute::Body);
+            }
+        }
         let mut config = ConfigFile::default();
         config.models.push(ModelConfig {
             id: self.model.clone().unwrap_or_else(|| "*".to_owned()),

@@ -149,12 +149,6 @@ pub(super) const REFUSED: &[(&str, &str)] = &[
          --cb-failure-threshold (health.breaker_failures)",
     ),
     (
-        "--dp-aware",
-        "this router does not ask engines for their dp_size: declare each engine in a \
-         configuration file with dp_size: N and dp_route: body (docs/configuration.md), and \
-         serve it with --config",
-    ),
-    (
         "--vllm-pd-disaggregation",
         "prefill/decode pairs speak SGLang's bootstrap protocol only; vLLM's KV-transfer \
          handshake is not implemented: serve vLLM engines as plain --worker-urls",
@@ -357,6 +351,54 @@ impl DropInArgs {
     }
 }
 
+/// How long an engine may take to answer `/get_server_info` at startup (`--dp-aware`).
+const SERVER_INFO_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `--dp-aware`: asks every engine with `dp_route` for its `dp_size` (`GET /get_server_info`,
+/// as sglang-router does) and sets it on its worker. An engine that cannot say is an error
+/// naming it: routing to ranks it may not have would fail every request.
+pub async fn learn_dp_sizes(config: &mut ConfigFile) -> Result<(), String> {
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    let client: Client<_, Empty<bytes::Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    for worker in config.models.iter_mut().flat_map(|m| m.workers.iter_mut()) {
+        if worker.dp_route.is_none() {
+            continue;
+        }
+        let url = format!("{}/get_server_info", worker.url.trim_end_matches('/'));
+        let fail = |why: String| format!("--dp-aware: asking {url} for dp_size: {why}");
+        if !url.starts_with("http://") {
+            return Err(fail(
+                "only http:// engines can be asked; declare dp_size in a \
+                             configuration file instead"
+                    .to_owned(),
+            ));
+        }
+        let uri: http::Uri = url.parse().map_err(|err| fail(format!("{err}")))?;
+        let asked = async {
+            let response = client.get(uri).await.map_err(|err| err.to_string())?;
+            let status = response.status();
+            let body = response.into_body().collect().await.map_err(|err| err.to_string())?;
+            if !status.is_success() {
+                return Err(format!("status {status}"));
+            }
+            serde_json::from_slice::<serde_json::Value>(&body.to_bytes())
+                .map_err(|err| format!("not JSON: {err}"))
+        };
+        let info = tokio::time::timeout(SERVER_INFO_TIMEOUT, asked)
+            .await
+            .map_err(|_| fail(format!("no answer within {SERVER_INFO_TIMEOUT:?}")))?
+            .map_err(fail)?;
+        worker.dp_size = info["dp_size"]
+            .as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| fail(format!("no dp_size of at least 1 in {info}")))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use clap::Parser;
@@ -466,7 +508,6 @@ mod tests {
             ("--eviction-interval 60", "kv.max_index_nodes"),
             ("--max-tree-size 1000", "kv.max_index_nodes"),
             ("--cb-window-duration-secs 60", "--cb-failure-threshold"),
-            ("--dp-aware", "dp_route: body"),
             ("--vllm-pd-disaggregation", "--worker-urls"),
             ("--policy prefix_hash", "cache_aware"),
             ("--prefill-policy=prefix_hash", "cache_aware"),
@@ -508,6 +549,29 @@ mod tests {
         assert_eq!(workers.len(), 3, "none is not an engine");
         assert_eq!((workers[0].url.as_str(), workers[0].bootstrap_port), ("http://p1:1", None));
         assert_eq!(workers[1].bootstrap_port, Some(8998));
+    }
+
+    #[test]
+    fn dp_aware_routes_quick_start_engines_by_body_rank_and_is_quick_start_only() {
+        let line = "router-server --worker-urls http://a:1 http://b:1 --dp-aware";
+        let cli = Cli::try_parse_from(args(line)).expect("parses");
+        cli.check().expect("a quick start");
+        let config = cli.serve.quick_start_config().expect("config");
+        for worker in &config.models[0].workers {
+            assert_eq!(worker.dp_route, Some(router_workers::DpRoute::Body), "{}", worker.id);
+        }
+        let cli = Cli::try_parse_from(args("router-server --config r.yaml --dp-aware"));
+        let err = cli.expect("parses").check().expect_err("no effect on a file");
+        assert!(err.starts_with("--dp-aware") && err.contains("dp_size"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn dp_aware_names_an_engine_that_cannot_say_its_dp_size() {
+        let line = "router-server --worker-urls http://127.0.0.1:9 --dp-aware";
+        let cli = Cli::try_parse_from(args(line)).expect("parses");
+        let mut config = cli.serve.quick_start_config().expect("config");
+        let err = learn_dp_sizes(&mut config).await.expect_err("nothing listens on port 9");
+        assert!(err.starts_with("--dp-aware: asking http://127.0.0.1:9/get_server_info"), "{err}");
     }
 
     #[test]

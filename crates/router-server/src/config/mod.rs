@@ -25,7 +25,7 @@ use router_workers::{ApiKey, ModelId, Stage, Worker, WorkerId, WorkerRegistry, W
 
 pub use cli::{Cli, Command, ServeArgs, reject_dropped_options};
 pub use discovery::{DiscoverySection, KvEventsPorts};
-pub use dropin::DropInArgs;
+pub use dropin::{DropInArgs, learn_dp_sizes};
 pub use file::{
     AffinitySection, BucketConfig, ConfigFile, GroupConfig, GroupsConfig, KvSection, LimitsConfig,
     LoadSection, ModelConfig, ParseError, PdGroupsConfig, ServerSection,
