@@ -97,10 +97,12 @@ fn server_header_problems(server: &ServerSection, problems: &mut Problems) {
         problems.push("server.cors_allowed_origins", "`*` allows every origin: list it alone");
     }
     for (i, origin) in origins.iter().enumerate() {
+        // A scheme and an authority, nothing after: `https://host[:port]`.
+        let authority = origin.strip_prefix("https://").or_else(|| origin.strip_prefix("http://"));
         let valid = origin == "*"
-            || (origin.starts_with("http://") || origin.starts_with("https://"))
-                && !origin.ends_with('/')
-                && http::HeaderValue::from_str(origin).is_ok();
+            || authority.is_some_and(|a| {
+                !a.is_empty() && !a.contains(['/', '?', '#', ' ']) && a.is_ascii()
+            }) && http::HeaderValue::from_str(origin).is_ok();
         if !valid {
             problems.push(
                 format!("server.cors_allowed_origins[{i}]"),
