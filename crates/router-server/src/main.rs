@@ -144,19 +144,7 @@ async fn serve(
         (None, None) => anyhow::bail!("{addr} resolves to no address"),
     };
     tracing::info!(addr = %serving.addr, "router listening");
-    let metrics = match config.server.metrics_port {
-        Some(port) => {
-            let host = config.server.metrics_host.as_deref().unwrap_or(&config.server.host);
-            let addr = format!("{host}:{port}");
-            let listener = router_server::server::MetricsListener::start(Arc::clone(&ctx), &addr)
-                .await
-                .with_context(|| format!("listening for metrics on {addr}"))?;
-            tracing::info!(addr = %listener.addr, "metrics listening");
-            println!("metrics listening on http://{}/metrics", listener.addr);
-            Some(listener)
-        }
-        None => None,
-    };
+    let metrics = metrics_listener(&ctx, &config.server).await?;
     if demo.is_some() {
         print!("{}", router_server::demo::banner(serving.addr));
     } else {
@@ -173,6 +161,22 @@ async fn serve(
         fleet.stop();
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The separate metrics listener, when `server.metrics_port` asks for one.
+async fn metrics_listener(
+    ctx: &Arc<AppContext>,
+    server: &router_server::config::ServerSection,
+) -> Result<Option<router_server::server::MetricsListener>> {
+    let Some(port) = server.metrics_port else { return Ok(None) };
+    let host = server.metrics_host.as_deref().unwrap_or(&server.host);
+    let addr = format!("{host}:{port}");
+    let listener = router_server::server::MetricsListener::start(Arc::clone(ctx), &addr)
+        .await
+        .with_context(|| format!("listening for metrics on {addr}"))?;
+    tracing::info!(addr = %listener.addr, "metrics listening");
+    println!("metrics listening on http://{}/metrics", listener.addr);
+    Ok(Some(listener))
 }
 
 /// Runs the endpoint picker: ext_proc and gRPC health on `server.host:grpc_port`, health,
@@ -205,6 +209,7 @@ async fn epp(
     let serving = Serving::start_app(Arc::clone(&ctx), app, admin_addr, 1)
         .with_context(|| format!("listening on {admin}"))?;
     let picker = router_server::epp::EppServer::start(Arc::clone(&ctx), listener, settings)?;
+    let metrics = metrics_listener(&ctx, &config.server).await?;
     tracing::info!(grpc = %picker.addr, admin = %serving.addr, "endpoint picker listening");
     println!("epp admin on http://{}", serving.addr);
     println!("epp listening on {}", picker.addr);
@@ -213,6 +218,9 @@ async fn epp(
     let drain = Duration::from_secs(config.server.shutdown_drain_secs);
     picker.stop(drain).await;
     serving.stop(Duration::from_secs(1)).await;
+    if let Some(metrics) = metrics {
+        metrics.stop().await;
+    }
     Ok(ExitCode::SUCCESS)
 }
 
