@@ -72,8 +72,9 @@ impl Process {
     ) -> Self {
         let mut child = command
             .args(args)
-            .envs(env.iter().copied())
+            // The test's own `env` may set RUST_LOG too, and wins.
             .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into()))
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

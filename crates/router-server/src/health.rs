@@ -39,7 +39,8 @@ pub struct HealthSection {
     pub unhealthy_after: u32,
     /// Consecutive successful probes before an unhealthy engine is healthy again.
     pub healthy_after: u32,
-    /// Consecutive dispatch failures (5xx or transport, never 4xx) that open the breaker.
+    /// Consecutive dispatch failures (5xx or transport, never 4xx) that open the breaker; 0
+    /// turns the breaker off (`--disable-circuit-breaker`): failures never open it.
     pub breaker_failures: u32,
     /// Seconds the breaker stays open before trial requests are let through.
     pub breaker_open_secs: u64,
@@ -364,7 +365,7 @@ impl OutcomeSink for HealthBook {
             (Outcome::Failure, Breaker::HalfOpen { .. }) => engine.open(now, config),
             (Outcome::Failure, Breaker::Closed { failures }) => {
                 let failures = failures + 1;
-                if failures >= config.breaker_failures {
+                if config.breaker_failures > 0 && failures >= config.breaker_failures {
                     engine.open(now, config);
                 } else {
                     engine.breaker = Breaker::Closed { failures };
@@ -538,6 +539,18 @@ mod tests {
         assert_eq!(book.breaker(worker.id()), BreakerState::Closed);
         book.record(&worker, Outcome::Failure);
         assert_eq!(book.breaker(worker.id()), BreakerState::Closed, "the count started over");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_breaker_of_zero_failures_never_opens() {
+        let config = HealthSection { breaker_failures: 0, ..HealthSection::default() };
+        let (registry, book) = book(config);
+        let worker = worker_at(&registry, "e1", "http://127.0.0.1:1");
+        for _ in 0..50 {
+            book.record(&worker, Outcome::Failure);
+        }
+        assert_eq!(book.breaker(worker.id()), BreakerState::Closed, "the breaker is off");
+        assert!(worker.is_healthy(), "failures alone never take it out");
     }
 
     #[tokio::test(start_paused = true)]

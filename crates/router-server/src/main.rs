@@ -91,7 +91,11 @@ async fn serve(
     let mut config = if let Some(path) = &args.config {
         ConfigFile::load(path)?
     } else if args.is_quick_start() {
-        args.quick_start_config().map_err(anyhow::Error::msg)?
+        let mut config = args.quick_start_config().map_err(anyhow::Error::msg)?;
+        if args.dp_aware {
+            router_server::config::learn_dp_sizes(&mut config).await.map_err(anyhow::Error::msg)?;
+        }
+        config
     } else if args.demo {
         let (fleet, config) = router_server::demo::start(args.port.unwrap_or(8080)).await?;
         demo = Some(fleet);
@@ -109,7 +113,7 @@ async fn serve(
         config.server.port = port;
     }
     config.server.log_json |= args.log_json;
-    router_server::logging::init(config.server.log_json);
+    router_server::logging::init(&config.server).map_err(anyhow::Error::msg)?;
 
     let ctx = AppContext::build(&config).map_err(|problems| {
         let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
@@ -141,6 +145,7 @@ async fn serve(
         (None, None) => anyhow::bail!("{addr} resolves to no address"),
     };
     tracing::info!(addr = %serving.addr, "router listening");
+    let metrics = metrics_listener(&ctx, &config.server).await?;
     if demo.is_some() {
         print!("{}", router_server::demo::banner(serving.addr));
     } else {
@@ -150,11 +155,30 @@ async fn serve(
     shutdown_signal().await;
     tracing::info!("shutting down: draining in-flight requests");
     serving.stop(Duration::from_secs(config.server.shutdown_drain_secs)).await;
+    if let Some(metrics) = metrics {
+        metrics.stop().await;
+    }
     router_server::telemetry::shutdown().await;
     if let Some(fleet) = demo {
         fleet.stop();
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The separate metrics listener, when `server.metrics_port` asks for one.
+async fn metrics_listener(
+    ctx: &Arc<AppContext>,
+    server: &router_server::config::ServerSection,
+) -> Result<Option<router_server::server::MetricsListener>> {
+    let Some(port) = server.metrics_port else { return Ok(None) };
+    let host = server.metrics_host.as_deref().unwrap_or(&server.host);
+    let addr = format!("{host}:{port}");
+    let listener = router_server::server::MetricsListener::start(Arc::clone(ctx), &addr)
+        .await
+        .with_context(|| format!("listening for metrics on {addr}"))?;
+    tracing::info!(addr = %listener.addr, "metrics listening");
+    println!("metrics listening on http://{}/metrics", listener.addr);
+    Ok(Some(listener))
 }
 
 /// Runs the endpoint picker: ext_proc and gRPC health on `server.host:grpc_port`, health,
@@ -166,7 +190,7 @@ async fn epp(
     settings: router_server::epp::EppSettings,
 ) -> Result<ExitCode> {
     let config = ConfigFile::load(file)?;
-    router_server::logging::init(config.server.log_json);
+    router_server::logging::init(&config.server).map_err(anyhow::Error::msg)?;
     let ctx = AppContext::build(&config).map_err(|problems| {
         let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
         anyhow::anyhow!("invalid configuration:\n  {}", lines.join("\n  "))
@@ -187,6 +211,7 @@ async fn epp(
     let serving = Serving::start_app(Arc::clone(&ctx), app, admin_addr, 1)
         .with_context(|| format!("listening on {admin}"))?;
     let picker = router_server::epp::EppServer::start(Arc::clone(&ctx), listener, settings)?;
+    let metrics = metrics_listener(&ctx, &config.server).await?;
     tracing::info!(grpc = %picker.addr, admin = %serving.addr, "endpoint picker listening");
     println!("epp admin on http://{}", serving.addr);
     println!("epp listening on {}", picker.addr);
@@ -195,6 +220,9 @@ async fn epp(
     let drain = Duration::from_secs(config.server.shutdown_drain_secs);
     picker.stop(drain).await;
     serving.stop(Duration::from_secs(1)).await;
+    if let Some(metrics) = metrics {
+        metrics.stop().await;
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -203,7 +231,7 @@ async fn epp(
 /// `cache_prefix_provider: indexer`.
 async fn kv_indexer(file: &std::path::Path, listen: &str) -> Result<ExitCode> {
     let config = ConfigFile::load(file)?;
-    router_server::logging::init(config.server.log_json);
+    router_server::logging::init(&config.server).map_err(anyhow::Error::msg)?;
     let registry = Arc::new(router_workers::WorkerRegistry::new());
     // The indexer never calls an engine's HTTP API, so it needs no engine key.
     router_server::config::register_all_workers(&config, &registry, None).map_err(|problems| {

@@ -6,7 +6,10 @@ use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use metrics::{Counter, Histogram, counter, gauge, histogram};
+use metrics::{
+    Counter, Histogram, counter, describe_counter, describe_gauge, describe_histogram, gauge,
+    histogram,
+};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use router_policies::{MATCHED_TOKEN_BOUNDS, MatchedTokens, SourceStats};
 use router_workers::EngineStatus;
@@ -21,6 +24,220 @@ const LATENCY_BUCKETS: &[f64] =
 
 /// Buckets of observed over predicted time to first token: 1 is a perfect prediction.
 const RATIO_BUCKETS: &[f64] = &[0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0, 8.0];
+
+/// What a metric is, for its `# TYPE` line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// Every metric the router exports with its kind and its `# HELP` text (the meaning column of
+/// docs/metrics.md, shortened), described once at install.
+const DESCRIPTIONS: &[(&str, Kind, &str)] = &[
+    (
+        "router_requests_total",
+        Kind::Counter,
+        "Inference requests answered, by model, bucket and HTTP status.",
+    ),
+    (
+        "router_requests_refused_total",
+        Kind::Counter,
+        "Requests refused before the inference handler: queue_full, queue_timeout (429) or unauthorized (401).",
+    ),
+    (
+        "router_breaker_state",
+        Kind::Gauge,
+        "1 for the circuit breaker's current state of an engine (closed, open, half_open), 0 for the one it left.",
+    ),
+    (
+        "router_breaker_transitions_total",
+        Kind::Counter,
+        "Circuit-breaker transitions, by the state entered.",
+    ),
+    ("router_queue_depth", Kind::Gauge, "Requests waiting in the admission queue."),
+    (
+        "router_queue_wait_seconds",
+        Kind::Histogram,
+        "Time spent in the admission queue, by outcome: admitted or timeout.",
+    ),
+    (
+        "router_request_duration_seconds",
+        Kind::Histogram,
+        "Time from receiving a request to sending the response head.",
+    ),
+    (
+        "router_selection_seconds",
+        Kind::Histogram,
+        "Preparation and selection time before dispatch.",
+    ),
+    (
+        "router_upstream_head_seconds",
+        Kind::Histogram,
+        "Time from receiving a request to the engine's response head.",
+    ),
+    (
+        "router_picks_total",
+        Kind::Counter,
+        "Engines picked by a policy in a complete selection, by policy, stage and the path taken.",
+    ),
+    (
+        "router_dp_rank_dispatches_total",
+        Kind::Counter,
+        "Dispatches to a data-parallel rank the router chose, by worker, rank and reason.",
+    ),
+    (
+        "router_predicted_ttft_seconds",
+        Kind::Histogram,
+        "Streamed requests picked by predicted_ttft: the predicted time to first token.",
+    ),
+    (
+        "router_observed_ttft_seconds",
+        Kind::Histogram,
+        "Streamed requests picked by predicted_ttft: time from dispatch to the first byte the client received.",
+    ),
+    (
+        "router_ttft_observed_over_predicted_ratio",
+        Kind::Histogram,
+        "Observed over predicted time to first token; 1 is a perfect prediction.",
+    ),
+    (
+        "router_slo_requests_total",
+        Kind::Counter,
+        "Requests stating an SLO target their model reads, by target (ttft, tps) and whether the serving bucket met it.",
+    ),
+    (
+        "router_admission_rejections_total",
+        Kind::Counter,
+        "Admission rejections met while selecting, by cap.",
+    ),
+    (
+        "router_bucket_fallbacks_total",
+        Kind::Counter,
+        "Buckets that could not supply a complete selection, so the next was tried.",
+    ),
+    (
+        "router_cache_lookups_total",
+        Kind::Counter,
+        "Prefix lookups of cache_aware and predicted_ttft, by source (local, remote) and outcome.",
+    ),
+    (
+        "router_cache_matched_tokens",
+        Kind::Histogram,
+        "Longest cached prefix any engine holds for each answered lookup, in tokens.",
+    ),
+    ("router_engine_inflight", Kind::Gauge, "Router-local in-flight requests per engine."),
+    (
+        "router_engine_healthy",
+        Kind::Gauge,
+        "1 when the engine is healthy (probes healthy and circuit not open).",
+    ),
+    (
+        "router_engine_status",
+        Kind::Gauge,
+        "1 for the status the engine's load reports last stated (unknown, starting, serving, draining), 0 for the others.",
+    ),
+    ("router_engine_drained", Kind::Gauge, "1 while the operator has drained the engine."),
+    ("router_engine_accepting", Kind::Gauge, "1 when the engine is a candidate for new requests."),
+    ("router_engine_failures_total", Kind::Counter, "Failed dispatches, by engine and kind."),
+    (
+        "router_retries_total",
+        Kind::Counter,
+        "Dispatches retried with a fresh selection, by model and reason.",
+    ),
+    (
+        "router_retry_budget_exhausted_total",
+        Kind::Counter,
+        "Retries refused because the retry budget was spent.",
+    ),
+    (
+        "router_load_report_state",
+        Kind::Gauge,
+        "1 for the engine's load-report state (fresh, stale, missing), 0 for the others.",
+    ),
+    (
+        "router_load_report_age_seconds",
+        Kind::Gauge,
+        "Age of the engine's usable load report, by the router's receipt time.",
+    ),
+    (
+        "router_kv_events",
+        Kind::Gauge,
+        "KV-event counters per engine: blocks held, gaps, replays, clears, skipped events, last_seq.",
+    ),
+    ("router_kv_index_nodes", Kind::Gauge, "Radix-tree nodes of the prefix index over all models."),
+    ("router_kv_index_bytes", Kind::Gauge, "Approximate heap bytes of the prefix index."),
+    (
+        "router_kv_predicted_blocks",
+        Kind::Gauge,
+        "Unexpired predicted entries (blocks just dispatched, not yet confirmed by the engine).",
+    ),
+    (
+        "router_epp_streams_total",
+        Kind::Counter,
+        "Endpoint picker: ext_proc streams opened, by the filter's request body mode.",
+    ),
+    (
+        "router_epp_stream_ends_total",
+        Kind::Counter,
+        "Endpoint picker: streams ended (closed, reset, abandoned).",
+    ),
+    ("router_epp_open_streams", Kind::Gauge, "Endpoint picker: streams open now."),
+    (
+        "router_epp_immediate_responses_total",
+        Kind::Counter,
+        "Endpoint picker: local replies instead of a pick, by status.",
+    ),
+    (
+        "router_epp_fallback_endpoints",
+        Kind::Histogram,
+        "Endpoint picker: fallbacks named after each pick.",
+    ),
+    (
+        "router_time_to_first_token_seconds",
+        Kind::Histogram,
+        "Streams: time from receiving the request to the first data frame passed to the client, by model and engine.",
+    ),
+    (
+        "router_inter_token_latency_seconds",
+        Kind::Histogram,
+        "Streams: the mean gap between output tokens, one observation per stream, by model and engine.",
+    ),
+    (
+        "router_e2e_latency_seconds",
+        Kind::Histogram,
+        "Time from receiving the request to the end of its answer, by model and engine.",
+    ),
+    ("router_prompt_tokens_total", Kind::Counter, "Prompt tokens the engines reported."),
+    (
+        "router_cached_tokens_total",
+        Kind::Counter,
+        "Prompt tokens the engines reported served from their prefix cache.",
+    ),
+    ("router_completion_tokens_total", Kind::Counter, "Generated tokens the engines reported."),
+    (
+        "router_engine_selections_total",
+        Kind::Counter,
+        "Times a complete selection chose the engine, by stage.",
+    ),
+];
+
+/// The `# HELP` text of `name`.
+fn help(name: &str) -> &'static str {
+    DESCRIPTIONS.iter().find(|(n, _, _)| *n == name).map_or("", |(_, _, help)| help)
+}
+
+/// Describes every metric to the installed recorder, so each gets its `# HELP` line.
+fn describe_all() {
+    for &(name, kind, help) in DESCRIPTIONS {
+        match kind {
+            Kind::Counter => describe_counter!(name, help),
+            Kind::Gauge => describe_gauge!(name, help),
+            Kind::Histogram => describe_histogram!(name, help),
+        }
+    }
+}
 
 /// Installs the process-wide recorder once and returns its handle.
 pub(crate) fn install() -> PrometheusHandle {
@@ -38,6 +255,7 @@ pub(crate) fn install() -> PrometheusHandle {
                     // Fails only if another recorder was installed first; then this handle
                     // renders nothing, which the metrics test would catch.
                     let _ = metrics::set_global_recorder(recorder);
+                    describe_all();
                     handle
                 }
                 Err(_) => PrometheusBuilder::new().build_recorder().handle(),
@@ -335,6 +553,7 @@ pub(crate) fn cache_matched_tokens(sources: &[(&'static str, MatchedTokens)]) ->
     if sources.is_empty() {
         return out;
     }
+    let _ = writeln!(out, "# HELP {NAME} {}", help(NAME));
     let _ = writeln!(out, "# TYPE {NAME} histogram");
     for (source, matched) in sources {
         let mut cumulative = 0;
@@ -443,6 +662,7 @@ mod tests {
             assert!(text.lines().any(|l| l == line), "{line:?} missing from\n{text}");
         }
         assert_eq!(text.matches("# TYPE").count(), 1);
+        assert_eq!(text.matches("# HELP router_cache_matched_tokens Longest").count(), 1);
         assert!(cache_matched_tokens(&[]).is_empty());
     }
 
@@ -594,5 +814,87 @@ mod tests {
         cache_lookups("metrics-source", &SourceStats { found: 5, ..SourceStats::default() });
         let found = [("source", "metrics-source"), ("outcome", "found")];
         assert_eq!(value("router_cache_lookups_total", &found), Some(5.0));
+    }
+
+    /// Records one observation of every metric the router exports.
+    fn touch_every_metric() {
+        let secs = Duration::from_secs_f64;
+        request("help-m", "b", 200, secs(0.1));
+        time_to_response_head("help-m", secs(0.1));
+        selection("help-m", secs(0.001));
+        ttft_prediction("help-m", 100.0, secs(0.1));
+        slo_request("help-m", "ttft", true);
+        pick("help-policy", "plain", "random");
+        rank_choice("help-w", 0, "only_rank");
+        admission_rejection("help-limit");
+        bucket_fallback("help-m", "b", "admission");
+        engine_failure("help-w", "status");
+        inflight("help-w", 1);
+        engine_healthy("help-w", true);
+        engine_status("help-w", EngineStatus::ALL[0]);
+        engine_drained("help-w", false);
+        engine_accepting("help-w", true);
+        load_freshness("help-w", "fresh", Some(10));
+        kv_worker("help-w", &[("blocks", 1)]);
+        kv_index(1, 1);
+        cache_lookups("help-source", &SourceStats::default());
+        predicted_blocks(1);
+        refused("help-reason");
+        breaker_transition("help-w", "closed", "open");
+        queue_depth(0);
+        queue_wait(secs(0.01), true);
+        retry("help-m", "unreachable");
+        retry_budget_exhausted("help-m");
+        epp_stream("none");
+        epp_stream_end("closed");
+        epp_stream_open(0.0);
+        epp_immediate_response(503);
+        epp_fallbacks(1);
+    }
+
+    #[test]
+    fn every_exported_metric_has_help_and_type_and_docs_list_every_one() {
+        let handle = install();
+        touch_every_metric();
+        let mut counts = [0; MATCHED_TOKEN_BOUNDS.len() + 1];
+        counts[0] = 1;
+        let mut text = handle.render();
+        text.push_str(&cache_matched_tokens(&[("local", MatchedTokens { counts, sum: 0 })]));
+        let lines: Vec<&str> = text.lines().collect();
+        let mut typed = Vec::new();
+        for (i, line) in lines.iter().enumerate() {
+            let Some(rest) = line.strip_prefix("# TYPE ") else { continue };
+            let (name, kind) = rest.split_once(' ').expect("a name and a type");
+            typed.push(name);
+            let help_line = i.checked_sub(1).map(|j| lines[j]).unwrap_or_default();
+            let help_text = help_line.strip_prefix(&format!("# HELP {name} "));
+            assert!(help_text.is_some_and(|t| !t.is_empty()), "{name} has no HELP: {help_line:?}");
+            let (_, described, _) = DESCRIPTIONS
+                .iter()
+                .find(|(n, _, _)| *n == name)
+                .unwrap_or_else(|| panic!("{name} is exported but not described"));
+            // A histogram without configured buckets renders as a summary (quantiles).
+            let expected: &[&str] = match described {
+                Kind::Counter => &["counter"],
+                Kind::Gauge => &["gauge"],
+                Kind::Histogram => &["histogram", "summary"],
+            };
+            assert!(expected.contains(&kind), "{name} is a {kind}, described as {described:?}");
+        }
+        let docs = include_str!("../../../docs/metrics.md");
+        for (name, _, _) in DESCRIPTIONS {
+            assert!(typed.contains(name), "{name} is described but was not exported");
+            assert!(
+                docs.contains(&format!("| `{name}` |")),
+                "docs/metrics.md does not list {name}"
+            );
+        }
+        for row in docs.lines().filter_map(|l| l.strip_prefix("| `router_")) {
+            let name = format!("router_{}", row.split('`').next().unwrap_or_default());
+            assert!(
+                DESCRIPTIONS.iter().any(|(n, _, _)| *n == name),
+                "docs/metrics.md lists {name}, which has no description"
+            );
+        }
     }
 }

@@ -27,8 +27,16 @@ use serde::{Deserialize, Serialize};
 pub struct RetrySection {
     /// Retries per request after the first attempt; 0 turns retries off.
     pub max_retries: u32,
-    /// Delay before the first retry, doubled for each further one (with jitter).
+    /// Delay before the first retry, multiplied by `backoff_multiplier` for each further one
+    /// (with jitter).
     pub backoff_ms: u64,
+    /// Factor the delay grows by from one retry to the next.
+    pub backoff_multiplier: f64,
+    /// Longest delay before a retry, in milliseconds, before jitter.
+    pub max_backoff_ms: u64,
+    /// Jitter: each delay is lengthened by a random fraction of itself in `[0, jitter_factor)`,
+    /// so that clients failed together do not come back together.
+    pub jitter_factor: f64,
     /// Retries may add this fraction of the recent requests.
     pub budget_ratio: f64,
     /// Retries allowed per second on top of the ratio.
@@ -46,6 +54,9 @@ impl Default for RetrySection {
         Self {
             max_retries: 2,
             backoff_ms: 10,
+            backoff_multiplier: 2.0,
+            max_backoff_ms: 10_000,
+            jitter_factor: 0.5,
             budget_ratio: 0.2,
             budget_min_per_sec: 10.0,
             budget_window_secs: 10,
@@ -74,6 +85,16 @@ impl RetrySection {
         if self.backoff_ms > 60_000 {
             problems.push(("backoff_ms", "must be at most 60000"));
         }
+        if !self.backoff_multiplier.is_finite() || !(1.0..=10.0).contains(&self.backoff_multiplier)
+        {
+            problems.push(("backoff_multiplier", "must be within [1, 10]"));
+        }
+        if self.max_backoff_ms > 60_000 {
+            problems.push(("max_backoff_ms", "must be at most 60000"));
+        }
+        if !self.jitter_factor.is_finite() || !(0.0..=1.0).contains(&self.jitter_factor) {
+            problems.push(("jitter_factor", "must be within [0, 1]"));
+        }
         if self.budget_window_secs > 3600 {
             problems.push(("budget_window_secs", "must be at most 3600"));
         }
@@ -89,12 +110,20 @@ impl RetrySection {
         problems
     }
 
-    /// The delay before retry number `retry` (1-based): the backoff doubled per retry, with
-    /// up to 50 % jitter so that clients failed together do not come back together.
+    /// The delay before retry number `retry` (1-based): the backoff multiplied by
+    /// `backoff_multiplier` per retry up to `max_backoff_ms`, then lengthened by up to
+    /// `jitter_factor` of itself so that clients failed together do not come back together.
     pub fn backoff(&self, retry: u32) -> Duration {
-        let base = self.backoff_ms.saturating_mul(1 << retry.saturating_sub(1).min(10));
-        let jitter = rand::random::<f64>() * 0.5;
-        Duration::from_millis(base).mul_f64(1.0 + jitter)
+        self.backoff_with(retry, rand::random::<f64>())
+    }
+
+    /// [`RetrySection::backoff`] with the random draw `unit` in `[0, 1)`.
+    fn backoff_with(&self, retry: u32, unit: f64) -> Duration {
+        let exponent = i32::try_from(retry.saturating_sub(1).min(30)).unwrap_or(30);
+        let grown = self.backoff_ms as f64 * self.backoff_multiplier.max(1.0).powi(exponent);
+        let capped = grown.min(self.max_backoff_ms.max(self.backoff_ms) as f64);
+        let jitter = unit.clamp(0.0, 1.0) * self.jitter_factor.clamp(0.0, 1.0);
+        Duration::from_millis(capped as u64).mul_f64(1.0 + jitter)
     }
 }
 
@@ -292,6 +321,9 @@ mod tests {
             budget_window_secs: 0,
             max_retries: 11,
             backoff_ms: 60_001,
+            backoff_multiplier: 0.5,
+            max_backoff_ms: 60_001,
+            jitter_factor: 1.5,
             on_status: vec![429, 401, 200],
             max_retry_after_secs: 3601,
         };
@@ -304,6 +336,9 @@ mod tests {
                 "budget_window_secs",
                 "max_retries",
                 "backoff_ms",
+                "backoff_multiplier",
+                "max_backoff_ms",
+                "jitter_factor",
                 "on_status",
                 "max_retry_after_secs"
             ]
@@ -312,7 +347,7 @@ mod tests {
     }
 
     #[test]
-    fn backoff_starts_at_its_base_and_stops_doubling_after_ten_retries() {
+    fn backoff_starts_at_its_base_grows_by_its_multiplier_and_stops_at_its_cap() {
         let config = RetrySection { backoff_ms: 10, ..RetrySection::default() };
         let within = |retry: u32, base_ms: u64| {
             let (base, delay) = (Duration::from_millis(base_ms), config.backoff(retry));
@@ -320,10 +355,29 @@ mod tests {
         };
         within(0, 10);
         within(1, 10);
-        within(11, 10 << 10);
-        within(40, 10 << 10);
+        within(3, 40);
+        within(11, 10_000);
+        within(40, 10_000);
         let off = RetrySection { backoff_ms: 0, ..RetrySection::default() };
         assert_eq!(off.backoff(3), Duration::ZERO);
+        // (multiplier, cap, jitter factor, retry, draw, expected ms)
+        for (multiplier, cap, jitter, retry, unit, expected) in [
+            (1.0, 10_000, 0.0, 5, 0.9, 100),
+            (3.0, 10_000, 0.0, 3, 0.9, 900),
+            (3.0, 500, 0.0, 3, 0.9, 500),
+            (2.0, 10_000, 0.2, 2, 0.5, 220),
+            (2.0, 10_000, 1.0, 1, 0.5, 150),
+        ] {
+            let config = RetrySection {
+                backoff_ms: 100,
+                backoff_multiplier: multiplier,
+                max_backoff_ms: cap,
+                jitter_factor: jitter,
+                ..RetrySection::default()
+            };
+            let delay = config.backoff_with(retry, unit);
+            assert_eq!(delay, Duration::from_millis(expected), "{multiplier} {cap} {jitter}");
+        }
     }
 
     #[test]
@@ -338,12 +392,21 @@ mod tests {
         assert_eq!(fields(infinite), ["budget_min_per_sec"]);
         let long = RetrySection { budget_window_secs: 3601, ..RetrySection::default() };
         assert_eq!(fields(long), ["budget_window_secs"]);
+        let shrinking = RetrySection { backoff_multiplier: 0.5, ..RetrySection::default() };
+        assert_eq!(fields(shrinking), ["backoff_multiplier"]);
+        let wild = RetrySection { jitter_factor: f64::NAN, ..RetrySection::default() };
+        assert_eq!(fields(wild), ["jitter_factor"]);
+        let far = RetrySection { max_backoff_ms: 60_001, ..RetrySection::default() };
+        assert_eq!(fields(far), ["max_backoff_ms"]);
         let edges = RetrySection {
             budget_ratio: 1.0,
             budget_min_per_sec: 0.0,
             budget_window_secs: 3600,
             max_retries: 10,
             backoff_ms: 60_000,
+            backoff_multiplier: 10.0,
+            max_backoff_ms: 60_000,
+            jitter_factor: 1.0,
             on_status: vec![408, 429, 500, 599],
             max_retry_after_secs: 3600,
         };

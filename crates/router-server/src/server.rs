@@ -40,14 +40,42 @@ pub fn routes(ctx: Arc<AppContext>) -> Router {
         .route("/get_server_info", get(fleet::server_info))
         .route("/get_loads", get(fleet::loads))
         .route_layer(from_fn_with_state(Arc::clone(ctx.credentials()), auth::require_api_key));
-    Router::new()
+    let cors = cors_layer(&ctx.server().cors_allowed_origins);
+    let app = Router::new()
         .merge(client_routes)
         .route("/health", get(ops::health))
         .route("/readiness", get(ops::readiness))
         .route("/metrics", get(ops::prometheus))
         .merge(admin_routes)
         .layer(DefaultBodyLimit::max(ctx.max_body_bytes()))
-        .with_state(ctx)
+        .with_state(ctx);
+    match cors {
+        Some(cors) => app.layer(cors),
+        None => app,
+    }
+}
+
+/// CORS for browsers on `origins` (`server.cors_allowed_origins`; `*` is any), `None` when
+/// empty: the preflight is answered here, before authentication, and every answer to an
+/// allowed origin carries `Access-Control-Allow-Origin`. Origins were validated with the
+/// configuration; one that is not a header value is left out.
+fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
+    use tower_http::cors::{AllowOrigin, Any, CorsLayer};
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|o| http::HeaderValue::from_str(o).ok()))
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([http::Method::GET, http::Method::POST, http::Method::DELETE])
+            .allow_headers(Any)
+            .expose_headers(Any),
+    )
 }
 
 /// The admin API, behind the admin token.
@@ -72,6 +100,45 @@ pub fn operations_routes(ctx: Arc<AppContext>) -> Router {
         .merge(admin_routes(&ctx))
         .layer(DefaultBodyLimit::max(ctx.max_body_bytes()))
         .with_state(ctx)
+}
+
+/// Only `/metrics`, for the separate metrics listener (`server.metrics_port`).
+pub fn metrics_routes(ctx: Arc<AppContext>) -> Router {
+    Router::new().route("/metrics", get(ops::prometheus)).with_state(ctx)
+}
+
+/// The separate listener serving only `/metrics` (`server.metrics_host`, `metrics_port`),
+/// on the runtime that starts it.
+pub struct MetricsListener {
+    /// The bound address.
+    pub addr: SocketAddr,
+    stop: CancellationToken,
+    served: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl MetricsListener {
+    /// Binds `addr` (a host and port; port 0 picks a free one) and serves `/metrics` there.
+    pub async fn start(ctx: Arc<AppContext>, addr: &str) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        let app = metrics_routes(ctx);
+        let served = tokio::spawn(async move {
+            axum::serve(listener, app).with_graceful_shutdown(stopped.cancelled_owned()).await
+        });
+        Ok(Self { addr, stop, served })
+    }
+
+    /// Stops listening; a scrape in progress finishes.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        match self.served.await {
+            Ok(Err(err)) => warn!(error = %err, "the metrics listener ended with an error"),
+            Err(err) => warn!(error = %err, "the metrics listener panicked"),
+            Ok(Ok(())) => {}
+        }
+    }
 }
 
 /// The per-connection limits that protect the router from slow clients and huge heads.

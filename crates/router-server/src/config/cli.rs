@@ -3,19 +3,21 @@
 //!
 //! No flag is dropped without a word ([`Cli::check`]): a quick-start flag with `--config` or
 //! `--demo`, a PD flag without `--pd-disaggregation`, or a serving flag with a subcommand is
-//! an error naming it. `--host`, `--port`, `--log-json`, `--worker-threads` and
-//! `--admin-token` apply on top of a file or the demo.
+//! an error naming it. `--host`, `--port`, `--log-json`, `--worker-threads`, `--admin-token`
+//! and the flags shared with sglang-router and vllm-router ([`DropInArgs`]) apply on top of a
+//! file or the demo.
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 use router_policies::PolicyConfig;
-use router_workers::{ApiKey, Stage, WorkerSpec};
+use router_workers::{ApiKey, DpRoute, Stage, WorkerSpec};
 use serde_json::{Map, Value, json};
 
 use router_discovery::PodPort;
 
 use super::discovery::DiscoverySection;
+use super::dropin::{self, DropInArgs};
 use super::file::{
     BucketConfig, ConfigFile, GroupConfig, GroupsConfig, ModelConfig, PdGroupsConfig,
 };
@@ -97,12 +99,18 @@ pub struct ServeArgs {
     /// Quick start: prefill/decode disaggregation.
     #[arg(long)]
     pub pd_disaggregation: bool,
-    /// Quick start: a prefill engine, optionally followed by its bootstrap port. Repeatable.
+    /// Quick start: a prefill engine, optionally followed by its bootstrap port (or `none`: the
+    /// engine's default bootstrap port). Repeatable.
     #[arg(long, num_args = 1..=2, value_names = ["URL", "BOOTSTRAP_PORT"], action = clap::ArgAction::Append)]
     pub prefill: Vec<String>,
     /// Quick start: a decode engine. Repeatable.
     #[arg(long, value_name = "URL", action = clap::ArgAction::Append)]
     pub decode: Vec<String>,
+    /// Quick start: route each request to a data-parallel rank the router picks
+    /// (`dp_route: body`), learning each engine's `dp_size` from its `/get_server_info` at
+    /// startup, as sglang-router does.
+    #[arg(long)]
+    pub dp_aware: bool,
     /// Quick start: policy of the prefill group.
     #[arg(long, value_name = "NAME")]
     pub prefill_policy: Option<String>,
@@ -151,6 +159,9 @@ pub struct ServeArgs {
     /// Discovery: the engines' HTTP port, a number or a container port name (default 80).
     #[arg(long, value_name = "PORT")]
     pub service_discovery_port: Option<String>,
+    /// The flags shared with sglang-router and vllm-router.
+    #[command(flatten)]
+    pub dropin: DropInArgs,
 }
 
 impl Cli {
@@ -190,6 +201,7 @@ fn file_equivalent(flag: &str) -> &'static str {
         "--tokenizer" => "models[].tokenizer",
         "--filter" | "--max-in-flight" => "policy.admission.max_inflight_requests",
         "--affinity-mode" => "nothing: strict is the only affinity mode; drop the flag",
+        "--dp-aware" => "models[].workers[].dp_size and dp_route: body",
         _ => "its equivalent",
     }
 }
@@ -200,6 +212,9 @@ const DEFAULT_OVERLOAD_INFLIGHT: u64 = 256;
 /// Options and values that were removed, with what replaces them. Checked on the raw
 /// arguments before parsing so the message can say more than "unknown argument".
 pub fn reject_dropped_options(args: &[String]) -> Result<(), String> {
+    if let Some(refusal) = dropin::refuse(args) {
+        return Err(refusal);
+    }
     let value_after = |flag: &str| {
         args.iter().enumerate().find_map(|(i, a)| {
             a.strip_prefix(&format!("{flag}="))
@@ -302,12 +317,14 @@ impl ServeArgs {
             ("--max-in-flight", s.max_in_flight.is_some(), true),
             ("--policy-arg", !s.policy_args.is_empty(), true),
             ("--affinity-mode", s.affinity_mode.is_some(), true),
+            ("--dp-aware", s.dp_aware, true),
             ("--service-discovery", s.service_discovery, false),
         ]
         .into_iter()
         .filter(|(_, set, _)| *set)
         .map(|(flag, _, quick)| (flag, quick))
         .chain(self.discovery_flags().into_iter().map(|flag| (flag, false)))
+        .chain(self.dropin.given().into_iter().map(|flag| (flag, false)))
         .collect()
     }
 
@@ -362,9 +379,11 @@ impl ServeArgs {
     }
 
     /// Applies the flags that go on top of any configuration (a file, the demo or a quick
-    /// start) and are not listen or logging settings: `--admin-token`, and the discovery
-    /// flags, which set the keys of the `discovery` section (creating it).
+    /// start) but `--host`, `--port` and `--log-json`: `--admin-token`, the flags shared with
+    /// sglang-router and vllm-router, and the discovery flags, which set the keys of the
+    /// `discovery` section (creating it).
     pub fn apply_overrides(&self, config: &mut ConfigFile) -> Result<(), String> {
+        self.dropin.apply(config)?;
         if let Some(token) = &self.admin_token {
             let token =
                 ApiKey::new(token.as_str()).map_err(|why| format!("--admin-token: {why}"))?;
@@ -420,7 +439,7 @@ impl ServeArgs {
         }
         let group = |flag: &str, policy: Option<&str>| -> Result<GroupConfig, String> {
             let mut map = Map::new();
-            map.insert("type".into(), policy.unwrap_or("round_robin").into());
+            map.insert("type".into(), dropin::policy_alias(policy.unwrap_or("round_robin")).into());
             for arg in &self.policy_args {
                 let (key, value) = arg
                     .split_once('=')
@@ -465,6 +484,11 @@ impl ServeArgs {
                         prefill.next();
                         Some(port)
                     }
+                    // sglang-router's spelling of "no bootstrap port given".
+                    _ if prefill.peek().is_some_and(|p| p.eq_ignore_ascii_case("none")) => {
+                        prefill.next();
+                        None
+                    }
                     _ => None,
                 };
                 index += 1;
@@ -494,6 +518,12 @@ impl ServeArgs {
             }
             GroupsConfig { plain: Some(group("--policy", self.policy.as_deref())?), pd: None }
         };
+        if self.dp_aware {
+            // dp_size is learned from the engines before serving (`learn_dp_sizes`).
+            for worker in &mut workers {
+                worker.dp_route = Some(DpRoute::Body);
+            }
+        }
         let mut config = ConfigFile::default();
         config.models.push(ModelConfig {
             id: self.model.clone().unwrap_or_else(|| "*".to_owned()),

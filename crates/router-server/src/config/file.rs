@@ -114,6 +114,27 @@ pub struct ServerSection {
     pub upstream_http2: bool,
     /// Emit logs as JSON lines.
     pub log_json: bool,
+    /// Log filter, a `tracing` directive (`info`, `debug`, `router_server=debug,info`);
+    /// `RUST_LOG` wins when set (`--log-level` overrides this key).
+    pub log_level: String,
+    /// Directory logs are appended to (`router-server.log`) instead of standard error; unset =
+    /// standard error (`--log-dir`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_dir: Option<PathBuf>,
+    /// Address of a separate listener serving only `/metrics` (`--prometheus-host`); default
+    /// `host`. Used only with `metrics_port`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_host: Option<String>,
+    /// Port of a separate listener serving only `/metrics` (`--prometheus-port`); unset = no
+    /// separate listener. `/metrics` stays on the API port either way.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_port: Option<u16>,
+    /// Headers a client's request id is taken from, the first present wins
+    /// (`--request-id-headers`); it is echoed as `x-request-id`, logged, and sent to engines.
+    pub request_id_headers: Vec<String>,
+    /// Origins browsers may call the client API from (CORS); `*` allows any; empty = no CORS
+    /// headers (`--cors-allowed-origins`).
+    pub cors_allowed_origins: Vec<String>,
 }
 
 impl Default for ServerSection {
@@ -142,6 +163,12 @@ impl Default for ServerSection {
             retry: RetrySection::default(),
             upstream_http2: false,
             log_json: false,
+            log_level: "info".to_owned(),
+            log_dir: None,
+            metrics_host: None,
+            metrics_port: None,
+            request_id_headers: vec!["x-request-id".to_owned()],
+            cors_allowed_origins: Vec::new(),
         }
     }
 }

@@ -6,6 +6,7 @@
 
 mod cli;
 mod discovery;
+mod dropin;
 mod file;
 
 use std::borrow::Cow;
@@ -24,6 +25,7 @@ use router_workers::{ApiKey, ModelId, Stage, Worker, WorkerId, WorkerRegistry, W
 
 pub use cli::{Cli, Command, ServeArgs, reject_dropped_options};
 pub use discovery::{DiscoverySection, KvEventsPorts};
+pub use dropin::{DropInArgs, learn_dp_sizes};
 pub use file::{
     AffinitySection, BucketConfig, ConfigFile, GroupConfig, GroupsConfig, KvSection, LimitsConfig,
     LoadSection, ModelConfig, ParseError, PdGroupsConfig, ServerSection,
@@ -77,6 +79,42 @@ impl Problems {
     }
 }
 
+/// Request-id header names and CORS origins that could not be used.
+fn server_header_problems(server: &ServerSection, problems: &mut Problems) {
+    if server.request_id_headers.is_empty() {
+        problems.push("server.request_id_headers", "must name at least one header");
+    }
+    for (i, name) in server.request_id_headers.iter().enumerate() {
+        if http::HeaderName::from_lowercase(name.as_bytes()).is_err() {
+            problems.push(
+                format!("server.request_id_headers[{i}]"),
+                format!("{name:?} is not a lowercase header name"),
+            );
+        }
+    }
+    let origins = &server.cors_allowed_origins;
+    if origins.len() > 1 && origins.iter().any(|o| o == "*") {
+        problems.push("server.cors_allowed_origins", "`*` allows every origin: list it alone");
+    }
+    for (i, origin) in origins.iter().enumerate() {
+        // A scheme and an authority, nothing after: `https://host[:port]`.
+        let authority = origin.strip_prefix("https://").or_else(|| origin.strip_prefix("http://"));
+        let valid = origin == "*"
+            || authority.is_some_and(|a| {
+                !a.is_empty() && !a.contains(['/', '?', '#', ' ']) && a.is_ascii()
+            }) && http::HeaderValue::from_str(origin).is_ok();
+        if !valid {
+            problems.push(
+                format!("server.cors_allowed_origins[{i}]"),
+                format!("{origin:?} is not an origin (`https://host[:port]`, no path) or `*`"),
+            );
+        }
+    }
+    if server.metrics_host.is_some() && server.metrics_port.is_none() {
+        problems.push("server.metrics_host", "needs server.metrics_port");
+    }
+}
+
 /// Builds every model's routing objects and registers its workers in `registry`, giving
 /// `engine_key` to workers configured without an `api_key`. Returns every problem found, not
 /// just the first.
@@ -125,6 +163,7 @@ pub fn build_models(
         problems
             .push("server.queue_timeout_secs", "must be at least 1 with a queue (queue_size > 0)");
     }
+    server_header_problems(&config.server, &mut problems);
     kv_problems(config, &mut problems);
     let mut model_ids = HashSet::new();
     let mut runtimes = Vec::new();

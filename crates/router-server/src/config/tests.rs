@@ -511,3 +511,43 @@ fn the_telemetry_section_is_off_by_default_and_checked() {
     let unknown = "telemetry: {endpoint: \"http://127.0.0.1:4317\"}";
     assert!(ConfigFile::parse(&one_model(unknown, "", PLAIN_NO_KV, plain)).is_err());
 }
+
+#[test]
+fn the_listener_logging_and_header_keys_are_checked_by_name() {
+    let groups = "{plain: {policy: {type: round_robin}}}";
+    let with = |server: &str| one_model(&format!("server: {server}"), "", PLAIN_NO_KV, groups);
+    #[rustfmt::skip]
+    let cases: Vec<Case> = vec![
+        ("every new key", with("{metrics_host: 0.0.0.0, metrics_port: 9100, log_level: debug, \
+            request_id_headers: [x-correlation-id], cors_allowed_origins: [\"https://ui.example:8443\"], \
+            retry: {backoff_multiplier: 1.5, max_backoff_ms: 500, jitter_factor: 0.1}}"), None),
+        ("any origin", with("{cors_allowed_origins: [\"*\"]}"), None),
+        ("a metrics host without a port", with("{metrics_host: 0.0.0.0}"),
+            Some(("server.metrics_host", "needs server.metrics_port"))),
+        ("a header name with a space", with("{request_id_headers: [\"x id\"]}"),
+            Some(("server.request_id_headers[0]", "not a lowercase header name"))),
+        ("an uppercase header name", with("{request_id_headers: [X-Id]}"),
+            Some(("server.request_id_headers[0]", "lowercase"))),
+        ("no request id header", with("{request_id_headers: []}"),
+            Some(("server.request_id_headers", "at least one"))),
+        ("an origin with a path", with("{cors_allowed_origins: [\"https://a.example/app\"]}"),
+            Some(("server.cors_allowed_origins[0]", "not an origin"))),
+        ("an origin without a scheme", with("{cors_allowed_origins: [a.example]}"),
+            Some(("server.cors_allowed_origins[0]", "not an origin"))),
+        ("any origin among others", with("{cors_allowed_origins: [\"*\", \"https://a.example\"]}"),
+            Some(("server.cors_allowed_origins", "list it alone"))),
+        ("a shrinking backoff", with("{retry: {backoff_multiplier: 0.5}}"),
+            Some(("server.retry.backoff_multiplier", "[1, 10]"))),
+    ];
+    for (name, yaml, expected) in cases {
+        match (build(&yaml), expected) {
+            (Ok(ctx), None) => assert_eq!(ctx.server().retry.max_retries, 2, "{name}"),
+            (Ok(_), Some(expected)) => panic!("{name}: expected {expected:?}"),
+            (Err(problems), None) => panic!("{name}: {problems:?}"),
+            (Err(problems), Some((path, fragment))) => assert!(
+                problems.iter().any(|p| p.path == path && p.message.contains(fragment)),
+                "{name}: {problems:?}"
+            ),
+        }
+    }
+}

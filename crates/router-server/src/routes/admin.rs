@@ -271,6 +271,11 @@ pub(crate) async fn state(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
             "queued": ctx.admission().queued(),
             "queue_size": ctx.server().queue_size,
         },
+        // The settings in effect (file, then flags), secrets left out.
+        "settings": {
+            "server": ctx.server(),
+            "health": ctx.health().config(),
+        },
     }))
 }
 

@@ -11,11 +11,13 @@ use http_body_util::BodyExt;
 
 use crate::error::ApiError;
 
-/// The client's `x-request-id` when it is a sane token, else a fresh one.
-pub(crate) fn request_id(headers: &HeaderMap) -> HeaderValue {
-    headers
-        .get("x-request-id")
-        .filter(|v| {
+/// The client's request id from the first of `names` (`server.request_id_headers`) present
+/// with a sane token, else a fresh one.
+pub(crate) fn request_id(headers: &HeaderMap, names: &[String]) -> HeaderValue {
+    names
+        .iter()
+        .filter_map(|name| headers.get(name.as_str()))
+        .find(|v| {
             let bytes = v.as_bytes();
             !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(|b| b.is_ascii_graphic())
         })

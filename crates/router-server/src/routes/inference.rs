@@ -42,7 +42,7 @@ async fn endpoint_request(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let request_id = request_id(&headers);
+    let request_id = request_id(&headers, &ctx.server().request_id_headers);
     let span = tracing::info_span!("request", id = %request_id.to_str().unwrap_or_default());
     let started = Instant::now();
     let mut labels = Labels::default();

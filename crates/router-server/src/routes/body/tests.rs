@@ -29,7 +29,7 @@ fn a_sane_request_id_is_kept_and_anything_else_replaced() {
         if let Some(given) = given {
             headers.insert("x-request-id", HeaderValue::from_bytes(given).expect("a value"));
         }
-        let id = request_id(&headers);
+        let id = request_id(&headers, &["x-request-id".to_owned()]);
         assert_eq!(given == Some(id.as_bytes()), kept, "{name}: {id:?}");
         if !kept {
             let fresh = id.to_str().expect("ascii");
@@ -37,7 +37,30 @@ fn a_sane_request_id_is_kept_and_anything_else_replaced() {
         }
     }
     let empty = HeaderMap::new();
-    assert_ne!(request_id(&empty), request_id(&empty), "fresh ids are unique");
+    let names = ["x-request-id".to_owned()];
+    assert_ne!(request_id(&empty, &names), request_id(&empty, &names), "fresh ids are unique");
+}
+
+#[test]
+fn the_first_configured_header_present_with_a_sane_id_names_the_request() {
+    let names = ["x-correlation-id".to_owned(), "x-trace-id".to_owned()];
+    // (headers sent, the id kept; None: a fresh one)
+    for (sent, kept) in [
+        (vec![("x-trace-id", "t-1")], Some("t-1")),
+        (vec![("x-correlation-id", "c-1"), ("x-trace-id", "t-1")], Some("c-1")),
+        (vec![("x-correlation-id", "bad id"), ("x-trace-id", "t-2")], Some("t-2")),
+        (vec![("x-request-id", "r-1")], None),
+    ] {
+        let mut headers = HeaderMap::new();
+        for (name, value) in &sent {
+            headers.insert(*name, HeaderValue::from_static(value));
+        }
+        let id = request_id(&headers, &names);
+        match kept {
+            Some(kept) => assert_eq!(id, kept, "{sent:?}"),
+            None => assert_eq!(id.len(), 32, "{sent:?}: not configured, so a fresh id"),
+        }
+    }
 }
 
 /// One step of a client's body: a chunk, a break (`Err`), or silence for ever (`None`).
