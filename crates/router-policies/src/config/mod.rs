@@ -17,9 +17,10 @@ use serde::{Deserialize, Serialize};
 use router_state_kv::remote::{ClientConfig, RemoteIndexClient};
 
 use crate::{
-    AdmissionCheck, AdmissionLimits, BindingScope, CacheAwarePolicy, CacheSource, EngineAdmission,
-    LeastLoadPolicy, Policy, PolicyHandles, PowerOfTwoPolicy, PredictedTtftPolicy, RandomPolicy,
-    RoundRobinPolicy, SessionAwarePolicy, StickyPolicy,
+    AdmissionCheck, AdmissionLimits, BindingScope, CacheAwarePolicy, CacheSource,
+    DEFAULT_RENDEZVOUS_LOAD_FACTOR, EngineAdmission, LeastLoadPolicy, NewBinding, Policy,
+    PolicyHandles, PowerOfTwoPolicy, PredictedTtftPolicy, RandomPolicy, RoundRobinPolicy,
+    SessionAwarePolicy, StickyPolicy,
 };
 
 /// Why a policy configuration was refused. Fields are named by their path from `policy`.
@@ -259,19 +260,66 @@ impl StickyFallback {
 }
 
 /// `sticky` tuning.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StickySettings {
-    /// `fallback`: the policy for new or missing routing keys.
+    /// `fallback`: the policy for new or missing routing keys (and keyless requests).
     pub fallback: StickyFallback,
     /// `scope`: one binding per bucket (the default) or for the whole model.
     pub scope: BindingScope,
+    /// `new_binding` and `rendezvous_load_factor`: how new keys are placed.
+    pub placement: NewBindingSettings,
 }
 
 /// `session_aware` tuning.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SessionAwareSettings {
     /// `scope`: one binding per bucket (the default) or for the whole model.
     pub scope: BindingScope,
+    /// `new_binding` and `rendezvous_load_factor`: how new sessions are placed.
+    pub placement: NewBindingSettings,
+}
+
+/// How `session_aware` and `sticky` place a key without a usable binding.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NewBindingSettings {
+    /// `new_binding`: the fallback (the default: power-of-two for `session_aware`, the
+    /// configured `fallback` for `sticky`) or `rendezvous`.
+    pub new_binding: NewBinding,
+    /// `rendezvous_load_factor` (with `rendezvous` only): a new key walks past an engine whose
+    /// router-local in-flight count, the new request included, would exceed this factor times
+    /// the candidates' mean; at least 1.
+    pub rendezvous_load_factor: f64,
+}
+
+impl Default for NewBindingSettings {
+    fn default() -> Self {
+        Self {
+            new_binding: NewBinding::Fallback,
+            rendezvous_load_factor: DEFAULT_RENDEZVOUS_LOAD_FACTOR,
+        }
+    }
+}
+
+impl NewBindingSettings {
+    /// Checks the load factor.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let factor = self.rendezvous_load_factor;
+        if !(factor >= 1.0 && factor.is_finite()) {
+            return Err(invalid(
+                "rendezvous_load_factor",
+                format!("must be a finite number of at least 1, got {factor}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The rendezvous load factor, when new keys are placed by rendezvous hashing.
+    fn rendezvous(&self) -> Option<f64> {
+        match self.new_binding {
+            NewBinding::Rendezvous => Some(self.rendezvous_load_factor),
+            NewBinding::Fallback => None,
+        }
+    }
 }
 
 /// `cache_aware` tuning, with the defaults of docs/design/POLICY_REFERENCE.md.
@@ -663,6 +711,8 @@ impl PolicyConfig {
         match &self.kind {
             PolicySettings::CacheAware(settings) => settings.validate(),
             PolicySettings::PredictedTtft(settings) => settings.validate(),
+            PolicySettings::SessionAware(settings) => settings.placement.validate(),
+            PolicySettings::Sticky(settings) => settings.placement.validate(),
             _ => Ok(()),
         }
     }
@@ -699,8 +749,11 @@ impl PolicyConfig {
                 Some(a) => Arc::new(LeastLoadPolicy::new(load).with_admission(a)),
             },
             PolicySettings::SessionAware(settings) => {
-                let policy = SessionAwarePolicy::new(Arc::clone(&handles.sessions), load)
+                let mut policy = SessionAwarePolicy::new(Arc::clone(&handles.sessions), load)
                     .with_scope(settings.scope);
+                if let Some(factor) = settings.placement.rendezvous() {
+                    policy = policy.with_rendezvous(factor);
+                }
                 match admission {
                     None => Arc::new(policy),
                     Some(a) => Arc::new(policy.with_admission(a)),
@@ -708,8 +761,11 @@ impl PolicyConfig {
             }
             PolicySettings::Sticky(settings) => {
                 let fallback = settings.fallback.build(handles);
-                let policy = StickyPolicy::new(Arc::clone(&handles.routing_keys), fallback)
+                let mut policy = StickyPolicy::new(Arc::clone(&handles.routing_keys), fallback)
                     .with_scope(settings.scope);
+                if let Some(factor) = settings.placement.rendezvous() {
+                    policy = policy.with_rendezvous(load.clone(), factor);
+                }
                 match admission {
                     None => Arc::new(policy),
                     Some(a) => Arc::new(policy.with_admission(checked(a))),

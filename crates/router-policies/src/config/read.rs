@@ -6,11 +6,11 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 
 use super::{
-    AdmissionLimits, CacheAwareSettings, ConfigError, PolicyConfig, PolicySettings, PolicyType,
-    PredictedTtftSettings, SessionAwareSettings, StickySettings, removed_policy_type,
-    removed_setting,
+    AdmissionLimits, CacheAwareSettings, ConfigError, NewBindingSettings, PolicyConfig,
+    PolicySettings, PolicyType, PredictedTtftSettings, SessionAwareSettings, StickySettings,
+    removed_policy_type, removed_setting,
 };
-use crate::BindingScope;
+use crate::{BindingScope, NewBinding};
 
 /// Every tuning field, with the types it applies to.
 const TUNING: &[(&str, PolicyType)] = &[
@@ -41,6 +41,10 @@ const TUNING: &[(&str, PolicyType)] = &[
     ("fallback", PolicyType::Sticky),
     ("scope", PolicyType::Sticky),
     ("scope", PolicyType::SessionAware),
+    ("new_binding", PolicyType::Sticky),
+    ("new_binding", PolicyType::SessionAware),
+    ("rendezvous_load_factor", PolicyType::Sticky),
+    ("rendezvous_load_factor", PolicyType::SessionAware),
 ];
 
 /// One address or a list of them.
@@ -61,6 +65,7 @@ struct Raw {
     predicted: PredictedTtftSettings,
     sticky: StickySettings,
     scope: BindingScope,
+    placement: NewBindingSettings,
 }
 
 impl Raw {
@@ -116,6 +121,8 @@ impl Raw {
             "recompute_weight" => self.predicted.recompute_weight = value(map)?,
             "fallback" => self.sticky.fallback = value(map)?,
             "scope" => self.scope = value(map)?,
+            "new_binding" => self.placement.new_binding = value(map)?,
+            "rendezvous_load_factor" => self.placement.rendezvous_load_factor = value(map)?,
             _ => {
                 let field = format!("policy.{key}");
                 let error = match removed_setting(&key) {
@@ -153,17 +160,28 @@ impl Raw {
             PolicyType::Random => PolicySettings::Random,
             PolicyType::PowerOfTwo => PolicySettings::PowerOfTwo,
             PolicyType::LoadBased => PolicySettings::LoadBased,
-            PolicyType::SessionAware => {
-                PolicySettings::SessionAware(SessionAwareSettings { scope: self.scope })
-            }
-            PolicyType::Sticky => {
-                PolicySettings::Sticky(StickySettings { scope: self.scope, ..self.sticky })
-            }
+            PolicyType::SessionAware => PolicySettings::SessionAware(SessionAwareSettings {
+                scope: self.scope,
+                placement: self.placement,
+            }),
+            PolicyType::Sticky => PolicySettings::Sticky(StickySettings {
+                scope: self.scope,
+                placement: self.placement,
+                ..self.sticky
+            }),
             PolicyType::PredictedTtft => {
                 PolicySettings::PredictedTtft(Box::new(self.predicted.with_source_of(&self.cache)))
             }
             PolicyType::CacheAware => PolicySettings::CacheAware(Box::new(self.cache)),
         };
+        if self.present.iter().any(|f| f == "rendezvous_load_factor")
+            && self.placement.new_binding != NewBinding::Rendezvous
+        {
+            return Err(ConfigError::InvalidValue {
+                field: "policy.rendezvous_load_factor".to_owned(),
+                reason: "applies only when new_binding is rendezvous".to_owned(),
+            });
+        }
         let config = PolicyConfig { kind, admission: self.admission.unwrap_or_default() };
         config.validate()?;
         Ok(config)
