@@ -73,7 +73,7 @@ pub use cache::{
 pub use config::{
     CacheAwareSettings, CachePrefixProvider, ConfigError, NewBindingSettings, PolicyConfig,
     PolicySettings, PolicyType, PredictedTtftSettings, SessionAwareSettings, StickyFallback,
-    StickySettings, removed_policy_type, removed_setting,
+    StickySettings, TieBreak, removed_policy_type, removed_setting,
 };
 pub use contract::{HeldPrefix, Pick, PickError, PickReason, PickRequest, Policy, RequestTokens};
 pub use handles::{LoadHandles, PolicyHandles};

@@ -230,6 +230,21 @@ pub enum CachePrefixProvider {
     Indexer,
 }
 
+/// How `cache_aware` (its power-of-k fallback on a miss) and `predicted_ttft` (its near ties)
+/// draw: `tie_break`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TieBreak {
+    /// From the thread's generator (the default): two replicas draw differently for one
+    /// request.
+    #[default]
+    Sampled,
+    /// From a generator seeded by the request (its session key, else its routing key, else
+    /// its first prompt tokens): replicas running one router build draw alike for one request,
+    /// and different requests still spread.
+    Request,
+}
+
 /// The policy a sticky policy runs for new or missing keys.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -351,6 +366,8 @@ pub struct CacheAwareSettings {
     pub pressure_abs_threshold_ms: Option<f64>,
     /// k of the power-of-k load fallback on a miss.
     pub min_load_choices: usize,
+    /// How the power-of-k fallback draws.
+    pub tie_break: TieBreak,
     /// Remote indexer address(es), for the `indexer` provider.
     pub kv_indexer_endpoint: Vec<String>,
     /// Remote lookup timeout in ms.
@@ -375,6 +392,7 @@ impl Default for CacheAwareSettings {
             pressure_rel_threshold: 1.5,
             pressure_abs_threshold_ms: None,
             min_load_choices: 2,
+            tie_break: TieBreak::Sampled,
             kv_indexer_endpoint: Vec::new(),
             kv_indexer_query_timeout_ms: 100,
             kv_indexer_query_max_inflight: 32,
@@ -522,6 +540,8 @@ pub struct PredictedTtftSettings {
     /// ranking: uncached tokens delay every request queued behind this one there, not only
     /// this one. 0 ranks by predicted TTFT alone; the default 1 counts that work twice.
     pub recompute_weight: f64,
+    /// How near ties are ordered.
+    pub tie_break: TieBreak,
 }
 
 impl Default for PredictedTtftSettings {
@@ -536,6 +556,7 @@ impl Default for PredictedTtftSettings {
             near_tie_ratio: 0.05,
             near_tie_ms: 1.0,
             recompute_weight: 1.0,
+            tie_break: TieBreak::Sampled,
         }
     }
 }

@@ -38,6 +38,8 @@ const TUNING: &[(&str, PolicyType)] = &[
     ("near_tie_ratio", PolicyType::PredictedTtft),
     ("near_tie_ms", PolicyType::PredictedTtft),
     ("recompute_weight", PolicyType::PredictedTtft),
+    ("tie_break", PolicyType::CacheAware),
+    ("tie_break", PolicyType::PredictedTtft),
     ("fallback", PolicyType::Sticky),
     ("scope", PolicyType::Sticky),
     ("scope", PolicyType::SessionAware),
@@ -119,6 +121,11 @@ impl Raw {
             "near_tie_ratio" => self.predicted.near_tie_ratio = value(map)?,
             "near_tie_ms" => self.predicted.near_tie_ms = value(map)?,
             "recompute_weight" => self.predicted.recompute_weight = value(map)?,
+            "tie_break" => {
+                let tie_break = value(map)?;
+                c.tie_break = tie_break;
+                self.predicted.tie_break = tie_break;
+            }
             "fallback" => self.sticky.fallback = value(map)?,
             "scope" => self.scope = value(map)?,
             "new_binding" => self.placement.new_binding = value(map)?,

@@ -191,6 +191,16 @@ fn configuration_reads_new_binding_and_checks_the_factor() {
         ),
     );
     assert!(error("{type: session_aware, new_binding: hashing}").contains("hashing"));
+    // The replica-independent tie-break of the prefix-aware policies.
+    match read("{type: cache_aware, tie_break: request}") {
+        Ok(PolicySettings::CacheAware(s)) => assert_eq!(s.tie_break, crate::TieBreak::Request),
+        other => panic!("unexpected {other:?}"),
+    }
+    match read("{type: predicted_ttft, tie_break: request}") {
+        Ok(PolicySettings::PredictedTtft(s)) => assert_eq!(s.tie_break, crate::TieBreak::Request),
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(error("{type: sticky, tie_break: request}").contains("does not apply"));
 }
 
 proptest! {
