@@ -84,8 +84,8 @@ pub use predicted_ttft::PredictedTtftPolicy;
 pub use random::RandomPolicy;
 pub use ranks::{RankChoice, RankReason, choose_rank};
 pub use rendezvous::{
-    DEFAULT_RENDEZVOUS_LOAD_FACTOR, rendezvous_choice, rendezvous_load_bound, rendezvous_order,
-    rendezvous_weight,
+    DEFAULT_RENDEZVOUS_LOAD_FACTOR, DEFAULT_RENDEZVOUS_LOAD_FLOOR, RendezvousLoad,
+    rendezvous_choice, rendezvous_load_bound, rendezvous_order, rendezvous_weight,
 };
 pub use round_robin::RoundRobinPolicy;
 /// The reason a key cannot name a binding, carried by [`PickError::InvalidKey`].

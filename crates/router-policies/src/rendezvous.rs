@@ -10,10 +10,12 @@
 //!
 //! The load bound is that of consistent hashing with bounded loads (Mirrokni, Thorup and
 //! Zadimoghaddam): with `n` candidates carrying `total` router-local in-flight requests, an
-//! engine may take the key while `inflight + 1 <= ceil(factor * (total + 1) / n)`. A factor of
-//! at least 1 always leaves one candidate under the bound. The counts are this replica's own,
-//! so replicas agree on a key exactly while the engine of highest weight is under every
-//! replica's bound; a larger factor trades balance for agreement.
+//! engine may take the key while `inflight + 1 <= max(ceil(factor * (total + 1) / n), floor)`.
+//! A factor of at least 1 always leaves one candidate under the bound. The floor keeps the bound
+//! from biting at the handful of requests where balance does not matter (at 2 requests in flight
+//! over 4 engines the bare bound already turns a key away from an engine holding 1). The counts
+//! are this replica's own, so replicas agree on a key exactly while the engine of highest weight
+//! is under every replica's bound; a larger factor or floor trades balance for agreement.
 //!
 //! Removing an engine moves only the keys whose highest admitted, unbounded weight was on it
 //! (every other key's order among the remaining engines is unchanged); adding one moves only
@@ -28,6 +30,26 @@ use crate::LoadHandles;
 /// The default `rendezvous_load_factor`: an engine may carry up to 1.25 times the mean
 /// in-flight count (plus the new request) before a new key walks past it.
 pub const DEFAULT_RENDEZVOUS_LOAD_FACTOR: f64 = 1.25;
+
+/// The default `rendezvous_load_floor`: below 4 router-local requests in flight an engine is
+/// never over the bound.
+pub const DEFAULT_RENDEZVOUS_LOAD_FLOOR: u64 = 4;
+
+/// The load bound of rendezvous placement: `rendezvous_load_factor` and
+/// `rendezvous_load_floor`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RendezvousLoad {
+    /// Times the mean in-flight count (the new request included), at least 1.
+    pub factor: f64,
+    /// In-flight requests an engine may always carry, the new one included.
+    pub floor: u64,
+}
+
+impl Default for RendezvousLoad {
+    fn default() -> Self {
+        Self { factor: DEFAULT_RENDEZVOUS_LOAD_FACTOR, floor: DEFAULT_RENDEZVOUS_LOAD_FLOOR }
+    }
+}
 
 pub(crate) const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 const FNV_PRIME: u64 = 0x0000_0100_0000_01b3;
@@ -69,12 +91,13 @@ pub fn rendezvous_order<W: AsRef<Worker>>(key: &str, engines: &[W]) -> Vec<usize
 }
 
 /// The most in-flight requests an engine may carry, the new one included, to take a new key:
-/// `ceil(factor * (total + 1) / n)`, at least 1. `n` of 0 is read as 1.
-pub fn rendezvous_load_bound(total_inflight: u64, candidates: usize, factor: f64) -> u64 {
+/// `max(ceil(factor * (total + 1) / n), floor)`, at least 1. `n` of 0 is read as 1.
+pub fn rendezvous_load_bound(total_inflight: u64, candidates: usize, load: RendezvousLoad) -> u64 {
     let n = candidates.max(1) as f64;
-    let bound = (factor * (total_inflight as f64 + 1.0) / n).ceil();
+    let bound = (load.factor * (total_inflight as f64 + 1.0) / n).ceil();
     // The float is finite and positive for a validated factor; saturate otherwise.
-    if bound.is_finite() && bound >= 1.0 { bound as u64 } else { 1 }
+    let bound = if bound.is_finite() && bound >= 1.0 { bound as u64 } else { 1 };
+    bound.max(load.floor)
 }
 
 /// The index of the engine of `engines` that takes `key`: the highest weight that `admitted`
@@ -84,12 +107,12 @@ pub fn rendezvous_load_bound(total_inflight: u64, candidates: usize, factor: f64
 pub fn rendezvous_choice<W: AsRef<Worker>>(
     key: &str,
     engines: &[W],
-    factor: f64,
+    load: RendezvousLoad,
     inflight: impl Fn(&WorkerId) -> u64,
     admitted: impl Fn(&Worker) -> bool,
 ) -> Option<usize> {
     let counts: Vec<u64> = engines.iter().map(|e| inflight(e.as_ref().id())).collect();
-    let bound = rendezvous_load_bound(counts.iter().sum(), engines.len(), factor);
+    let bound = rendezvous_load_bound(counts.iter().sum(), engines.len(), load);
     let mut first_admitted = None;
     for index in rendezvous_order(key, engines) {
         if !admitted(engines[index].as_ref()) {
@@ -103,11 +126,11 @@ pub fn rendezvous_choice<W: AsRef<Worker>>(
     first_admitted
 }
 
-/// `new_binding: rendezvous` of an affinity policy: the load factor and the in-flight counts the
-/// bound is computed from.
+/// `new_binding: rendezvous` of an affinity policy: the load bound and the in-flight counts it
+/// is computed from.
 #[derive(Clone, Debug)]
 pub(crate) struct RendezvousPlacement {
-    pub(crate) factor: f64,
+    pub(crate) bound: RendezvousLoad,
     pub(crate) load: LoadHandles,
 }
 
@@ -120,7 +143,7 @@ impl RendezvousPlacement {
         admitted: impl Fn(&Worker) -> bool,
     ) -> Option<&'e Arc<Worker>> {
         let inflight = |id: &WorkerId| self.load.inflight.count(id);
-        rendezvous_choice(key, engines, self.factor, inflight, admitted).map(|i| &engines[i])
+        rendezvous_choice(key, engines, self.bound, inflight, admitted).map(|i| &engines[i])
     }
 }
 

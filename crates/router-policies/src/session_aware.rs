@@ -11,7 +11,7 @@ use crate::affinity::{Affinity, KeySource};
 use crate::rendezvous::RendezvousPlacement;
 use crate::{
     AdmissionCheck, BindingScope, EngineAdmission, LoadHandles, NewBinding, Pick, PickError,
-    PickRequest, Policy, PowerOfTwoPolicy,
+    PickRequest, Policy, PowerOfTwoPolicy, RendezvousLoad,
 };
 
 /// Binds each session (the session header's key) to an engine, per (model, bucket id, stage,
@@ -63,11 +63,10 @@ impl SessionAwarePolicy {
         self
     }
 
-    /// Places new sessions by rendezvous hashing (`new_binding: rendezvous`) with load bound
-    /// `factor` over the mean in-flight count, instead of power-of-two; keyless requests still
-    /// go to power-of-two.
-    pub fn with_rendezvous(mut self, factor: f64) -> Self {
-        self.affinity.rendezvous = Some(RendezvousPlacement { factor, load: self.load.clone() });
+    /// Places new sessions by rendezvous hashing (`new_binding: rendezvous`) under the load
+    /// `bound`, instead of power-of-two; keyless requests still go to power-of-two.
+    pub fn with_rendezvous(mut self, bound: RendezvousLoad) -> Self {
+        self.affinity.rendezvous = Some(RendezvousPlacement { bound, load: self.load.clone() });
         self
     }
 

@@ -11,6 +11,7 @@ use crate::affinity::{Affinity, KeySource};
 use crate::rendezvous::RendezvousPlacement;
 use crate::{
     AdmissionCheck, BindingScope, LoadHandles, NewBinding, Pick, PickError, PickRequest, Policy,
+    RendezvousLoad,
 };
 
 /// Binds each routing key (the routing-key header's value) to an engine, per (model, bucket
@@ -43,11 +44,11 @@ impl StickyPolicy {
         self
     }
 
-    /// Places new routing keys by rendezvous hashing (`new_binding: rendezvous`) with load
-    /// bound `factor` over the mean in-flight count read from `load`, instead of the fallback;
-    /// keyless requests still go to the fallback.
-    pub fn with_rendezvous(mut self, load: LoadHandles, factor: f64) -> Self {
-        self.affinity.rendezvous = Some(RendezvousPlacement { factor, load });
+    /// Places new routing keys by rendezvous hashing (`new_binding: rendezvous`) under the load
+    /// `bound`, over the in-flight counts of `load`, instead of the fallback; keyless requests
+    /// still go to the fallback.
+    pub fn with_rendezvous(mut self, load: LoadHandles, bound: RendezvousLoad) -> Self {
+        self.affinity.rendezvous = Some(RendezvousPlacement { bound, load });
         self
     }
 

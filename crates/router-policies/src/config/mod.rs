@@ -18,9 +18,9 @@ use router_state_kv::remote::{ClientConfig, RemoteIndexClient};
 
 use crate::{
     AdmissionCheck, AdmissionLimits, BindingScope, CacheAwarePolicy, CacheSource,
-    DEFAULT_RENDEZVOUS_LOAD_FACTOR, EngineAdmission, LeastLoadPolicy, NewBinding, Policy,
-    PolicyHandles, PowerOfTwoPolicy, PredictedTtftPolicy, RandomPolicy, RoundRobinPolicy,
-    SessionAwarePolicy, StickyPolicy,
+    DEFAULT_RENDEZVOUS_LOAD_FACTOR, DEFAULT_RENDEZVOUS_LOAD_FLOOR, EngineAdmission,
+    LeastLoadPolicy, NewBinding, Policy, PolicyHandles, PowerOfTwoPolicy, PredictedTtftPolicy,
+    RandomPolicy, RendezvousLoad, RoundRobinPolicy, SessionAwarePolicy, StickyPolicy,
 };
 
 /// Why a policy configuration was refused. Fields are named by their path from `policy`.
@@ -304,6 +304,9 @@ pub struct NewBindingSettings {
     /// router-local in-flight count, the new request included, would exceed this factor times
     /// the candidates' mean; at least 1.
     pub rendezvous_load_factor: f64,
+    /// `rendezvous_load_floor` (with `rendezvous` only): an engine with fewer router-local
+    /// in-flight requests than this, the new one included, is never over the bound.
+    pub rendezvous_load_floor: u64,
 }
 
 impl Default for NewBindingSettings {
@@ -311,6 +314,7 @@ impl Default for NewBindingSettings {
         Self {
             new_binding: NewBinding::Fallback,
             rendezvous_load_factor: DEFAULT_RENDEZVOUS_LOAD_FACTOR,
+            rendezvous_load_floor: DEFAULT_RENDEZVOUS_LOAD_FLOOR,
         }
     }
 }
@@ -328,10 +332,13 @@ impl NewBindingSettings {
         Ok(())
     }
 
-    /// The rendezvous load factor, when new keys are placed by rendezvous hashing.
-    fn rendezvous(&self) -> Option<f64> {
+    /// The rendezvous load bound, when new keys are placed by rendezvous hashing.
+    fn rendezvous(&self) -> Option<RendezvousLoad> {
         match self.new_binding {
-            NewBinding::Rendezvous => Some(self.rendezvous_load_factor),
+            NewBinding::Rendezvous => Some(RendezvousLoad {
+                factor: self.rendezvous_load_factor,
+                floor: self.rendezvous_load_floor,
+            }),
             NewBinding::Fallback => None,
         }
     }

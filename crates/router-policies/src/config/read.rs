@@ -47,6 +47,8 @@ const TUNING: &[(&str, PolicyType)] = &[
     ("new_binding", PolicyType::SessionAware),
     ("rendezvous_load_factor", PolicyType::Sticky),
     ("rendezvous_load_factor", PolicyType::SessionAware),
+    ("rendezvous_load_floor", PolicyType::Sticky),
+    ("rendezvous_load_floor", PolicyType::SessionAware),
 ];
 
 /// One address or a list of them.
@@ -130,6 +132,7 @@ impl Raw {
             "scope" => self.scope = value(map)?,
             "new_binding" => self.placement.new_binding = value(map)?,
             "rendezvous_load_factor" => self.placement.rendezvous_load_factor = value(map)?,
+            "rendezvous_load_floor" => self.placement.rendezvous_load_floor = value(map)?,
             _ => {
                 let field = format!("policy.{key}");
                 let error = match removed_setting(&key) {
@@ -181,11 +184,14 @@ impl Raw {
             }
             PolicyType::CacheAware => PolicySettings::CacheAware(Box::new(self.cache)),
         };
-        if self.present.iter().any(|f| f == "rendezvous_load_factor")
+        if let Some(field) = self
+            .present
+            .iter()
+            .find(|f| *f == "rendezvous_load_factor" || *f == "rendezvous_load_floor")
             && self.placement.new_binding != NewBinding::Rendezvous
         {
             return Err(ConfigError::InvalidValue {
-                field: "policy.rendezvous_load_factor".to_owned(),
+                field: format!("policy.{field}"),
                 reason: "applies only when new_binding is rendezvous".to_owned(),
             });
         }

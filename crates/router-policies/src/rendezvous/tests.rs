@@ -90,10 +90,14 @@ fn the_weight_is_pinned() {
 #[test]
 fn the_load_bound_is_that_of_bounded_loads() {
     // ceil(1.25 * (3 + 1) / 4) = 2; ceil(1.25 * (0 + 1) / 4) = 1; ceil(2 * 9 / 3) = 6.
-    assert_eq!(rendezvous_load_bound(3, 4, 1.25), 2);
-    assert_eq!(rendezvous_load_bound(0, 4, 1.25), 1);
-    assert_eq!(rendezvous_load_bound(8, 3, 2.0), 6);
-    assert_eq!(rendezvous_load_bound(5, 0, 1.0), 6);
+    let bare = |factor| RendezvousLoad { factor, floor: 0 };
+    assert_eq!(rendezvous_load_bound(3, 4, bare(1.25)), 2);
+    assert_eq!(rendezvous_load_bound(0, 4, bare(1.25)), 1);
+    assert_eq!(rendezvous_load_bound(8, 3, bare(2.0)), 6);
+    assert_eq!(rendezvous_load_bound(5, 0, bare(1.0)), 6);
+    // The floor lifts a small bound only: ceil(1.25 * 41 / 4) = 13.
+    assert_eq!(rendezvous_load_bound(3, 4, RendezvousLoad::default()), 4);
+    assert_eq!(rendezvous_load_bound(40, 4, RendezvousLoad::default()), 13);
 }
 
 #[test]
@@ -107,9 +111,15 @@ fn a_new_key_walks_past_a_loaded_or_rejected_engine_and_binds_for_good() {
         .collect();
     assert_eq!(top, order[0]);
 
-    // The top engine at the bound (3 in flight of 3: bound ceil(1.25 * 4 / 3) = 2).
+    // Under the floor the top engine takes it however uneven the load (3 in flight: bound
+    // max(ceil(1.25 * 4 / 3), 4) = 4).
     let mut loaded = Replica::new("{type: session_aware, new_binding: rendezvous}", &ids);
     loaded.busy(&order[0], 3);
+    let mut under = Replica::new("{type: session_aware, new_binding: rendezvous}", &ids);
+    under.busy(&order[0], 3);
+    assert_eq!(under.pick(Some("s"), None).expect("picked"), order[0]);
+    // The top engine at the bound (5 in flight: max(ceil(1.25 * 6 / 3), 4) = 4).
+    loaded.busy(&order[0], 2);
     assert_eq!(loaded.pick(Some("s"), None).expect("picked"), order[1]);
     // Bound now: reused whatever the load.
     loaded.busy(&order[1], 10);
@@ -182,6 +192,16 @@ fn configuration_reads_new_binding_and_checks_the_factor() {
             .contains("applies only when new_binding is rendezvous"),
     );
     assert!(
+        error("{type: sticky, rendezvous_load_floor: 2}")
+            .contains("policy.rendezvous_load_floor: applies only when new_binding is rendezvous"),
+    );
+    match read("{type: sticky, new_binding: rendezvous, rendezvous_load_floor: 0}") {
+        Ok(PolicySettings::Sticky(settings)) => {
+            assert_eq!(settings.placement.rendezvous_load_floor, 0);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(
         error("{type: power_of_two, new_binding: rendezvous}").contains(
             &ConfigError::NotApplicable {
                 field: "policy.new_binding".to_owned(),
@@ -247,9 +267,10 @@ proptest! {
         let load: HashMap<WorkerId, u64> =
             all.iter().zip(&loads).map(|(w, l)| (w.id().clone(), *l)).collect();
         let inflight = |id: &WorkerId| load[id];
+        let wide = RendezvousLoad { factor: 100.0, floor: 0 };
         for key in &keys {
-            let before = rendezvous_choice(key, &all, 100.0, inflight, |_| true).expect("one");
-            let after = rendezvous_choice(key, &rest, 100.0, inflight, |_| true).expect("one");
+            let before = rendezvous_choice(key, &all, wide, inflight, |_| true).expect("one");
+            let after = rendezvous_choice(key, &rest, wide, inflight, |_| true).expect("one");
             if before != removed {
                 prop_assert_eq!(all[before].id(), rest[after].id());
             }
@@ -261,17 +282,19 @@ proptest! {
         n in 1usize..10,
         keys in prop::collection::hash_set("[a-z0-9]{1,16}", 1..200),
         factor in 1.0f64..3.0,
+        floor in 0u64..6,
     ) {
+        let bounds = RendezvousLoad { factor, floor };
         let model = ModelId::new("m");
         let engines: Vec<Arc<Worker>> = names(n).iter().map(|name| worker(&model, name)).collect();
         let mut load: HashMap<WorkerId, u64> = HashMap::new();
         let mut total = 0u64;
         for key in &keys {
-            let bound = rendezvous_load_bound(total, n, factor);
+            let bound = rendezvous_load_bound(total, n, bounds);
             let chosen = rendezvous_choice(
                 key,
                 &engines,
-                factor,
+                bounds,
                 |id| load.get(id).copied().unwrap_or(0),
                 |_| true,
             )
@@ -283,7 +306,7 @@ proptest! {
             total += 1;
             let max = load.values().copied().max().unwrap_or(0);
             let limit = (factor * total as f64 / n as f64).ceil() as u64;
-            prop_assert!(max <= limit.max(1), "max {max} over {limit}");
+            prop_assert!(max <= limit.max(floor).max(1), "max {max} over {limit}, floor {floor}");
         }
     }
 }
