@@ -63,8 +63,11 @@ fn run(args: &[&str]) -> Result<()> {
                 Some(&"overhead") => bench::Only::Overhead,
                 Some(&"policies") => bench::Only::Policies,
                 Some(&"quality") => bench::Only::Quality,
+                Some(&"replicas") => bench::Only::Replicas,
                 Some(&"trace") => bail!("--only trace: the trace replay is now --only quality"),
-                Some(other) => bail!("--only {other}: expected overhead, policies or quality"),
+                Some(other) => {
+                    bail!("--only {other}: expected overhead, policies, quality or replicas")
+                }
             };
             let case = match rest.iter().position(|a| *a == "--case") {
                 None => None,
@@ -74,7 +77,13 @@ fn run(args: &[&str]) -> Result<()> {
             };
             bench::run(
                 &root,
-                bench::Options { quick, only, build: !rest.contains(&"--no-build"), case },
+                bench::Options {
+                    quick,
+                    only,
+                    build: !rest.contains(&"--no-build"),
+                    case,
+                    debug: rest.contains(&"--debug"),
+                },
             )
         }
         ["ci"] => ci(&root),

@@ -35,6 +35,7 @@ use std::sync::Arc;
 use router_affinity::{AffinityStore, Binding, Scope, ScopeError};
 use router_workers::Worker;
 
+use crate::rendezvous::RendezvousPlacement;
 use crate::{AdmissionCheck, Pick, PickError, PickReason, PickRequest, Policy};
 
 /// How many compare-and-sets one pick may lose to other picks before it gives up. Each lost
@@ -92,7 +93,7 @@ pub enum KeySource {
 }
 
 impl KeySource {
-    fn key<'r>(self, request: &PickRequest<'r>) -> Option<&'r str> {
+    pub(crate) fn key<'r>(self, request: &PickRequest<'r>) -> Option<&'r str> {
         match self {
             KeySource::Session => request.session_key,
             KeySource::RoutingKey => request.routing_key,
@@ -144,19 +145,80 @@ impl Bindings for AffinityStore {
     }
 }
 
+/// How an affinity policy places a key it has no usable binding for: `new_binding` of
+/// `session_aware` and `sticky`.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum NewBinding {
+    /// The policy's fallback chooses (power-of-two for `session_aware`, the configured
+    /// `fallback` for `sticky`): each router replica draws for itself, so replicas that see
+    /// one key may bind it to different engines.
+    #[default]
+    Fallback,
+    /// The admitted candidate of highest rendezvous weight for (key, engine id) under the
+    /// load bound (see `rendezvous.rs`): replicas that share nothing agree on the engine.
+    /// Requests without a key still go to the fallback.
+    Rendezvous,
+}
+
+impl NewBinding {
+    /// The configuration name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NewBinding::Fallback => "fallback",
+            NewBinding::Rendezvous => "rendezvous",
+        }
+    }
+}
+
 /// The shared algorithm: where the key comes from, how far its binding reaches, the fallback,
-/// and the owning policy's admission (`None` admits every engine).
+/// how new keys are placed (`None`: by the fallback), and the owning policy's admission
+/// (`None` admits every engine).
 #[derive(Debug)]
 pub(crate) struct Affinity {
     pub(crate) key: KeySource,
     pub(crate) scope: BindingScope,
     pub(crate) fallback: Arc<dyn Policy>,
+    pub(crate) rendezvous: Option<RendezvousPlacement>,
     pub(crate) admission: Option<AdmissionCheck>,
 }
 
 impl Affinity {
     pub(crate) fn new(key: KeySource, fallback: Arc<dyn Policy>) -> Self {
-        Self { key, scope: BindingScope::Bucket, fallback, admission: None }
+        Self { key, scope: BindingScope::Bucket, fallback, rendezvous: None, admission: None }
+    }
+
+    pub(crate) fn new_binding(&self) -> NewBinding {
+        match self.rendezvous {
+            Some(_) => NewBinding::Rendezvous,
+            None => NewBinding::Fallback,
+        }
+    }
+
+    /// The engine a key without a usable binding goes to: the rendezvous choice among the
+    /// admitted candidates (an error naming the highest-weight engine's rejection when none
+    /// is admitted), or the fallback's admitted engine.
+    async fn new_key_choice(
+        &self,
+        key: &str,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+    ) -> Result<Arc<Worker>, PickError> {
+        let Some(rendezvous) = &self.rendezvous else {
+            return self.fallback_choice(engines, request, false).await;
+        };
+        match rendezvous.choose(key, engines, |engine| self.admit(engine).is_ok()) {
+            Some(engine) => Ok(Arc::clone(engine)),
+            None => {
+                let order = crate::rendezvous::rendezvous_order(key, engines);
+                if let Some(&top) = order.first() {
+                    self.admit(&engines[top])?;
+                }
+                Err(PickError::NoCandidates { stage: request.stage })
+            }
+        }
     }
 
     /// Picks one of `engines` for `request`, reading and updating bindings in `store`.
@@ -201,7 +263,7 @@ impl Affinity {
             let worker = match &choice {
                 Some(worker) => Arc::clone(worker),
                 None => {
-                    let worker = self.fallback_choice(engines, request, false).await?;
+                    let worker = self.new_key_choice(scope.key(), engines, request).await?;
                     choice = Some(Arc::clone(&worker));
                     worker
                 }

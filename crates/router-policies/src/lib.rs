@@ -19,7 +19,9 @@
 //!   fallback ([`StickyFallback`]).
 //!
 //! Both bind per bucket by default, or for the whole model with `scope: model`
-//! ([`BindingScope`]).
+//! ([`BindingScope`]), and place new keys by their fallback or, with `new_binding: rendezvous`
+//! ([`NewBinding`]), by seedless rendezvous hashing with bounded loads ([`rendezvous_choice`]),
+//! so that router replicas sharing nothing agree.
 //!
 //! Cache-aware selection ([`CacheAwarePolicy`], `cache_aware`) reads prefixes through a
 //! [`CacheSource`] (the local index or a remote indexer) once per prepared request
@@ -52,6 +54,7 @@ mod predicted_ttft;
 pub mod pressure;
 mod random;
 mod ranks;
+mod rendezvous;
 mod round_robin;
 mod sampler;
 mod session_aware;
@@ -61,16 +64,16 @@ mod ttft_model;
 pub use admission::{
     AdmissionCheck, AdmissionLimits, EngineAdmission, EngineObservation, Limit, Rejection,
 };
-pub use affinity::{BindingScope, KeySource, MAX_BIND_ATTEMPTS};
+pub use affinity::{BindingScope, KeySource, MAX_BIND_ATTEMPTS, NewBinding};
 pub use cache::{
     BlockSize, CacheAwarePolicy, CacheSource, CacheSources, CachedPrefix, CachedPrefixes,
     LookupError, MATCHED_TOKEN_BOUNDS, MatchedTokens, PrefixMemo, PrefixOutcome, SourceStats,
     Unavailable,
 };
 pub use config::{
-    CacheAwareSettings, CachePrefixProvider, ConfigError, PolicyConfig, PolicySettings, PolicyType,
-    PredictedTtftSettings, SessionAwareSettings, StickyFallback, StickySettings,
-    removed_policy_type, removed_setting,
+    CacheAwareSettings, CachePrefixProvider, ConfigError, NewBindingSettings, PolicyConfig,
+    PolicySettings, PolicyType, PredictedTtftSettings, SessionAwareSettings, StickyFallback,
+    StickySettings, TieBreak, removed_policy_type, removed_setting,
 };
 pub use contract::{HeldPrefix, Pick, PickError, PickReason, PickRequest, Policy, RequestTokens};
 pub use handles::{LoadHandles, PolicyHandles};
@@ -80,6 +83,10 @@ pub use power_of_two::{LoadChoice, PowerOfTwoPolicy, min_load_choices};
 pub use predicted_ttft::PredictedTtftPolicy;
 pub use random::RandomPolicy;
 pub use ranks::{RankChoice, RankReason, choose_rank};
+pub use rendezvous::{
+    DEFAULT_RENDEZVOUS_LOAD_FACTOR, DEFAULT_RENDEZVOUS_LOAD_FLOOR, RendezvousLoad,
+    rendezvous_choice, rendezvous_load_bound, rendezvous_order, rendezvous_weight,
+};
 pub use round_robin::RoundRobinPolicy;
 /// The reason a key cannot name a binding, carried by [`PickError::InvalidKey`].
 pub use router_affinity::ScopeError;

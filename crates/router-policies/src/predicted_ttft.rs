@@ -78,7 +78,8 @@ impl PredictedTtftPolicy {
             load,
             default_prefill_tokens_per_sec: settings.default_prefill_tokens_per_sec,
         };
-        Ok(Self { source, model, settings, admission: None, sampler: Sampler::Thread })
+        let sampler = Sampler::for_tie_break(settings.tie_break);
+        Ok(Self { source, model, settings, admission: None, sampler })
     }
 
     /// Checks candidates with `admission`, fastest first.
@@ -115,7 +116,7 @@ impl PredictedTtftPolicy {
         let Predictions { basis, loads, estimates, prefixes } =
             self.model.predict(Some(&self.source), engines, request).await?;
         let costs: Vec<f64> = estimates.iter().map(|e| self.cost(e)).collect();
-        let order = self.order(engines, &estimates, &costs);
+        let order = self.order(engines, request, &estimates, &costs);
         let reason = match basis {
             Basis::Reported => PickReason::PredictedTtft,
             Basis::Local => PickReason::PredictedTtftLocal,
@@ -169,7 +170,13 @@ impl PredictedTtftPolicy {
     /// (fewest uncached tokens first, so a holder of the prefix keeps it while it is no slower
     /// than the margin; equal ones in a sampled order), then the rest by predicted time, then
     /// id.
-    fn order(&self, engines: &[Arc<Worker>], estimates: &[Estimate], costs: &[f64]) -> Vec<usize> {
+    fn order(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+        estimates: &[Estimate],
+        costs: &[f64],
+    ) -> Vec<usize> {
         let mut order: Vec<usize> = (0..engines.len()).collect();
         order.sort_by(|&a, &b| {
             costs[a].total_cmp(&costs[b]).then_with(|| engines[a].id().cmp(engines[b].id()))
@@ -180,7 +187,9 @@ impl PredictedTtftPolicy {
         let ties = order.partition_point(|&i| costs[i] <= ceiling);
         if ties > 1 {
             let near = &mut order[..ties];
-            self.sampler.with(|rng| near.shuffle(rng));
+            // Shuffled from (cost, id) order, so a request-seeded draw depends on the candidates
+            // and their costs only, never on the slice order a replica holds.
+            self.sampler.with_request(request, |rng| near.shuffle(rng));
             // Stable: candidates with equal uncached work keep their sampled order.
             near.sort_by_key(|&i| estimates[i].uncached);
         }

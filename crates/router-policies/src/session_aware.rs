@@ -8,9 +8,10 @@ use router_affinity::AffinityStore;
 use router_workers::Worker;
 
 use crate::affinity::{Affinity, KeySource};
+use crate::rendezvous::RendezvousPlacement;
 use crate::{
-    AdmissionCheck, BindingScope, EngineAdmission, LoadHandles, Pick, PickError, PickRequest,
-    Policy, PowerOfTwoPolicy,
+    AdmissionCheck, BindingScope, EngineAdmission, LoadHandles, NewBinding, Pick, PickError,
+    PickRequest, Policy, PowerOfTwoPolicy, RendezvousLoad,
 };
 
 /// Binds each session (the session header's key) to an engine, per (model, bucket id, stage,
@@ -21,7 +22,8 @@ use crate::{
 ///   admission is reused ([`crate::PickReason::AffinityReused`]); if admission rejects it the
 ///   pick is [`PickError::AdmissionRejected`], the binding is kept, and no other engine is tried.
 /// - A new session, or one bound outside the candidates, goes to power-of-two built with
-///   default admission; this policy checks the engine it returns before binding it
+///   default admission, or with [`Self::with_rendezvous`] to the admitted candidate of highest
+///   rendezvous weight under the load bound; this policy checks the engine before binding it
 ///   ([`crate::PickReason::AffinityBound`]). A concurrent pick that bound the session first
 ///   wins, and its engine is checked the same way before it is returned.
 /// - A request without a session key goes to power-of-two, checked by this policy, and creates
@@ -59,6 +61,18 @@ impl SessionAwarePolicy {
     pub fn with_admission(mut self, admission: Arc<dyn EngineAdmission>) -> Self {
         self.affinity.admission = Some(AdmissionCheck::new(admission, self.load.clone()));
         self
+    }
+
+    /// Places new sessions by rendezvous hashing (`new_binding: rendezvous`) under the load
+    /// `bound`, instead of power-of-two; keyless requests still go to power-of-two.
+    pub fn with_rendezvous(mut self, bound: RendezvousLoad) -> Self {
+        self.affinity.rendezvous = Some(RendezvousPlacement { bound, load: self.load.clone() });
+        self
+    }
+
+    /// How new sessions are placed.
+    pub fn new_binding(&self) -> NewBinding {
+        self.affinity.new_binding()
     }
 
     /// Binds sessions per bucket (the default) or for the whole model.

@@ -8,7 +8,11 @@ use router_affinity::AffinityStore;
 use router_workers::Worker;
 
 use crate::affinity::{Affinity, KeySource};
-use crate::{AdmissionCheck, BindingScope, Pick, PickError, PickRequest, Policy};
+use crate::rendezvous::RendezvousPlacement;
+use crate::{
+    AdmissionCheck, BindingScope, LoadHandles, NewBinding, Pick, PickError, PickRequest, Policy,
+    RendezvousLoad,
+};
 
 /// Binds each routing key (the routing-key header's value) to an engine, per (model, bucket
 /// id, stage, key) or, with [`BindingScope::Model`], per (model, stage, key), with the same
@@ -38,6 +42,19 @@ impl StickyPolicy {
     pub fn with_admission(mut self, admission: AdmissionCheck) -> Self {
         self.affinity.admission = Some(admission);
         self
+    }
+
+    /// Places new routing keys by rendezvous hashing (`new_binding: rendezvous`) under the load
+    /// `bound`, over the in-flight counts of `load`, instead of the fallback; keyless requests
+    /// still go to the fallback.
+    pub fn with_rendezvous(mut self, load: LoadHandles, bound: RendezvousLoad) -> Self {
+        self.affinity.rendezvous = Some(RendezvousPlacement { bound, load });
+        self
+    }
+
+    /// How new routing keys are placed.
+    pub fn new_binding(&self) -> NewBinding {
+        self.affinity.new_binding()
     }
 
     /// Binds routing keys per bucket (the default) or for the whole model.

@@ -189,9 +189,11 @@ impl EngineArgs {
 
 #[derive(Debug, Args)]
 struct LoadArgs {
-    /// Base URL of the router or engine (http://HOST:PORT).
-    #[arg(long)]
-    target: String,
+    /// Base URL of the router or engine (http://HOST:PORT); repeat it for several router
+    /// replicas: requests go to them round robin, and a refused connection fails over to the
+    /// next.
+    #[arg(long, required = true)]
+    target: Vec<String>,
     /// Model of every request.
     #[arg(long)]
     model: String,
@@ -277,7 +279,9 @@ struct LoadArgs {
 
 impl LoadArgs {
     fn config(&self) -> anyhow::Result<LoadgenConfig> {
-        let mut config = LoadgenConfig::new(&self.target, &self.model);
+        let (first, more) = self.target.split_first().context("--target is required")?;
+        let mut config = LoadgenConfig::new(first, &self.model);
+        config.more_targets = more.to_vec();
         if let Some(secs) = self.duration {
             anyhow::ensure!(
                 secs.is_finite() && secs > 0.0,

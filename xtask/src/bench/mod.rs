@@ -7,7 +7,10 @@
 //! 2. `policies`: every policy on the same 8-engine fleet and multi-turn chat workload (cache
 //!    hit rate, time to first token, per-engine share, throughput), each on a fresh fleet;
 //! 3. `quality`: routing quality under load, the Mooncake traces replayed open-loop at set
-//!    offered loads through the policies, beside the traces' own bounds (about 45 minutes).
+//!    offered loads through the policies, beside the traces' own bounds (about 45 minutes);
+//! 4. `replicas`: three router replicas over one fleet, sessions sprayed over them, against
+//!    one router (session engine agreement, hit rate, TTFT; a replica restarted; a shared
+//!    `kv-indexer`).
 //!
 //! Each section lives between markers in `docs/benchmarks.md` (see `page`), and a run
 //! replaces only the sections it measured, with their SVG plots beside the page. `--quick`
@@ -19,6 +22,7 @@ mod page;
 mod policies;
 mod procs;
 mod quality;
+mod replicas;
 mod svg;
 
 use std::path::Path;
@@ -34,6 +38,7 @@ pub(crate) enum Only {
     Overhead,
     Policies,
     Quality,
+    Replicas,
 }
 
 /// What `cargo xtask bench` was asked for.
@@ -45,14 +50,23 @@ pub(crate) struct Options {
     pub(crate) build: bool,
     /// Run only the overhead cases whose name contains this, and write nothing: for profiling.
     pub(crate) case: Option<String>,
+    /// Use (and build) the debug binaries (`--debug`): for a check on a machine too loaded
+    /// for a release build; latencies and CPU are then not those of a release router, and the
+    /// section says so.
+    pub(crate) debug: bool,
 }
 
 pub(crate) fn run(root: &Path, options: Options) -> Result<()> {
-    let Options { quick, only, build, case } = options;
+    let Options { quick, only, build, case, debug } = options;
     if build {
-        cargo(root, &["build", "--release", "-p", "router-server", "-p", "router-sim"])?;
+        let mut args = vec!["build", "-p", "router-server", "-p", "router-sim"];
+        if !debug {
+            args.insert(1, "--release");
+        }
+        cargo(root, &args)?;
     }
-    let bins = procs::Bins::release(root);
+    let bins =
+        if debug { procs::Bins::in_profile(root, "debug") } else { procs::Bins::release(root) };
     let tokenizer = root.join("crates/router-sim/assets/tokenizer.json").display().to_string();
     let docs = root.join("docs");
     std::fs::create_dir_all(&docs)?;
@@ -60,7 +74,12 @@ pub(crate) fn run(root: &Path, options: Options) -> Result<()> {
     let wants = |section: Only| only == Only::All || only == section;
     let command = |section: &str| {
         let only = if only == Only::All { String::new() } else { format!(" --only {section}") };
-        format!("cargo xtask bench{only}{}", if quick { " --quick" } else { "" })
+        let flags = format!(
+            "{}{}",
+            if quick { " --quick" } else { "" },
+            if debug { " --debug" } else { "" }
+        );
+        format!("cargo xtask bench{only}{flags}")
     };
     let mut sections: Vec<(&str, String)> = Vec::new();
 
@@ -138,6 +157,18 @@ pub(crate) fn run(root: &Path, options: Options) -> Result<()> {
         sections.push(("quality", quality::render(&measured, &command("quality"), &machine)));
     }
 
+    if wants(Only::Replicas) {
+        let workload = if quick { replicas::Workload::quick() } else { replicas::Workload::full() };
+        let runs = replicas::measure(&bins, &workload, &tokenizer);
+        let mut rendered = replicas::render(&runs, &workload);
+        if debug {
+            rendered.push_str(
+                "\nMeasured with the debug binaries (`--debug`): TTFT is not a release router's.\n",
+            );
+        }
+        sections.push(("replicas", provenance(&rendered, &command("replicas"), &machine)));
+    }
+
     sections.push(("reproduce", REPRODUCE.to_owned()));
     let path = docs.join("benchmarks.md");
     let old = std::fs::read_to_string(&path).unwrap_or_default();
@@ -153,7 +184,7 @@ pub(crate) fn run(root: &Path, options: Options) -> Result<()> {
 const REPRODUCE: &str = "## Reproduce\n\n```sh\n\
 cargo xtask bench                          # every section, about an hour on 2 cores (quality: ~45 min)\n\
 cargo xtask bench --quick                  # every section, small: a few minutes\n\
-cargo xtask bench --only quality           # or overhead, or policies: replaces only that section\n\
+cargo xtask bench --only quality           # or overhead, policies or replicas: replaces only that section\n\
 cargo xtask bench --only quality --quick   # one cell of the sweep (conversation, 64k, RHO 0.8)\n\
 cargo xtask bench --case streaming         # only the overhead cases naming it, nothing written (for perf/strace)\n\
 ```\n";

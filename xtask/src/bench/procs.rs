@@ -169,7 +169,13 @@ pub(crate) struct Bins {
 
 impl Bins {
     pub(crate) fn release(root: &Path) -> Self {
-        let dir = root.join("target/release");
+        Self::in_profile(root, "release")
+    }
+
+    /// The binaries of cargo profile directory `profile` (`release`, or `debug` for
+    /// `--debug`).
+    pub(crate) fn in_profile(root: &Path, profile: &str) -> Self {
+        let dir = root.join("target").join(profile);
         Self { server: dir.join("router-server"), sim: dir.join("router-sim") }
     }
 }

@@ -14,7 +14,7 @@ use crate::pressure::{Comparison, NativePressure, PressureKey};
 use crate::sampler::Sampler;
 use crate::{
     CacheAwareSettings, ConfigError, EngineAdmission, LoadHandles, Pick, PickError, PickReason,
-    PickRequest, Policy, min_load_choices,
+    PickRequest, Policy, TieBreak, min_load_choices,
 };
 
 /// Cache-aware selection (`cache_aware`), for plain and prefill groups. The algorithm of
@@ -136,7 +136,8 @@ impl CacheAwarePolicy {
         settings: CacheAwareSettings,
     ) -> Result<Self, ConfigError> {
         settings.validate()?;
-        Ok(Self { source, load, settings, admission: None, sampler: Sampler::Thread })
+        let sampler = Sampler::for_tie_break(settings.tie_break);
+        Ok(Self { source, load, settings, admission: None, sampler })
     }
 
     /// Checks candidates with `admission` as the algorithm reaches them.
@@ -228,7 +229,7 @@ impl CacheAwarePolicy {
             Some(_) => PickReason::CacheUnavailable,
             None => PickReason::CacheMiss,
         };
-        self.fallback(attempt, reason)
+        self.fallback(attempt, request, reason)
     }
 
     /// Steps 2 and 3: the usable holders, ordered and bounded. Pressure only orders holders
@@ -353,6 +354,7 @@ impl CacheAwarePolicy {
     fn fallback(
         &self,
         mut attempt: Attempt<'_, '_>,
+        request: &PickRequest<'_>,
         reason: PickReason,
     ) -> Result<Pick, PickError> {
         let k = self.settings.min_load_choices;
@@ -361,14 +363,18 @@ impl CacheAwarePolicy {
             let mut pool: Vec<usize> = (0..engines.len())
                 .filter(|&i| !attempt.rejected[i] && attempt.queued(i) == queued)
                 .collect();
+            if self.settings.tie_break == TieBreak::Request {
+                // A request-seeded draw must see the candidates in an order every replica
+                // shares.
+                pool.sort_by(|&a, &b| engines[a].id().cmp(engines[b].id()));
+            }
             while !pool.is_empty() {
                 let workers: Vec<&Arc<Worker>> = pool.iter().map(|&i| &engines[i]).collect();
                 let (snapshot, inflight, stage) =
                     (attempt.snapshot, attempt.inflight, attempt.stage);
-                let Some(choice) = self
-                    .sampler
-                    .with(|rng| min_load_choices(&workers, stage, k, snapshot, inflight, rng))
-                else {
+                let Some(choice) = self.sampler.with_request(request, |rng| {
+                    min_load_choices(&workers, stage, k, snapshot, inflight, rng)
+                }) else {
                     break;
                 };
                 let index = pool[choice.index];

@@ -17,9 +17,10 @@ use serde::{Deserialize, Serialize};
 use router_state_kv::remote::{ClientConfig, RemoteIndexClient};
 
 use crate::{
-    AdmissionCheck, AdmissionLimits, BindingScope, CacheAwarePolicy, CacheSource, EngineAdmission,
-    LeastLoadPolicy, Policy, PolicyHandles, PowerOfTwoPolicy, PredictedTtftPolicy, RandomPolicy,
-    RoundRobinPolicy, SessionAwarePolicy, StickyPolicy,
+    AdmissionCheck, AdmissionLimits, BindingScope, CacheAwarePolicy, CacheSource,
+    DEFAULT_RENDEZVOUS_LOAD_FACTOR, DEFAULT_RENDEZVOUS_LOAD_FLOOR, EngineAdmission,
+    LeastLoadPolicy, NewBinding, Policy, PolicyHandles, PowerOfTwoPolicy, PredictedTtftPolicy,
+    RandomPolicy, RendezvousLoad, RoundRobinPolicy, SessionAwarePolicy, StickyPolicy,
 };
 
 /// Why a policy configuration was refused. Fields are named by their path from `policy`.
@@ -229,6 +230,21 @@ pub enum CachePrefixProvider {
     Indexer,
 }
 
+/// How `cache_aware` (its power-of-k fallback on a miss) and `predicted_ttft` (its near ties)
+/// draw: `tie_break`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TieBreak {
+    /// From the thread's generator (the default): two replicas draw differently for one
+    /// request.
+    #[default]
+    Sampled,
+    /// From a generator seeded by the request (its session key, else its routing key, else
+    /// its first prompt tokens): replicas running one router build draw alike for one request,
+    /// and different requests still spread.
+    Request,
+}
+
 /// The policy a sticky policy runs for new or missing keys.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -259,19 +275,73 @@ impl StickyFallback {
 }
 
 /// `sticky` tuning.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct StickySettings {
-    /// `fallback`: the policy for new or missing routing keys.
+    /// `fallback`: the policy for new or missing routing keys (and keyless requests).
     pub fallback: StickyFallback,
     /// `scope`: one binding per bucket (the default) or for the whole model.
     pub scope: BindingScope,
+    /// `new_binding` and `rendezvous_load_factor`: how new keys are placed.
+    pub placement: NewBindingSettings,
 }
 
 /// `session_aware` tuning.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct SessionAwareSettings {
     /// `scope`: one binding per bucket (the default) or for the whole model.
     pub scope: BindingScope,
+    /// `new_binding` and `rendezvous_load_factor`: how new sessions are placed.
+    pub placement: NewBindingSettings,
+}
+
+/// How `session_aware` and `sticky` place a key without a usable binding.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NewBindingSettings {
+    /// `new_binding`: the fallback (the default: power-of-two for `session_aware`, the
+    /// configured `fallback` for `sticky`) or `rendezvous`.
+    pub new_binding: NewBinding,
+    /// `rendezvous_load_factor` (with `rendezvous` only): a new key walks past an engine whose
+    /// router-local in-flight count, the new request included, would exceed this factor times
+    /// the candidates' mean; at least 1.
+    pub rendezvous_load_factor: f64,
+    /// `rendezvous_load_floor` (with `rendezvous` only): an engine with fewer router-local
+    /// in-flight requests than this, the new one included, is never over the bound.
+    pub rendezvous_load_floor: u64,
+}
+
+impl Default for NewBindingSettings {
+    fn default() -> Self {
+        Self {
+            new_binding: NewBinding::Fallback,
+            rendezvous_load_factor: DEFAULT_RENDEZVOUS_LOAD_FACTOR,
+            rendezvous_load_floor: DEFAULT_RENDEZVOUS_LOAD_FLOOR,
+        }
+    }
+}
+
+impl NewBindingSettings {
+    /// Checks the load factor.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let factor = self.rendezvous_load_factor;
+        if !(factor >= 1.0 && factor.is_finite()) {
+            return Err(invalid(
+                "rendezvous_load_factor",
+                format!("must be a finite number of at least 1, got {factor}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The rendezvous load bound, when new keys are placed by rendezvous hashing.
+    fn rendezvous(&self) -> Option<RendezvousLoad> {
+        match self.new_binding {
+            NewBinding::Rendezvous => Some(RendezvousLoad {
+                factor: self.rendezvous_load_factor,
+                floor: self.rendezvous_load_floor,
+            }),
+            NewBinding::Fallback => None,
+        }
+    }
 }
 
 /// `cache_aware` tuning, with the defaults of docs/design/POLICY_REFERENCE.md.
@@ -303,6 +373,8 @@ pub struct CacheAwareSettings {
     pub pressure_abs_threshold_ms: Option<f64>,
     /// k of the power-of-k load fallback on a miss.
     pub min_load_choices: usize,
+    /// How the power-of-k fallback draws.
+    pub tie_break: TieBreak,
     /// Remote indexer address(es), for the `indexer` provider.
     pub kv_indexer_endpoint: Vec<String>,
     /// Remote lookup timeout in ms.
@@ -327,6 +399,7 @@ impl Default for CacheAwareSettings {
             pressure_rel_threshold: 1.5,
             pressure_abs_threshold_ms: None,
             min_load_choices: 2,
+            tie_break: TieBreak::Sampled,
             kv_indexer_endpoint: Vec::new(),
             kv_indexer_query_timeout_ms: 100,
             kv_indexer_query_max_inflight: 32,
@@ -474,6 +547,8 @@ pub struct PredictedTtftSettings {
     /// ranking: uncached tokens delay every request queued behind this one there, not only
     /// this one. 0 ranks by predicted TTFT alone; the default 1 counts that work twice.
     pub recompute_weight: f64,
+    /// How near ties are ordered.
+    pub tie_break: TieBreak,
 }
 
 impl Default for PredictedTtftSettings {
@@ -488,6 +563,7 @@ impl Default for PredictedTtftSettings {
             near_tie_ratio: 0.05,
             near_tie_ms: 1.0,
             recompute_weight: 1.0,
+            tie_break: TieBreak::Sampled,
         }
     }
 }
@@ -663,6 +739,8 @@ impl PolicyConfig {
         match &self.kind {
             PolicySettings::CacheAware(settings) => settings.validate(),
             PolicySettings::PredictedTtft(settings) => settings.validate(),
+            PolicySettings::SessionAware(settings) => settings.placement.validate(),
+            PolicySettings::Sticky(settings) => settings.placement.validate(),
             _ => Ok(()),
         }
     }
@@ -699,8 +777,11 @@ impl PolicyConfig {
                 Some(a) => Arc::new(LeastLoadPolicy::new(load).with_admission(a)),
             },
             PolicySettings::SessionAware(settings) => {
-                let policy = SessionAwarePolicy::new(Arc::clone(&handles.sessions), load)
+                let mut policy = SessionAwarePolicy::new(Arc::clone(&handles.sessions), load)
                     .with_scope(settings.scope);
+                if let Some(factor) = settings.placement.rendezvous() {
+                    policy = policy.with_rendezvous(factor);
+                }
                 match admission {
                     None => Arc::new(policy),
                     Some(a) => Arc::new(policy.with_admission(a)),
@@ -708,8 +789,11 @@ impl PolicyConfig {
             }
             PolicySettings::Sticky(settings) => {
                 let fallback = settings.fallback.build(handles);
-                let policy = StickyPolicy::new(Arc::clone(&handles.routing_keys), fallback)
+                let mut policy = StickyPolicy::new(Arc::clone(&handles.routing_keys), fallback)
                     .with_scope(settings.scope);
+                if let Some(factor) = settings.placement.rendezvous() {
+                    policy = policy.with_rendezvous(load.clone(), factor);
+                }
                 match admission {
                     None => Arc::new(policy),
                     Some(a) => Arc::new(policy.with_admission(checked(a))),

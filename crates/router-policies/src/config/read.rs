@@ -6,11 +6,11 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 
 use super::{
-    AdmissionLimits, CacheAwareSettings, ConfigError, PolicyConfig, PolicySettings, PolicyType,
-    PredictedTtftSettings, SessionAwareSettings, StickySettings, removed_policy_type,
-    removed_setting,
+    AdmissionLimits, CacheAwareSettings, ConfigError, NewBindingSettings, PolicyConfig,
+    PolicySettings, PolicyType, PredictedTtftSettings, SessionAwareSettings, StickySettings,
+    removed_policy_type, removed_setting,
 };
-use crate::BindingScope;
+use crate::{BindingScope, NewBinding};
 
 /// Every tuning field, with the types it applies to.
 const TUNING: &[(&str, PolicyType)] = &[
@@ -38,9 +38,17 @@ const TUNING: &[(&str, PolicyType)] = &[
     ("near_tie_ratio", PolicyType::PredictedTtft),
     ("near_tie_ms", PolicyType::PredictedTtft),
     ("recompute_weight", PolicyType::PredictedTtft),
+    ("tie_break", PolicyType::CacheAware),
+    ("tie_break", PolicyType::PredictedTtft),
     ("fallback", PolicyType::Sticky),
     ("scope", PolicyType::Sticky),
     ("scope", PolicyType::SessionAware),
+    ("new_binding", PolicyType::Sticky),
+    ("new_binding", PolicyType::SessionAware),
+    ("rendezvous_load_factor", PolicyType::Sticky),
+    ("rendezvous_load_factor", PolicyType::SessionAware),
+    ("rendezvous_load_floor", PolicyType::Sticky),
+    ("rendezvous_load_floor", PolicyType::SessionAware),
 ];
 
 /// One address or a list of them.
@@ -61,6 +69,7 @@ struct Raw {
     predicted: PredictedTtftSettings,
     sticky: StickySettings,
     scope: BindingScope,
+    placement: NewBindingSettings,
 }
 
 impl Raw {
@@ -114,8 +123,16 @@ impl Raw {
             "near_tie_ratio" => self.predicted.near_tie_ratio = value(map)?,
             "near_tie_ms" => self.predicted.near_tie_ms = value(map)?,
             "recompute_weight" => self.predicted.recompute_weight = value(map)?,
+            "tie_break" => {
+                let tie_break = value(map)?;
+                c.tie_break = tie_break;
+                self.predicted.tie_break = tie_break;
+            }
             "fallback" => self.sticky.fallback = value(map)?,
             "scope" => self.scope = value(map)?,
+            "new_binding" => self.placement.new_binding = value(map)?,
+            "rendezvous_load_factor" => self.placement.rendezvous_load_factor = value(map)?,
+            "rendezvous_load_floor" => self.placement.rendezvous_load_floor = value(map)?,
             _ => {
                 let field = format!("policy.{key}");
                 let error = match removed_setting(&key) {
@@ -153,17 +170,31 @@ impl Raw {
             PolicyType::Random => PolicySettings::Random,
             PolicyType::PowerOfTwo => PolicySettings::PowerOfTwo,
             PolicyType::LoadBased => PolicySettings::LoadBased,
-            PolicyType::SessionAware => {
-                PolicySettings::SessionAware(SessionAwareSettings { scope: self.scope })
-            }
-            PolicyType::Sticky => {
-                PolicySettings::Sticky(StickySettings { scope: self.scope, ..self.sticky })
-            }
+            PolicyType::SessionAware => PolicySettings::SessionAware(SessionAwareSettings {
+                scope: self.scope,
+                placement: self.placement,
+            }),
+            PolicyType::Sticky => PolicySettings::Sticky(StickySettings {
+                scope: self.scope,
+                placement: self.placement,
+                ..self.sticky
+            }),
             PolicyType::PredictedTtft => {
                 PolicySettings::PredictedTtft(Box::new(self.predicted.with_source_of(&self.cache)))
             }
             PolicyType::CacheAware => PolicySettings::CacheAware(Box::new(self.cache)),
         };
+        if let Some(field) = self
+            .present
+            .iter()
+            .find(|f| *f == "rendezvous_load_factor" || *f == "rendezvous_load_floor")
+            && self.placement.new_binding != NewBinding::Rendezvous
+        {
+            return Err(ConfigError::InvalidValue {
+                field: format!("policy.{field}"),
+                reason: "applies only when new_binding is rendezvous".to_owned(),
+            });
+        }
         let config = PolicyConfig { kind, admission: self.admission.unwrap_or_default() };
         config.validate()?;
         Ok(config)

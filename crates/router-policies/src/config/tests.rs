@@ -83,7 +83,8 @@ fn sticky_fallback_defaults_to_round_robin_and_takes_the_four_choices() {
         ("load_based", StickyFallback::LoadBased),
     ] {
         let config = yaml(&format!("{{type: sticky, fallback: {name}}}")).expect(name);
-        let expected = StickySettings { fallback, scope: BindingScope::Bucket };
+        let expected =
+            StickySettings { fallback, scope: BindingScope::Bucket, ..Default::default() };
         assert_eq!(config.kind, PolicySettings::Sticky(expected));
     }
     let err = yaml("{type: sticky, fallback: cache_aware}").expect_err("not a fallback");
@@ -95,17 +96,21 @@ fn session_and_sticky_bind_per_bucket_unless_scope_is_model() {
     let session = |text: &str| yaml(text).map(|c| c.kind);
     assert_eq!(
         session("type: session_aware"),
-        Ok(PolicySettings::SessionAware(SessionAwareSettings { scope: BindingScope::Bucket }))
+        Ok(PolicySettings::SessionAware(SessionAwareSettings {
+            scope: BindingScope::Bucket,
+            ..Default::default()
+        }))
     );
     for (name, scope) in [("bucket", BindingScope::Bucket), ("model", BindingScope::Model)] {
         assert_eq!(
             session(&format!("{{type: session_aware, scope: {name}}}")),
-            Ok(PolicySettings::SessionAware(SessionAwareSettings { scope })),
+            Ok(PolicySettings::SessionAware(SessionAwareSettings { scope, ..Default::default() })),
             "{name}"
         );
         let sticky = yaml(&format!("{{type: sticky, fallback: random, scope: {name}}}"))
             .expect("valid sticky");
-        let expected = StickySettings { fallback: StickyFallback::Random, scope };
+        let expected =
+            StickySettings { fallback: StickyFallback::Random, scope, ..Default::default() };
         assert_eq!(sticky.kind, PolicySettings::Sticky(expected), "{name}");
     }
     let err = yaml("{type: session_aware, scope: global}").expect_err("not a scope");

@@ -144,6 +144,37 @@ fn the_recompute_weight_counts_the_work_a_miss_adds() {
 }
 
 #[test]
+fn request_tie_breaks_agree_across_replicas_and_spread_over_requests() {
+    use futures::FutureExt;
+
+    let world = World::new(Stage::Plain, &[eng("a", 0), eng("b", 0).uncached(20), eng("c", 0)]);
+    let settings = PredictedTtftSettings { tie_break: crate::TieBreak::Request, ..settings() };
+    let replica = || {
+        PredictedTtftPolicy::new(Arc::clone(&world.source), world.load(), settings.clone())
+            .expect("valid")
+    };
+    let (first, second) = (replica(), replica());
+    let mut reversed = world.workers.clone();
+    reversed.reverse();
+    let mut winners = BTreeSet::new();
+    for session in 0..48 {
+        let key = format!("session-{session}");
+        let tokens = crate::RequestTokens::new(crate::cache::tests::fixture::prompt(1_000));
+        let mut request = world.request(1_000, Some(&tokens));
+        request.session_key = Some(&key);
+        let pick = |policy: &PredictedTtftPolicy, engines: &[Arc<Worker>]| {
+            let pick = policy.pick(engines, &request).now_or_never().expect("ready");
+            pick.expect("pick").worker.id().to_string()
+        };
+        let a = pick(&first, &world.workers);
+        assert_eq!(a, pick(&second, &reversed), "{key}");
+        assert_eq!(a, pick(&first, &world.workers), "{key} again");
+        winners.insert(a);
+    }
+    assert_eq!(winners, ["a", "b", "c"].map(String::from).into(), "requests spread over ties");
+}
+
+#[test]
 fn near_ties_are_sampled_and_clear_winners_are_not() {
     let world = World::new(Stage::Plain, &[eng("a", 0), eng("b", 0).uncached(20), eng("c", 0)]);
     let mut winners = BTreeSet::new();

@@ -1,6 +1,8 @@
 //! One streamed chat request through a pooled HTTP client, measured: time to the first
 //! content token, usage, the engine that served it (`x-router-engine`), or why it failed.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -30,35 +32,46 @@ pub(crate) struct Outcome {
     pub(crate) completion_tokens: Option<u64>,
     pub(crate) engine: Option<String>,
     pub(crate) content: String,
+    /// The session the request was a turn of (`None` for trace requests).
+    pub(crate) session: Option<String>,
 }
 
-/// The generator's HTTP client (connection pool shared by every request).
+/// The generator's HTTP client (connection pool shared by every request), over one target or
+/// several: with several, requests go to them round robin, as a load balancer spraying
+/// requests over router replicas would, and a request whose target refuses the connection
+/// goes on to the next one (the balancer's failover), once per target at most.
 #[derive(Clone, Debug)]
 pub(crate) struct Client {
     http: HyperClient<HttpConnector, Full<Bytes>>,
-    uri: Uri,
+    uris: Arc<[Uri]>,
+    next: Arc<AtomicUsize>,
     model: String,
     session_header: Option<HeaderName>,
 }
 
+/// The chat completions URI of `target`.
+fn chat_uri(target: &str) -> Result<Uri, LoadError> {
+    let trimmed = target.trim_end_matches('/');
+    let url = if trimmed.ends_with("/v1/chat/completions") {
+        trimmed.to_owned()
+    } else {
+        format!("{trimmed}/v1/chat/completions")
+    };
+    let uri: Uri =
+        url.parse().map_err(|source| LoadError::Target { target: target.to_owned(), source })?;
+    if uri.scheme_str() != Some("http") {
+        return Err(LoadError::Scheme { target: target.to_owned() });
+    }
+    Ok(uri)
+}
+
 impl Client {
     pub(crate) fn new(
-        target: &str,
+        targets: &[String],
         model: &str,
         session_header: Option<&str>,
     ) -> Result<Self, LoadError> {
-        let trimmed = target.trim_end_matches('/');
-        let url = if trimmed.ends_with("/v1/chat/completions") {
-            trimmed.to_owned()
-        } else {
-            format!("{trimmed}/v1/chat/completions")
-        };
-        let uri: Uri = url
-            .parse()
-            .map_err(|source| LoadError::Target { target: target.to_owned(), source })?;
-        if uri.scheme_str() != Some("http") {
-            return Err(LoadError::Scheme { target: target.to_owned() });
-        }
+        let uris: Vec<Uri> = targets.iter().map(|t| chat_uri(t)).collect::<Result<_, _>>()?;
         let session_header = session_header
             .map(|name| {
                 HeaderName::from_bytes(name.as_bytes())
@@ -70,7 +83,13 @@ impl Client {
         let http = HyperClient::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
-        Ok(Self { http, uri, model: model.to_owned(), session_header })
+        Ok(Self {
+            http,
+            uris: uris.into(),
+            next: Arc::new(AtomicUsize::new(0)),
+            model: model.to_owned(),
+            session_header,
+        })
     }
 
     /// Sends one streamed request and reads it to the end.
@@ -81,13 +100,23 @@ impl Client {
         session: Option<&str>,
     ) -> Outcome {
         let start = Instant::now();
-        let mut outcome = self.exchange(messages, max_tokens, session, start).await;
+        let first = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut outcome = Outcome::default();
+        for attempt in 0..self.uris.len().max(1) {
+            let uri = &self.uris[(first + attempt) % self.uris.len()];
+            outcome = self.exchange(uri, messages, max_tokens, session, start).await;
+            if outcome.error.as_deref() != Some("connect") {
+                break;
+            }
+        }
         outcome.latency = start.elapsed();
+        outcome.session = session.map(str::to_owned);
         outcome
     }
 
     async fn exchange(
         &self,
+        uri: &Uri,
         messages: &[Message],
         max_tokens: usize,
         session: Option<&str>,
@@ -100,7 +129,7 @@ impl Client {
             "stream_options": { "include_usage": true },
             "max_tokens": max_tokens,
         });
-        let mut request = Request::builder().method(Method::POST).uri(self.uri.clone());
+        let mut request = Request::builder().method(Method::POST).uri(uri.clone());
         if let Some(headers) = request.headers_mut() {
             headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
             if let (Some(name), Some(session)) = (&self.session_header, session)
@@ -277,12 +306,58 @@ mod tests {
 
     #[test]
     fn targets_get_the_chat_path_and_must_be_http() {
-        let client = Client::new("http://127.0.0.1:8080/", "m", None).expect("valid");
-        assert_eq!(client.uri.to_string(), "http://127.0.0.1:8080/v1/chat/completions");
-        let client = Client::new("http://h:1/v1/chat/completions", "m", Some("x-session-id"))
+        let one = |t: &str| vec![t.to_owned()];
+        let client = Client::new(&one("http://127.0.0.1:8080/"), "m", None).expect("valid");
+        assert_eq!(client.uris[0].to_string(), "http://127.0.0.1:8080/v1/chat/completions");
+        let client = Client::new(&one("http://h:1/v1/chat/completions"), "m", Some("x-session-id"))
             .expect("valid");
-        assert_eq!(client.uri.path(), "/v1/chat/completions");
-        assert!(Client::new("https://h:1", "m", None).is_err());
-        assert!(Client::new("http://h:1", "m", Some("bad header")).is_err());
+        assert_eq!(client.uris[0].path(), "/v1/chat/completions");
+        assert!(Client::new(&one("https://h:1"), "m", None).is_err());
+        assert!(Client::new(&one("http://h:1"), "m", Some("bad header")).is_err());
+        let several = ["http://a:1".to_owned(), "https://b:2".to_owned()];
+        assert!(Client::new(&several, "m", None).is_err(), "every target is checked");
+        let several = ["http://a:1".to_owned(), "http://b:2".to_owned()];
+        let client = Client::new(&several, "m", None).expect("valid");
+        assert_eq!(client.uris.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn requests_go_round_robin_and_fail_over_a_refused_target() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        // Two tiny HTTP servers naming themselves in x-router-engine, and one closed port.
+        async fn server(name: &'static str) -> String {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+            let addr = listener.local_addr().expect("addr");
+            tokio::spawn(async move {
+                while let Ok((mut socket, _)) = listener.accept().await {
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 65536];
+                        let _ = socket.read(&mut buf).await;
+                        let body = "data: [DONE]\n\n";
+                        let reply = format!(
+                            "HTTP/1.1 200 OK\r\nx-router-engine: {name}\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                            body.len()
+                        );
+                        let _ = socket.write_all(reply.as_bytes()).await;
+                    });
+                }
+            });
+            format!("http://{addr}")
+        }
+        let closed = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            format!("http://{}", listener.local_addr().expect("addr"))
+        };
+        let targets = [server("a").await, closed, server("b").await];
+        let client = Client::new(&targets, "m", None).expect("valid");
+        let mut engines = Vec::new();
+        for _ in 0..6 {
+            let outcome = client.chat(&[], 1, Some("s")).await;
+            assert_eq!(outcome.session.as_deref(), Some("s"));
+            engines.push(outcome.engine.unwrap_or_default());
+        }
+        // a, (closed -> b), b, a, (closed -> b), b.
+        assert_eq!(engines, ["a", "b", "b", "a", "b", "b"]);
     }
 }

@@ -47,6 +47,9 @@ pub struct LoadgenConfig {
     /// Base URL of the router or engine (`--target`); `/v1/chat/completions` is appended
     /// unless already there.
     pub target: String,
+    /// Further targets (`--target` given more than once): requests go round robin over
+    /// `target` and these, and a refused connection fails over to the next.
+    pub more_targets: Vec<String>,
     /// The `model` of every request (`--model`).
     pub model: String,
     /// What to send.
@@ -66,6 +69,7 @@ impl LoadgenConfig {
     pub fn new(target: impl Into<String>, model: impl Into<String>) -> Self {
         Self {
             target: target.into(),
+            more_targets: Vec::new(),
             model: model.into(),
             workload: Workload::Sessions(SessionSpec::default()),
             arrival: Arrival::Concurrency(4),
@@ -193,11 +197,13 @@ pub fn trace_oracle(spec: &TraceSpec) -> Result<OracleReport, LoadError> {
     Ok(replay.oracle_over(replay.requests.len()))
 }
 
-/// Runs the workload against `config.target` and reports what it measured.
+/// Runs the workload against `config.target` (and `config.more_targets`) and reports what it
+/// measured.
 pub async fn run(config: &LoadgenConfig) -> Result<RunReport, LoadError> {
     validate(config)?;
-    let client =
-        client::Client::new(&config.target, &config.model, config.session_header.as_deref())?;
+    let targets: Vec<String> =
+        std::iter::once(config.target.clone()).chain(config.more_targets.iter().cloned()).collect();
+    let client = client::Client::new(&targets, &config.model, config.session_header.as_deref())?;
     match &config.workload {
         Workload::Sessions(spec) => Ok(driver::sessions(config, spec, client).await),
         Workload::Trace(spec) => {

@@ -62,8 +62,37 @@ pub struct RunReport {
     /// The largest uncached share times the number of engines (1: even prefill work);
     /// `None` without any share.
     pub uncached_share_max_over_mean: Option<f64>,
+    /// Session turns: the fraction of successful turns that named their engine and were
+    /// served by their session's engine (the engine that served most of the session's
+    /// turns, the first such on a tie); `None` without any such turn.
+    pub session_engine_agreement: Option<f64>,
     /// Trace replays: the oracles and the other bounds over the requests sent.
     pub replay: Option<ReplayReport>,
+}
+
+/// The fraction of successful, engine-naming session turns served by their session's engine.
+fn session_engine_agreement(outcomes: &[Outcome]) -> Option<f64> {
+    let mut by_session: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for outcome in outcomes.iter().filter(|o| o.error.is_none()) {
+        if let (Some(session), Some(engine)) = (&outcome.session, &outcome.engine) {
+            by_session.entry(session).or_default().push(engine);
+        }
+    }
+    let (mut agreeing, mut turns) = (0usize, 0usize);
+    for engines in by_session.values() {
+        let mut counts: Vec<(&str, usize)> = Vec::new();
+        for engine in engines {
+            match counts.iter_mut().find(|(e, _)| e == engine) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((engine, 1)),
+            }
+        }
+        // The first engine with the most turns.
+        let most = counts.iter().fold(0, |best, &(_, n)| best.max(n));
+        agreeing += most;
+        turns += engines.len();
+    }
+    (turns > 0).then(|| agreeing as f64 / turns as f64)
 }
 
 /// Nearest-rank percentile of sorted values.
@@ -168,6 +197,7 @@ impl RunReport {
             .iter()
             .map(|(engine, n)| (engine.clone(), *n as f64 / named as f64))
             .collect();
+        report.session_engine_agreement = session_engine_agreement(outcomes);
         let uncached: u64 = report.engine_uncached_tokens.values().sum();
         if uncached > 0 {
             report.engine_uncached_share = report
@@ -214,6 +244,7 @@ impl RunReport {
             "engine_uncached_share": self.engine_uncached_share,
             "uncached_share_max_over_mean": self.uncached_share_max_over_mean,
             "error_kinds": self.error_kinds,
+            "session_engine_agreement": self.session_engine_agreement,
         });
         if let Some(replay) = &self.replay {
             let oracle = &replay.oracle;
@@ -341,6 +372,35 @@ mod tests {
             engine: engine.map(str::to_owned),
             ..Outcome::default()
         }
+    }
+
+    #[test]
+    fn session_engine_agreement_counts_turns_on_the_sessions_engine() {
+        let turn = |session: &str, engine: &str| Outcome {
+            session: Some(session.to_owned()),
+            ..ok(1, 10, 0, Some(engine))
+        };
+        let failed = Outcome {
+            session: Some("s1".to_owned()),
+            error: Some("connect".to_owned()),
+            ..Outcome::default()
+        };
+        // s1: 3 of 4 on e1; s2: 2 of 2 on e2; a failure and a trace request do not count.
+        let outcomes = vec![
+            turn("s1", "e1"),
+            turn("s1", "e2"),
+            turn("s1", "e1"),
+            turn("s1", "e1"),
+            turn("s2", "e2"),
+            turn("s2", "e2"),
+            failed,
+            ok(1, 10, 0, Some("e3")),
+        ];
+        let report = RunReport::new(&outcomes, Duration::from_secs(1), 8, None);
+        assert_eq!(report.session_engine_agreement, Some(5.0 / 6.0));
+        assert_eq!(report.to_json()["session_engine_agreement"], 5.0 / 6.0);
+        let none = RunReport::new(&[ok(1, 10, 0, Some("e1"))], Duration::from_secs(1), 1, None);
+        assert_eq!(none.session_engine_agreement, None);
     }
 
     #[test]

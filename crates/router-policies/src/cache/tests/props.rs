@@ -113,3 +113,36 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// With `tie_break: request` two replicas (independent policy instances, the candidates in
+    /// different slice orders) pick the same engine for one request, on hits and misses alike.
+    #[test]
+    fn request_tie_breaks_agree_across_replicas(
+        engines in fleet(),
+        k in 1usize..5,
+        input in 1usize..INPUT,
+        rotation in 0usize..8,
+    ) {
+        let world = World::new(Stage::Prefill, &engines);
+        let settings = CacheAwareSettings {
+            min_load_choices: k,
+            tie_break: crate::TieBreak::Request,
+            ..CacheAwareSettings::default()
+        };
+        let first = crate::CacheAwarePolicy::new(world.source.clone(), world.load(), settings.clone())
+            .expect("valid");
+        let second =
+            crate::CacheAwarePolicy::new(world.source.clone(), world.load(), settings).expect("valid");
+        let mut shuffled = world.workers.clone();
+        let n = shuffled.len();
+        shuffled.rotate_left(rotation % n);
+        shuffled.reverse();
+        let a = world.pick_from(&first, &world.workers, input).expect("picked");
+        let b = world.pick_from(&second, &shuffled, input).expect("picked");
+        prop_assert_eq!(a.worker.id(), b.worker.id());
+        prop_assert_eq!(a.reason, b.reason);
+    }
+}
