@@ -510,6 +510,15 @@ pub(crate) fn render(bench: &EppBench) -> String {
          run's requests, and includes its background work.\n\n"
     );
     page.push_str(
+        "What it shows: the price of keeping Envoy the only proxy and asking the picker for \
+         every request. The added latency is one ext_proc stream per request (request headers \
+         and body, response headers and body all go to the picker and back in \
+         FULL_DUPLEX_STREAMED, each streamed chunk too); the added CPU is the picker's plus \
+         Envoy's own ext_proc client work (the picker gateway's Envoy column). The engines here \
+         cost almost nothing, so the ratios are the worst case: against real engines, whose \
+         answers take milliseconds to seconds, the same absolute additions are a small part.\n\n",
+    );
+    page.push_str(
         "| case | clients | gateway | requests | errors | req/s | p50 ms | p99 ms | Envoy CPU/request | picker CPU/request |\n\
          |---|---|---|---|---|---|---|---|---|---|\n",
     );
