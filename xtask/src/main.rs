@@ -21,7 +21,7 @@ commands:
   deps                check internal dependency edges against ARCHITECTURE.md
   lint                cargo fmt --check, clippy -D warnings, rustdoc -D warnings
   tidy                //! headers, module cycles, references to documents outside the repository
-  bench [--quick] [--only overhead|policies|quality] [--no-build] [--case TEXT]
+  bench [--quick] [--only overhead|epp|policies|quality|replicas] [--no-build] [--case TEXT]
                       end-to-end benchmark against the simulated fleet; writes docs/benchmarks.md
                       (--only: run one section and replace only it on the page; --case: only the
                       overhead cases whose name contains TEXT, nothing written)
@@ -61,12 +61,13 @@ fn run(args: &[&str]) -> Result<()> {
             {
                 None => bench::Only::All,
                 Some(&"overhead") => bench::Only::Overhead,
+                Some(&"epp") => bench::Only::Epp,
                 Some(&"policies") => bench::Only::Policies,
                 Some(&"quality") => bench::Only::Quality,
                 Some(&"replicas") => bench::Only::Replicas,
                 Some(&"trace") => bail!("--only trace: the trace replay is now --only quality"),
                 Some(other) => {
-                    bail!("--only {other}: expected overhead, policies, quality or replicas")
+                    bail!("--only {other}: expected overhead, epp, policies, quality or replicas")
                 }
             };
             let case = match rest.iter().position(|a| *a == "--case") {

@@ -4,11 +4,14 @@
 //! Builds the release binaries, then measures, each section on its own fleets:
 //! 1. `overhead`: requests straight to a fast engine and through the router (router CPU per
 //!    request from `/proc`, throughput, latency), non-streaming and streaming;
-//! 2. `policies`: every policy on the same 8-engine fleet and multi-turn chat workload (cache
+//! 2. `epp`: the endpoint picker, the same requests through Envoy with a static route and
+//!    through Envoy asking `router-server epp` over ext_proc (added latency, picker CPU per
+//!    request; needs the Envoy 1.40 that `.ci/run` installs);
+//! 3. `policies`: every policy on the same 8-engine fleet and multi-turn chat workload (cache
 //!    hit rate, time to first token, per-engine share, throughput), each on a fresh fleet;
-//! 3. `quality`: routing quality under load, the Mooncake traces replayed open-loop at set
+//! 4. `quality`: routing quality under load, the Mooncake traces replayed open-loop at set
 //!    offered loads through the policies, beside the traces' own bounds (about 45 minutes);
-//! 4. `replicas`: three router replicas over one fleet, sessions sprayed over them, against
+//! 5. `replicas`: three router replicas over one fleet, sessions sprayed over them, against
 //!    one router (session engine agreement, hit rate, TTFT; a replica restarted; a shared
 //!    `kv-indexer`).
 //!
@@ -16,6 +19,7 @@
 //! replaces only the sections it measured, with their SVG plots beside the page. `--quick`
 //! shrinks every run so the whole benchmark finishes in a few minutes.
 
+mod epp;
 mod fake_engine;
 mod overhead;
 mod page;
@@ -36,6 +40,7 @@ use crate::cargo;
 pub(crate) enum Only {
     All,
     Overhead,
+    Epp,
     Policies,
     Quality,
     Replicas,
@@ -115,6 +120,32 @@ pub(crate) fn run(root: &Path, options: Options) -> Result<()> {
         ));
     }
 
+    if wants(Only::Epp) {
+        let sizes = if quick {
+            epp::Sizes { requests: 400, repeats: 3 }
+        } else {
+            epp::Sizes { requests: 2_000, repeats: 5 }
+        };
+        eprintln!(
+            "xtask bench: endpoint picker ({} requests x {} per case and gateway)",
+            sizes.requests, sizes.repeats
+        );
+        let measured = epp::measure(&bins, sizes)?;
+        for case in &measured.cases {
+            eprintln!(
+                "  {}, {} clients: p50 {:.2} -> {:.2} ms, p99 {:.2} -> {:.2} ms, picker CPU {:.1} us/request",
+                case.name,
+                case.clients,
+                case.direct.p50_ms,
+                case.picked.p50_ms,
+                case.direct.p99_ms,
+                case.picked.p99_ms,
+                case.picked.picker_cpu_us.unwrap_or(f64::NAN),
+            );
+        }
+        sections.push(("epp", provenance(&epp::render(&measured), &command("epp"), &machine)));
+    }
+
     if wants(Only::Policies) {
         let workload = if quick { policies::Workload::quick() } else { policies::Workload::full() };
         let mut runs = Vec::new();
@@ -184,7 +215,8 @@ pub(crate) fn run(root: &Path, options: Options) -> Result<()> {
 const REPRODUCE: &str = "## Reproduce\n\n```sh\n\
 cargo xtask bench                          # every section, about an hour on 2 cores (quality: ~45 min)\n\
 cargo xtask bench --quick                  # every section, small: a few minutes\n\
-cargo xtask bench --only quality           # or overhead, policies or replicas: replaces only that section\n\
+cargo xtask bench --only quality           # or overhead, epp, policies or replicas: replaces only that section\n\
+cargo xtask bench --only epp               # Envoy with and without the endpoint picker: under a minute\n\
 cargo xtask bench --only quality --quick   # one cell of the sweep (conversation, 64k, RHO 0.8)\n\
 cargo xtask bench --case streaming         # only the overhead cases naming it, nothing written (for perf/strace)\n\
 ```\n";

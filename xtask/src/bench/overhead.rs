@@ -41,7 +41,7 @@ pub(crate) struct Overhead {
     pub(crate) cases: Vec<(String, Run)>,
 }
 
-async fn blast(
+pub(crate) async fn blast(
     url: &str,
     body: &'static str,
     total: usize,
@@ -91,7 +91,7 @@ async fn blast(
     Ok((latencies, errors, started.elapsed()))
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
+pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
     }

@@ -3,7 +3,8 @@
 //! sections it measured and keeps the rest of the page as it was.
 
 /// Known sections, in page order; a missing section is inserted at its place in this order.
-pub(crate) const ORDER: &[&str] = &["overhead", "policies", "quality", "replicas", "reproduce"];
+pub(crate) const ORDER: &[&str] =
+    &["overhead", "epp", "policies", "quality", "replicas", "reproduce"];
 
 /// The page's opening, written when the page is new or had no markers yet.
 pub(crate) const HEADER: &str = "# Benchmarks\n\nWritten by `cargo xtask bench`. Each section is \

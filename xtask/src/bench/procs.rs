@@ -15,6 +15,8 @@ use anyhow::{Context, Result, bail};
 pub(crate) struct Proc {
     child: Child,
     pub(crate) lines: Vec<String>,
+    /// The standard error tail of a process started by [`Proc::spawn`].
+    stderr: Option<JoinHandle<String>>,
 }
 
 impl Proc {
@@ -70,7 +72,7 @@ impl Proc {
             }
         }
         std::thread::spawn(move || while rx.recv().is_ok() {});
-        Ok(Self { child, lines })
+        Ok(Self { child, lines, stderr: None })
     }
 
     /// The text after `prefix` on the first line that has it.
@@ -79,6 +81,30 @@ impl Proc {
             .iter()
             .find_map(|l| l.split_once(prefix).map(|(_, rest)| rest.trim().to_owned()))
             .with_context(|| format!("no {prefix:?} in {:?}", self.lines))
+    }
+
+    /// Starts `bin args` without waiting for any output (for programs, like Envoy, that print
+    /// nothing on stdout); the caller waits for readiness its own way, and [`Proc::check`]
+    /// reports an early exit.
+    pub(crate) fn spawn(bin: &Path, args: &[String]) -> Result<Self> {
+        let mut child = Command::new(bin)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let stderr = tail(child.stderr.take().context("stderr")?);
+        Ok(Self { child, lines: Vec::new(), stderr: Some(stderr) })
+    }
+
+    /// Fails, with the last lines of its standard error, once the process has exited.
+    pub(crate) fn check(&mut self) -> Result<()> {
+        if let Some(status) = self.child.try_wait()? {
+            let stderr = self.stderr.take().and_then(|t| t.join().ok()).unwrap_or_default();
+            bail!("exited ({status}): {stderr}");
+        }
+        Ok(())
     }
 
     /// CPU time consumed so far by every thread, in nanoseconds of run time from
@@ -96,6 +122,37 @@ impl Proc {
         }
         Ok(Duration::from_nanos(total))
     }
+
+    /// User plus system CPU time so far from `/proc/<pid>/stat` (`utime` + `stime`, in clock
+    /// ticks of `ticks_per_sec`): coarse, but the figure `top` and `ps` report.
+    pub(crate) fn stat_cpu_time(&self, ticks_per_sec: u64) -> Result<Duration> {
+        let path = format!("/proc/{}/stat", self.child.id());
+        let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
+        let ticks = stat_ticks(&text).with_context(|| format!("no utime/stime in {path}"))?;
+        Ok(Duration::from_secs_f64(ticks as f64 / ticks_per_sec.max(1) as f64))
+    }
+}
+
+/// `utime + stime` of a `/proc/<pid>/stat` line. The command name (field 2) is in parentheses
+/// and may hold spaces, so fields are counted after its closing `)`: state is the first there,
+/// utime (field 14) the twelfth and stime the thirteenth.
+fn stat_ticks(stat: &str) -> Option<u64> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// The kernel's clock ticks per second (`getconf CLK_TCK`), 100 when it cannot be asked.
+pub(crate) fn clock_ticks_per_sec() -> u64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|out| String::from_utf8(out.stdout).ok())
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(100)
 }
 
 impl Drop for Proc {
@@ -198,4 +255,17 @@ pub(crate) fn router_with_config(bins: &Bins, yaml: &str) -> Result<(Proc, Strin
     let proc = Proc::start(&bins.server, &args, "router listening on ")?;
     let url = proc.after("router listening on ")?;
     Ok((proc, url))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stat_ticks;
+
+    #[test]
+    fn reads_utime_and_stime_after_the_command_name() {
+        // A command name with a space and a parenthesis, as `/proc/<pid>/stat` may hold.
+        let stat = "4242 (envoy (main)) S 1 4242 4242 0 -1 4194560 1234 0 0 0 317 42 0 0 20 0 9 0";
+        assert_eq!(stat_ticks(stat), Some(317 + 42));
+        assert_eq!(stat_ticks("4242 (x) S 1"), None);
+    }
 }
