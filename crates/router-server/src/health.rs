@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -131,6 +132,9 @@ pub struct HealthBook {
     /// Wakes the run loop when a breaker opens or an engine is held off, so that it acts on
     /// time.
     opened: Notify,
+    /// Engines whose breaker is half-open now, so that a dispatch to a closed breaker (all of
+    /// them, nearly always) costs nothing here.
+    half_open: AtomicUsize,
 }
 
 /// The breaker state of one engine, for `/admin/state`.
@@ -167,7 +171,13 @@ fn state_of(breaker: Breaker) -> BreakerState {
 impl HealthBook {
     /// A book over `registry`.
     pub fn new(registry: Arc<WorkerRegistry>, config: HealthSection) -> Self {
-        Self { registry, config, engines: Mutex::new(HashMap::new()), opened: Notify::new() }
+        Self {
+            registry,
+            config,
+            engines: Mutex::new(HashMap::new()),
+            opened: Notify::new(),
+            half_open: AtomicUsize::new(0),
+        }
     }
 
     /// The configuration.
@@ -190,12 +200,22 @@ impl HealthBook {
                 // A late outcome of an engine since replaced: its successor's record stays.
                 return;
             }
+            let was_half_open = state_of(entry.breaker) == BreakerState::HalfOpen;
             if entry.incarnation != worker.incarnation() {
                 *entry = EngineHealth::new(worker.incarnation());
             }
             let before = state_of(entry.breaker);
             change(entry, &self.config);
             let after = state_of(entry.breaker);
+            match (was_half_open, after == BreakerState::HalfOpen) {
+                (false, true) => {
+                    self.half_open.fetch_add(1, Ordering::Relaxed);
+                }
+                (true, false) => {
+                    self.half_open.fetch_sub(1, Ordering::Relaxed);
+                }
+                _ => {}
+            }
             if before != after {
                 let id = worker.id().as_str();
                 crate::metrics::breaker_transition(id, before.as_str(), after.as_str());
@@ -233,6 +253,9 @@ impl HealthBook {
     /// A request is being sent to `worker`: while its breaker is half-open it is a trial,
     /// and the engine stops being a candidate once `breaker_trials` are in flight.
     pub fn dispatching(&self, worker: &Worker) {
+        if self.half_open.load(Ordering::Relaxed) == 0 {
+            return;
+        }
         let now = Instant::now();
         self.update(worker, |engine, _| {
             if let Breaker::HalfOpen { trials, successes, .. } = engine.breaker {
@@ -304,9 +327,13 @@ impl HealthBook {
     /// Forgets engines that left the registry.
     pub fn retain_registered(&self) {
         let registry = &self.registry;
-        self.engines
-            .lock()
-            .retain(|id, e| registry.get(id).is_some_and(|w| w.incarnation() == e.incarnation));
+        self.engines.lock().retain(|id, e| {
+            let keep = registry.get(id).is_some_and(|w| w.incarnation() == e.incarnation);
+            if !keep && state_of(e.breaker) == BreakerState::HalfOpen {
+                self.half_open.fetch_sub(1, Ordering::Relaxed);
+            }
+            keep
+        });
     }
 
     /// Probes every engine once, concurrently.
