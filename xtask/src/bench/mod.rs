@@ -189,7 +189,7 @@ pub(crate) fn run(root: &Path, options: Options) -> Result<()> {
     }
 
     if wants(Only::Replicas) {
-        let workload = if quick { replicas::Workload::quick() } else { replicas::Workload::full() };
+        let workload = replicas::workload(quick);
         let runs = replicas::measure(&bins, &workload, &tokenizer);
         let mut rendered = replicas::render(&runs, &workload);
         if debug {

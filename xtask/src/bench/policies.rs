@@ -71,6 +71,38 @@ impl Workload {
         Self { sessions: 16, turns: 3, duration_secs: 4, ..Self::full() }
     }
 
+    /// `router-sim load` sending this workload to `targets` (round robin over them), with
+    /// sessions keyed by `x-session-id` and a fixed seed, reporting JSON.
+    pub(crate) fn load_args(&self, targets: &[String]) -> Vec<String> {
+        let mut args = vec!["load".to_owned()];
+        for target in targets {
+            args.extend(["--target".to_owned(), target.clone()]);
+        }
+        let numbers = [
+            ("--sessions", self.sessions),
+            ("--turns", self.turns),
+            ("--system-prompts", self.system_prompts),
+            ("--system-prompt-tokens", self.system_prompt_tokens),
+            ("--turn-tokens", self.turn_tokens),
+            ("--output-tokens", self.output_tokens),
+            ("--concurrency", self.concurrency),
+        ];
+        for (flag, value) in numbers {
+            args.extend([flag.to_owned(), value.to_string()]);
+        }
+        args.extend(
+            ["--model", "m", "--session-header", "x-session-id", "--seed", "7", "--json"]
+                .map(str::to_owned),
+        );
+        args.extend(["--duration".to_owned(), self.duration_secs.to_string()]);
+        args
+    }
+
+    /// How long a run of this workload may take before it is a failure.
+    pub(crate) fn timeout(&self) -> Duration {
+        Duration::from_secs(self.duration_secs * 2 + 60)
+    }
+
     pub(crate) fn engines(&self) -> Engines {
         Engines {
             count: self.engines,
@@ -235,36 +267,8 @@ pub(crate) fn run(
     // a hit is any shared system prompt (a full block or more).
     let spec = PolicySpec::new(policy, 256);
     let fleet = Fleet::start(bins, &spec, &workload.engines(), tokenizer)?;
-    let router_url = fleet.url.clone();
-    let args = [
-        "load".to_owned(),
-        "--target".into(),
-        router_url,
-        "--model".into(),
-        "m".into(),
-        "--sessions".into(),
-        workload.sessions.to_string(),
-        "--turns".into(),
-        workload.turns.to_string(),
-        "--system-prompts".into(),
-        workload.system_prompts.to_string(),
-        "--system-prompt-tokens".into(),
-        workload.system_prompt_tokens.to_string(),
-        "--turn-tokens".into(),
-        workload.turn_tokens.to_string(),
-        "--output-tokens".into(),
-        workload.output_tokens.to_string(),
-        "--concurrency".into(),
-        workload.concurrency.to_string(),
-        "--duration".into(),
-        workload.duration_secs.to_string(),
-        "--session-header".into(),
-        "x-session-id".into(),
-        "--seed".into(),
-        "7".into(),
-        "--json".into(),
-    ];
-    let timeout = Duration::from_secs(workload.duration_secs * 2 + 60);
+    let args = workload.load_args(std::slice::from_ref(&fleet.url));
+    let timeout = workload.timeout();
     let report = load_json(bins, &args, timeout)?;
     drop(fleet);
     Ok(PolicyRun { policy: policy.to_owned(), report })

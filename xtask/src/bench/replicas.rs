@@ -12,41 +12,27 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde_json::Value;
 
-use super::policies::load_json;
+use super::policies::{Workload, load_json};
 use super::procs::{Bins, Proc, engine};
 
-/// Fleet and workload sizes.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Workload {
-    pub(crate) engines: usize,
-    pub(crate) sessions: usize,
-    pub(crate) turns: usize,
-    pub(crate) system_prompts: usize,
-    pub(crate) system_prompt_tokens: usize,
-    pub(crate) turn_tokens: usize,
-    pub(crate) output_tokens: usize,
-    pub(crate) concurrency: usize,
-    pub(crate) duration_secs: u64,
-}
-
-impl Workload {
-    pub(crate) fn full() -> Self {
-        Self {
-            engines: 4,
-            sessions: 48,
-            turns: 6,
-            system_prompts: 4,
-            system_prompt_tokens: 512,
-            turn_tokens: 96,
-            output_tokens: 24,
-            concurrency: 6,
-            duration_secs: 60,
-        }
-    }
-
-    pub(crate) fn quick() -> Self {
-        Self { sessions: 24, turns: 4, ..Self::full() }
-    }
+/// Fleet and workload sizes: the policy comparison's shape, smaller (a session per replica
+/// spray matters, not the fleet's size).
+pub(crate) fn workload(quick: bool) -> Workload {
+    let full = Workload {
+        engines: 4,
+        sessions: 48,
+        turns: 6,
+        system_prompts: 4,
+        system_prompt_tokens: 512,
+        turn_tokens: 96,
+        output_tokens: 24,
+        concurrency: 6,
+        duration_secs: 60,
+        kv_capacity_tokens: 16_384,
+        prefill_tokens_per_sec: 40_000,
+        decode_tokens_per_sec: 400,
+    };
+    if quick { Workload { sessions: 24, turns: 4, ..full } } else { full }
 }
 
 /// One configuration measured.
@@ -211,11 +197,11 @@ fn run(
                 "--tokenizer",
                 tokenizer,
                 "--kv-capacity-tokens",
-                "16384",
+                &workload.kv_capacity_tokens.to_string(),
                 "--prefill-tokens-per-sec",
-                "40000",
+                &workload.prefill_tokens_per_sec.to_string(),
                 "--decode-tokens-per-sec",
-                "400",
+                &workload.decode_tokens_per_sec.to_string(),
                 "--kv-events",
                 "tcp://127.0.0.1:0",
                 "--load-reporter",
@@ -254,29 +240,9 @@ fn run(
     // Let KV-event subscriptions connect before traffic starts.
     std::thread::sleep(Duration::from_millis(500));
 
-    let mut args = vec!["load".to_owned()];
-    for replica in &replicas {
-        args.extend(["--target".to_owned(), replica.url.clone()]);
-    }
-    let numbers = [
-        ("--sessions", workload.sessions),
-        ("--turns", workload.turns),
-        ("--system-prompts", workload.system_prompts),
-        ("--system-prompt-tokens", workload.system_prompt_tokens),
-        ("--turn-tokens", workload.turn_tokens),
-        ("--output-tokens", workload.output_tokens),
-        ("--concurrency", workload.concurrency),
-    ];
-    for (flag, value) in numbers {
-        args.extend([flag.to_owned(), value.to_string()]);
-    }
-    args.extend(
-        ["--model", "m", "--session-header", "x-session-id", "--seed", "7", "--json", "--duration"]
-            .iter()
-            .map(|s| (*s).to_owned()),
-    );
-    args.push(workload.duration_secs.to_string());
-    let timeout = Duration::from_secs(workload.duration_secs * 2 + 60);
+    let targets: Vec<String> = replicas.iter().map(|r| r.url.clone()).collect();
+    let args = workload.load_args(&targets);
+    let timeout = workload.timeout();
     let report = if scenario.restart {
         // The load runs on its own thread; the replica dies a third in, returns two thirds in
         // (of the single-replica run's expected length, about 1 s per 40 requests here).
@@ -284,7 +250,6 @@ fn run(
             (workload.sessions * workload.turns) as f64 * 0.1 / workload.concurrency as f64;
         let load = {
             let bins_sim = bins.sim.clone();
-            let args = args.clone();
             std::thread::spawn(move || {
                 let bins = Bins { server: std::path::PathBuf::new(), sim: bins_sim };
                 load_json(&bins, &args, timeout)
