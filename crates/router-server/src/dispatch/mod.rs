@@ -103,7 +103,7 @@ impl Exchange<'_> {
         worker: &Worker,
         request: EngineRequest,
     ) -> Result<hyper::Response<Incoming>, EngineError> {
-        let EngineRequest { body, rank_header } = request;
+        let EngineRequest { body, rank_header, .. } = request;
         let forwarder = self.ctx.forwarder();
         let span = self.trace.child("dispatch");
         if span.is_recording() {

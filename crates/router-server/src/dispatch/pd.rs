@@ -75,11 +75,17 @@ pub(super) async fn dispatch(
         prepared.request.bootstrap_rooms(),
     );
     let prefill_request = d.engine_request(&prefill.worker, prefill_rank, &fields);
-    if let Some(rank) = prefill_rank {
-        // The decode side is told which prefill rank holds its KV cache.
-        fields.push(("disagg_prefill_dp_rank", rank.rank.into()));
-    }
-    let decode_request = d.engine_request(&decode.worker, decode_rank, &fields);
+    let decode_request = match prefill_rank {
+        // The same fields: the decode engine shares the prefill body when it needs the same.
+        None => {
+            d.engine_request_beside(&decode.worker, decode_rank, &fields, Some(&prefill_request))
+        }
+        Some(rank) => {
+            // The decode side is told which prefill rank holds its KV cache.
+            fields.push(("disagg_prefill_dp_rank", rank.rank.into()));
+            d.engine_request(&decode.worker, decode_rank, &fields)
+        }
+    };
     let prefill_guard = d.dispatched(&prefill, Stage::Prefill, prefill_rank);
     let decode_guard = d.dispatched(&decode, Stage::Decode, decode_rank);
 

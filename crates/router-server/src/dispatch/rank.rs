@@ -28,6 +28,18 @@ pub(super) struct EngineRequest {
     pub body: Bytes,
     /// The rank named in the header, if any.
     pub rank_header: Option<u32>,
+    /// How `body` was made from the client's, so that a sibling engine needing the same one
+    /// (the other engine of a PD pair) shares it instead of serialising it again.
+    pub edit: BodyEdit,
+}
+
+/// How an engine's body differs from the client's, besides the router's fields.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct BodyEdit {
+    /// The rank written as `data_parallel_rank`.
+    rank: Option<u32>,
+    /// The client's own `data_parallel_rank` is removed (the router names ranks there).
+    drops_clients_rank: bool,
 }
 
 impl Dispatch<'_> {
@@ -95,6 +107,18 @@ impl Dispatch<'_> {
         rank: Option<RankChoice>,
         fields: &[(&str, Value)],
     ) -> EngineRequest {
+        self.engine_request_beside(worker, rank, fields, None)
+    }
+
+    /// [`Self::engine_request`] for an engine beside `sibling`, made with the same `fields`:
+    /// `sibling`'s body when this engine's is the same.
+    pub(super) fn engine_request_beside(
+        &self,
+        worker: &Worker,
+        rank: Option<RankChoice>,
+        fields: &[(&str, Value)],
+        sibling: Option<&EngineRequest>,
+    ) -> EngineRequest {
         let prepared = self.prepared;
         let client = prepared.client_rank;
         let route = worker.dp_route();
@@ -105,26 +129,34 @@ impl Dispatch<'_> {
             // The engine picks its rank itself: a client's header goes through as it was.
             None => client.filter(|c| c.via == DpRoute::Header).map(|c| c.rank),
         };
-        let clients_field_replaced =
-            route.is_some() && prepared.request.body.contains_key(DP_RANK_FIELD);
-        let writes_rank = route == Some(DpRoute::Body) && rank.is_some();
-        if fields.is_empty() && !writes_rank && !clients_field_replaced {
-            return EngineRequest { body: prepared.body.clone(), rank_header };
-        }
-        let mut body: Map<String, Value> = prepared.request.body.clone();
+        let edit = BodyEdit {
+            rank: rank.filter(|_| route == Some(DpRoute::Body)),
+            drops_clients_rank: route.is_some()
+                && prepared.request.body.contains_key(DP_RANK_FIELD),
+        };
+        let body = match sibling {
+            Some(sibling) if sibling.edit == edit => sibling.body.clone(),
+            _ if fields.is_empty() && edit == BodyEdit::default() => prepared.body.clone(),
+            _ => self.edited_body(edit, fields),
+        };
+        EngineRequest { body, rank_header, edit }
+    }
+
+    /// The client's body without router-owned fields, with `fields` and `edit` applied.
+    fn edited_body(&self, edit: BodyEdit, fields: &[(&str, Value)]) -> Bytes {
+        let mut body: Map<String, Value> = self.prepared.request.body.clone();
         for field in ROUTER_OWNED_FIELDS {
             body.remove(field);
         }
-        if route.is_some() {
+        if edit.drops_clients_rank {
             body.remove(DP_RANK_FIELD);
         }
         for (field, value) in fields {
             body.insert((*field).to_owned(), value.clone());
         }
-        if let (Some(DpRoute::Body), Some(rank)) = (route, rank) {
+        if let Some(rank) = edit.rank {
             body.insert(DP_RANK_FIELD.to_owned(), rank.into());
         }
-        let body = Bytes::from(serde_json::to_vec(&body).expect("a JSON map serialises"));
-        EngineRequest { body, rank_header }
+        Bytes::from(serde_json::to_vec(&body).expect("a JSON map serialises"))
     }
 }

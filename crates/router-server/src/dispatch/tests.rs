@@ -266,7 +266,14 @@ async fn an_engine_silent_after_its_head_is_a_timeout_and_its_failure() {
     let (ctx, worker) = engine("stall", "stalls-1", Script::Stalls(200)).await;
     let x = exchange(&ctx, false);
     let upstream = x
-        .send(&worker, EngineRequest { body: Bytes::from_static(b"{}"), rank_header: None })
+        .send(
+            &worker,
+            EngineRequest {
+                body: Bytes::from_static(b"{}"),
+                rank_header: None,
+                edit: Default::default(),
+            },
+        )
         .await
         .expect("a head");
     let (_, body) = x.checked(&worker, upstream).await.expect("a 200");
@@ -291,7 +298,14 @@ async fn a_server_error_whose_body_never_comes_is_still_reported() {
     let (ctx, worker) = engine("stall", "stalls-2", Script::Stalls(500)).await;
     let x = exchange(&ctx, false);
     let upstream = x
-        .send(&worker, EngineRequest { body: Bytes::from_static(b"{}"), rank_header: None })
+        .send(
+            &worker,
+            EngineRequest {
+                body: Bytes::from_static(b"{}"),
+                rank_header: None,
+                edit: Default::default(),
+            },
+        )
         .await
         .expect("a head");
     tokio::time::pause();
