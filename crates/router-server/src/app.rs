@@ -29,6 +29,7 @@ use crate::error::ApiError;
 use crate::forward::{ForwardConfig, Forwarder, OutcomeSink};
 use crate::health::HealthBook;
 use crate::limit::Admission;
+use crate::limit::rate::RateLimits;
 use crate::model_info::ModelCards;
 use crate::retry::RetryBudget;
 
@@ -58,6 +59,7 @@ pub struct AppContext {
     retry_budget: RetryBudget,
     draining: AtomicBool,
     admission: Arc<Admission>,
+    rate_limits: Arc<RateLimits>,
     model_cards: Arc<ModelCards>,
     /// How often and how patiently the model cards are refreshed (the health checker's).
     card_refresh: (Duration, Duration),
@@ -152,6 +154,7 @@ impl AppContext {
             wildcard,
             forwarder,
             metrics: crate::metrics::install(),
+            rate_limits: Arc::new(crate::limit::rate_limits(&config.server, &credentials)),
             credentials: Arc::new(credentials),
             retry_budget: RetryBudget::new(&config.server.retry),
             draining: AtomicBool::new(false),
@@ -398,6 +401,11 @@ impl AppContext {
     /// The server settings.
     pub fn server(&self) -> &ServerSection {
         &self.server
+    }
+
+    /// The rate limits of the client keys.
+    pub(crate) fn rate_limits(&self) -> &Arc<RateLimits> {
+        &self.rate_limits
     }
 
     /// The concurrency bound of inference requests and its queue.

@@ -14,7 +14,7 @@ use axum::http::{HeaderMap, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use router_workers::ApiKey;
-use subtle::ConstantTimeEq;
+use subtle::{Choice, ConditionallySelectable, ConstantTimeEq};
 
 use crate::config::ServerSection;
 use crate::error::ApiError;
@@ -56,8 +56,20 @@ impl KeySet {
 
     /// Whether `given` is one of the keys.
     pub fn accepts(&self, given: &str) -> bool {
+        self.find(given).is_some()
+    }
+
+    /// Which of the keys `given` is, by its place in the set; every key is compared, and the
+    /// place chosen without branching on any comparison.
+    pub fn find(&self, given: &str) -> Option<usize> {
         let given = digest(given);
-        self.0.iter().fold(false, |found, key| found | bool::from(given.ct_eq(key)))
+        let (mut found, mut place) = (Choice::from(0), 0u64);
+        for (i, key) in self.0.iter().enumerate() {
+            let matches = given.ct_eq(key);
+            place.conditional_assign(&(i as u64), matches);
+            found |= matches;
+        }
+        bool::from(found).then_some(place as usize)
     }
 }
 
@@ -95,7 +107,7 @@ impl Credentials {
         let client_keys = if server.api_keys.is_empty() {
             KeySet::new(&from_env(CLIENT_KEY_ENV)?)
         } else {
-            KeySet::new(&server.api_keys)
+            KeySet::new(server.api_keys.iter().map(|entry| &entry.key))
         };
         let engine_default = match &server.engine_api_key {
             Some(key) => Some(key.clone()),
@@ -116,20 +128,29 @@ pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
+/// The client key a request presented, by its place in [`Credentials::client_keys`] (the
+/// order of `server.api_keys`): put in the request's extensions by [`require_api_key`], for
+/// the key's rate limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct KeyIndex(pub(crate) usize);
+
 /// Middleware of the client API: with client keys configured, a request without one of them
-/// gets 401 before anything else happens.
+/// gets 401 before anything else happens; with one, it carries the key's [`KeyIndex`].
 pub(crate) async fn require_api_key(
     State(credentials): State<Arc<Credentials>>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
     let keys = &credentials.client_keys;
     if keys.is_empty() {
         return next.run(request).await;
     }
-    let refusal = match bearer(request.headers()) {
-        Some(given) if keys.accepts(given) => return next.run(request).await,
-        Some(_) => "invalid API key",
+    let refusal = match bearer(request.headers()).map(|given| keys.find(given)) {
+        Some(Some(place)) => {
+            request.extensions_mut().insert(KeyIndex(place));
+            return next.run(request).await;
+        }
+        Some(None) => "invalid API key",
         None => "missing API key: send it as `Authorization: Bearer <key>`",
     };
     crate::metrics::refused("unauthorized");
@@ -175,13 +196,16 @@ mod tests {
     }
 
     #[test]
-    fn only_an_exact_key_matches() {
+    fn only_an_exact_key_matches_and_is_found_at_its_place() {
         let keys = KeySet::new(&[key("first-key"), key("second-key")]);
         assert!(keys.accepts("first-key"));
         assert!(keys.accepts("second-key"));
         assert!(!keys.accepts("first"));
         assert!(!keys.accepts("first-key-and-more"));
         assert!(!keys.accepts(""));
+        assert_eq!(keys.find("first-key"), Some(0));
+        assert_eq!(keys.find("second-key"), Some(1));
+        assert_eq!(keys.find("third-key"), None);
     }
 
     #[test]
@@ -302,7 +326,7 @@ mod tests {
     #[test]
     fn configured_credentials_are_resolved_and_kept_apart() {
         let server = crate::config::ServerSection {
-            api_keys: vec![key("client-1"), key("client-2")],
+            api_keys: vec![key("client-1").into(), key("client-2").into()],
             engine_api_key: Some(key("engine")),
             admin_token: Some(key("admin")),
             ..crate::config::ServerSection::default()

@@ -13,6 +13,7 @@ use router_buckets::SelectError;
 use router_policies::PickError;
 use router_workers::WorkerId;
 
+use crate::limit::rate::Refusal;
 use crate::prepare::{InvalidRequest, PrepareError};
 
 /// A body's or transport's error, as the HTTP crates box them.
@@ -84,6 +85,9 @@ pub(crate) enum ApiError {
         /// The longest wait, in seconds.
         secs: u64,
     },
+    /// The client's key is over one of its rate limits.
+    #[error(transparent)]
+    RateLimited(#[from] Refusal),
     /// The router is shutting down.
     #[error("the router is shutting down")]
     ShuttingDown,
@@ -336,15 +340,17 @@ impl ApiError {
     /// The HTTP status of this error.
     pub(crate) fn status(&self) -> StatusCode {
         match self {
-            ApiError::InvalidRequest { .. } | ApiError::InvalidSloTarget { .. } => {
-                StatusCode::BAD_REQUEST
-            }
+            ApiError::InvalidRequest { .. }
+            | ApiError::InvalidSloTarget { .. }
+            | ApiError::RateLimited(Refusal::OverTokenBurst { .. }) => StatusCode::BAD_REQUEST,
             ApiError::UnknownModel(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::WorkerExists(_) | ApiError::WorkerDiscovered { .. } => StatusCode::CONFLICT,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Select(err) => select_status(err),
-            ApiError::QueueFull | ApiError::QueueTimeout { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::QueueFull
+            | ApiError::QueueTimeout { .. }
+            | ApiError::RateLimited(Refusal::Limited { .. }) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::ShuttingDown | ApiError::NoEngineAnswered { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
@@ -385,6 +391,12 @@ impl ApiError {
             ApiError::ShuttingDown => ("service_unavailable", "shutting_down"),
             ApiError::QueueFull => ("rate_limit_exceeded", "queue_full"),
             ApiError::QueueTimeout { .. } => ("rate_limit_exceeded", "queue_timeout"),
+            ApiError::RateLimited(Refusal::Limited { .. }) => {
+                ("rate_limit_exceeded", "rate_limited")
+            }
+            ApiError::RateLimited(Refusal::OverTokenBurst { .. }) => {
+                ("invalid_request_error", "over_token_burst")
+            }
             ApiError::NoEngineAnswered { .. } => ("service_unavailable", "no_engine_answered"),
             ApiError::Preparation(_) | ApiError::NoEndpoint { .. } => {
                 ("internal_error", "internal_error")
@@ -452,7 +464,10 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status();
         let mut response = (status, axum::Json(self.body())).into_response();
-        if matches!(status, StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS) {
+        if let ApiError::RateLimited(Refusal::Limited { retry_after_secs, .. }) = self {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs));
+        } else if matches!(status, StatusCode::SERVICE_UNAVAILABLE | StatusCode::TOO_MANY_REQUESTS)
+        {
             response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
         }
         if status == StatusCode::UNAUTHORIZED {

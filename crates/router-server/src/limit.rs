@@ -5,6 +5,9 @@
 //! A client that goes away while queued leaves the queue (its wait is dropped). The queue holds
 //! only request heads: bodies are read once a slot is granted, so a flood cannot grow memory
 //! without bound. A request holds its slot until its response body ends or is dropped.
+//!
+//! In front of the queue, each client key's rate limits ([`rate`]) refuse what is over them,
+//! so a limited request never takes a queue place.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -20,8 +23,13 @@ use bytes::Bytes;
 use http_body::Frame;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::auth::{self, Credentials, KeyIndex};
+use crate::config::ServerSection;
 use crate::error::ApiError;
 use crate::metrics;
+
+mod bucket;
+pub(crate) mod rate;
 
 /// The concurrency bound and its queue, shared by every inference route.
 #[derive(Debug)]
@@ -98,6 +106,44 @@ impl Drop for QueuePlace<'_> {
         self.0.queued.fetch_sub(1, Ordering::AcqRel);
         metrics::queue_depth(self.0.queued());
     }
+}
+
+/// The rate limits `server` sets for the client keys of `credentials`: a key's own
+/// `rate_limit`, else `server.rate_limit`; with no key, `server.rate_limit` shared by every
+/// client. A key is named by its `name`, else `api_keys[i]` (`ROUTER_API_KEY` for the
+/// environment's).
+pub(crate) fn rate_limits(server: &ServerSection, credentials: &Credentials) -> rate::RateLimits {
+    let default = server.rate_limit.unwrap_or_default();
+    if credentials.client_keys.is_empty() {
+        return rate::RateLimits::anonymous(&default);
+    }
+    if server.api_keys.is_empty() {
+        return rate::RateLimits::per_key([(auth::CLIENT_KEY_ENV.to_owned(), &default)]);
+    }
+    rate::RateLimits::per_key(server.api_keys.iter().enumerate().map(|(i, entry)| {
+        let name = entry.name.clone().unwrap_or_else(|| format!("api_keys[{i}]"));
+        (name, entry.rate_limit.as_ref().unwrap_or(&default))
+    }))
+}
+
+/// Middleware of the inference routes, in front of the admission queue: lets a request
+/// through its key's request limit (and past an empty token bucket), or answers 429; a
+/// request of a key with a token limit carries its [`rate::TokenCharge`].
+pub(crate) async fn per_key(
+    State(limits): State<Arc<rate::RateLimits>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let key = request.extensions().get::<KeyIndex>().map(|KeyIndex(place)| *place);
+    if let Some(limiter) = limits.of(key) {
+        if let Err(refusal) = limiter.admit_now() {
+            return ApiError::from(refusal).into_response();
+        }
+        if limiter.limits_tokens() {
+            request.extensions_mut().insert(rate::TokenCharge(Arc::clone(limiter)));
+        }
+    }
+    next.run(request).await
 }
 
 /// Admits a request through `admission`, or answers why not.

@@ -47,6 +47,11 @@ const DESCRIPTIONS: &[(&str, Kind, &str)] = &[
         "Requests refused before the inference handler: queue_full, queue_timeout (429) or unauthorized (401).",
     ),
     (
+        "router_rate_limited_total",
+        Kind::Counter,
+        "Requests refused by a client key's rate limit, by key name and limit (requests, tokens).",
+    ),
+    (
         "router_breaker_state",
         Kind::Gauge,
         "1 for the circuit breaker's current state of an engine (closed, open, half_open), 0 for the one it left.",
@@ -580,6 +585,12 @@ pub(crate) fn refused(reason: &'static str) {
     counter!("router_requests_refused_total", "reason" => reason).increment(1);
 }
 
+/// A request refused by the rate limits of client `key` (its name, or `anonymous`; never the
+/// key): `limit` is `requests` or `tokens`.
+pub(crate) fn rate_limited(key: &str, limit: &'static str) {
+    counter!("router_rate_limited_total", "key" => key.to_owned(), "limit" => limit).increment(1);
+}
+
 /// An engine's circuit breaker changed state (`closed`, `open`, `half_open`).
 pub(crate) fn breaker_transition(worker: &str, from: &'static str, to: &'static str) {
     counter!("router_breaker_transitions_total", "worker" => worker.to_owned(), "to" => to)
@@ -840,6 +851,7 @@ mod tests {
         cache_lookups("help-source", &SourceStats::default());
         predicted_blocks(1);
         refused("help-reason");
+        rate_limited("help-key", "requests");
         breaker_transition("help-w", "closed", "open");
         queue_depth(0);
         queue_wait(secs(0.01), true);

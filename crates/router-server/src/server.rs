@@ -29,10 +29,13 @@ pub fn routes(ctx: Arc<AppContext>) -> Router {
     let admin_routes = admin_routes(&ctx);
     // One bound on concurrent inference requests (and its queue), whichever endpoint they use.
     let slot = || from_fn_with_state(Arc::clone(ctx.admission()), limit::concurrency);
+    // In front of it, each client key's rate limits: a limited request takes no queue place.
+    let rate = || from_fn_with_state(Arc::clone(ctx.rate_limits()), limit::per_key);
     let client_routes = Endpoint::ALL
         .into_iter()
         .fold(Router::new(), |routes, endpoint| {
-            routes.route(endpoint.path(), post(inference::handler(endpoint)).layer(slot()))
+            let handler = post(inference::handler(endpoint)).layer(slot()).layer(rate());
+            routes.route(endpoint.path(), handler)
         })
         .route("/v1/models", get(ops::models))
         .route("/v1/models/{id}", get(ops::model))

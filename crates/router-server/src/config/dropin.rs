@@ -291,7 +291,7 @@ impl DropInArgs {
             if server.engine_api_key.is_none() {
                 server.engine_api_key = Some(key.clone());
             }
-            server.api_keys = vec![key];
+            server.api_keys = vec![key.into()];
         }
         if !self.request_id_headers.is_empty() {
             server.request_id_headers =
@@ -425,7 +425,7 @@ mod tests {
 
     #[test]
     fn every_flag_sets_its_configuration_key() {
-        let key = |config: &ConfigFile| config.server.api_keys[0].expose().to_owned();
+        let key = |config: &ConfigFile| config.server.api_keys[0].key.expose().to_owned();
         #[rustfmt::skip]
         let table: &[(&str, Read, &str)] = &[
             ("--prometheus-port 9100", |c| format!("{:?}", c.server.metrics_port), "Some(9100)"),
@@ -481,7 +481,7 @@ mod tests {
         config.server.engine_api_key = Some(ApiKey::new("engine").expect("a key"));
         cli.serve.apply_overrides(&mut config).expect("applies");
         assert_eq!(config.server.engine_api_key.as_ref().map(ApiKey::expose), Some("engine"));
-        assert_eq!(config.server.api_keys[0].expose(), "client");
+        assert_eq!(config.server.api_keys[0].key.expose(), "client");
     }
 
     #[test]

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::discovery::DiscoverySection;
 use crate::health::HealthSection;
+use crate::limit::rate::RateLimitSection;
 use crate::retry::RetrySection;
 use crate::telemetry::TelemetrySection;
 
@@ -61,9 +62,14 @@ pub struct ServerSection {
     #[serde(skip_serializing)]
     pub admin_token: Option<ApiKey>,
     /// Keys clients must send as `Authorization: Bearer` on `/v1/` (or `ROUTER_API_KEY`);
-    /// none = the client API is open. Several allow rotation.
+    /// none = the client API is open. Several allow rotation. Each is a key, or an object
+    /// naming it and giving its own rate limits ([`ClientKeyConfig`]).
     #[serde(skip_serializing)]
-    pub api_keys: Vec<ApiKey>,
+    pub api_keys: Vec<ClientKeyConfig>,
+    /// Requests and tokens per second of each client key (or, with no key, of all clients
+    /// together); unset = no limit.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimitSection>,
     /// Key sent to engines whose worker entry has no `api_key` (or `ROUTER_ENGINE_API_KEY`).
     #[serde(skip_serializing)]
     pub engine_api_key: Option<ApiKey>,
@@ -144,6 +150,7 @@ impl Default for ServerSection {
             port: 8080,
             admin_token: None,
             api_keys: Vec::new(),
+            rate_limit: None,
             engine_api_key: None,
             engine_ca_file: None,
             worker_threads: None,
@@ -170,6 +177,60 @@ impl Default for ServerSection {
             request_id_headers: vec!["x-request-id".to_owned()],
             cors_allowed_origins: Vec::new(),
         }
+    }
+}
+
+/// One entry of `server.api_keys`: the key alone (`- sk-...`), or `{key, name, rate_limit}`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClientKeyConfig {
+    /// The secret.
+    pub key: ApiKey,
+    /// What metrics and errors call the key (never the key itself); default `api_keys[i]`.
+    pub name: Option<String>,
+    /// The key's own limits, replacing `server.rate_limit` whole for it (`{}`: none).
+    pub rate_limit: Option<RateLimitSection>,
+}
+
+impl From<ApiKey> for ClientKeyConfig {
+    fn from(key: ApiKey) -> Self {
+        Self { key, name: None, rate_limit: None }
+    }
+}
+
+impl<'de> Deserialize<'de> for ClientKeyConfig {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        /// The object form.
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Entry {
+            key: ApiKey,
+            #[serde(default)]
+            name: Option<String>,
+            #[serde(default)]
+            rate_limit: Option<RateLimitSection>,
+        }
+
+        struct EntryVisitor;
+
+        impl<'de> Visitor<'de> for EntryVisitor {
+            type Value = ClientKeyConfig;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a key, or an object with key, name and rate_limit")
+            }
+
+            fn visit_str<E: de::Error>(self, key: &str) -> Result<ClientKeyConfig, E> {
+                ApiKey::new(key).map(ClientKeyConfig::from).map_err(E::custom)
+            }
+
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<ClientKeyConfig, A::Error> {
+                let entry = Entry::deserialize(de::value::MapAccessDeserializer::new(map))?;
+                let Entry { key, name, rate_limit } = entry;
+                Ok(ClientKeyConfig { key, name, rate_limit })
+            }
+        }
+
+        deserializer.deserialize_any(EntryVisitor)
     }
 }
 

@@ -27,8 +27,8 @@ pub use cli::{Cli, Command, ServeArgs, reject_dropped_options};
 pub use discovery::{DiscoverySection, KvEventsPorts};
 pub use dropin::{DropInArgs, learn_dp_sizes};
 pub use file::{
-    AffinitySection, BucketConfig, ConfigFile, GroupConfig, GroupsConfig, KvSection, LimitsConfig,
-    LoadSection, ModelConfig, ParseError, PdGroupsConfig, ServerSection,
+    AffinitySection, BucketConfig, ClientKeyConfig, ConfigFile, GroupConfig, GroupsConfig,
+    KvSection, LimitsConfig, LoadSection, ModelConfig, ParseError, PdGroupsConfig, ServerSection,
 };
 
 use crate::prepare::Tokenization;
@@ -115,6 +115,29 @@ fn server_header_problems(server: &ServerSection, problems: &mut Problems) {
     }
 }
 
+/// Rate limits without their rate, and key names that are empty or given twice.
+fn rate_limit_problems(server: &ServerSection, problems: &mut Problems) {
+    let limits = server.rate_limit.iter().map(|limits| ("server.rate_limit".to_owned(), limits));
+    let own = server.api_keys.iter().enumerate().filter_map(|(i, entry)| {
+        entry.rate_limit.as_ref().map(|limits| (format!("server.api_keys[{i}].rate_limit"), limits))
+    });
+    for (path, limits) in limits.chain(own) {
+        for (field, message) in limits.problems() {
+            problems.push(format!("{path}.{field}"), message);
+        }
+    }
+    let mut names = HashSet::new();
+    for (i, entry) in server.api_keys.iter().enumerate() {
+        let Some(name) = &entry.name else { continue };
+        let path = format!("server.api_keys[{i}].name");
+        if name.trim().is_empty() {
+            problems.push(path, "must not be empty");
+        } else if !names.insert(name.as_str()) {
+            problems.push(path, format!("duplicate key name {name:?}"));
+        }
+    }
+}
+
 /// Builds every model's routing objects and registers its workers in `registry`, giving
 /// `engine_key` to workers configured without an `api_key`. Returns every problem found, not
 /// just the first.
@@ -164,6 +187,7 @@ pub fn build_models(
             .push("server.queue_timeout_secs", "must be at least 1 with a queue (queue_size > 0)");
     }
     server_header_problems(&config.server, &mut problems);
+    rate_limit_problems(&config.server, &mut problems);
     kv_problems(config, &mut problems);
     let mut model_ids = HashSet::new();
     let mut runtimes = Vec::new();

@@ -551,3 +551,95 @@ fn the_listener_logging_and_header_keys_are_checked_by_name() {
         }
     }
 }
+
+#[test]
+fn rate_limits_and_named_keys_are_read_from_the_server_section() {
+    use crate::limit::rate::{Rate, RateLimitSection};
+    let groups = "{plain: {policy: {type: round_robin}}}";
+    let yaml = one_model(
+        "server: {rate_limit: {requests_per_second: 0.5, tokens_per_second: 1000, tokens_burst: 4000}, \
+         api_keys: [plain-key, {key: team-key, name: team-a, rate_limit: {requests_per_second: 1, burst: 3}}, \
+         {key: open-key, name: internal, rate_limit: {}}]}",
+        "",
+        PLAIN_NO_KV,
+        groups,
+    );
+    let ctx = build(&yaml).unwrap_or_else(|problems| panic!("{problems:?}"));
+    let server = ctx.server();
+    let rate = |r| Some(Rate::new(r).expect("a rate"));
+    let burst = |n| std::num::NonZeroU64::new(n);
+    let default = RateLimitSection {
+        requests_per_second: rate(0.5),
+        burst: None,
+        tokens_per_second: rate(1000.0),
+        tokens_burst: burst(4000),
+    };
+    assert_eq!(server.rate_limit, Some(default));
+    let keys: Vec<_> =
+        server.api_keys.iter().map(|k| (k.key.expose(), k.name.as_deref(), k.rate_limit)).collect();
+    let team =
+        RateLimitSection { requests_per_second: rate(1.0), burst: burst(3), ..Default::default() };
+    assert_eq!(
+        keys,
+        [
+            ("plain-key", None, None),
+            ("team-key", Some("team-a"), Some(team)),
+            ("open-key", Some("internal"), Some(RateLimitSection::default())),
+        ]
+    );
+    assert!(ctx.credentials().client_keys.accepts("team-key"));
+    // Off by default.
+    let plain = build(&one_model("", "", PLAIN_NO_KV, groups)).expect("builds");
+    assert_eq!(plain.server().rate_limit, None);
+}
+
+#[test]
+fn unusable_rate_limits_name_their_path() {
+    let groups = "{plain: {policy: {type: round_robin}}}";
+    let with = |server: &str| one_model(&format!("server: {server}"), "", PLAIN_NO_KV, groups);
+    #[rustfmt::skip]
+    let parse_errors = [
+        ("a zero rate", with("{rate_limit: {requests_per_second: 0}}"),
+            "server.rate_limit.requests_per_second", "must be a finite number above 0, got 0"),
+        ("a negative rate", with("{rate_limit: {tokens_per_second: -5}}"),
+            "server.rate_limit.tokens_per_second", "must be a finite number above 0, got -5"),
+        ("a NaN rate", with("{rate_limit: {tokens_per_second: .nan}}"),
+            "server.rate_limit.tokens_per_second", "got NaN"),
+        ("an infinite rate", with("{rate_limit: {requests_per_second: .inf}}"),
+            "server.rate_limit.requests_per_second", "got inf"),
+        ("a zero burst", with("{rate_limit: {requests_per_second: 1, burst: 0}}"),
+            "server.rate_limit.burst", "nonzero"),
+        ("a key's own zero rate", with("{api_keys: [{key: k, rate_limit: {requests_per_second: 0}}]}"),
+            "server.api_keys[0].rate_limit.requests_per_second", "above 0"),
+        ("an unknown limit", with("{rate_limit: {requests_per_minute: 60}}"),
+            "server.rate_limit", "unknown field `requests_per_minute`"),
+        ("an unknown key field", with("{api_keys: [{key: k, label: x}]}"),
+            "server.api_keys[0]", "unknown field `label`"),
+        ("a key entry without its key", with("{api_keys: [{name: x}]}"),
+            "server.api_keys[0]", "missing field `key`"),
+        ("an empty key", with("{api_keys: [\"\"]}"),
+            "server.api_keys[0]", "must not be empty"),
+    ];
+    for (name, yaml, path, fragment) in parse_errors {
+        let err = ConfigFile::parse(&yaml).err().unwrap_or_else(|| panic!("{name}: parsed"));
+        assert!(err.contains(path) && err.contains(fragment), "{name}: {err}");
+    }
+    #[rustfmt::skip]
+    let problems = [
+        ("a burst without its rate", with("{rate_limit: {burst: 2, tokens_per_second: 5}}"),
+            "server.rate_limit.burst", "needs requests_per_second"),
+        ("a token burst without its rate", with("{api_keys: [{key: k, rate_limit: {tokens_burst: 2}}]}"),
+            "server.api_keys[0].rate_limit.tokens_burst", "needs tokens_per_second"),
+        ("an empty name", with("{api_keys: [{key: k, name: \" \"}]}"),
+            "server.api_keys[0].name", "must not be empty"),
+        ("a name given twice", with("{api_keys: [{key: k1, name: a}, {key: k2, name: a}]}"),
+            "server.api_keys[1].name", "duplicate key name \"a\""),
+    ];
+    for (name, yaml, path, fragment) in problems {
+        let problems = build(&yaml).err().unwrap_or_else(|| panic!("{name}: built"));
+        assert!(
+            problems.iter().any(|p| p.path == path && p.message.contains(fragment)),
+            "{name}: {problems:?}"
+        );
+    }
+}

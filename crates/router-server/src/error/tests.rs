@@ -10,6 +10,7 @@ use router_policies::{KeySource, Limit, PickError, Rejection, ScopeError};
 use router_workers::{Stage, WorkerId};
 
 use super::{ApiError, Chain, EngineError, SendError};
+use crate::limit::rate::{Client, Limit as RateLimit, Refusal};
 
 fn worker(id: &str) -> WorkerId {
     WorkerId::new(id).expect("valid id")
@@ -93,6 +94,14 @@ async fn every_error_has_one_status_type_and_code() {
         (ApiError::Unauthorized("missing key"), 401, "authentication_error", "unauthorized"),
         (ApiError::QueueFull, 429, "rate_limit_exceeded", "queue_full"),
         (ApiError::QueueTimeout { secs: 3 }, 429, "rate_limit_exceeded", "queue_timeout"),
+        (
+            ApiError::RateLimited(Refusal::Limited { client: Client::Anonymous, limit: RateLimit::Requests, retry_after_secs: 1 }),
+            429, "rate_limit_exceeded", "rate_limited",
+        ),
+        (
+            ApiError::RateLimited(Refusal::OverTokenBurst { client: Client::Key("team".into()), tokens: 9, burst: 8 }),
+            400, "invalid_request_error", "over_token_burst",
+        ),
         (ApiError::ShuttingDown, 503, "service_unavailable", "shutting_down"),
         (
             ApiError::NoEngineAnswered { model: "m".into(), path: "/get_server_info".into() },
@@ -117,6 +126,23 @@ async fn every_error_has_one_status_type_and_code() {
         assert_eq!(headers.contains_key(header::RETRY_AFTER), code == 503 || code == 429, "{name}");
         assert_eq!(headers.contains_key(header::WWW_AUTHENTICATE), code == 401, "{name}");
     }
+}
+
+#[test]
+fn a_rate_limit_says_whose_and_when_to_retry() {
+    let client = Client::Key("team-a".into());
+    let limited =
+        ApiError::from(Refusal::Limited { client, limit: RateLimit::Tokens, retry_after_secs: 7 });
+    assert_eq!(
+        limited.to_string(),
+        "API key team-a is over its tokens-per-second rate limit; retry after 7 s"
+    );
+    let response = limited.into_response();
+    assert_eq!(response.headers().get(header::RETRY_AFTER).map(|v| v.as_bytes()), Some(&b"7"[..]));
+    let oversized = Refusal::OverTokenBurst { client: Client::Anonymous, tokens: 900, burst: 100 };
+    let message = oversized.to_string();
+    assert!(message.starts_with("the request needs 900 tokens"), "{message}");
+    assert!(message.contains("the anonymous clients may spend at most 100 at once"), "{message}");
 }
 
 #[tokio::test]

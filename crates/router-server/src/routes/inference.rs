@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -22,6 +22,7 @@ use super::body::{read_body, request_id};
 use crate::app::AppContext;
 use crate::config::ModelRuntime;
 use crate::error::{ApiError, Chain};
+use crate::limit::rate::TokenCharge;
 use crate::metrics;
 use crate::prepare::{
     DP_RANK_HEADER, Endpoint, PreparedRequest, client_rank, parse_request, prepare,
@@ -29,16 +30,25 @@ use crate::prepare::{
 use crate::serve::{Labels, serve};
 use crate::telemetry::RequestTrace;
 
+/// Where a request's tokens are charged, when its client key has a token limit
+/// (`crate::limit::per_key` puts it there).
+type Charge = Option<Extension<TokenCharge>>;
+
 /// The handler of `endpoint`'s route (the path is [`Endpoint::path`]).
 pub(crate) fn handler(
     endpoint: Endpoint,
-) -> impl Fn(State<Arc<AppContext>>, HeaderMap, Body) -> BoxFuture<'static, Response> + Clone {
-    move |State(ctx), headers, body| Box::pin(endpoint_request(endpoint, ctx, headers, body))
+) -> impl Fn(State<Arc<AppContext>>, Charge, HeaderMap, Body) -> BoxFuture<'static, Response> + Clone
+{
+    move |State(ctx), charge: Charge, headers, body| {
+        let charge = charge.map(|Extension(charge)| charge);
+        Box::pin(endpoint_request(endpoint, ctx, charge, headers, body))
+    }
 }
 
 async fn endpoint_request(
     endpoint: Endpoint,
     ctx: Arc<AppContext>,
+    charge: Option<TokenCharge>,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
@@ -47,9 +57,10 @@ async fn endpoint_request(
     let started = Instant::now();
     let mut labels = Labels::default();
     let trace = RequestTrace::start(&headers, endpoint.path(), &request_id);
-    let result = handle(endpoint, &ctx, &headers, body, &request_id, started, &mut labels, &trace)
-        .instrument(span.clone())
-        .await;
+    let result =
+        handle(endpoint, &ctx, charge, &headers, body, &request_id, started, &mut labels, &trace)
+            .instrument(span.clone())
+            .await;
     let mut response = match result {
         Ok(response) => response,
         Err(err) => {
@@ -72,6 +83,7 @@ async fn endpoint_request(
 async fn handle(
     endpoint: Endpoint,
     ctx: &Arc<AppContext>,
+    charge: Option<TokenCharge>,
     headers: &HeaderMap,
     body: Body,
     request_id: &HeaderValue,
@@ -90,6 +102,11 @@ async fn handle(
         Err(err) => Err(err),
     };
     let (model, prepared) = prepared.inspect_err(|err| span.fail(&Chain(err)))?;
+    if let Some(charge) = charge {
+        // Prompt plus requested output: what the engine may spend on it.
+        let tokens = prepared.expected_peak_tokens.unwrap_or(prepared.input_tokens);
+        charge.charge(tokens).inspect_err(|err| span.fail(&Chain(err)))?;
+    }
     if span.is_recording() {
         span.set("router.model", labels.model.clone());
         span.set("router.input_tokens", prepared.input_tokens as i64);

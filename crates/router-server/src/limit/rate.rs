@@ -1,0 +1,332 @@
+//! Per-key rate limits (`server.rate_limit`, or an `api_keys` entry's own `rate_limit`):
+//! requests per second and tokens per second of each client key, each a token bucket
+//! ([`TokenBucket`]). Over a limit is a 429 `rate_limited` with `Retry-After` (the seconds
+//! until the bucket holds enough again), as nginx's `limit_req` and the incumbent routers
+//! answer.
+//!
+//! The request limit is checked on the request's head, before the admission queue, so a
+//! limited request never takes a queue place; so is an empty token bucket. The token cost
+//! (prompt tokens plus `max_tokens` / `max_completion_tokens`, [`TokenCharge`]) is known once
+//! the body is prepared and is charged then, at admission; it is not refunded against the
+//! usage the engine reports. A request costing more than the key's token bucket holds is a 400
+//! saying so: waiting would never let it through.
+//!
+//! State is one mutex per configured key (and one for the anonymous clients of an open API),
+//! made at startup: clients cannot create entries, and no lock is shared between keys.
+
+use std::fmt;
+use std::num::NonZeroU64;
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+
+use super::bucket::{Shortfall, TokenBucket};
+use crate::metrics;
+
+/// `server.rate_limit`, or one key's `rate_limit` (which replaces it whole for that key). A
+/// limit left out is no limit; so an empty section limits nothing.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitSection {
+    /// Requests per second a key may send, on average.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_second: Option<Rate>,
+    /// Requests a key may send at once (the request bucket's size); default one second of
+    /// `requests_per_second`, at least 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<NonZeroU64>,
+    /// Tokens per second a key may spend, on average: prompt tokens plus the requested
+    /// output (`max_tokens` / `max_completion_tokens`), charged at admission.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_second: Option<Rate>,
+    /// Tokens a key may spend at once (the token bucket's size, and so the largest request
+    /// it can send); default one second of `tokens_per_second`, at least 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_burst: Option<NonZeroU64>,
+}
+
+impl RateLimitSection {
+    /// Problems with these settings, as (field, message).
+    pub fn problems(&self) -> Vec<(&'static str, &'static str)> {
+        let mut problems = Vec::new();
+        if self.burst.is_some() && self.requests_per_second.is_none() {
+            problems.push(("burst", "needs requests_per_second"));
+        }
+        if self.tokens_burst.is_some() && self.tokens_per_second.is_none() {
+            problems.push(("tokens_burst", "needs tokens_per_second"));
+        }
+        problems
+    }
+
+    /// The request bucket's rate and size.
+    fn requests(&self) -> Option<(f64, f64)> {
+        self.requests_per_second.map(|rate| rate.with_burst(self.burst))
+    }
+
+    /// The token bucket's rate and size.
+    fn tokens(&self) -> Option<(f64, f64)> {
+        self.tokens_per_second.map(|rate| rate.with_burst(self.tokens_burst))
+    }
+}
+
+/// A rate: a finite number above 0 per second.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "f64", into = "f64")]
+pub struct Rate(f64);
+
+impl Rate {
+    /// `per_second`, when it is a finite number above 0.
+    pub fn new(per_second: f64) -> Option<Self> {
+        (per_second.is_finite() && per_second > 0.0).then_some(Self(per_second))
+    }
+
+    /// The rate and its bucket's size: `burst`, else one second of the rate (at least 1).
+    fn with_burst(self, burst: Option<NonZeroU64>) -> (f64, f64) {
+        let size = burst.map_or(self.0.max(1.0), |burst| burst.get() as f64);
+        (self.0, size)
+    }
+}
+
+impl TryFrom<f64> for Rate {
+    type Error = String;
+
+    fn try_from(per_second: f64) -> Result<Self, Self::Error> {
+        Self::new(per_second)
+            .ok_or_else(|| format!("must be a finite number above 0, got {per_second}"))
+    }
+}
+
+impl From<Rate> for f64 {
+    fn from(rate: Rate) -> f64 {
+        rate.0
+    }
+}
+
+/// Which limit refused a request: the `limit` label of `router_rate_limited_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Limit {
+    /// Requests per second.
+    Requests,
+    /// Tokens per second.
+    Tokens,
+}
+
+impl Limit {
+    /// The metric label.
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Limit::Requests => "requests",
+            Limit::Tokens => "tokens",
+        }
+    }
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Limit::Requests => "requests-per-second",
+            Limit::Tokens => "tokens-per-second",
+        })
+    }
+}
+
+/// Whose limit it is: a client key by its name (never the key), or the clients of an open API.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Client {
+    /// A configured key: its `name`, else `api_keys[i]` (or `ROUTER_API_KEY`).
+    Key(Arc<str>),
+    /// Every client when no key is configured.
+    Anonymous,
+}
+
+impl Client {
+    /// The `key` label of `router_rate_limited_total`.
+    pub(crate) fn label(&self) -> &str {
+        match self {
+            Client::Key(name) => name,
+            Client::Anonymous => "anonymous",
+        }
+    }
+}
+
+impl fmt::Display for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Client::Key(name) => write!(f, "API key {name}"),
+            Client::Anonymous => f.write_str("the anonymous clients"),
+        }
+    }
+}
+
+/// The buckets of one key.
+#[derive(Debug)]
+pub(crate) struct KeyLimiter {
+    client: Client,
+    /// Whether there is a token bucket (fixed at startup, read without the lock).
+    limits_tokens: bool,
+    buckets: Mutex<Buckets>,
+}
+
+#[derive(Debug)]
+struct Buckets {
+    requests: Option<TokenBucket>,
+    tokens: Option<TokenBucket>,
+}
+
+impl KeyLimiter {
+    /// `limits` for `client`, `None` when they limit nothing.
+    fn new(client: Client, limits: &RateLimitSection, now: Instant) -> Option<Self> {
+        let bucket = |(rate, size)| TokenBucket::full(rate, size, now);
+        let buckets = Buckets {
+            requests: limits.requests().map(bucket),
+            tokens: limits.tokens().map(bucket),
+        };
+        let limits_tokens = buckets.tokens.is_some();
+        (buckets.requests.is_some() || limits_tokens).then(|| Self {
+            client,
+            limits_tokens,
+            buckets: Mutex::new(buckets),
+        })
+    }
+
+    /// Lets one request's head through at `now`, taking a request token; refused when the
+    /// request bucket or the token bucket is empty (taking nothing then).
+    fn admit(&self, now: Instant) -> Result<(), Refusal> {
+        let mut buckets = self.buckets.lock();
+        if let Some(tokens) = &mut buckets.tokens
+            && let Err(shortfall) = tokens.check(1.0, now)
+        {
+            return Err(self.refusal(Limit::Tokens, 1, shortfall));
+        }
+        if let Some(requests) = &mut buckets.requests
+            && let Err(shortfall) = requests.take(1.0, now)
+        {
+            return Err(self.refusal(Limit::Requests, 1, shortfall));
+        }
+        Ok(())
+    }
+
+    /// Charges `cost` tokens at `now`, or refuses (charging nothing).
+    fn charge(&self, cost: u64, now: Instant) -> Result<(), Refusal> {
+        let mut buckets = self.buckets.lock();
+        let Some(tokens) = &mut buckets.tokens else { return Ok(()) };
+        tokens
+            .take(cost as f64, now)
+            .map_err(|shortfall| self.refusal(Limit::Tokens, cost, shortfall))
+    }
+
+    fn refusal(&self, limit: Limit, cost: u64, shortfall: Shortfall) -> Refusal {
+        let client = self.client.clone();
+        match shortfall {
+            Shortfall::Wait { secs } => Refusal::Limited { client, limit, retry_after_secs: secs },
+            Shortfall::Oversized { capacity } => {
+                Refusal::OverTokenBurst { client, tokens: cost, burst: capacity as u64 }
+            }
+        }
+    }
+}
+
+/// The limiters of every client key, by the key's place in the credentials, and of the
+/// anonymous clients.
+#[derive(Debug, Default)]
+pub(crate) struct RateLimits {
+    keys: Vec<Option<Arc<KeyLimiter>>>,
+    anonymous: Option<Arc<KeyLimiter>>,
+}
+
+impl RateLimits {
+    /// An open API's limits: `limits` shared by every client.
+    pub(crate) fn anonymous(limits: &RateLimitSection) -> Self {
+        let anonymous = KeyLimiter::new(Client::Anonymous, limits, Instant::now()).map(Arc::new);
+        Self { keys: Vec::new(), anonymous }
+    }
+
+    /// The limits of each client key, in the order of the credentials: its name and limits.
+    pub(crate) fn per_key<'a>(
+        keys: impl IntoIterator<Item = (String, &'a RateLimitSection)>,
+    ) -> Self {
+        let now = Instant::now();
+        let keys = keys
+            .into_iter()
+            .map(|(name, limits)| {
+                KeyLimiter::new(Client::Key(name.into()), limits, now).map(Arc::new)
+            })
+            .collect();
+        Self { keys, anonymous: None }
+    }
+
+    /// The limiter of the client that presented the key at place `key` of the credentials
+    /// (none: no key was needed).
+    pub(crate) fn of(&self, key: Option<usize>) -> Option<&Arc<KeyLimiter>> {
+        match key {
+            Some(place) => self.keys.get(place)?.as_ref(),
+            None => self.anonymous.as_ref(),
+        }
+    }
+}
+
+impl KeyLimiter {
+    /// Lets one request's head through now ([`KeyLimiter::admit`]); a refusal is counted.
+    pub(crate) fn admit_now(&self) -> Result<(), Refusal> {
+        self.admit(Instant::now()).inspect_err(count)
+    }
+
+    /// Whether the key has a token limit: its requests then carry a [`TokenCharge`].
+    pub(crate) fn limits_tokens(&self) -> bool {
+        self.limits_tokens
+    }
+}
+
+/// The limiter a prepared request's tokens are charged to, put in the request's extensions
+/// when its key has a token limit.
+#[derive(Clone, Debug)]
+pub(crate) struct TokenCharge(pub(crate) Arc<KeyLimiter>);
+
+impl TokenCharge {
+    /// Charges `tokens` now; a refusal is counted.
+    pub(crate) fn charge(&self, tokens: u64) -> Result<(), Refusal> {
+        self.0.charge(tokens, Instant::now()).inspect_err(count)
+    }
+}
+
+/// A request over its key's rate limits.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum Refusal {
+    /// Over a limit: a 429 with `Retry-After`.
+    #[error("{client} is over its {limit} rate limit; retry after {retry_after_secs} s")]
+    Limited {
+        /// Whose limit.
+        client: Client,
+        /// Which.
+        limit: Limit,
+        /// Seconds until the limit lets the request through, rounded up.
+        retry_after_secs: u64,
+    },
+    /// The request costs more tokens than the key's token bucket ever holds: no wait helps.
+    #[error(
+        "the request needs {tokens} tokens (prompt plus max_tokens) but {client} may spend at \
+         most {burst} at once (its tokens_burst); lower max_tokens or shorten the prompt"
+    )]
+    OverTokenBurst {
+        /// Whose limit.
+        client: Client,
+        /// The request's cost.
+        tokens: u64,
+        /// The bucket's size.
+        burst: u64,
+    },
+}
+
+/// Counts a refusal in `router_rate_limited_total`.
+fn count(refusal: &Refusal) {
+    let (client, limit) = match refusal {
+        Refusal::Limited { client, limit, .. } => (client, *limit),
+        Refusal::OverTokenBurst { client, .. } => (client, Limit::Tokens),
+    };
+    metrics::rate_limited(client.label(), limit.label());
+}
+
+#[cfg(test)]
+mod tests;
