@@ -149,6 +149,13 @@ pub(super) const REFUSED: &[(&str, &str)] = &[
          --cb-failure-threshold (health.breaker_failures)",
     ),
     (
+        "--rate-limit-tokens-per-second",
+        "sglang-router's is one bucket shared by every client, sized by its concurrency limit; \
+         this router bounds concurrency with --max-concurrent-requests and limits each client \
+         key's requests and tokens per second in a configuration file: \
+         server.rate_limit.requests_per_second (docs/configuration.md)",
+    ),
+    (
         "--vllm-pd-disaggregation",
         "prefill/decode pairs speak SGLang's bootstrap protocol only; vLLM's KV-transfer \
          handshake is not implemented: serve vLLM engines as plain --worker-urls",
@@ -509,6 +516,7 @@ mod tests {
             ("--max-tree-size 1000", "kv.max_index_nodes"),
             ("--cb-window-duration-secs 60", "--cb-failure-threshold"),
             ("--vllm-pd-disaggregation", "--worker-urls"),
+            ("--rate-limit-tokens-per-second 512", "server.rate_limit.requests_per_second"),
             ("--policy prefix_hash", "cache_aware"),
             ("--prefill-policy=prefix_hash", "cache_aware"),
         ] {
