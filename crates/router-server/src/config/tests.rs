@@ -622,8 +622,17 @@ fn unusable_rate_limits_name_their_path() {
     ];
     for (name, yaml, path, fragment) in parse_errors {
         let err = ConfigFile::parse(&yaml).err().unwrap_or_else(|| panic!("{name}: parsed"));
-        assert!(err.contains(path) && err.contains(fragment), "{name}: {err}");
+        assert!(err.starts_with(path) && err.contains(fragment), "{name}: {err}");
     }
+    // A refused rate is named once, by its own path.
+    let err = ConfigFile::parse("server:\n  rate_limit:\n    tokens_per_second: -2\n");
+    assert_eq!(
+        err.err().as_deref(),
+        Some(
+            "server.rate_limit.tokens_per_second: must be a finite number above 0, got -2 at line 3 \
+             column 24"
+        )
+    );
     #[rustfmt::skip]
     let problems = [
         ("a burst without its rate", with("{rate_limit: {burst: 2, tokens_per_second: 5}}"),

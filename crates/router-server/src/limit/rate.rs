@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::Mutex;
+use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 
 use super::bucket::{Shortfall, TokenBucket};
@@ -72,8 +73,8 @@ impl RateLimitSection {
 }
 
 /// A rate: a finite number above 0 per second.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(try_from = "f64", into = "f64")]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[serde(into = "f64")]
 pub struct Rate(f64);
 
 impl Rate {
@@ -89,18 +90,41 @@ impl Rate {
     }
 }
 
-impl TryFrom<f64> for Rate {
-    type Error = String;
-
-    fn try_from(per_second: f64) -> Result<Self, Self::Error> {
-        Self::new(per_second)
-            .ok_or_else(|| format!("must be a finite number above 0, got {per_second}"))
-    }
-}
-
 impl From<Rate> for f64 {
     fn from(rate: Rate) -> f64 {
         rate.0
+    }
+}
+
+/// Read by a visitor, so that a refused number is an error at the value (which the parser
+/// names by its path) rather than at the section holding it.
+impl<'de> Deserialize<'de> for Rate {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct RateVisitor;
+
+        impl Visitor<'_> for RateVisitor {
+            type Value = Rate;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a finite number above 0")
+            }
+
+            fn visit_f64<E: de::Error>(self, per_second: f64) -> Result<Rate, E> {
+                Rate::new(per_second).ok_or_else(|| {
+                    E::custom(format_args!("must be a finite number above 0, got {per_second}"))
+                })
+            }
+
+            fn visit_u64<E: de::Error>(self, per_second: u64) -> Result<Rate, E> {
+                self.visit_f64(per_second as f64)
+            }
+
+            fn visit_i64<E: de::Error>(self, per_second: i64) -> Result<Rate, E> {
+                self.visit_f64(per_second as f64)
+            }
+        }
+
+        deserializer.deserialize_f64(RateVisitor)
     }
 }
 
