@@ -50,8 +50,9 @@ impl TtftModel {
     /// Predicts `request` on every one of `engines`.
     ///
     /// - **queued** is the engine-reported waiting uncached tokens plus the work this router
-    ///   dispatched there since the report's capture time (the recent-dispatch correction:
-    ///   `Inflight::dispatched_tokens_since`). When any candidate lacks a fresh, complete native
+    ///   dispatched there since the report's capture time and still in flight (the
+    ///   recent-dispatch correction: `Inflight::dispatched_tokens_since`, at most
+    ///   `Inflight::inflight_tokens`, since work that finished is queued nowhere). When any candidate lacks a fresh, complete native
     ///   report, every candidate is judged by router-local work instead (the uncached tokens of
     ///   its requests in flight, `Inflight::inflight_tokens`), [`Basis::Local`];
     /// - **uncached** is the input minus the leading tokens the candidate holds, looked up in
@@ -103,9 +104,13 @@ impl TtftModel {
         let inflight = &self.load.inflight;
         let native = load.and_then(|l| l.native.as_ref().map(|n| (l, n)));
         let queued = match (basis, native) {
-            (Basis::Reported, Some((load, native))) => native
-                .waiting_uncached_tokens
-                .saturating_add(inflight.dispatched_tokens_since(engine.id(), load.captured_at)),
+            (Basis::Reported, Some((load, native))) => {
+                // What the report cannot know yet, but only what is still here to do: work
+                // that already finished is in neither the report nor the queue.
+                let since = inflight.dispatched_tokens_since(engine.id(), load.captured_at);
+                let unfinished = since.min(inflight.inflight_tokens(engine.id()));
+                native.waiting_uncached_tokens.saturating_add(unfinished)
+            }
             _ => inflight.inflight_tokens(engine.id()),
         };
         let rate = native

@@ -29,6 +29,8 @@ struct Case {
     engines: Vec<Eng>,
     /// Work dispatched by this router after each engine's report: (engine, tokens).
     dispatched: Vec<(&'static str, u64)>,
+    /// Work dispatched after the report that has already finished: (engine, tokens).
+    finished: Vec<(&'static str, u64)>,
     input: usize,
     winner: &'static str,
     reason: PickReason,
@@ -44,6 +46,7 @@ fn the_lowest_predicted_ttft_wins() {
             name: "queued work decides between equal caches",
             engines: vec![eng("a", 0).uncached(5_000), eng("b", 0).uncached(200)],
             dispatched: vec![],
+            finished: vec![],
             input: 1_024,
             winner: "b",
             reason: PickReason::PredictedTtft,
@@ -54,6 +57,7 @@ fn the_lowest_predicted_ttft_wins() {
             name: "work dispatched since the report counts before the engine says so",
             engines: vec![eng("a", 0), eng("b", 0).uncached(1_000)],
             dispatched: vec![("a", 4_000)],
+            finished: vec![],
             input: 1_024,
             winner: "b",
             reason: PickReason::PredictedTtft,
@@ -61,9 +65,21 @@ fn the_lowest_predicted_ttft_wins() {
             uncached: 1_024,
         },
         Case {
+            name: "work dispatched since the report that already finished is queued nowhere",
+            engines: vec![eng("a", 0), eng("b", 0).uncached(1_000)],
+            dispatched: vec![("a", 300)],
+            finished: vec![("a", 4_000)],
+            input: 1_024,
+            winner: "a",
+            reason: PickReason::PredictedTtft,
+            ms: 1_324.0,
+            uncached: 1_024,
+        },
+        Case {
             name: "the cached prefix is credited",
             engines: vec![eng("a", 60).uncached(500), eng("b", 0)],
             dispatched: vec![],
+            finished: vec![],
             input: 1_024,
             winner: "a",
             reason: PickReason::PredictedTtft,
@@ -74,6 +90,7 @@ fn the_lowest_predicted_ttft_wins() {
             name: "a cache-rich engine whose queue is slower than recomputing loses",
             engines: vec![eng("a", 64).uncached(3_000), eng("b", 0).uncached(100)],
             dispatched: vec![],
+            finished: vec![],
             input: 1_040,
             winner: "b",
             reason: PickReason::PredictedTtft,
@@ -84,6 +101,7 @@ fn the_lowest_predicted_ttft_wins() {
             name: "without KV events every token is uncached",
             engines: vec![eng("a", 60).no_kv().uncached(300), eng("b", 0).uncached(50)],
             dispatched: vec![],
+            finished: vec![],
             input: 1_024,
             winner: "b",
             reason: PickReason::PredictedTtft,
@@ -94,6 +112,7 @@ fn the_lowest_predicted_ttft_wins() {
             name: "a missing report compares router-local in-flight work",
             engines: vec![eng("a", 0).uncached(9_000), eng("b", 0).missing()],
             dispatched: vec![("b", 3_000), ("a", 1_000)],
+            finished: vec![],
             input: 512,
             winner: "a",
             reason: PickReason::PredictedTtftLocal,
@@ -104,6 +123,7 @@ fn the_lowest_predicted_ttft_wins() {
             name: "a basic report is no report of queued tokens",
             engines: vec![eng("a", 0).basic(0, 0), eng("b", 0)],
             dispatched: vec![("a", 100)],
+            finished: vec![],
             input: 512,
             winner: "b",
             reason: PickReason::PredictedTtftLocal,
@@ -118,6 +138,9 @@ fn the_lowest_predicted_ttft_wins() {
             .iter()
             .map(|(id, tokens)| world.inflight.acquire_work(&wid(id), Stage::Plain, *tokens))
             .collect();
+        for (id, tokens) in &case.finished {
+            drop(world.inflight.acquire_work(&wid(id), Stage::Plain, *tokens));
+        }
         let pick = world.pick(&policy(&world, 1), case.input).expect(case.name);
         assert_eq!(pick.worker.id().as_str(), case.winner, "{}", case.name);
         assert_eq!(pick.reason, case.reason, "{}", case.name);

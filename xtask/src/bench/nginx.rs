@@ -1,0 +1,97 @@
+//! nginx beside the router in the overhead benchmark: found on the machine or installed from
+//! Debian's packages, started in the foreground as one process with the repository's
+//! configuration (`nginx.conf`) in front of one engine, and killed on drop.
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+
+use super::procs::Proc;
+
+/// The configuration, with `{dir}`, `{listen}` and `{upstream}` to fill in.
+const CONFIG: &str = include_str!("nginx.conf");
+
+/// A running nginx proxying to one engine.
+pub(crate) struct Nginx {
+    pub(crate) process: Proc,
+    pub(crate) url: String,
+    /// Its prefix directory (configuration, pid and temporary files), removed on drop.
+    dir: PathBuf,
+}
+
+impl Nginx {
+    /// Starts nginx in front of `engine_url` (`http://host:port`) on a free loopback port.
+    pub(crate) fn start(bin: &Path, engine_url: &str) -> Result<Self> {
+        let upstream = engine_url.strip_prefix("http://").unwrap_or(engine_url);
+        let listen = free_port()?;
+        let dir = std::env::temp_dir()
+            .join(format!("xtask-bench-nginx-{}-{}", std::process::id(), listen.port()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let config = CONFIG
+            .replace("{dir}", &dir.display().to_string())
+            .replace("{listen}", &listen.to_string())
+            .replace("{upstream}", upstream);
+        let path = dir.join("nginx.conf");
+        std::fs::write(&path, config)?;
+        let args = ["-p", &dir.display().to_string(), "-c", &path.display().to_string()]
+            .map(str::to_owned);
+        let mut process = Proc::spawn(bin, &args)?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(listen).is_err() {
+            process.check().context("nginx")?;
+            if Instant::now() >= deadline {
+                bail!("nginx did not listen on {listen} within 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(Self { process, url: format!("http://{listen}"), dir })
+    }
+}
+
+impl Drop for Nginx {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The nginx binary: on `PATH` or in `/usr/sbin`, else installed with Debian's `apt-get`.
+pub(crate) fn binary() -> Result<PathBuf> {
+    if let Some(found) = find() {
+        return Ok(found);
+    }
+    eprintln!("xtask bench: nginx not found, installing Debian's package");
+    let root = Command::new("id").arg("-u").output().is_ok_and(|out| out.stdout == b"0\n");
+    let mut install = if root { Command::new("apt-get") } else { sudo_apt() };
+    let status = install
+        .args(["install", "-y", "--no-install-recommends", "nginx"])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status()
+        .context("running apt-get")?;
+    if !status.success() {
+        bail!("apt-get install nginx failed ({status}); install nginx and run again");
+    }
+    find().context("nginx installed but not found on PATH or in /usr/sbin")
+}
+
+fn sudo_apt() -> Command {
+    let mut command = Command::new("sudo");
+    command.args(["-n", "apt-get"]);
+    command
+}
+
+fn find() -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .map(|dir| dir.join("nginx"));
+    on_path.chain([PathBuf::from("/usr/sbin/nginx")]).find(|path| path.is_file())
+}
+
+/// A loopback address nothing listens on (the port is released for nginx to take).
+fn free_port() -> Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(listener.local_addr()?)
+}
