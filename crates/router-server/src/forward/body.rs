@@ -1,8 +1,11 @@
 //! Streamed answers: the engine's SSE body passed through as it arrives, holding the
 //! dispatch's in-flight guards until it ends, with the engine's silence bounded.
 //!
-//! Data frames that have already arrived are written as one (a burst of events costs one
-//! write), never waiting for more. A mid-stream failure, an engine silent for longer than its
+//! Data frames that have already arrived are written as one: a burst of events costs one
+//! write, as in a proxy that moves whatever its socket holds. The engine connection's own task
+//! hands over one decoded frame at a time, so after taking what is there the stream lets that
+//! task run again (a turn of the event loop, no system call) and sends the batch once a turn
+//! brings nothing new; it never waits for the engine. A mid-stream failure, an engine silent for longer than its
 //! idle limit, or a failed prefill partner ends the stream with an SSE error event and is
 //! reported to the circuit breaker. Dropping the body (the client went away) releases the
 //! guards and drops the upstream response, which closes the engine connection and so cancels
@@ -35,6 +38,14 @@ use crate::metrics;
 /// Most bytes of already-arrived data frames merged into one write.
 const COALESCE_LIMIT: usize = 64 * 1024;
 
+/// Most times one batch yields to the event loop for more frames.
+const COALESCE_ROUNDS: u8 = 32;
+
+/// Polls without a new frame after which a batch goes out. hyper polls a pending response body
+/// twice in one turn of the client connection's task (once more after flushing), so the second
+/// empty poll is the first that comes after the engine connection's task had its turn.
+const QUIET_POLLS: u8 = 2;
+
 /// An engine's streamed (SSE) response body on its way to the client.
 pub(crate) struct GuardedBody<B: Body = hyper::body::Incoming> {
     inner: B,
@@ -48,6 +59,11 @@ pub(crate) struct GuardedBody<B: Body = hyper::body::Incoming> {
     stashed: Option<Result<Frame<Bytes>, B::Error>>,
     /// The engine's body ended while coalescing.
     ended: bool,
+    /// Data frames taken but not yet passed on, and when the first of them arrived.
+    batch: Option<(BytesMut, Instant)>,
+    /// Times the batch has yielded for more, and polls in a row that brought nothing.
+    rounds: u8,
+    quiet: u8,
     finished: bool,
     /// What the end of the stream reports to the metrics.
     timing: Option<StreamTiming>,
@@ -80,10 +96,10 @@ struct StreamTiming {
 }
 
 impl StreamTiming {
-    /// A data frame passed on, having arrived `at`.
-    fn passed(&mut self, data: &Bytes, at: Instant) {
-        self.first.get_or_insert(at);
-        self.last = Some(at);
+    /// Data passed on, its first frame having arrived `first` and its last `last`.
+    fn passed(&mut self, data: &Bytes, first: Instant, last: Instant) {
+        self.first.get_or_insert(first);
+        self.last = Some(last);
         self.tail.swap(0, 1);
         self.tail[1] = data.clone();
     }
@@ -131,6 +147,9 @@ impl<B: Body> GuardedBody<B> {
             partner_failure,
             stashed: None,
             ended: false,
+            batch: None,
+            rounds: 0,
+            quiet: 0,
             finished: false,
             timing,
         }
@@ -219,60 +238,64 @@ where
                 return this.fail(Outcome::Success, &error);
             }
         }
-        if let Some(stashed) = this.stashed.take() {
-            return this.deliver(Poll::Ready(Some(stashed)));
-        }
-        if this.ended {
-            return this.deliver(Poll::Ready(None));
-        }
-        let first = match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Pending => {
-                if this.idle.poll_expired(cx).is_ready() {
-                    let worker = this.worker.id().clone();
-                    let silence = this.idle.limit;
-                    let error = ApiError::Engine(EngineError::Stalled { worker, silence });
-                    return this.fail(Outcome::Failure, &error);
-                }
-                return Poll::Pending;
+        if this.batch.is_none() {
+            if let Some(stashed) = this.stashed.take() {
+                return this.deliver(Poll::Ready(Some(stashed)));
             }
-            Poll::Ready(Some(Ok(frame))) => frame,
-            other => return this.deliver(other),
-        };
-        this.idle.progressed();
-        let data = match first.into_data() {
-            Ok(data) => data,
-            Err(frame) => return Poll::Ready(Some(Ok(frame))),
-        };
-        // Coalesce data frames that are already here (a burst of SSE events) into one write;
-        // never wait for more, so the first byte goes out as soon as it arrives.
-        let mut batch: Option<BytesMut> = None;
-        while batch.as_ref().map_or(data.len(), BytesMut::len) < COALESCE_LIMIT {
+            if this.ended {
+                return this.deliver(Poll::Ready(None));
+            }
+        }
+        // Take every data frame that is already here; see the module documentation.
+        let mut received = false;
+        while this.stashed.is_none() && !this.ended {
+            if this.batch.as_ref().is_some_and(|(batch, _)| batch.len() >= COALESCE_LIMIT) {
+                break;
+            }
             match Pin::new(&mut this.inner).poll_frame(cx) {
-                Poll::Ready(Some(Ok(next))) => match next.into_data() {
-                    Ok(more) => {
-                        batch
-                            .get_or_insert_with(|| BytesMut::from(&data[..]))
-                            .extend_from_slice(&more);
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => {
+                        this.idle.progressed();
+                        received = true;
+                        match &mut this.batch {
+                            Some((batch, _)) => batch.extend_from_slice(&data),
+                            None => this.batch = Some((data.into(), this.idle.last_progress)),
+                        }
                     }
-                    Err(trailers) => {
-                        this.stashed = Some(Ok(trailers));
-                        break;
-                    }
+                    Err(trailers) => this.stashed = Some(Ok(trailers)),
                 },
-                Poll::Ready(Some(Err(err))) => {
-                    this.stashed = Some(Err(err));
+                Poll::Ready(Some(Err(err))) => this.stashed = Some(Err(err)),
+                Poll::Ready(None) => this.ended = true,
+                Poll::Pending if this.batch.is_some() => {
+                    this.quiet = if received { 0 } else { this.quiet + 1 };
+                    if this.quiet < QUIET_POLLS && this.rounds < COALESCE_ROUNDS {
+                        this.rounds += 1;
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
                     break;
                 }
-                Poll::Ready(None) => {
-                    this.ended = true;
-                    break;
+                Poll::Pending => {
+                    if this.idle.poll_expired(cx).is_ready() {
+                        let worker = this.worker.id().clone();
+                        let silence = this.idle.limit;
+                        let error = ApiError::Engine(EngineError::Stalled { worker, silence });
+                        return this.fail(Outcome::Failure, &error);
+                    }
+                    return Poll::Pending;
                 }
-                Poll::Pending => break,
             }
         }
-        let data = batch.map_or(data, BytesMut::freeze);
+        let Some((batch, first_arrived)) = this.batch.take() else {
+            // Nothing was taken: the end, a failure or trailers came first.
+            let polled = this.stashed.take().map_or(Poll::Ready(None), |s| Poll::Ready(Some(s)));
+            return this.deliver(polled);
+        };
+        this.rounds = 0;
+        this.quiet = 0;
+        let data = batch.freeze();
         if let Some(timing) = &mut this.timing {
-            timing.passed(&data, this.idle.last_progress);
+            timing.passed(&data, first_arrived, this.idle.last_progress);
         }
         Poll::Ready(Some(Ok(Frame::data(data))))
     }

@@ -16,7 +16,7 @@ use router_state_load::{Inflight, SystemClock};
 use router_workers::{ModelId, Stage, Worker, WorkerId};
 use tokio::sync::oneshot;
 
-use super::{AnswerMetrics, COALESCE_LIMIT, GuardedBody};
+use super::{AnswerMetrics, COALESCE_LIMIT, COALESCE_ROUNDS, GuardedBody, QUIET_POLLS};
 use crate::error::{ApiError, EngineError};
 use crate::forward::{Outcome, OutcomeSink};
 
@@ -147,16 +147,33 @@ fn error_event(frame: &str) -> serde_json::Value {
 #[tokio::test]
 async fn arrived_frames_go_out_as_one_write_and_a_pending_engine_is_not_waited_for() {
     let fixture = Fixture::new();
-    let engine = Scripted::new([
-        Step::Data("data: 1\n\n"),
-        Step::Data("data: 2\n\n"),
-        Step::Pending,
-        Step::Data("data: 3\n\n"),
-    ]);
+    // A frame after one `Pending` came while the stream yielded; `QUIET_POLLS` of them in a
+    // row are a turn of the event loop that brought nothing, and the batch goes out.
+    let quiet = (0..=QUIET_POLLS).map(|_| Step::Pending);
+    let engine = Scripted::new(
+        [Step::Data("data: 1\n\n"), Step::Data("data: 2\n\n"), Step::Pending]
+            .into_iter()
+            .chain([Step::Data("data: 3\n\n")])
+            .chain(quiet)
+            .chain([Step::Data("data: 4\n\n")]),
+    );
     let got = frames(fixture.body(engine, None)).await;
-    assert_eq!(got, ["data: 1\n\ndata: 2\n\n", "data: 3\n\n"]);
+    assert_eq!(got, ["data: 1\n\ndata: 2\n\ndata: 3\n\n", "data: 4\n\n"]);
     assert_eq!(fixture.outcomes(), [Outcome::Success]);
     assert_eq!(fixture.held(), 0, "the guard is released at the end");
+}
+
+#[tokio::test]
+async fn a_batch_waits_a_bounded_number_of_rounds_for_more() {
+    let fixture = Fixture::new();
+    // A frame in every round: the batch goes out after its last round all the same.
+    let rounds = usize::from(COALESCE_ROUNDS);
+    let engine = Scripted::new(
+        (0..rounds + 3).flat_map(|_| [Step::Data("x"), Step::Pending]).collect::<Vec<_>>(),
+    );
+    let got = frames(fixture.body(engine, None)).await;
+    let lengths: Vec<usize> = got.iter().map(String::len).collect();
+    assert_eq!(lengths, [rounds + 1, 2], "{rounds} rounds after the first frame, then the rest");
 }
 
 #[tokio::test]
