@@ -135,9 +135,9 @@ pub(crate) fn measure(bins: &Bins, sizes: Sizes) -> Result<EppBench> {
     runtime.block_on(until_served(&direct.url, false))?;
     runtime.block_on(until_served(&picked.url, true))?;
     for envoy in [&direct, &picked] {
-        let (_, errors, _) = runtime.block_on(blast(&envoy.url, NON_STREAMING, 300, 4))?;
-        if errors > 0 {
-            bail!("{errors} of 300 warm-up requests through {} failed", envoy.url);
+        let warm = runtime.block_on(blast(&envoy.url, NON_STREAMING, 300, 4))?;
+        if warm.errors > 0 {
+            bail!("{} of 300 warm-up requests through {} failed", warm.errors, envoy.url);
         }
     }
 
@@ -202,14 +202,13 @@ fn one_run(
 ) -> Result<Run> {
     let envoy_before = envoy.process.cpu_time()?;
     let picker_before = picker.map(Proc::cpu_time).transpose()?;
-    let (mut latencies, errors, elapsed) =
-        runtime.block_on(blast(&envoy.url, case.body, requests, case.clients))?;
+    let blast = runtime.block_on(blast(&envoy.url, case.body, requests, case.clients))?;
+    let (latencies, errors, elapsed) = (blast.latencies, blast.errors, blast.elapsed);
     let envoy_cpu = envoy.process.cpu_time()? - envoy_before;
     let picker_cpu = match (picker, picker_before) {
         (Some(picker), Some(before)) => Some(picker.cpu_time()? - before),
         _ => None,
     };
-    latencies.sort_by(f64::total_cmp);
     let per_request = |cpu: Duration| cpu.as_secs_f64() * 1e6 / requests as f64;
     Ok(Run {
         requests: latencies.len(),

@@ -1,7 +1,7 @@
 //! The fast fake engine of the overhead benchmark: a canned OpenAI answer written at once, so
 //! that what is measured is the router, not an engine. Non-streaming requests get a 64-token
-//! `chat.completion`; streaming ones the same 64 tokens as SSE chunk events, `[DONE]` included,
-//! in one write. Any GET (the router's health checks) gets 200.
+//! `chat.completion`; streaming ones the same 64 tokens as SSE chunk events of a set number of
+//! tokens each, `[DONE]` included, in one write. Any GET (the router's health checks) gets 200.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -25,8 +25,9 @@ pub(crate) struct FakeEngine {
 }
 
 impl FakeEngine {
-    /// Starts the fake engine on its own thread and loopback port.
-    pub(crate) fn start() -> Result<Self> {
+    /// Starts the fake engine on its own thread and loopback port, streaming
+    /// `tokens_per_event` tokens in each SSE event.
+    pub(crate) fn start(tokens_per_event: usize) -> Result<Self> {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").context("binding")?;
         listener.set_nonblocking(true).context("non-blocking")?;
         let addr: SocketAddr = listener.local_addr()?;
@@ -35,7 +36,8 @@ impl FakeEngine {
         std::thread::Builder::new().name("fake-engine".into()).spawn(move || {
             runtime.block_on(async move {
                 let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
-                let (json, sse) = (Bytes::from(json_answer()), Bytes::from(sse_answer()));
+                let (json, sse) =
+                    (Bytes::from(json_answer()), Bytes::from(sse_answer(tokens_per_event)));
                 let serve = async {
                     loop {
                         let Ok((tcp, _)) = listener.accept().await else { continue };
@@ -90,7 +92,7 @@ fn json_answer() -> String {
     .to_string()
 }
 
-fn sse_answer() -> String {
+fn sse_answer(tokens_per_event: usize) -> String {
     let event = |delta: serde_json::Value, finish: Option<&str>| {
         let chunk = serde_json::json!({
             "id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": "m",
@@ -98,9 +100,16 @@ fn sse_answer() -> String {
         });
         format!("data: {chunk}\n\n")
     };
-    let mut body = event(serde_json::json!({"role": "assistant", "content": " tok"}), None);
-    for _ in 1..TOKENS {
-        body.push_str(&event(serde_json::json!({"content": " tok"}), None));
+    let per_event = tokens_per_event.clamp(1, TOKENS);
+    let mut body = String::new();
+    for first in (0..TOKENS).step_by(per_event) {
+        let content = " tok".repeat(per_event.min(TOKENS - first));
+        let delta = if first == 0 {
+            serde_json::json!({"role": "assistant", "content": content})
+        } else {
+            serde_json::json!({"content": content})
+        };
+        body.push_str(&event(delta, None));
     }
     body.push_str(&event(serde_json::json!({}), Some("length")));
     body.push_str("data: [DONE]\n\n");

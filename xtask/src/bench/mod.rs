@@ -2,8 +2,9 @@
 //! simulated fleet.
 //!
 //! Builds the release binaries, then measures, each section on its own fleets:
-//! 1. `overhead`: requests straight to a fast engine and through the router (router CPU per
-//!    request from `/proc`, throughput, latency), non-streaming and streaming;
+//! 1. `overhead`: requests straight to a fast engine, through the router and through nginx
+//!    (proxy CPU per request and per streamed event from `/proc`, throughput, latency), plain
+//!    and streaming; nginx is installed from Debian's packages when missing;
 //! 2. `epp`: the endpoint picker, the same requests through Envoy with a static route and
 //!    through Envoy asking `router-server epp` over ext_proc (added latency, picker CPU per
 //!    request; needs the Envoy 1.40 that `.ci/run` installs);
@@ -21,6 +22,7 @@
 
 mod epp;
 mod fake_engine;
+mod nginx;
 mod overhead;
 mod page;
 mod policies;
@@ -92,27 +94,26 @@ pub(crate) fn run(root: &Path, options: Options) -> Result<()> {
         let (requests, repeats) = if quick { (1_000, 1) } else { (10_000, 3) };
         eprintln!("xtask bench: router overhead ({requests} requests x {repeats} per case)");
         let overhead = overhead::measure(&bins, requests, repeats, case.as_deref())?;
-        for (name, run) in &overhead.cases {
+        for case in &overhead.cases {
+            let cpu = |run: &overhead::Run| {
+                run.proxy_cpu_us.map_or("-".to_owned(), |us| format!("{us:.1} us/request"))
+            };
             eprintln!(
-                "  {name}: {:.0} req/s, p50 {:.2} ms, router CPU {}",
-                run.rps(),
-                run.p50_ms,
-                run.router_cpu_us.map_or("-".to_owned(), |us| format!("{us:.1} us/request"))
+                "  {}: direct {:.0} req/s; router {:.0} req/s, {}; nginx {:.0} req/s, {}",
+                case.name,
+                case.direct.rps(),
+                case.router.rps(),
+                cpu(&case.router),
+                case.nginx.rps(),
+                cpu(&case.nginx),
             );
         }
         if case.is_some() {
             return Ok(());
         }
-        let overhead_rows: Vec<(String, f64)> = overhead
-            .cases
-            .iter()
-            .filter_map(|(name, run)| {
-                run.router_cpu_us.map(|us| (name.replace("router, ", ""), us))
-            })
-            .collect();
         std::fs::write(
             docs.join("bench-router-cpu.svg"),
-            svg::bars("router CPU per request", "us", &overhead_rows),
+            svg::bars("proxy CPU per request", "us", &overhead::cpu_rows(&overhead)),
         )?;
         sections.push((
             "overhead",

@@ -27,8 +27,11 @@ impl Nginx {
     pub(crate) fn start(bin: &Path, engine_url: &str) -> Result<Self> {
         let upstream = engine_url.strip_prefix("http://").unwrap_or(engine_url);
         let listen = free_port()?;
-        let dir = std::env::temp_dir()
-            .join(format!("xtask-bench-nginx-{}-{}", std::process::id(), listen.port()));
+        let dir = std::env::temp_dir().join(format!(
+            "xtask-bench-nginx-{}-{}",
+            std::process::id(),
+            listen.port()
+        ));
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let config = CONFIG
             .replace("{dir}", &dir.display().to_string())

@@ -1,13 +1,14 @@
-//! Router overhead: the same requests straight to a fast engine and through the router, side
-//! by side in one run, with the router's own CPU time per request read from `/proc`; and the
-//! page section `overhead`.
+//! Router overhead against a generic proxy: the same requests straight to a fast engine,
+//! through the router and through nginx in front of it, side by side in one run, with each
+//! proxy's CPU time per request and per streamed event read from `/proc`; and the page section
+//! `overhead`.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -15,38 +16,27 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use super::fake_engine::FakeEngine;
+use super::nginx::{self, Nginx};
 use super::procs::{Bins, Proc, engine};
 
-/// One measured run.
-#[derive(Clone, Debug)]
-pub(crate) struct Run {
-    pub(crate) requests: usize,
+/// What one load run saw.
+pub(crate) struct Blast {
+    /// Latencies of the successful requests, in ms, sorted.
+    pub(crate) latencies: Vec<f64>,
     pub(crate) errors: usize,
     pub(crate) elapsed: Duration,
-    pub(crate) p50_ms: f64,
-    pub(crate) p99_ms: f64,
-    /// Router CPU per request, when the run went through the router.
-    pub(crate) router_cpu_us: Option<f64>,
+    /// SSE data events received over all answers (0 for JSON answers).
+    pub(crate) events: usize,
 }
 
-impl Run {
-    pub(crate) fn rps(&self) -> f64 {
-        self.requests as f64 / self.elapsed.as_secs_f64()
-    }
-}
-
-/// The medians over repetitions of each case.
-#[derive(Debug)]
-pub(crate) struct Overhead {
-    pub(crate) cases: Vec<(String, Run)>,
-}
-
+/// Sends `total` copies of `body` to `url`'s chat endpoint from `concurrency` clients, each
+/// answer read to its end.
 pub(crate) async fn blast(
     url: &str,
     body: &'static str,
     total: usize,
     concurrency: usize,
-) -> Result<(Vec<f64>, usize, Duration)> {
+) -> Result<Blast> {
     let client: Client<HttpConnector, Full<Bytes>> = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(concurrency)
         .build(HttpConnector::new());
@@ -58,37 +48,46 @@ pub(crate) async fn blast(
         let (client, next, uri) = (client.clone(), Arc::clone(&next), uri.clone());
         workers.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
-            let mut errors = 0;
+            let (mut errors, mut events) = (0, 0);
             while next.fetch_add(1, Ordering::Relaxed) < total {
                 let request = http::Request::post(uri.clone())
                     .header("content-type", "application/json")
                     .body(Full::new(Bytes::from_static(body.as_bytes())))
                     .expect("request");
                 let start = Instant::now();
-                let ok = match client.request(request).await {
-                    Ok(response) => {
-                        let ok = response.status().is_success();
-                        ok && response.into_body().collect().await.is_ok()
+                let answer = match client.request(request).await {
+                    Ok(response) if response.status().is_success() => {
+                        response.into_body().collect().await.ok().map(|b| b.to_bytes())
                     }
-                    Err(_) => false,
+                    _ => None,
                 };
-                if ok {
-                    latencies.push(start.elapsed().as_secs_f64() * 1000.0);
-                } else {
-                    errors += 1;
+                match answer {
+                    Some(answer) => {
+                        latencies.push(start.elapsed().as_secs_f64() * 1000.0);
+                        events += data_events(&answer);
+                    }
+                    None => errors += 1,
                 }
             }
-            (latencies, errors)
+            (latencies, errors, events)
         }));
     }
-    let mut latencies = Vec::new();
-    let mut errors = 0;
+    let mut blast = Blast { latencies: Vec::new(), errors: 0, elapsed: Duration::ZERO, events: 0 };
     for worker in workers {
-        let (l, e) = worker.await?;
-        latencies.extend(l);
-        errors += e;
+        let (latencies, errors, events) = worker.await?;
+        blast.latencies.extend(latencies);
+        blast.errors += errors;
+        blast.events += events;
     }
-    Ok((latencies, errors, started.elapsed()))
+    blast.elapsed = started.elapsed();
+    blast.latencies.sort_by(f64::total_cmp);
+    Ok(blast)
+}
+
+/// The SSE `data:` lines of `answer`.
+fn data_events(answer: &[u8]) -> usize {
+    let starts_line = |i: usize| i == 0 || answer[i - 1] == b'\n';
+    answer.windows(5).enumerate().filter(|&(i, w)| w == b"data:" && starts_line(i)).count()
 }
 
 pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -99,201 +98,294 @@ pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-const NON_STREAMING: &str =
-    r#"{"model":"m","messages":[{"role":"user","content":"ping"}],"max_tokens":1}"#;
-const NON_STREAMING_64: &str =
+const PLAIN: &str =
     r#"{"model":"m","messages":[{"role":"user","content":"ping"}],"max_tokens":64}"#;
-const STREAMING_64: &str =
+const STREAM: &str =
     r#"{"model":"m","messages":[{"role":"user","content":"ping"}],"max_tokens":64,"stream":true}"#;
 
-/// Runs every case `repeats` times, alternating direct and routed runs, and keeps the median
-/// run (by throughput) of each.
-/// Where a case sends its requests.
-#[derive(Clone, Copy, Debug)]
-enum Target {
-    /// Straight to `engines[i]`.
-    Engine(usize),
-    /// Through `routers[i]`.
-    Router(usize),
+/// How a run's requests reach the engine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Via {
+    Direct,
+    Router,
+    Nginx,
 }
 
-/// With `only`, just the cases whose name contains it.
+impl Via {
+    const ALL: [Self; 3] = [Self::Direct, Self::Router, Self::Nginx];
+}
+
+/// One engine and kind of request, measured on every path.
+struct Scenario {
+    name: &'static str,
+    /// Index into the benchmark's engines.
+    engine: usize,
+    body: &'static str,
+}
+
+const SCENARIOS: [Scenario; 6] = [
+    Scenario { name: "router-sim, plain", engine: 0, body: PLAIN },
+    Scenario { name: "router-sim, stream, 1 token per event", engine: 0, body: STREAM },
+    Scenario { name: "router-sim, stream, 16 tokens per event", engine: 1, body: STREAM },
+    Scenario { name: "fake engine, plain", engine: 2, body: PLAIN },
+    Scenario { name: "fake engine, stream, 1 token per event", engine: 2, body: STREAM },
+    Scenario { name: "fake engine, stream, 16 tokens per event", engine: 3, body: STREAM },
+];
+
+/// One measured run.
+#[derive(Clone, Debug)]
+pub(crate) struct Run {
+    pub(crate) requests: usize,
+    pub(crate) errors: usize,
+    pub(crate) elapsed: Duration,
+    pub(crate) p50_ms: f64,
+    pub(crate) p99_ms: f64,
+    /// SSE data events per answer (0 for plain answers).
+    pub(crate) events_per_request: f64,
+    /// The proxy's CPU per request; none for runs straight to the engine.
+    pub(crate) proxy_cpu_us: Option<f64>,
+}
+
+impl Run {
+    pub(crate) fn rps(&self) -> f64 {
+        self.requests as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// The proxy's CPU per streamed event, for streams.
+    pub(crate) fn proxy_cpu_per_event_us(&self) -> Option<f64> {
+        self.proxy_cpu_us
+            .filter(|_| self.events_per_request > 0.0)
+            .map(|us| us / self.events_per_request)
+    }
+}
+
+/// One scenario's median run on each path.
+#[derive(Debug)]
+pub(crate) struct Case {
+    pub(crate) name: String,
+    pub(crate) direct: Run,
+    pub(crate) router: Run,
+    pub(crate) nginx: Run,
+}
+
+impl Case {
+    /// Router CPU per request over nginx's.
+    pub(crate) fn cpu_ratio(&self) -> Option<f64> {
+        Some(self.router.proxy_cpu_us? / self.nginx.proxy_cpu_us?)
+    }
+}
+
+/// The medians over repetitions of each case.
+#[derive(Debug)]
+pub(crate) struct Overhead {
+    pub(crate) cases: Vec<Case>,
+}
+
+/// Runs every scenario `repeats` times on each path, the paths' order rotating from one
+/// repetition to the next, and keeps the median run (by throughput) of each. With `only`, just
+/// the scenarios whose name contains it.
 pub(crate) fn measure(
     bins: &Bins,
     requests: usize,
     repeats: usize,
     only: Option<&str>,
 ) -> Result<Overhead> {
+    let nginx_bin = nginx::binary()?;
     let fast = ["--prefill-tokens-per-sec", "1e9", "--decode-tokens-per-sec", "1e9"];
-    // Three fast engines: one streams every token as its own chunk (SGLang's default), one 16
-    // tokens per chunk (`--stream-interval 16`), one the whole answer at once (an ideal engine):
-    // a proxy's streaming cost is per chunk.
-    let sims = [
-        engine(bins, &fast)?,
-        engine(bins, &[&fast[..], &["--stream-interval", "16"]].concat())?,
-        engine(bins, &[&fast[..], &["--stream-interval", "64"]].concat())?,
-    ];
-    // And a canned responder, so that streaming and non-streaming cost the engine the same.
-    let fake = FakeEngine::start()?;
-    let engines: Vec<&str> =
-        sims.iter().map(|(_, url)| url.as_str()).chain([fake.url.as_str()]).collect();
-    // The router's runtime gets one thread: this machine's cores are shared with the engine and
-    // the client, and a second router thread mostly adds cross-thread wake-ups. The default
-    // (one thread per core) runs once too, for comparison.
-    let start_router = |engine_url: &str, threads: Option<&str>| -> Result<(Proc, String)> {
-        let mut args: Vec<String> =
-            ["--worker-urls", engine_url, "--policy", "round_robin", "--port", "0"]
-                .iter()
-                .map(|s| (*s).to_owned())
-                .collect();
-        if let Some(threads) = threads {
-            args.extend(["--worker-threads".to_owned(), threads.to_owned()]);
-        }
-        let router = Proc::start(&bins.server, &args, "router listening on ")?;
-        let url = router.after("router listening on ")?;
-        Ok((router, url))
-    };
-    let routers = [
-        start_router(engines[0], Some("1"))?,
-        start_router(engines[0], None)?,
-        start_router(engines[1], Some("1"))?,
-        start_router(engines[2], Some("1"))?,
-        start_router(engines[3], Some("1"))?,
-    ];
+    // router-sim engines that answer at once, one streaming every token as its own event
+    // (SGLang's default) and one 16 tokens per event (`--stream-interval 16`); and canned
+    // responders the same two ways, whose whole answer is one write, so that the engine costs
+    // nothing beside the proxy.
+    let sims =
+        [engine(bins, &fast)?, engine(bins, &[&fast[..], &["--stream-interval", "16"]].concat())?];
+    let fakes = [FakeEngine::start(1)?, FakeEngine::start(16)?];
+    let engines: Vec<&str> = sims
+        .iter()
+        .map(|(_, url)| url.as_str())
+        .chain(fakes.iter().map(|fake| fake.url.as_str()))
+        .collect();
+    // The router's runtime gets one thread, as nginx gets one worker: this machine's two cores
+    // are shared with the engine and the client.
+    let routers = engines
+        .iter()
+        .map(|url| {
+            let args = [
+                "--worker-urls",
+                url,
+                "--policy",
+                "round_robin",
+                "--port",
+                "0",
+                "--worker-threads",
+                "1",
+            ]
+            .map(str::to_owned);
+            let router = Proc::start(&bins.server, &args, "router listening on ")?;
+            let url = router.after("router listening on ")?;
+            Ok((router, url))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let nginxes =
+        engines.iter().map(|url| Nginx::start(&nginx_bin, url)).collect::<Result<Vec<_>>>()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .context("runtime")?;
     let concurrency = 16;
-    // (name, body, target): the engine or router of that index.
-    let all: [(&str, &'static str, Target); 15] = [
-        ("direct, non-streaming, 1 token", NON_STREAMING, Target::Engine(0)),
-        ("router, non-streaming, 1 token", NON_STREAMING, Target::Router(0)),
-        ("router (threads = cores), non-streaming, 1 token", NON_STREAMING, Target::Router(1)),
-        ("direct, non-streaming, 64 tokens", NON_STREAMING_64, Target::Engine(0)),
-        ("router, non-streaming, 64 tokens", NON_STREAMING_64, Target::Router(0)),
-        ("direct, streaming, 64 tokens", STREAMING_64, Target::Engine(0)),
-        ("router, streaming, 64 tokens", STREAMING_64, Target::Router(0)),
-        ("direct, streaming, 64 tokens, 16 per chunk", STREAMING_64, Target::Engine(1)),
-        ("router, streaming, 64 tokens, 16 per chunk", STREAMING_64, Target::Router(2)),
-        ("direct, streaming, 64 tokens, one chunk", STREAMING_64, Target::Engine(2)),
-        ("router, streaming, 64 tokens, one chunk", STREAMING_64, Target::Router(3)),
-        ("direct, fake engine, non-streaming, 64 tokens", NON_STREAMING_64, Target::Engine(3)),
-        ("router, fake engine, non-streaming, 64 tokens", NON_STREAMING_64, Target::Router(4)),
-        ("direct, fake engine, streaming, 64 tokens", STREAMING_64, Target::Engine(3)),
-        ("router, fake engine, streaming, 64 tokens", STREAMING_64, Target::Router(4)),
-    ];
-    let cases: Vec<_> = all
-        .into_iter()
-        .filter(|(name, _, _)| only.is_none_or(|text| name.contains(text)))
-        .collect();
-    // Warm both paths (connection pools, allocator) before measuring.
-    for engine_url in &engines {
-        runtime.block_on(blast(engine_url, NON_STREAMING, 500, concurrency))?;
-    }
-    for (_, router_url) in &routers {
-        runtime.block_on(blast(router_url, NON_STREAMING, 500, concurrency))?;
-    }
-    let mut runs: Vec<Vec<Run>> = vec![Vec::new(); cases.len()];
-    for _ in 0..repeats {
-        for (i, (_, body, target)) in cases.iter().enumerate() {
-            let (router, url) = match *target {
-                Target::Router(r) => (Some(&routers[r].0), routers[r].1.as_str()),
-                Target::Engine(e) => (None, engines[e]),
-            };
-            let cpu_before = router.map(Proc::cpu_time).transpose()?;
-            let (mut latencies, errors, elapsed) =
-                runtime.block_on(blast(url, body, requests, concurrency))?;
-            let cpu = match (router, cpu_before) {
-                (Some(router), Some(before)) => Some(router.cpu_time()? - before),
-                _ => None,
-            };
-            latencies.sort_by(f64::total_cmp);
-            runs[i].push(Run {
-                requests: latencies.len(),
-                errors,
-                elapsed,
-                p50_ms: percentile(&latencies, 50.0),
-                p99_ms: percentile(&latencies, 99.0),
-                router_cpu_us: cpu.map(|cpu| cpu.as_secs_f64() * 1e6 / requests as f64),
-            });
+    let scenarios: Vec<&Scenario> =
+        SCENARIOS.iter().filter(|s| only.is_none_or(|text| s.name.contains(text))).collect();
+    // Every path answers, and is warm (connection pools, allocator), before measuring.
+    let proxies = routers.iter().map(|(_, url)| url).chain(nginxes.iter().map(|n| &n.url));
+    for url in engines.iter().copied().chain(proxies.map(String::as_str)) {
+        let warm = runtime.block_on(blast(url, PLAIN, 500, concurrency))?;
+        if warm.errors > 0 {
+            bail!("{} of 500 warm-up requests to {url} failed", warm.errors);
         }
     }
-    let cases = cases
+    let mut runs: Vec<[Vec<Run>; 3]> = scenarios.iter().map(|_| Default::default()).collect();
+    for repeat in 0..repeats {
+        for (i, scenario) in scenarios.iter().enumerate() {
+            let mut order = Via::ALL;
+            order.rotate_left(repeat % Via::ALL.len());
+            for via in order {
+                let (url, proxy) = match via {
+                    Via::Direct => (engines[scenario.engine], None),
+                    Via::Router => {
+                        let (proc, url) = &routers[scenario.engine];
+                        (url.as_str(), Some(proc))
+                    }
+                    Via::Nginx => {
+                        let nginx = &nginxes[scenario.engine];
+                        (nginx.url.as_str(), Some(&nginx.process))
+                    }
+                };
+                let run = one_run(&runtime, url, proxy, scenario.body, requests, concurrency)?;
+                runs[i][via as usize].push(run);
+            }
+        }
+        eprintln!("  repetition {} of {repeats} done", repeat + 1);
+    }
+    let cases = scenarios
         .iter()
         .zip(runs)
-        .map(|((name, _, _), mut runs)| {
-            runs.sort_by(|a, b| a.rps().total_cmp(&b.rps()));
-            ((*name).to_owned(), runs[runs.len() / 2].clone())
+        .map(|(scenario, [direct, router, nginx])| Case {
+            name: scenario.name.to_owned(),
+            direct: median(direct),
+            router: median(router),
+            nginx: median(nginx),
         })
         .collect();
     Ok(Overhead { cases })
 }
 
-/// The page section `overhead`: the table, the streaming ratios and the CPU plot.
+fn one_run(
+    runtime: &tokio::runtime::Runtime,
+    url: &str,
+    proxy: Option<&Proc>,
+    body: &'static str,
+    requests: usize,
+    concurrency: usize,
+) -> Result<Run> {
+    let before = proxy.map(Proc::cpu_time).transpose()?;
+    let blast = runtime.block_on(blast(url, body, requests, concurrency))?;
+    let cpu = match (proxy, before) {
+        (Some(proxy), Some(before)) => Some(proxy.cpu_time()? - before),
+        _ => None,
+    };
+    let served = blast.latencies.len();
+    Ok(Run {
+        requests: served,
+        errors: blast.errors,
+        elapsed: blast.elapsed,
+        p50_ms: percentile(&blast.latencies, 50.0),
+        p99_ms: percentile(&blast.latencies, 99.0),
+        events_per_request: blast.events as f64 / served.max(1) as f64,
+        proxy_cpu_us: cpu.map(|cpu| cpu.as_secs_f64() * 1e6 / requests as f64),
+    })
+}
+
+/// The median run by throughput.
+fn median(mut runs: Vec<Run>) -> Run {
+    runs.sort_by(|a, b| a.rps().total_cmp(&b.rps()));
+    runs.swap_remove(runs.len() / 2)
+}
+
+/// The bars of the CPU plot: router and nginx CPU per request of every case.
+pub(crate) fn cpu_rows(overhead: &Overhead) -> Vec<(String, f64)> {
+    let mut rows = Vec::new();
+    for case in &overhead.cases {
+        for (proxy, run) in [("router", &case.router), ("nginx", &case.nginx)] {
+            if let Some(us) = run.proxy_cpu_us {
+                rows.push((format!("{}: {proxy}", case.name), us));
+            }
+        }
+    }
+    rows
+}
+
+/// The page section `overhead`: every run, the router against nginx, and the CPU plot.
 pub(crate) fn render(overhead: &Overhead) -> String {
     let mut page = String::from("## Router overhead\n\n");
     page.push_str(
-        "router-sim engines that answer at once (prefill and decode at 1e9 tokens/s), 16 \
-         concurrent clients, the same requests straight to an engine and through a router \
-         (round_robin) in front of it. Router CPU is the router process's user+system time over \
-         the run divided by its requests. The router runs with `--worker-threads 1` (this \
-         machine's two cores are shared with the engine and the client) except in the row \
-         marked `threads = cores`. Streaming is measured three ways: one chunk per token (the \
-         engines' default), 16 tokens per chunk (`--stream-interval 16`) and the whole answer \
-         in one chunk: a proxy pays one read and one write per chunk. The `fake engine` rows use a \
-         canned responder inside the benchmark (the same 64 tokens as JSON or as SSE events, \
-         written at once), so that the engine costs the same whether it streams or not. Each case is the median \
-         (by throughput) of its repetitions, run alternately.\n\n",
+        "The same requests (a chat completion of 64 tokens, 16 concurrent clients) straight to \
+         an engine, through the router (round_robin, `--worker-threads 1`) and through nginx \
+         (`xtask/src/bench/nginx.conf`: one worker in one process, keep-alive upstream \
+         connections, `proxy_buffering off`) in front of the same engine. Engines: router-sim \
+         answering at once (prefill and decode at 1e9 tokens/s) streaming one event per token \
+         (SGLang's default) or 16 tokens per event (`--stream-interval 16`), and a canned \
+         responder inside the benchmark (the `fake engine`: the whole answer in one write, \
+         JSON or SSE events of 1 or 16 tokens), which costs nothing beside the proxy. Proxy CPU \
+         is the proxy process's run time over the run (from `/proc/<pid>/task/*/schedstat`) \
+         divided by its requests, and by the SSE events each answer carried. Each row is the \
+         median run (by throughput) of its repetitions; the three paths of a case run one \
+         after the other, their order rotating between repetitions.\n\n",
     );
-    page.push_str("| case | requests | errors | req/s | p50 ms | p99 ms | router CPU/request |\n|---|---|---|---|---|---|---|\n");
-    for (name, run) in &overhead.cases {
-        let _ = writeln!(
-            page,
-            "| {name} | {} | {} | {:.0} | {:.2} | {:.2} | {} |",
-            run.requests,
-            run.errors,
-            run.rps(),
-            run.p50_ms,
-            run.p99_ms,
-            run.router_cpu_us.map_or("-".to_owned(), |us| format!("{us:.1} us")),
-        );
-    }
-    let rps = |name: &str| overhead.cases.iter().find(|(n, _)| n == name).map(|(_, r)| r.rps());
-    let plain = rps("router, non-streaming, 64 tokens");
-    let direct_plain = rps("direct, non-streaming, 64 tokens");
-    page.push('\n');
-    for chunking in ["", ", 16 per chunk", ", one chunk"] {
-        let routed = rps(&format!("router, streaming, 64 tokens{chunking}"));
-        let direct = rps(&format!("direct, streaming, 64 tokens{chunking}"));
-        if let (Some(routed), Some(direct), Some(plain), Some(direct_plain)) =
-            (routed, direct, plain, direct_plain)
+    page.push_str(
+        "| case | path | requests | errors | req/s | p50 ms | p99 ms | events/request | proxy CPU/request | proxy CPU/event |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    let us = |value: Option<f64>| value.map_or("-".to_owned(), |us| format!("{us:.1} us"));
+    for case in &overhead.cases {
+        for (path, run) in
+            [("direct", &case.direct), ("router", &case.router), ("nginx", &case.nginx)]
         {
-            let label = if chunking.is_empty() { ", one chunk per token" } else { chunking };
             let _ = writeln!(
                 page,
-                "- Streaming 64 tokens{label}: through the router {:.0}% of the direct streaming \
-                 throughput; {:.0}% of the router's non-streaming throughput for the same answers \
-                 (the engine alone: {:.0}%).",
-                routed / direct * 100.0,
-                routed / plain * 100.0,
-                direct / direct_plain * 100.0,
+                "| {} | {path} | {} | {} | {:.0} | {:.2} | {:.2} | {:.1} | {} | {} |",
+                case.name,
+                run.requests,
+                run.errors,
+                run.rps(),
+                run.p50_ms,
+                run.p99_ms,
+                run.events_per_request,
+                us(run.proxy_cpu_us),
+                us(run.proxy_cpu_per_event_us()),
             );
         }
     }
-    if let (Some(stream), Some(plain)) = (
-        rps("router, fake engine, streaming, 64 tokens"),
-        rps("router, fake engine, non-streaming, 64 tokens"),
-    ) {
+    page.push_str(
+        "\n### The router against nginx\n\n\
+         | case | router CPU/request | nginx CPU/request | router ÷ nginx | router req/s ÷ direct | nginx req/s ÷ direct |\n\
+         |---|---|---|---|---|---|\n",
+    );
+    for case in &overhead.cases {
         let _ = writeln!(
             page,
-            "- With the fake engine (a canned answer in one write, so both modes cost it the \
-             same): streaming through the router reaches {:.0}% of the non-streaming throughput.",
-            stream / plain * 100.0
+            "| {} | {} | {} | {} | {:.0}% | {:.0}% |",
+            case.name,
+            us(case.router.proxy_cpu_us),
+            us(case.nginx.proxy_cpu_us),
+            case.cpu_ratio().map_or("-".to_owned(), |ratio| format!("{ratio:.2}x")),
+            case.router.rps() / case.direct.rps() * 100.0,
+            case.nginx.rps() / case.direct.rps() * 100.0,
         );
     }
-    page.push('\n');
-    page.push_str("![router CPU per request](bench-router-cpu.svg)\n");
+    page.push_str(
+        "\nThe aim: router CPU per plain request at most 1.3x nginx's, per stream of one event \
+         per token at most 1.5x, and streaming throughput through the router at least 90% of \
+         direct at one event per token.\n\n![proxy CPU per request](bench-router-cpu.svg)\n",
+    );
     page
 }
