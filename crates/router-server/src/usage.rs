@@ -101,22 +101,52 @@ const TAIL_EVENTS: usize = 8;
 
 /// The counts of the last event that carries any among the SSE events of `tail` (the
 /// stream's last frames, oldest first; the first event may be cut off and is then skipped).
+/// Only the last events are read: most streams end their last frame with their counts, so that
+/// frame is tried alone before the frames are joined (a coalesced frame may hold the whole
+/// stream).
 pub(crate) fn of_stream_tail(tail: &[&[u8]]) -> Option<Usage> {
-    let text: Vec<u8> = tail.concat();
-    let text = String::from_utf8_lossy(&text);
-    text.rsplit("\n\n").filter(|event| !event.trim().is_empty()).take(TAIL_EVENTS).find_map(
-        |event| {
-            let data: String = event
-                .lines()
-                .filter_map(|line| line.strip_prefix("data:"))
-                .map(str::trim_start)
-                .collect();
-            if data.is_empty() || data == "[DONE]" {
-                return None;
+    if let [.., last] = tail
+        && let Some(usage) = of_last_events(last)
+    {
+        return Some(usage);
+    }
+    if tail.len() < 2 {
+        return None;
+    }
+    of_last_events(&tail.concat())
+}
+
+/// The counts of the last of the final [`TAIL_EVENTS`] events of `text` that carries any.
+fn of_last_events(text: &[u8]) -> Option<Usage> {
+    events_from_end(text).take(TAIL_EVENTS).find_map(|event| {
+        let mut data = Vec::new();
+        for line in event.split(|&b| b == b'\n') {
+            if let Some(value) = line.strip_prefix(b"data:") {
+                data.extend_from_slice(value.trim_ascii_start());
             }
-            serde_json::from_str::<Reported>(&data).ok()?.usage()
-        },
-    )
+        }
+        if data.is_empty() || data == b"[DONE]" {
+            return None;
+        }
+        serde_json::from_slice::<Reported>(&data).ok()?.usage()
+    })
+}
+
+/// The non-blank SSE events of `text` (separated by blank lines), last first.
+fn events_from_end(text: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut end = text.len();
+    std::iter::from_fn(move || {
+        while end > 0 {
+            let rest = &text[..end];
+            let start = rest.windows(2).rposition(|w| w == b"\n\n").map_or(0, |at| at + 2);
+            end = start.saturating_sub(2);
+            let event = &rest[start..];
+            if !event.trim_ascii().is_empty() {
+                return Some(event);
+            }
+        }
+        None
+    })
 }
 
 #[cfg(test)]
@@ -165,5 +195,20 @@ data: [DONE]
         let last = Some(Usage { prompt: 3, cached: 0, completion: 2 });
         assert_eq!(of_stream_tail(&[generate]), last);
         assert_eq!(of_stream_tail(&[]), None);
+    }
+
+    #[test]
+    fn only_a_streams_last_events_are_read() {
+        let content = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n".repeat(100);
+        let counts = "data: {\"usage\":{\"prompt_tokens\":2,\"completion_tokens\":100}}\n\n";
+        // One coalesced frame holding the whole stream.
+        let whole = format!("{counts}{content}{counts}data: [DONE]\n\n");
+        let expected = Some(Usage { prompt: 2, cached: 0, completion: 100 });
+        assert_eq!(of_stream_tail(&[b"", whole.as_bytes()]), expected);
+        // Counts further back than the last events are not looked for.
+        let early = format!("{counts}{content}data: [DONE]\n\n");
+        assert_eq!(of_stream_tail(&[early.as_bytes()]), None);
+        // Blank lines around events and a lone frame without a separator.
+        assert_eq!(of_stream_tail(&[b"\n\n\n", counts.trim_end().as_bytes()]), expected);
     }
 }
