@@ -5,11 +5,11 @@
 //! (`router.load.v1`, as the gRPC subscription receives them), each decoded, turned into a
 //! [`Report`] and applied to an [`EngineReportedLoadTable`] under a manual clock for one
 //! engine of `1 + (first byte >> 1) % 4` ranks. Beyond "never panics": within one engine
-//! instance accepted sequences strictly increase, a usable load has every rank, and clamped
+//! instance accepted sequences strictly increase (while the table remembers the instance), a usable load has every rank, and clamped
 //! values are in range.
 #![no_main]
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,6 +23,10 @@ use router_workers::{ModelId, Stage, Worker, WorkerId, WorkerSpec};
 
 /// Most reports decoded from one input.
 const MAX_REPORTS: usize = 64;
+/// Superseded instances the table remembers per engine (router-state-load's
+/// `RETIRED_INSTANCES`): a report of an instance retired longer ago than that is a new
+/// instance to it, by design, so only sequences of remembered instances must increase.
+const RETIRED_INSTANCES: usize = 8;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else { return };
@@ -48,8 +52,11 @@ fn reports(dp_size: u32, mut stream: &[u8]) {
     };
     let id: WorkerId = worker.id().clone();
     table.register(&worker);
-    // The last accepted sequence of each instance.
+    // The last accepted sequence of each instance the table still remembers, and the
+    // instances it remembers as retired, oldest first.
     let mut last: HashMap<u64, u64> = HashMap::new();
+    let mut current: Option<u64> = None;
+    let mut retired: VecDeque<u64> = VecDeque::new();
     for _ in 0..MAX_REPORTS {
         if stream.is_empty() {
             break;
@@ -67,6 +74,19 @@ fn reports(dp_size: u32, mut stream: &[u8]) {
         assert_eq!(report.ranks.len(), wire.ranks.len(), "a rank was lost in decoding");
         let (instance, sequence) = (report.instance_id, report.sequence);
         let result = table.apply(&id, worker.incarnation(), report);
+        // An accepted or rank-incomplete report moved the table's order to its instance.
+        if matches!(result, Ok(_) | Err(RejectReason::RankIncomplete))
+            && let Some(previous) = current.replace(instance)
+            && previous != instance
+        {
+            retired.push_back(previous);
+            if retired.len() > RETIRED_INSTANCES
+                && let Some(forgotten) = retired.pop_front()
+                && !retired.contains(&forgotten)
+            {
+                last.remove(&forgotten);
+            }
+        }
         let snapshot = table.snapshot();
         assert_eq!(
             snapshot.get(&id).is_some(),
