@@ -149,7 +149,9 @@ fn host_triple() -> Result<String> {
 fn build(root: &Path, build_dir: &Path, targets: &[&str]) -> Result<Vec<PathBuf>> {
     let triple = host_triple()?;
     let manifest = root.join("fuzz").join("Cargo.toml");
-    let mut args = vec!["build", "--release", "--locked", "--target", &triple, "--manifest-path"];
+    // Not --locked, like the workspace's own build in `ci`: a dependency added to a crate
+    // lands in fuzz/Cargo.lock on the next run, which is then committed.
+    let mut args = vec!["build", "--release", "--target", &triple, "--manifest-path"];
     let manifest_arg = manifest.to_string_lossy().into_owned();
     args.push(&manifest_arg);
     for target in targets {
