@@ -10,7 +10,7 @@ use bytes::Bytes;
 
 use crate::prepare::{self, Endpoint, Prompt, Tokenization};
 
-/// The endpoints a body can be prepared for, in [`Endpoint::ALL`] order (chat, completions,
+/// The endpoints a body can be prepared for, in the order of `Endpoint::ALL` (chat, completions,
 /// `/generate`, then the passed-through ones).
 pub const ENDPOINTS: usize = Endpoint::ALL.len();
 
