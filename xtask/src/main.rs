@@ -20,7 +20,7 @@ const USAGE: &str = "usage: cargo xtask <command>
 commands:
   codegen [--check]   regenerate crates/router-proto from proto/**/*.proto (--check: fail if stale)
   deps                check internal dependency edges against ARCHITECTURE.md
-  lint                cargo fmt --check, clippy -D warnings, rustdoc -D warnings
+  lint                cargo fmt --check (fuzz/ too), clippy -D warnings, rustdoc -D warnings
   tidy                //! headers, module cycles, references to documents outside the repository
   bench [--quick] [--only overhead|epp|policies|quality|replicas] [--no-build] [--case TEXT]
                       end-to-end benchmark against the simulated fleet; writes docs/benchmarks.md
