@@ -7,6 +7,7 @@
 mod bench;
 mod codegen;
 mod deps;
+mod fuzz;
 mod lint;
 mod tidy;
 
@@ -19,13 +20,17 @@ const USAGE: &str = "usage: cargo xtask <command>
 commands:
   codegen [--check]   regenerate crates/router-proto from proto/**/*.proto (--check: fail if stale)
   deps                check internal dependency edges against ARCHITECTURE.md
-  lint                cargo fmt --check, clippy -D warnings, rustdoc -D warnings
+  lint                cargo fmt --check (fuzz/ too), clippy -D warnings, rustdoc -D warnings
   tidy                //! headers, module cycles, references to documents outside the repository
   bench [--quick] [--only overhead|epp|policies|quality|replicas] [--no-build] [--case TEXT]
                       end-to-end benchmark against the simulated fleet; writes docs/benchmarks.md
                       (--only: run one section and replace only it on the page; --case: only the
                       overhead cases whose name contains TEXT, nothing written)
-  ci                  lint, deps, tidy, codegen --check, then every test";
+  fuzz [--seconds N] [--target NAME] [--reproduce FILE]
+                      build the libFuzzer targets of fuzz/ (stable, instrumented) and run each
+                      for N seconds (default 60); fails on a crash, saving the input under
+                      fuzz/artifacts/ (--reproduce: run that one input once)
+  ci                  lint, deps, tidy, codegen --check, every test, then 10 s of each fuzz target";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -87,6 +92,7 @@ fn run(args: &[&str]) -> Result<()> {
                 },
             )
         }
+        ["fuzz", rest @ ..] => fuzz::run(&root, &fuzz::Options::parse(rest)?),
         ["ci"] => ci(&root),
         _ => bail!("{USAGE}"),
     }
@@ -104,9 +110,18 @@ fn ci(root: &std::path::Path) -> Result<()> {
         cargo_test(root, &["test", "--workspace", "--all-targets", "--no-fail-fast"], &mut totals);
     let doc = cargo_test(root, &["test", "--workspace", "--doc", "--no-fail-fast"], &mut totals);
     // One closing line for the whole suite, whatever the last test binary printed.
+    // A short fuzzing run of every target: a crash fails CI.
+    let fuzz = if all.is_ok() && doc.is_ok() {
+        fuzz::run(root, &fuzz::Options { seconds: CI_FUZZ_SECONDS, target: None, reproduce: None })
+    } else {
+        Ok(())
+    };
     println!("ci: {} passed, {} failed", totals.passed, totals.failed);
-    all.and(doc)
+    all.and(doc).and(fuzz)
 }
+
+/// Seconds each fuzz target runs in `cargo xtask ci`.
+const CI_FUZZ_SECONDS: u64 = 10;
 
 /// Passed and failed tests summed over every `test result:` line.
 #[derive(Default)]
@@ -168,7 +183,7 @@ pub(crate) fn cargo(root: &std::path::Path, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-fn env_cargo() -> String {
+pub(crate) fn env_cargo() -> String {
     std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned())
 }
 

@@ -23,6 +23,9 @@ mod dispatch;
 pub mod epp;
 mod error;
 mod forward;
+/// Request preparation for the fuzz targets in `fuzz/`; not an API.
+#[doc(hidden)]
+pub mod fuzzing;
 mod health;
 mod limit;
 pub mod logging;

@@ -407,6 +407,21 @@ mod tests {
         );
     }
 
+    /// Found by the `prepare` fuzz target: serde_json's default float parser is off by one ulp
+    /// on long numbers, so a body re-serialised without the router-owned fields forwarded
+    /// 4.444444444444445e122 for the client's 123-digit integer (4.4444444444444445e122).
+    #[test]
+    fn stripping_router_owned_fields_keeps_every_number_exact() {
+        let (raw, chat) = chat(
+            r#"{"model":"m","messages":[{"role":"user","content":"x"}],"bootstrap_room":1,"x":444444444444444444444444444444444444444444444444444444444444444444444444444444444444444444444444444444444444444444444444447,"y":0.1,"z":1e-300}"#,
+        );
+        let prepared = prepare(raw, chat, None, None, None).expect("prepared");
+        let forwarded: Value = serde_json::from_slice(&prepared.body).expect("json");
+        assert_eq!(forwarded["x"].as_f64(), Some(4.4444444444444445e122));
+        assert_eq!(forwarded["y"].as_f64(), Some(0.1));
+        assert_eq!(forwarded["z"].as_f64(), Some(1e-300));
+    }
+
     /// A scratch directory of this test process.
     fn scratch(name: &str) -> std::path::PathBuf {
         let dir =
