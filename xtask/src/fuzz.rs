@@ -50,12 +50,15 @@ pub(crate) struct Options {
     pub target: Option<String>,
     /// Run the given input once instead of fuzzing (with `target`).
     pub reproduce: Option<PathBuf>,
+    /// The cargo profile of fuzz/Cargo.toml to build with: `release` (the fastest targets) or
+    /// `fuzz-ci` (the short run of `cargo xtask ci`: built about twice as fast, run slower).
+    pub profile: &'static str,
 }
 
 impl Options {
     /// Parses `[--seconds N] [--target NAME] [--reproduce FILE]`.
     pub(crate) fn parse(args: &[&str]) -> Result<Self> {
-        let mut options = Self { seconds: 60, target: None, reproduce: None };
+        let mut options = Self { seconds: 60, target: None, reproduce: None, profile: "release" };
         let mut args = args.iter();
         while let Some(arg) = args.next() {
             let mut value = || args.next().with_context(|| format!("{arg} needs a value"));
@@ -93,7 +96,7 @@ pub(crate) fn run(root: &Path, options: &Options) -> Result<()> {
     };
     let build_dir = build_dir(root);
     let started = Instant::now();
-    let bins = build(root, &build_dir, &targets)?;
+    let bins = build(root, &build_dir, &targets, options.profile)?;
     eprintln!("xtask fuzz: built {} target(s) in {:.0?}", targets.len(), started.elapsed());
     if let Some(input) = &options.reproduce {
         let bin = &bins[0];
@@ -145,13 +148,14 @@ fn host_triple() -> Result<String> {
         .context("rustc -vV names no host")
 }
 
-/// Builds `targets` instrumented, in release mode with debug assertions; returns their binaries.
-fn build(root: &Path, build_dir: &Path, targets: &[&str]) -> Result<Vec<PathBuf>> {
+/// Builds `targets` instrumented with cargo profile `profile` (optimised, with debug
+/// assertions); returns their binaries.
+fn build(root: &Path, build_dir: &Path, targets: &[&str], profile: &str) -> Result<Vec<PathBuf>> {
     let triple = host_triple()?;
     let manifest = root.join("fuzz").join("Cargo.toml");
     // Not --locked, like the workspace's own build in `ci`: a dependency added to a crate
     // lands in fuzz/Cargo.lock on the next run, which is then committed.
-    let mut args = vec!["build", "--release", "--target", &triple, "--manifest-path"];
+    let mut args = vec!["build", "--profile", profile, "--target", &triple, "--manifest-path"];
     let manifest_arg = manifest.to_string_lossy().into_owned();
     args.push(&manifest_arg);
     for target in targets {
@@ -171,7 +175,7 @@ fn build(root: &Path, build_dir: &Path, targets: &[&str]) -> Result<Vec<PathBuf>
     if !status.success() {
         bail!("building the fuzz targets failed ({status})");
     }
-    Ok(targets.iter().map(|t| build_dir.join(&triple).join("release").join(t)).collect())
+    Ok(targets.iter().map(|t| build_dir.join(&triple).join(profile).join(t)).collect())
 }
 
 /// Runs one target for `seconds`; returns the crashing input it saved, if any.

@@ -112,7 +112,13 @@ fn ci(root: &std::path::Path) -> Result<()> {
     // One closing line for the whole suite, whatever the last test binary printed.
     // A short fuzzing run of every target: a crash fails CI.
     let fuzz = if all.is_ok() && doc.is_ok() {
-        fuzz::run(root, &fuzz::Options { seconds: CI_FUZZ_SECONDS, target: None, reproduce: None })
+        let options = fuzz::Options {
+            seconds: CI_FUZZ_SECONDS,
+            target: None,
+            reproduce: None,
+            profile: "fuzz-ci",
+        };
+        fuzz::run(root, &options)
     } else {
         Ok(())
     };
