@@ -126,7 +126,7 @@ struct Scenario {
 const SCENARIOS: [Scenario; 6] = [
     Scenario { name: "router-sim, plain", engine: 0, body: PLAIN },
     Scenario { name: "router-sim, stream, 1 token per event", engine: 0, body: STREAM },
-    Scenario { name: "router-sim, stream, 16 tokens per event", engine: 1, body: STREAM },
+    Scenario { name: "router-sim, stream, 16 events per write", engine: 1, body: STREAM },
     Scenario { name: "fake engine, plain", engine: 2, body: PLAIN },
     Scenario { name: "fake engine, stream, 1 token per event", engine: 2, body: STREAM },
     Scenario { name: "fake engine, stream, 16 tokens per event", engine: 3, body: STREAM },
@@ -192,10 +192,10 @@ pub(crate) fn measure(
 ) -> Result<Overhead> {
     let nginx_bin = nginx::binary()?;
     let fast = ["--prefill-tokens-per-sec", "1e9", "--decode-tokens-per-sec", "1e9"];
-    // router-sim engines that answer at once, one streaming every token as its own event
-    // (SGLang's default) and one 16 tokens per event (`--stream-interval 16`); and canned
-    // responders the same two ways, whose whole answer is one write, so that the engine costs
-    // nothing beside the proxy.
+    // router-sim engines that answer at once, streaming every token as its own event, one
+    // writing each event as it comes (SGLang's default) and one 16 at a time
+    // (`--stream-interval 16`); and canned responders whose whole answer is one write, with 1 or
+    // 16 tokens per event, so that the engine costs nothing beside the proxy.
     let sims =
         [engine(bins, &fast)?, engine(bins, &[&fast[..], &["--stream-interval", "16"]].concat())?];
     let fakes = [FakeEngine::start(1)?, FakeEngine::start(16)?];
@@ -332,8 +332,9 @@ pub(crate) fn render(overhead: &Overhead) -> String {
          an engine, through the router (round_robin, `--worker-threads 1`) and through nginx \
          (`xtask/src/bench/nginx.conf`: one worker in one process, keep-alive upstream \
          connections, `proxy_buffering off`) in front of the same engine. Engines: router-sim \
-         answering at once (prefill and decode at 1e9 tokens/s) streaming one event per token \
-         (SGLang's default) or 16 tokens per event (`--stream-interval 16`), and a canned \
+         answering at once (prefill and decode at 1e9 tokens/s), one event per token, each \
+         event written as it comes (SGLang's default) or 16 at a time (`--stream-interval \
+         16`), and a canned \
          responder inside the benchmark (the `fake engine`: the whole answer in one write, \
          JSON or SSE events of 1 or 16 tokens), which costs nothing beside the proxy. Proxy CPU \
          is the proxy process's run time over the run (from `/proc/<pid>/task/*/schedstat`) \
