@@ -5,9 +5,10 @@
 //! write, as in a proxy that moves whatever its socket holds. The engine connection's own task
 //! hands over one decoded frame at a time, so after taking what is there the stream lets that
 //! task run again (a turn of the event loop, no system call) and sends the batch once a turn
-//! brings nothing new; it never waits for the engine. A mid-stream failure, an engine silent for longer than its
-//! idle limit, or a failed prefill partner ends the stream with an SSE error event and is
-//! reported to the circuit breaker. Dropping the body (the client went away) releases the
+//! brings nothing new; it never waits for the engine, and a lone frame goes out uncopied.
+//!
+//! A mid-stream failure, an engine silent for longer than its idle limit, or a failed prefill
+//! partner ends the stream with an SSE error event and is reported to the circuit breaker. Dropping the body (the client went away) releases the
 //! guards and drops the upstream response, which closes the engine connection and so cancels
 //! the request there.
 //!
@@ -60,7 +61,7 @@ pub(crate) struct GuardedBody<B: Body = hyper::body::Incoming> {
     /// The engine's body ended while coalescing.
     ended: bool,
     /// Data frames taken but not yet passed on, and when the first of them arrived.
-    batch: Option<(BytesMut, Instant)>,
+    batch: Option<(Batch, Instant)>,
     /// Times the batch has yielded for more, and polls in a row that brought nothing.
     rounds: u8,
     quiet: u8,
@@ -258,8 +259,8 @@ where
                         this.idle.progressed();
                         received = true;
                         match &mut this.batch {
-                            Some((batch, _)) => batch.extend_from_slice(&data),
-                            None => this.batch = Some((data.into(), this.idle.last_progress)),
+                            Some((batch, _)) => batch.push(&data),
+                            None => this.batch = Some((Batch::One(data), this.idle.last_progress)),
                         }
                     }
                     Err(trailers) => this.stashed = Some(Ok(trailers)),
@@ -293,7 +294,7 @@ where
         };
         this.rounds = 0;
         this.quiet = 0;
-        let data = batch.freeze();
+        let data = batch.into_bytes();
         if let Some(timing) = &mut this.timing {
             timing.passed(&data, first_arrived, this.idle.last_progress);
         }
@@ -307,6 +308,40 @@ where
     /// A stream may gain an error event, so its length is never promised.
     fn size_hint(&self) -> SizeHint {
         SizeHint::default()
+    }
+}
+
+/// The data frames of one write: a lone frame as it came, several copied into one buffer.
+enum Batch {
+    One(Bytes),
+    Joined(BytesMut),
+}
+
+impl Batch {
+    fn len(&self) -> usize {
+        match self {
+            Batch::One(data) => data.len(),
+            Batch::Joined(data) => data.len(),
+        }
+    }
+
+    fn push(&mut self, more: &[u8]) {
+        match self {
+            Batch::One(first) => {
+                let mut joined = BytesMut::with_capacity(first.len() + more.len());
+                joined.extend_from_slice(first);
+                joined.extend_from_slice(more);
+                *self = Batch::Joined(joined);
+            }
+            Batch::Joined(joined) => joined.extend_from_slice(more),
+        }
+    }
+
+    fn into_bytes(self) -> Bytes {
+        match self {
+            Batch::One(data) => data,
+            Batch::Joined(data) => data.freeze(),
+        }
     }
 }
 

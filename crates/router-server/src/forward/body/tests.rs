@@ -164,6 +164,16 @@ async fn arrived_frames_go_out_as_one_write_and_a_pending_engine_is_not_waited_f
 }
 
 #[tokio::test]
+async fn a_lone_frame_goes_out_uncopied() {
+    static EVENT: &str = "data: 1\n\n";
+    let fixture = Fixture::new();
+    let mut body = fixture.body(Scripted::new([Step::Data(EVENT)]), None);
+    let frame = body.frame().await.expect("a frame").expect("never fails");
+    let data = frame.into_data().expect("data");
+    assert_eq!(data.as_ptr(), EVENT.as_ptr(), "the engine's own bytes");
+}
+
+#[tokio::test]
 async fn a_batch_waits_a_bounded_number_of_rounds_for_more() {
     let fixture = Fixture::new();
     // A frame in every round: the batch goes out after its last round all the same.
