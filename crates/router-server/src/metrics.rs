@@ -437,16 +437,44 @@ pub(crate) fn answer(
     });
 }
 
+thread_local! {
+    /// Each engine's selection counters by stage, cached per thread as [`SERIES`] is: every
+    /// dispatch counts one.
+    static SELECTIONS: RefCell<HashMap<String, Vec<(&'static str, Counter)>>> =
+        RefCell::new(HashMap::new());
+    /// The pick counters by (policy, stage, reason), likewise.
+    static PICKS: RefCell<HashMap<(&'static str, &'static str, &'static str), Counter>> =
+        RefCell::new(HashMap::new());
+}
+
 /// An engine chosen by a selection, for `stage` (`plain`, `prefill`, `decode`).
 pub(crate) fn engine_selected(worker: &str, stage: &'static str) {
-    counter!("router_engine_selections_total", "worker" => worker.to_owned(), "stage" => stage)
-        .increment(1);
+    SELECTIONS.with_borrow_mut(|selections| {
+        if !selections.contains_key(worker) {
+            selections.insert(worker.to_owned(), Vec::new());
+        }
+        let Some(stages) = selections.get_mut(worker) else { return };
+        match stages.iter().find(|(s, _)| *s == stage) {
+            Some((_, counter)) => counter.increment(1),
+            None => {
+                let counter = counter!("router_engine_selections_total", "worker" => worker.to_owned(), "stage" => stage);
+                counter.increment(1);
+                stages.push((stage, counter));
+            }
+        }
+    });
 }
 
 /// A successful pick by a policy.
 pub(crate) fn pick(policy: &'static str, stage: &'static str, reason: &'static str) {
-    counter!("router_picks_total", "policy" => policy, "stage" => stage, "reason" => reason)
-        .increment(1);
+    PICKS.with_borrow_mut(|picks| {
+        picks
+            .entry((policy, stage, reason))
+            .or_insert_with(|| {
+                counter!("router_picks_total", "policy" => policy, "stage" => stage, "reason" => reason)
+            })
+            .increment(1);
+    });
 }
 
 /// A data-parallel rank chosen for a dispatch to an engine whose worker sets `dp_route`.
