@@ -155,6 +155,11 @@ fn heard(ctx: &AppContext, worker: &Worker) -> Option<Outcome> {
     }
 }
 
+/// An engine request with an empty JSON body, no rank and no edit.
+fn empty_request() -> EngineRequest {
+    EngineRequest { body: Bytes::from_static(b"{}"), rank_header: None, edit: Default::default() }
+}
+
 fn exchange<'a>(ctx: &'a Arc<AppContext>, stream: bool) -> Exchange<'a> {
     static REQUEST_ID: HeaderValue = HeaderValue::from_static("test");
     static TRACE: crate::telemetry::RequestTrace = crate::telemetry::RequestTrace::none();
@@ -265,17 +270,7 @@ async fn what_the_client_and_the_breaker_hear_of_a_plain_dispatch() {
 async fn an_engine_silent_after_its_head_is_a_timeout_and_its_failure() {
     let (ctx, worker) = engine("stall", "stalls-1", Script::Stalls(200)).await;
     let x = exchange(&ctx, false);
-    let upstream = x
-        .send(
-            &worker,
-            EngineRequest {
-                body: Bytes::from_static(b"{}"),
-                rank_header: None,
-                edit: Default::default(),
-            },
-        )
-        .await
-        .expect("a head");
+    let upstream = x.send(&worker, empty_request()).await.expect("a head");
     let (_, body) = x.checked(&worker, upstream).await.expect("a 200");
     tokio::time::pause();
     let started = tokio::time::Instant::now();
@@ -297,17 +292,7 @@ async fn an_engine_silent_after_its_head_is_a_timeout_and_its_failure() {
 async fn a_server_error_whose_body_never_comes_is_still_reported() {
     let (ctx, worker) = engine("stall", "stalls-2", Script::Stalls(500)).await;
     let x = exchange(&ctx, false);
-    let upstream = x
-        .send(
-            &worker,
-            EngineRequest {
-                body: Bytes::from_static(b"{}"),
-                rank_header: None,
-                edit: Default::default(),
-            },
-        )
-        .await
-        .expect("a head");
+    let upstream = x.send(&worker, empty_request()).await.expect("a head");
     tokio::time::pause();
     let err = x.checked(&worker, upstream).await.expect_err("a 500");
     assert_eq!(err.to_string(), "engine stalls-2 answered 500: (no body)");

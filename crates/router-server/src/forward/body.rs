@@ -289,8 +289,7 @@ where
         }
         let Some((batch, first_arrived)) = this.batch.take() else {
             // Nothing was taken: the end, a failure or trailers came first.
-            let polled = this.stashed.take().map_or(Poll::Ready(None), |s| Poll::Ready(Some(s)));
-            return this.deliver(polled);
+            return this.deliver(Poll::Ready(this.stashed.take()));
         };
         this.rounds = 0;
         this.quiet = 0;
