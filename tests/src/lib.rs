@@ -594,6 +594,11 @@ pub mod envoy {
         }
     }
 
+    /// The gateway configuration shared with the endpoint-picker benchmark, and its ext_proc
+    /// filter.
+    const GATEWAY: &str = include_str!("../envoy/gateway.yaml");
+    const EXT_PROC: &str = include_str!("../envoy/ext_proc.yaml");
+
     fn config(port: u16, admin: u16, pickers: &[String], failure_mode_allow: bool) -> String {
         let endpoints: String = pickers
             .iter()
@@ -604,47 +609,11 @@ pub mod envoy {
                 )
             })
             .collect();
-        format!(
-            r#"admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
-static_resources:
-  listeners:
-  - name: gateway
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: gateway
-          route_config:
-            virtual_hosts:
-            - name: pool
-              domains: ["*"]
-              routes:
-              - match: {{prefix: "/"}}
-                route: {{cluster: pool, timeout: 60s}}
-                response_headers_to_add:
-                - header: {{key: x-upstream-host, value: "%UPSTREAM_REMOTE_ADDRESS%"}}
-          http_filters:
-          - name: envoy.filters.http.ext_proc
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
-              grpc_service: {{envoy_grpc: {{cluster_name: picker}}, timeout: 30s}}
-              failure_mode_allow: {failure_mode_allow}
-              message_timeout: 30s
-              processing_mode:
-                request_header_mode: SEND
-                response_header_mode: SEND
-                request_body_mode: FULL_DUPLEX_STREAMED
-                response_body_mode: FULL_DUPLEX_STREAMED
-                request_trailer_mode: SEND
-                response_trailer_mode: SEND
-          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-  - name: pool
+        let extra = "                response_headers_to_add:\n                \
+                     - header: {key: x-upstream-host, value: \"%UPSTREAM_REMOTE_ADDRESS%\"}\n";
+        let filters = EXT_PROC.replace("{failure_mode_allow}", &failure_mode_allow.to_string());
+        let clusters = format!(
+            r#"  - name: pool
     type: ORIGINAL_DST
     lb_policy: CLUSTER_PROVIDED
     connect_timeout: 2s
@@ -669,6 +638,12 @@ static_resources:
       endpoints:
       - lb_endpoints:
 {endpoints}"#
-        )
+        );
+        GATEWAY
+            .replace("{admin}", &admin.to_string())
+            .replace("{port}", &port.to_string())
+            .replace("{route_extra}", extra)
+            .replace("{filters}", &filters)
+            .replace("{clusters}", &clusters)
     }
 }

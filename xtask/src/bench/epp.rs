@@ -401,21 +401,7 @@ fn static_route(engines: &[&str]) -> Result<RouteConfig> {
 fn picker_route(grpc: &str) -> Result<RouteConfig> {
     let picker = endpoint(grpc)?;
     Ok(RouteConfig {
-        filters: "          - name: envoy.filters.http.ext_proc
-            typed_config:
-              \"@type\": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor
-              grpc_service: {envoy_grpc: {cluster_name: picker}, timeout: 30s}
-              failure_mode_allow: false
-              message_timeout: 30s
-              processing_mode:
-                request_header_mode: SEND
-                response_header_mode: SEND
-                request_body_mode: FULL_DUPLEX_STREAMED
-                response_body_mode: FULL_DUPLEX_STREAMED
-                request_trailer_mode: SEND
-                response_trailer_mode: SEND
-"
-        .to_owned(),
+        filters: EXT_PROC.replace("{failure_mode_allow}", "false"),
         clusters: format!(
             "  - name: pool
     type: ORIGINAL_DST
@@ -453,35 +439,18 @@ fn endpoint(address: &str) -> Result<String> {
     ))
 }
 
+/// The gateway configuration, shared with the end-to-end tests, and its ext_proc filter.
+const GATEWAY: &str = include_str!("../../../tests/envoy/gateway.yaml");
+const EXT_PROC: &str = include_str!("../../../tests/envoy/ext_proc.yaml");
+
 fn envoy_yaml(port: u16, admin: u16, route: &RouteConfig) -> String {
     let RouteConfig { filters, clusters } = route;
-    format!(
-        r#"admin:
-  address: {{socket_address: {{address: 127.0.0.1, port_value: {admin}}}}}
-static_resources:
-  listeners:
-  - name: gateway
-    address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
-    filter_chains:
-    - filters:
-      - name: envoy.filters.network.http_connection_manager
-        typed_config:
-          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
-          stat_prefix: gateway
-          route_config:
-            virtual_hosts:
-            - name: pool
-              domains: ["*"]
-              routes:
-              - match: {{prefix: "/"}}
-                route: {{cluster: pool, timeout: 60s}}
-          http_filters:
-{filters}          - name: envoy.filters.http.router
-            typed_config:
-              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
-  clusters:
-{clusters}"#
-    )
+    GATEWAY
+        .replace("{admin}", &admin.to_string())
+        .replace("{port}", &port.to_string())
+        .replace("{route_extra}", "")
+        .replace("{filters}", filters)
+        .replace("{clusters}", clusters)
 }
 
 /// `new / old`, as `x1.23`.
