@@ -137,11 +137,11 @@ impl PolicyRun {
 }
 
 /// Where one engine listens.
-struct EngineEndpoints {
-    url: String,
-    events: String,
-    replay: String,
-    reporter: String,
+pub(crate) struct EngineEndpoints {
+    pub(crate) url: String,
+    pub(crate) events: String,
+    pub(crate) replay: String,
+    pub(crate) reporter: String,
 }
 
 /// A policy as the router's YAML names it, with the settings that differ from the defaults.
@@ -204,44 +204,55 @@ impl Fleet {
         spec: &Engines,
         tokenizer: &str,
     ) -> Result<Self> {
-        let capacity = spec.kv_capacity_tokens.to_string();
-        let prefill = spec.prefill_tokens_per_sec.to_string();
-        let decode = spec.decode_tokens_per_sec.to_string();
-        let mut engines: Vec<Proc> = Vec::new();
-        let mut workers = Vec::new();
-        for _ in 0..spec.count {
-            let (proc, url) = engine(
-                bins,
-                &[
-                    "--tokenizer",
-                    tokenizer,
-                    "--kv-capacity-tokens",
-                    &capacity,
-                    "--prefill-tokens-per-sec",
-                    &prefill,
-                    "--decode-tokens-per-sec",
-                    &decode,
-                    "--kv-events",
-                    "tcp://127.0.0.1:0",
-                    "--kv-replay",
-                    "tcp://127.0.0.1:0",
-                    "--load-reporter",
-                    "127.0.0.1:0",
-                ],
-            )?;
-            workers.push(EngineEndpoints {
-                url,
-                events: proc.after("kv events on ")?,
-                replay: proc.after("kv replay on ")?,
-                reporter: proc.after("load reporter on ")?,
-            });
-            engines.push(proc);
-        }
+        let (engines, workers) = start_engines(bins, spec, tokenizer)?;
         let (router, url) = router_with_config(bins, &router_yaml(policy, &workers, tokenizer))?;
         // Let subscriptions connect before traffic starts.
         std::thread::sleep(std::time::Duration::from_millis(500));
         Ok(Self { _engines: engines, _router: router, url })
     }
+}
+
+/// Starts `spec.count` simulated engines (KV events over ZeroMQ, with replay, and load over
+/// gRPC); returns them and where each listens.
+pub(crate) fn start_engines(
+    bins: &Bins,
+    spec: &Engines,
+    tokenizer: &str,
+) -> Result<(Vec<Proc>, Vec<EngineEndpoints>)> {
+    let capacity = spec.kv_capacity_tokens.to_string();
+    let prefill = spec.prefill_tokens_per_sec.to_string();
+    let decode = spec.decode_tokens_per_sec.to_string();
+    let mut engines: Vec<Proc> = Vec::new();
+    let mut endpoints = Vec::new();
+    for _ in 0..spec.count {
+        let (proc, url) = engine(
+            bins,
+            &[
+                "--tokenizer",
+                tokenizer,
+                "--kv-capacity-tokens",
+                &capacity,
+                "--prefill-tokens-per-sec",
+                &prefill,
+                "--decode-tokens-per-sec",
+                &decode,
+                "--kv-events",
+                "tcp://127.0.0.1:0",
+                "--kv-replay",
+                "tcp://127.0.0.1:0",
+                "--load-reporter",
+                "127.0.0.1:0",
+            ],
+        )?;
+        endpoints.push(EngineEndpoints {
+            url,
+            events: proc.after("kv events on ")?,
+            replay: proc.after("kv replay on ")?,
+            reporter: proc.after("load reporter on ")?,
+        });
+        engines.push(proc);
+    }
+    Ok((engines, endpoints))
 }
 
 /// Runs `router-sim load ARGS` (which must include `--json`), killed after `timeout`, and

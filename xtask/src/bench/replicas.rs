@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 use serde_json::Value;
 
-use super::policies::{Workload, load_json};
-use super::procs::{Bins, Proc, engine};
+use super::policies::{EngineEndpoints, Workload, load_json, start_engines};
+use super::procs::{Bins, Proc};
 
 /// Fleet and workload sizes: the policy comparison's shape, smaller (a session per replica
 /// spray matters, not the fleet's size).
@@ -97,14 +97,7 @@ impl ReplicaRun {
     }
 }
 
-/// Where one engine listens.
-struct Endpoints {
-    url: String,
-    events: String,
-    reporter: String,
-}
-
-fn workers_yaml(engines: &[Endpoints]) -> String {
+fn workers_yaml(engines: &[EngineEndpoints]) -> String {
     engines
         .iter()
         .enumerate()
@@ -120,7 +113,7 @@ fn workers_yaml(engines: &[Endpoints]) -> String {
         .collect()
 }
 
-fn router_yaml(port: u16, policy: &str, engines: &[Endpoints], tokenizer: &str) -> String {
+fn router_yaml(port: u16, policy: &str, engines: &[EngineEndpoints], tokenizer: &str) -> String {
     format!(
         "server: {{port: {port}}}\nload: {{report_interval_ms: 100}}\nmodels:\n  - id: m\n    tokenizer: \"{tokenizer}\"\n    workers:\n{}    buckets:\n      - id: all\n        groups: {{plain: {{policy: {{{policy}}}}}}}\n",
         workers_yaml(engines)
@@ -139,7 +132,7 @@ impl Replica {
         bins: &Bins,
         index: usize,
         policy: &str,
-        engines: &[Endpoints],
+        engines: &[EngineEndpoints],
         tokenizer: &str,
     ) -> Result<Self> {
         let config = std::env::temp_dir()
@@ -188,33 +181,7 @@ fn run(
     workload: &Workload,
     tokenizer: &str,
 ) -> Result<ReplicaRun> {
-    let mut procs: Vec<Proc> = Vec::new();
-    let mut endpoints = Vec::new();
-    for _ in 0..workload.engines {
-        let (proc, url) = engine(
-            bins,
-            &[
-                "--tokenizer",
-                tokenizer,
-                "--kv-capacity-tokens",
-                &workload.kv_capacity_tokens.to_string(),
-                "--prefill-tokens-per-sec",
-                &workload.prefill_tokens_per_sec.to_string(),
-                "--decode-tokens-per-sec",
-                &workload.decode_tokens_per_sec.to_string(),
-                "--kv-events",
-                "tcp://127.0.0.1:0",
-                "--load-reporter",
-                "127.0.0.1:0",
-            ],
-        )?;
-        endpoints.push(Endpoints {
-            url,
-            events: proc.after("kv events on ")?,
-            reporter: proc.after("load reporter on ")?,
-        });
-        procs.push(proc);
-    }
+    let (mut procs, endpoints) = start_engines(bins, &workload.engines(), tokenizer)?;
     let mut policy = scenario.policy.to_owned();
     let mut indexer_config = None;
     if scenario.indexer {
