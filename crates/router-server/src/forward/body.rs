@@ -289,7 +289,8 @@ where
         }
         let Some((batch, first_arrived)) = this.batch.take() else {
             // Nothing was taken: the end, a failure or trailers came first.
-            return this.deliver(Poll::Ready(this.stashed.take()));
+            let stashed = this.stashed.take();
+            return this.deliver(Poll::Ready(stashed));
         };
         this.rounds = 0;
         this.quiet = 0;
