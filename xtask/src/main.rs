@@ -25,7 +25,8 @@ commands:
   bench [--quick] [--only overhead|epp|policies|quality|replicas] [--no-build] [--case TEXT]
                       end-to-end benchmark against the simulated fleet; writes docs/benchmarks.md
                       (--only: run one section and replace only it on the page; --case: only the
-                      overhead cases whose name contains TEXT, nothing written)
+                      overhead cases whose name contains TEXT, or with --only quality the sweep's
+                      cells whose label has each of its words, nothing written)
   fuzz [--seconds N] [--target NAME] [--reproduce FILE]
                       build the libFuzzer targets of fuzz/ (stable, instrumented) and run each
                       for N seconds (default 60); fails on a crash, saving the input under

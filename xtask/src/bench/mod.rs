@@ -55,7 +55,8 @@ pub(crate) struct Options {
     pub(crate) only: Only,
     /// Build the release binaries first.
     pub(crate) build: bool,
-    /// Run only the overhead cases whose name contains this, and write nothing: for profiling.
+    /// Run only the overhead cases whose name contains this (with `--only quality`, the sweep's
+    /// cells whose label has each of its words), and write nothing: for profiling and trials.
     pub(crate) case: Option<String>,
     /// Use (and build) the debug binaries (`--debug`): for a check on a machine too loaded
     /// for a release build; latencies and CPU are then not those of a release router, and the
@@ -90,7 +91,7 @@ pub(crate) fn run(root: &Path, options: Options) -> Result<()> {
     };
     let mut sections: Vec<(&str, String)> = Vec::new();
 
-    if wants(Only::Overhead) || case.is_some() {
+    if wants(Only::Overhead) {
         let (requests, repeats) = if quick { (1_000, 1) } else { (10_000, 3) };
         eprintln!("xtask bench: router overhead ({requests} requests x {repeats} per case)");
         let overhead = overhead::measure(&bins, requests, repeats, case.as_deref())?;
@@ -184,7 +185,14 @@ pub(crate) fn run(root: &Path, options: Options) -> Result<()> {
 
     if wants(Only::Quality) {
         let sweep = if quick { quality::Sweep::quick(root) } else { quality::Sweep::full(root) };
-        let measured = quality::measure(&bins, sweep, &tokenizer);
+        if let Some(case) = &case {
+            let cells = sweep.cells_matching(case);
+            anyhow::ensure!(!cells.is_empty(), "--case {case:?} names no cell of the quality sweep");
+            quality::measure(&bins, sweep, cells, &tokenizer);
+            return Ok(());
+        }
+        let cells = sweep.cells();
+        let measured = quality::measure(&bins, sweep, cells, &tokenizer);
         quality::write_plots(&measured, &docs)?;
         sections.push(("quality", quality::render(&measured, &command("quality"), &machine)));
     }
@@ -221,6 +229,7 @@ cargo xtask bench --only overhead          # direct, router and nginx side by si
 cargo xtask bench --only epp               # Envoy with and without the endpoint picker: under a minute\n\
 cargo xtask bench --only quality --quick   # one cell of the sweep (conversation, 64k, RHO 0.8)\n\
 cargo xtask bench --case streaming         # only the overhead cases naming it, nothing written (for perf/strace)\n\
+cargo xtask bench --only quality --case \"conversation 64k predicted_ttft\"   # those cells of the sweep, nothing written\n\
 ```\n";
 
 /// `section` with a line saying which command produced it where, below its heading.

@@ -124,6 +124,24 @@ impl Sweep {
         cells
     }
 
+    /// The cells of [`Sweep::cells`] whose label (`conversation 64k 0.8 predicted_ttft`)
+    /// contains every word of `case`: `--case` runs only those, for trying a change on a few.
+    pub(crate) fn cells_matching(&self, case: &str) -> Vec<Cell> {
+        let words: Vec<&str> = case.split_whitespace().collect();
+        let mut cells = self.cells();
+        cells.retain(|cell| {
+            let label = self.label(cell);
+            words.iter().all(|word| label.contains(word))
+        });
+        cells
+    }
+
+    /// How progress lines and `--case` name a cell.
+    pub(crate) fn label(&self, cell: &Cell) -> String {
+        let trace = self.traces[cell.trace].name;
+        format!("{trace} {}k {} {}", cell.cache / 1024, cell.load, cell.policy)
+    }
+
     /// Expected seconds of one run: the fixed cost plus the replay, which lasts the uncached
     /// work over the load the fleet is offered. The uncached work per request is what the
     /// fleet LRU oracle leaves of the first 1500 requests at length scale 0.0625 (measured:
@@ -259,8 +277,8 @@ pub(crate) struct Measured {
 }
 
 /// Runs the sweep, printing the plan and a progress line per run.
-pub(crate) fn measure(bins: &Bins, sweep: Sweep, tokenizer: &str) -> Measured {
-    let cells = sweep.cells();
+/// Runs `cells` of `sweep` (all of [`Sweep::cells`] for the page) `sweep.repetitions` times.
+pub(crate) fn measure(bins: &Bins, sweep: Sweep, cells: Vec<Cell>, tokenizer: &str) -> Measured {
     let total = cells.len() * sweep.repetitions;
     let estimates: Vec<f64> = cells.iter().map(|c| sweep.estimate_secs(c)).collect();
     let per_repetition: f64 = estimates.iter().sum();
@@ -290,13 +308,10 @@ pub(crate) fn measure(bins: &Bins, sweep: Sweep, tokenizer: &str) -> Measured {
             let pace = if estimated_done > 0.0 { elapsed / estimated_done } else { 1.0 };
             let left = (per_repetition * sweep.repetitions as f64 - estimated_done) * pace;
             eprintln!(
-                "xtask bench: quality rep {}/{} {} {}k rho {} {} (run {}/{total}, {} elapsed, about {} left)",
+                "xtask bench: quality rep {}/{} {} (run {}/{total}, {} elapsed, about {} left)",
                 repetition + 1,
                 sweep.repetitions,
-                sweep.traces[cell.trace].name,
-                cell.cache / 1024,
-                cell.load,
-                cell.policy,
+                sweep.label(cell),
                 done + 1,
                 clock(elapsed),
                 clock(left),
@@ -416,6 +431,18 @@ mod tests {
         let quick = Sweep::quick(Path::new("/nonexistent")).cells();
         assert_eq!(quick.len(), 4);
         assert!(quick.iter().all(|c| c.cache == 65_536 && c.load == 0.8));
+    }
+
+    #[test]
+    fn a_case_keeps_the_cells_whose_label_has_every_word() {
+        let sweep = Sweep::full(Path::new("/nonexistent"));
+        let picked = sweep.cells_matching("conversation 64k predicted_ttft");
+        assert_eq!(picked.len(), 4, "one a load");
+        assert!(picked.iter().all(|c| c.trace == 0 && c.cache == 65_536));
+        assert_eq!(sweep.label(&picked[2]), "conversation 64k 0.8 predicted_ttft");
+        assert_eq!(sweep.cells_matching("0.8 session_aware").len(), 4);
+        assert!(sweep.cells_matching("no such policy").is_empty());
+        assert_eq!(sweep.cells_matching("").len(), sweep.cells().len());
     }
 
     #[test]
