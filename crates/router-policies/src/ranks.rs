@@ -114,8 +114,12 @@ impl Ranks<'_> {
                 let since = self.inflight.rank_dispatched_since(id, rank, captured_at);
                 let requests =
                     r.total_requests().saturating_add(since.requests.min(inflight.requests));
+                // Waiting tokens leave out the prefill pass running now, which the router's
+                // requests without a first token still cover.
                 let tokens = match r.waiting_uncached_tokens {
-                    Some(waiting) => waiting.saturating_add(since.tokens.min(inflight.tokens)),
+                    Some(waiting) => waiting
+                        .saturating_add(since.tokens.min(inflight.tokens))
+                        .max(inflight.tokens),
                     None => inflight.tokens,
                 };
                 (tokens, requests)

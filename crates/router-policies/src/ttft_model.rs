@@ -50,11 +50,14 @@ impl TtftModel {
     /// Predicts `request` on every one of `engines`.
     ///
     /// - **queued** is the engine-reported waiting uncached tokens plus the work this router
-    ///   dispatched there since the report's capture time and still in flight (the
+    ///   dispatched there since the report's capture time and not yet prefilled (the
     ///   recent-dispatch correction: `Inflight::dispatched_tokens_since`, at most
-    ///   `Inflight::inflight_tokens`, since work that finished is queued nowhere). When any candidate lacks a fresh, complete native
-    ///   report, every candidate is judged by router-local work instead (the uncached tokens of
-    ///   its requests in flight, `Inflight::inflight_tokens`), [`Basis::Local`];
+    ///   `Inflight::inflight_tokens`, since work that finished is queued nowhere), and at
+    ///   least `Inflight::inflight_tokens` itself: a report's waiting tokens leave out the
+    ///   prefill pass the engine is running, which this router's requests without a first
+    ///   token still cover. When any candidate lacks a fresh, complete native report, every
+    ///   candidate is judged by router-local work alone (`Inflight::inflight_tokens`),
+    ///   [`Basis::Local`];
     /// - **uncached** is the input minus the leading tokens the candidate holds, looked up in
     ///   `source` through the request's memo (every token without a source, token ids, a
     ///   block size or an answering backend);
@@ -107,9 +110,12 @@ impl TtftModel {
             (Basis::Reported, Some((load, native))) => {
                 // What the report cannot know yet, but only what is still here to do: work
                 // that already finished is in neither the report nor the queue.
+                let pending = inflight.inflight_tokens(engine.id());
                 let since = inflight.dispatched_tokens_since(engine.id(), load.captured_at);
-                let unfinished = since.min(inflight.inflight_tokens(engine.id()));
-                native.waiting_uncached_tokens.saturating_add(unfinished)
+                let reported = native.waiting_uncached_tokens.saturating_add(since.min(pending));
+                // A report counts waiting requests only, not the prefill pass running now;
+                // what this router sent and has not seen a first token of covers that pass.
+                reported.max(pending)
             }
             _ => inflight.inflight_tokens(engine.id()),
         };

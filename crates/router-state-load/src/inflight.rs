@@ -8,9 +8,11 @@
 //!
 //! The *work* of a dispatch is the prefill tokens the router expects it to cost the engine (its
 //! uncached prompt tokens, as the policy estimated them; 0 when nothing is known). It is summed
-//! twice: over the requests still in flight ([`Inflight::inflight_tokens`], the fallback when an
-//! engine reports nothing) and cumulatively in the ledger ([`Inflight::dispatched_tokens_since`],
-//! the recent-dispatch correction of a report, in tokens).
+//! twice: over the requests in flight whose prefill is not yet done
+//! ([`Inflight::inflight_tokens`]: waiting at the engine or in its current prefill pass, until
+//! [`InflightGuard::prefilled`] at the first token or the guard's drop), and cumulatively in the
+//! ledger ([`Inflight::dispatched_tokens_since`], the recent-dispatch correction of a report, in
+//! tokens).
 //!
 //! A dispatch to one data-parallel rank ([`Inflight::acquire_on_rank`]) is also counted for
 //! that rank, in flight ([`Inflight::rank_inflight`]) and in the ledger
@@ -101,6 +103,19 @@ impl EngineCounters {
 
     /// Adds one request and `tokens` of work to `rank`'s counters, or removes them.
     fn count_rank(&self, rank: u32, tokens: u64, add: bool) {
+        self.with_rank(rank, |counters| {
+            if add {
+                counters.requests.fetch_add(1, Ordering::Relaxed);
+                counters.tokens.fetch_add(tokens, Ordering::Relaxed);
+            } else {
+                counters.requests.fetch_sub(1, Ordering::Relaxed);
+                counters.tokens.fetch_sub(tokens, Ordering::Relaxed);
+            }
+        });
+    }
+
+    /// Runs `f` on `rank`'s counters, grown to it first.
+    fn with_rank(&self, rank: u32, f: impl FnOnce(&RankCounters)) {
         let Ok(at) = usize::try_from(rank) else { return };
         if self.ranks.read().len() <= at {
             let mut ranks = self.ranks.write();
@@ -108,15 +123,7 @@ impl EngineCounters {
                 ranks.resize_with(at + 1, RankCounters::default);
             }
         }
-        let ranks = self.ranks.read();
-        let counters = &ranks[at];
-        if add {
-            counters.requests.fetch_add(1, Ordering::Relaxed);
-            counters.tokens.fetch_add(tokens, Ordering::Relaxed);
-        } else {
-            counters.requests.fetch_sub(1, Ordering::Relaxed);
-            counters.tokens.fetch_sub(tokens, Ordering::Relaxed);
-        }
+        f(&self.ranks.read()[at]);
     }
 
     fn slot(&self, seq: u64) -> &Entry {
@@ -232,7 +239,8 @@ impl Inflight {
             })
     }
 
-    /// Work (prefill tokens) of the requests in flight to `worker`, over all stages.
+    /// Work (prefill tokens) of the requests in flight to `worker` whose prefill is not done
+    /// yet, over all stages.
     pub fn inflight_tokens(&self, worker: &WorkerId) -> u64 {
         self.engines.get(worker).map_or(0, |c| c.inflight_tokens.load(Ordering::Relaxed))
     }
@@ -365,6 +373,22 @@ impl InflightGuard {
     /// The data-parallel rank the request was sent to, when the router chose one.
     pub fn rank(&self) -> Option<u32> {
         self.rank
+    }
+
+    /// The request's prefill is done (its first token arrived): its work no longer counts in
+    /// flight, on the engine or its rank, while the request itself does until the guard drops.
+    /// Later calls do nothing. The ledger keeps the dispatch's work: it says what was sent.
+    pub fn prefilled(&mut self) {
+        if self.tokens == 0 {
+            return;
+        }
+        let tokens = std::mem::take(&mut self.tokens);
+        self.counters.inflight_tokens.fetch_sub(tokens, Ordering::Relaxed);
+        if let Some(rank) = self.rank {
+            self.counters.with_rank(rank, |counters| {
+                counters.tokens.fetch_sub(tokens, Ordering::Relaxed);
+            });
+        }
     }
 }
 

@@ -13,9 +13,14 @@ use crate::cache::tests::fixture::{Eng, World, eng, wid};
 use crate::tests::doubles::{Recording, running_cap};
 use crate::{AdmissionLimits, PickError, PickReason, PredictedTtftSettings};
 
-/// One token per millisecond, so predicted milliseconds read as tokens.
+/// One token per millisecond, so predicted milliseconds read as tokens; recomputed work
+/// counted twice (weight 1), which the cases' margins are written for, whatever the default.
 fn settings() -> PredictedTtftSettings {
-    PredictedTtftSettings { default_prefill_tokens_per_sec: 1000.0, ..Default::default() }
+    PredictedTtftSettings {
+        default_prefill_tokens_per_sec: 1000.0,
+        recompute_weight: 1.0,
+        ..Default::default()
+    }
 }
 
 fn policy(world: &World, seed: u64) -> PredictedTtftPolicy {
@@ -311,6 +316,48 @@ fn only_a_positive_finite_prefill_rate_estimate_is_used() {
         assert_eq!(estimate.rate, used, "{rate:?}");
         assert_eq!(estimate.ms, 2_000.0 / used * 1000.0, "{rate:?}");
     }
+}
+
+#[test]
+fn the_prefill_pass_a_report_leaves_out_counts_until_its_first_token() {
+    let world = World::new(Stage::Plain, &[eng("a", 0)]);
+    let policy = policy(&world, 0);
+    let engine = &world.workers[0];
+    let id = engine.id();
+    // Dispatched before the report, which counts 1000 tokens still waiting: this one is in
+    // the prefill pass the engine runs now, so the report does not count it.
+    let mut running = world.inflight.acquire_work(id, Stage::Plain, 3_000);
+    let load = |waiting: u64| EngineLoad {
+        kind: ReportKind::Native,
+        status: EngineStatus::Unknown,
+        captured_at: Instant::now(),
+        received_at: Instant::now(),
+        dp_size: 1,
+        running_requests: 1,
+        waiting_requests: 1,
+        kv_used_tokens: 0,
+        kv_capacity_tokens: 100_000,
+        native: Some(NativeLoad {
+            waiting_uncached_tokens: waiting,
+            total_kv_tokens: 0,
+            max_running_requests: 8,
+            prefill_tokens_per_sec: None,
+            prefill_queue_ms: None,
+            request_decode_tokens_per_sec: None,
+        }),
+    };
+    let queued = |waiting: u64| {
+        policy.estimate(engine, Some(&load(waiting)), Basis::Reported, 100, 0).queued
+    };
+    assert_eq!(queued(1_000), 3_000, "the router's unprefilled work covers the running pass");
+    assert_eq!(queued(5_000), 5_000, "a report that says more (other routers' work) wins");
+    running.prefilled();
+    assert_eq!(queued(1_000), 1_000, "after the first token only the report's queue is left");
+    assert_eq!(
+        policy.estimate(engine, None, Basis::Local, 100, 0).queued,
+        0,
+        "router-local work is what has no first token yet"
+    );
 }
 
 #[test]

@@ -12,6 +12,10 @@
 //! guards and drops the upstream response, which closes the engine connection and so cancels
 //! the request there.
 //!
+//! The first data frame carries the first token, so the engine's prefill is done: the guards'
+//! prefill work stops counting in flight then ([`InflightGuard::prefilled`]), while the
+//! requests count until the stream ends.
+//!
 //! A stream that ends normally reports its timing and the engine's token counts
 //! ([`AnswerMetrics`]): each data frame only notes the time it arrived (already taken for the
 //! idle bound) and keeps a reference to itself as the stream's tail; the tail is read for the
@@ -66,6 +70,9 @@ pub(crate) struct GuardedBody<B: Body = hyper::body::Incoming> {
     rounds: u8,
     quiet: u8,
     finished: bool,
+    /// The first data frame came, so the guards' prefill work was released
+    /// ([`InflightGuard::prefilled`]).
+    prefilled: bool,
     /// What the end of the stream reports to the metrics.
     timing: Option<StreamTiming>,
 }
@@ -152,6 +159,7 @@ impl<B: Body> GuardedBody<B> {
             rounds: 0,
             quiet: 0,
             finished: false,
+            prefilled: false,
             timing,
         }
     }
@@ -258,6 +266,11 @@ where
                     Ok(data) => {
                         this.idle.progressed();
                         received = true;
+                        if !this.prefilled {
+                            // The first token is here: the engine's prefill work is done.
+                            this.prefilled = true;
+                            this.guards.iter_mut().for_each(InflightGuard::prefilled);
+                        }
                         match &mut this.batch {
                             Some((batch, _)) => batch.push(&data),
                             None => this.batch = Some((Batch::One(data), this.idle.last_progress)),

@@ -147,6 +147,29 @@ fn work_is_counted_in_flight_and_in_the_ledger() {
 }
 
 #[test]
+fn prefilled_work_leaves_the_sum_while_the_request_stays_in_flight() {
+    let (clock, inflight) = fixture();
+    let a = id("a");
+    let since = clock.now();
+    let mut plain = inflight.acquire_work(&a, Stage::Plain, 100);
+    let mut ranked = inflight.acquire_on_rank(&a, Stage::Plain, 1, 30);
+    let _waiting = inflight.acquire_work(&a, Stage::Plain, 5);
+    plain.prefilled();
+    assert_eq!(inflight.inflight_tokens(&a), 35, "its first token came: no work left");
+    assert_eq!(inflight.count(&a), 3, "but it is still in flight");
+    plain.prefilled();
+    assert_eq!(inflight.inflight_tokens(&a), 35, "a second call does nothing");
+    ranked.prefilled();
+    assert_eq!(inflight.rank_inflight(&a, 1), RankWork { requests: 1, tokens: 0 });
+    assert_eq!(inflight.inflight_tokens(&a), 5);
+    drop((plain, ranked));
+    assert_eq!(inflight.inflight_tokens(&a), 5, "nothing is released twice");
+    assert_eq!(inflight.rank_inflight(&a, 1), RankWork::default());
+    assert_eq!(inflight.count(&a), 1);
+    assert_eq!(inflight.dispatched_tokens_since(&a, since), 135, "the ledger says what was sent");
+}
+
+#[test]
 fn ledger_work_saturates_with_its_length() {
     let (clock, inflight) = fixture();
     let a = id("a");

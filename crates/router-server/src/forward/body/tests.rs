@@ -83,6 +83,9 @@ impl OutcomeSink for Recording {
     }
 }
 
+/// The prefill work (uncached tokens) each fixture stream was dispatched with.
+const PREFILL_WORK: u64 = 700;
+
 struct Fixture {
     inflight: Inflight,
     sink: Arc<Recording>,
@@ -113,7 +116,7 @@ impl Fixture {
         partner: Option<oneshot::Receiver<ApiError>>,
         metrics: Option<AnswerMetrics>,
     ) -> GuardedBody<Scripted> {
-        let guard = self.inflight.acquire(self.worker.id(), Stage::Plain);
+        let guard = self.inflight.acquire_work(self.worker.id(), Stage::Plain, PREFILL_WORK);
         let sink: Arc<dyn OutcomeSink> = self.sink.clone();
         let idle = Duration::from_secs(300);
         let worker = Arc::clone(&self.worker);
@@ -161,6 +164,21 @@ async fn arrived_frames_go_out_as_one_write_and_a_pending_engine_is_not_waited_f
     assert_eq!(got, ["data: 1\n\ndata: 2\n\ndata: 3\n\n", "data: 4\n\n"]);
     assert_eq!(fixture.outcomes(), [Outcome::Success]);
     assert_eq!(fixture.held(), 0, "the guard is released at the end");
+}
+
+#[tokio::test]
+async fn the_first_frame_releases_the_prefill_work_and_the_end_the_request() {
+    let fixture = Fixture::new();
+    let engine = Scripted::stalling([Step::Pending, Step::Data("data: 1\n\n")]);
+    let mut body = fixture.body(engine, None);
+    let work = || fixture.inflight.inflight_tokens(fixture.worker.id());
+    assert_eq!(work(), PREFILL_WORK, "no first token yet: the prefill is still to do");
+    let first = body.frame().await.expect("a frame").expect("never fails");
+    assert_eq!(first.into_data().expect("data"), "data: 1\n\n");
+    assert_eq!(work(), 0, "the first token came: the prefill is done");
+    assert_eq!(fixture.held(), 1, "the request is still in flight");
+    drop(body);
+    assert_eq!((work(), fixture.held()), (0, 0));
 }
 
 #[tokio::test]
