@@ -187,7 +187,10 @@ pub(crate) fn run(root: &Path, options: Options) -> Result<()> {
         let sweep = if quick { quality::Sweep::quick(root) } else { quality::Sweep::full(root) };
         if let Some(case) = &case {
             let cells = sweep.cells_matching(case);
-            anyhow::ensure!(!cells.is_empty(), "--case {case:?} names no cell of the quality sweep");
+            anyhow::ensure!(
+                !cells.is_empty(),
+                "--case {case:?} names no cell of the quality sweep"
+            );
             quality::measure(&bins, sweep, cells, &tokenizer);
             return Ok(());
         }
