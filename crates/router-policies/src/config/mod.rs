@@ -545,8 +545,7 @@ pub struct PredictedTtftSettings {
     pub near_tie_ms: f64,
     /// Weight of the recomputation a candidate would cause, added to its predicted time for
     /// ranking: uncached tokens delay every request queued behind this one there, not only
-    /// this one. 0 ranks by predicted TTFT alone; the default 4 counts that work five times
-    /// (about the requests queued behind it at 80 % load).
+    /// this one. 0 ranks by predicted TTFT alone; the default 6 counts that work seven times.
     pub recompute_weight: f64,
     /// How near ties are ordered.
     pub tie_break: TieBreak,
@@ -563,7 +562,7 @@ impl Default for PredictedTtftSettings {
             default_prefill_tokens_per_sec: 10_000.0,
             near_tie_ratio: 0.05,
             near_tie_ms: 1.0,
-            recompute_weight: 4.0,
+            recompute_weight: 6.0,
             tie_break: TieBreak::Sampled,
         }
     }
