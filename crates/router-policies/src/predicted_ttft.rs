@@ -29,10 +29,10 @@ use crate::{
 ///   plus the work this router dispatched to it since the report's capture time (the
 ///   recent-dispatch correction of docs/design/POLICY_DESIGN.md §5, in tokens:
 ///   `Inflight::dispatched_tokens_since`), and at least the work of this router's requests
-///   there without a first token yet, which covers the prefill pass a report leaves out. When any candidate lacks a fresh, complete native
-///   report, every candidate is compared by router-local work instead (the uncached tokens of
-///   its requests in flight, `Inflight::inflight_tokens`), reason
-///   [`PickReason::PredictedTtftLocal`];
+///   there without a first token yet, which covers the prefill pass a report leaves out.
+///   When any candidate lacks a fresh, complete native report, every candidate is compared
+///   by router-local work instead (the uncached tokens of its requests in flight without a
+///   first token, `Inflight::inflight_tokens`), reason [`PickReason::PredictedTtftLocal`];
 /// - **uncached** is this request's input minus the leading tokens the candidate holds, from
 ///   the prefix source (KV index and predicted entries); every token without a block size
 ///   (KV events, or `block_size` for a remote indexer), token ids or an answering source;
