@@ -289,14 +289,40 @@ thread_local! {
     static SERIES: RefCell<HashMap<String, ModelSeries>> = RefCell::new(HashMap::new());
 }
 
+/// `map`'s entry for `key`, made by `make` on first use: the key is copied into the map only
+/// then, so looking up a series already made allocates nothing. (Always `Some`.)
+fn cached<'m, V>(
+    map: &'m mut HashMap<String, V>,
+    key: &str,
+    make: impl FnOnce() -> V,
+) -> Option<&'m mut V> {
+    if !map.contains_key(key) {
+        map.insert(key.to_owned(), make());
+    }
+    map.get_mut(key)
+}
+
+/// The counter labelled `label` among `counters`, made by `make` on first use.
+fn counter_of<L: PartialEq>(
+    counters: &mut Vec<(L, Counter)>,
+    label: L,
+    make: impl FnOnce() -> Counter,
+) -> &Counter {
+    let at = match counters.iter().position(|(l, _)| *l == label) {
+        Some(at) => at,
+        None => {
+            counters.push((label, make()));
+            counters.len() - 1
+        }
+    };
+    &counters[at].1
+}
+
 /// Runs `f` on `model`'s cached series, creating them on first use.
 fn with_model(model: &str, f: impl FnOnce(&str, &mut ModelSeries)) {
     SERIES.with_borrow_mut(|series| {
-        if !series.contains_key(model) {
-            let created = ModelSeries { head: None, selection: None, buckets: HashMap::new() };
-            series.insert(model.to_owned(), created);
-        }
-        if let Some(found) = series.get_mut(model) {
+        let made = || ModelSeries { head: None, selection: None, buckets: HashMap::new() };
+        if let Some(found) = cached(series, model, made) {
             f(model, found);
         }
     });
@@ -305,22 +331,16 @@ fn with_model(model: &str, f: impl FnOnce(&str, &mut ModelSeries)) {
 /// A finished chat request.
 pub(crate) fn request(model: &str, bucket: &str, status: u16, elapsed: Duration) {
     with_model(model, |model, series| {
-        if !series.buckets.contains_key(bucket) {
-            let duration = histogram!("router_request_duration_seconds", "model" => model.to_owned(), "bucket" => bucket.to_owned());
-            series
-                .buckets
-                .insert(bucket.to_owned(), BucketSeries { duration, requests: Vec::new() });
-        }
-        let Some(bucket_series) = series.buckets.get_mut(bucket) else { return };
+        let made = || BucketSeries {
+            duration: histogram!("router_request_duration_seconds", "model" => model.to_owned(), "bucket" => bucket.to_owned()),
+            requests: Vec::new(),
+        };
+        let Some(bucket_series) = cached(&mut series.buckets, bucket, made) else { return };
         bucket_series.duration.record(elapsed.as_secs_f64());
-        match bucket_series.requests.iter().find(|(s, _)| *s == status) {
-            Some((_, counter)) => counter.increment(1),
-            None => {
-                let counter = counter!("router_requests_total", "model" => model.to_owned(), "bucket" => bucket.to_owned(), "status" => status.to_string());
-                counter.increment(1);
-                bucket_series.requests.push((status, counter));
-            }
-        }
+        counter_of(&mut bucket_series.requests, status, || {
+            counter!("router_requests_total", "model" => model.to_owned(), "bucket" => bucket.to_owned(), "status" => status.to_string())
+        })
+        .increment(1);
     });
 }
 
@@ -388,24 +408,21 @@ thread_local! {
 /// Runs `f` on the series of `model` on `worker`, creating them on first use.
 fn with_engine(model: &str, worker: &str, f: impl FnOnce(&EngineSeries)) {
     ENGINE_SERIES.with_borrow_mut(|series| {
-        if !series.contains_key(model) {
-            series.insert(model.to_owned(), HashMap::new());
-        }
-        let Some(series) = series.get_mut(model) else { return };
-        if let Some(found) = series.get(worker) {
-            return f(found);
-        }
-        let labels = [("model", model.to_owned()), ("worker", worker.to_owned())];
-        let created = EngineSeries {
-            ttft: histogram!("router_time_to_first_token_seconds", &labels),
-            itl: histogram!("router_inter_token_latency_seconds", &labels),
-            e2e: histogram!("router_e2e_latency_seconds", &labels),
-            prompt: counter!("router_prompt_tokens_total", &labels),
-            cached: counter!("router_cached_tokens_total", &labels),
-            completion: counter!("router_completion_tokens_total", &labels),
+        let Some(series) = cached(series, model, HashMap::new) else { return };
+        let made = || {
+            let labels = [("model", model.to_owned()), ("worker", worker.to_owned())];
+            EngineSeries {
+                ttft: histogram!("router_time_to_first_token_seconds", &labels),
+                itl: histogram!("router_inter_token_latency_seconds", &labels),
+                e2e: histogram!("router_e2e_latency_seconds", &labels),
+                prompt: counter!("router_prompt_tokens_total", &labels),
+                cached: counter!("router_cached_tokens_total", &labels),
+                completion: counter!("router_completion_tokens_total", &labels),
+            }
         };
-        f(&created);
-        series.insert(worker.to_owned(), created);
+        if let Some(found) = cached(series, worker, made) {
+            f(found);
+        }
     });
 }
 
@@ -450,18 +467,11 @@ thread_local! {
 /// An engine chosen by a selection, for `stage` (`plain`, `prefill`, `decode`).
 pub(crate) fn engine_selected(worker: &str, stage: &'static str) {
     SELECTIONS.with_borrow_mut(|selections| {
-        if !selections.contains_key(worker) {
-            selections.insert(worker.to_owned(), Vec::new());
-        }
-        let Some(stages) = selections.get_mut(worker) else { return };
-        match stages.iter().find(|(s, _)| *s == stage) {
-            Some((_, counter)) => counter.increment(1),
-            None => {
-                let counter = counter!("router_engine_selections_total", "worker" => worker.to_owned(), "stage" => stage);
-                counter.increment(1);
-                stages.push((stage, counter));
-            }
-        }
+        let Some(stages) = cached(selections, worker, Vec::new) else { return };
+        counter_of(stages, stage, || {
+            counter!("router_engine_selections_total", "worker" => worker.to_owned(), "stage" => stage)
+        })
+        .increment(1);
     });
 }
 

@@ -8,9 +8,9 @@
 //! brings nothing new; it never waits for the engine, and a lone frame goes out uncopied.
 //!
 //! A mid-stream failure, an engine silent for longer than its idle limit, or a failed prefill
-//! partner ends the stream with an SSE error event and is reported to the circuit breaker. Dropping the body (the client went away) releases the
-//! guards and drops the upstream response, which closes the engine connection and so cancels
-//! the request there.
+//! partner ends the stream with an SSE error event and is reported to the circuit breaker.
+//! Dropping the body (the client went away) releases the guards and drops the upstream
+//! response, which closes the engine connection and so cancels the request there.
 //!
 //! The first data frame carries the first token, so the engine's prefill is done: the guards'
 //! prefill work stops counting in flight then ([`InflightGuard::prefilled`]), while the

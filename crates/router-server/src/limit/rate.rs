@@ -281,13 +281,13 @@ impl RateLimits {
         Self { keys, anonymous: None }
     }
 
-    /// The limiter of the client that presented the key at place `key` of the credentials
-    /// (none: no key was needed).
     /// Whether any client has a limit (else the middleware is left out of the routes).
     pub(crate) fn limits_anyone(&self) -> bool {
         self.anonymous.is_some() || self.keys.iter().any(Option::is_some)
     }
 
+    /// The limiter of the client that presented the key at place `key` of the credentials
+    /// (none: no key was needed).
     pub(crate) fn of(&self, key: Option<usize>) -> Option<&Arc<KeyLimiter>> {
         match key {
             Some(place) => self.keys.get(place)?.as_ref(),
