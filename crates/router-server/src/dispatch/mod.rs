@@ -91,7 +91,7 @@ impl Dispatch<'_> {
 impl Dispatch<'_> {
     /// What this request's answer is measured with.
     fn answer_metrics(&self) -> AnswerMetrics {
-        AnswerMetrics { model: self.model.clone(), started: self.started }
+        AnswerMetrics { model: self.model.clone(), started: self.started, prediction: None }
     }
 }
 

@@ -4,14 +4,13 @@
 
 use std::time::Instant;
 
-use axum::body::Body;
 use axum::response::Response;
 use router_policies::Pick;
 use router_workers::Stage;
 
 use super::{Dispatch, header_value};
 use crate::error::ApiError;
-use crate::forward::FirstByte;
+use crate::forward::{AnswerMetrics, TtftPrediction};
 use crate::metrics;
 
 /// Sends the request to `pick`'s engine, accounted as `stage` (plain, or the decode engine of a
@@ -31,19 +30,11 @@ pub(super) async fn dispatch(
     metrics::time_to_response_head(d.model.as_str(), d.started.elapsed());
     let (parts, body) = x.checked(worker, upstream).await.map_err(ApiError::Engine)?;
     let mut response = if x.streams(&parts) {
-        let response = x.stream(parts, body, vec![guard], worker, None, d.answer_metrics());
-        match pick.predicted_ttft_ms {
-            Some(predicted_ms) => {
-                let model = d.model.clone();
-                response.map(|body| {
-                    Body::new(FirstByte::new(body, move || {
-                        let observed = dispatched_at.elapsed();
-                        metrics::ttft_prediction(model.as_str(), predicted_ms, observed);
-                    }))
-                })
-            }
-            None => response,
-        }
+        let prediction = pick
+            .predicted_ttft_ms
+            .map(|predicted_ms| TtftPrediction { predicted_ms, dispatched_at });
+        let measured = AnswerMetrics { prediction, ..d.answer_metrics() };
+        x.stream(parts, body, vec![guard], worker, None, measured)
     } else {
         let answer_metrics = d.answer_metrics();
         let response = x.whole(parts, body, worker, &answer_metrics).await;

@@ -84,6 +84,18 @@ pub(crate) struct AnswerMetrics {
     pub model: ModelId,
     /// When the router received the request.
     pub started: std::time::Instant,
+    /// The policy's predicted time to first token, for a stream to report beside the one it
+    /// observes.
+    pub prediction: Option<TtftPrediction>,
+}
+
+/// A pick's predicted time to first token and when its request was dispatched: a stream
+/// reports the prediction and the time from dispatch to its first byte as that first byte
+/// goes to the client (`metrics::ttft_prediction`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TtftPrediction {
+    pub predicted_ms: f64,
+    pub dispatched_at: std::time::Instant,
 }
 
 impl AnswerMetrics {
@@ -104,8 +116,16 @@ struct StreamTiming {
 }
 
 impl StreamTiming {
-    /// Data passed on, its first frame having arrived `first` and its last `last`.
+    /// Data passed on, its first frame having arrived `first` and its last `last`. The first
+    /// data passed is the client's first byte, which a prediction is compared with.
     fn passed(&mut self, data: &Bytes, first: Instant, last: Instant) {
+        if self.first.is_none()
+            && let Some(TtftPrediction { predicted_ms, dispatched_at }) =
+                self.labels.prediction.take()
+        {
+            let model = self.labels.model.as_str();
+            metrics::ttft_prediction(model, predicted_ms, dispatched_at.elapsed());
+        }
         self.first.get_or_insert(first);
         self.last = Some(last);
         self.tail.swap(0, 1);
@@ -395,47 +415,6 @@ impl Idle {
             }
             timer.as_mut().reset(deadline);
         }
-    }
-}
-
-/// A response body that runs a callback once, as its first data frame passes (the client's
-/// time to first token, for comparing a policy's prediction with what happened).
-pub(crate) struct FirstByte<B> {
-    inner: B,
-    on_first: Option<Box<dyn FnOnce() + Send>>,
-}
-
-impl<B> FirstByte<B> {
-    /// `inner`, calling `on_first` when its first data frame is polled.
-    pub(crate) fn new(inner: B, on_first: impl FnOnce() + Send + 'static) -> Self {
-        Self { inner, on_first: Some(Box::new(on_first)) }
-    }
-}
-
-impl<B: Body<Data = Bytes> + Unpin> Body for FirstByte<B> {
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if let Poll::Ready(Some(Ok(frame))) = &polled
-            && frame.is_data()
-            && let Some(on_first) = self.on_first.take()
-        {
-            on_first();
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 

@@ -6,7 +6,7 @@
 mod body;
 mod client;
 
-pub(crate) use body::{AnswerMetrics, FirstByte, GuardedBody, passthrough_headers};
+pub(crate) use body::{AnswerMetrics, GuardedBody, TtftPrediction, passthrough_headers};
 pub(crate) use client::{ForwardConfig, Forwarder};
 
 use router_workers::Worker;
