@@ -1,9 +1,9 @@
-//! Structured logs: human-readable or JSON lines, filtered by `RUST_LOG` (when set and not empty)
-//! or else
-//! `server.log_level` (default `info`), written to standard error or appended to
-//! `server.log_dir/router-server.log`. Request handlers run inside a `request` span carrying the
-//! request id, so every line they write names it.
+//! Structured logs: human-readable or JSON lines, filtered by `RUST_LOG` (when set and not
+//! empty) or else `server.log_level` (default `info`), written to standard error (coloured only
+//! on a terminal) or appended to `server.log_dir/router-server.log`. Request handlers run inside
+//! a `request` span carrying the request id, so every line they write names it.
 
+use std::io::IsTerminal;
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -38,7 +38,10 @@ pub fn init(server: &ServerSection) -> Result<(), String> {
             }
         }
         None => {
-            let builder = builder.with_writer(std::io::stderr);
+            // Colours only for a person at a terminal: a pipe, journald or `kubectl logs`
+            // gets plain text (and the router skips styling every line and span).
+            let ansi = std::io::stderr().is_terminal();
+            let builder = builder.with_writer(std::io::stderr).with_ansi(ansi);
             if server.log_json {
                 builder.json().with_current_span(true).with_span_list(false).try_init()
             } else {

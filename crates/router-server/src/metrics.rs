@@ -2,10 +2,10 @@
 //! names and labels live in one place (`docs/metrics.md` lists them).
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use hashbrown::HashMap;
 use metrics::{
     Counter, Histogram, counter, describe_counter, describe_gauge, describe_histogram, gauge,
     histogram,
@@ -289,17 +289,15 @@ thread_local! {
     static SERIES: RefCell<HashMap<String, ModelSeries>> = RefCell::new(HashMap::new());
 }
 
-/// `map`'s entry for `key`, made by `make` on first use: the key is copied into the map only
-/// then, so looking up a series already made allocates nothing. (Always `Some`.)
+/// `map`'s entry for `key`, made by `make` on first use: one lookup (hashbrown's foldhash, not
+/// SipHash: these maps are looked up several times per request), and the key is copied into the
+/// map only on first use, so looking up a series already made allocates nothing.
 fn cached<'m, V>(
     map: &'m mut HashMap<String, V>,
     key: &str,
     make: impl FnOnce() -> V,
-) -> Option<&'m mut V> {
-    if !map.contains_key(key) {
-        map.insert(key.to_owned(), make());
-    }
-    map.get_mut(key)
+) -> &'m mut V {
+    map.entry_ref(key).or_insert_with(make)
 }
 
 /// The counter labelled `label` among `counters`, made by `make` on first use.
@@ -322,9 +320,7 @@ fn counter_of<L: PartialEq>(
 fn with_model(model: &str, f: impl FnOnce(&str, &mut ModelSeries)) {
     SERIES.with_borrow_mut(|series| {
         let made = || ModelSeries { head: None, selection: None, buckets: HashMap::new() };
-        if let Some(found) = cached(series, model, made) {
-            f(model, found);
-        }
+        f(model, cached(series, model, made));
     });
 }
 
@@ -335,7 +331,7 @@ pub(crate) fn request(model: &str, bucket: &str, status: u16, elapsed: Duration)
             duration: histogram!("router_request_duration_seconds", "model" => model.to_owned(), "bucket" => bucket.to_owned()),
             requests: Vec::new(),
         };
-        let Some(bucket_series) = cached(&mut series.buckets, bucket, made) else { return };
+        let bucket_series = cached(&mut series.buckets, bucket, made);
         bucket_series.duration.record(elapsed.as_secs_f64());
         counter_of(&mut bucket_series.requests, status, || {
             counter!("router_requests_total", "model" => model.to_owned(), "bucket" => bucket.to_owned(), "status" => status.to_string())
@@ -408,7 +404,7 @@ thread_local! {
 /// Runs `f` on the series of `model` on `worker`, creating them on first use.
 fn with_engine(model: &str, worker: &str, f: impl FnOnce(&EngineSeries)) {
     ENGINE_SERIES.with_borrow_mut(|series| {
-        let Some(series) = cached(series, model, HashMap::new) else { return };
+        let series = cached(series, model, HashMap::new);
         let made = || {
             let labels = [("model", model.to_owned()), ("worker", worker.to_owned())];
             EngineSeries {
@@ -420,9 +416,7 @@ fn with_engine(model: &str, worker: &str, f: impl FnOnce(&EngineSeries)) {
                 completion: counter!("router_completion_tokens_total", &labels),
             }
         };
-        if let Some(found) = cached(series, worker, made) {
-            f(found);
-        }
+        f(cached(series, worker, made));
     });
 }
 
@@ -467,7 +461,7 @@ thread_local! {
 /// An engine chosen by a selection, for `stage` (`plain`, `prefill`, `decode`).
 pub(crate) fn engine_selected(worker: &str, stage: &'static str) {
     SELECTIONS.with_borrow_mut(|selections| {
-        let Some(stages) = cached(selections, worker, Vec::new) else { return };
+        let stages = cached(selections, worker, Vec::new);
         counter_of(stages, stage, || {
             counter!("router_engine_selections_total", "worker" => worker.to_owned(), "stage" => stage)
         })

@@ -440,3 +440,30 @@ fn a_worker_comes_from_the_configuration_unless_told_otherwise() {
         serde_json::json!({"source": "admin"})
     );
 }
+
+#[test]
+fn a_request_uri_is_the_base_url_followed_by_the_path() {
+    // (worker url, path, the URI a request to it goes to)
+    let cases = [
+        (
+            "http://127.0.0.1:30000",
+            "/v1/chat/completions",
+            "http://127.0.0.1:30000/v1/chat/completions",
+        ),
+        ("https://engine.local:8443/", "/generate", "https://engine.local:8443/generate"),
+        ("http://[::1]:8000", "/health", "http://[::1]:8000/health"),
+        ("http://gw.local/prefix/", "/v1/models", "http://gw.local/prefix/v1/models"),
+        ("http://h:1", "/get_load?include=all", "http://h:1/get_load?include=all"),
+    ];
+    for (url, path, expected) in cases {
+        let worker = Worker::plain("w", url, &model()).expect(url);
+        let uri = worker.uri_for(path).expect(path);
+        assert_eq!(uri.to_string(), expected, "{url} + {path}");
+        assert_eq!(uri, format!("{}{path}", worker.url()).parse::<http::Uri>().expect("parses"));
+        let host = worker.host_header().map(|host| host.to_str().expect("ascii").to_owned());
+        let authority = uri.authority().expect("absolute").as_str().to_owned();
+        assert_eq!(host, (!url.contains("/prefix")).then_some(authority), "{url}: Host");
+    }
+    let worker = Worker::plain("w", "http://h:1", &model()).expect("ok");
+    assert!(worker.uri_for("/with space").is_err(), "a path that is no URI path is an error");
+}

@@ -328,6 +328,11 @@ static NEXT_INCARNATION: AtomicU64 = AtomicU64::new(1);
 pub struct Worker {
     id: WorkerId,
     url: String,
+    /// `url` parsed once, when it has no path: requests then build their URI from its scheme
+    /// and authority instead of parsing the whole URL again (see [`Worker::uri_for`]).
+    origin_uri: Option<http::Uri>,
+    /// That URI's authority as a `Host` header value, made once (see [`Worker::host_header`]).
+    host: Option<http::HeaderValue>,
     models: Vec<ModelId>,
     stage: Stage,
     bootstrap_port: Option<u16>,
@@ -384,9 +389,16 @@ impl Worker {
         if spec.labels.iter().any(|(name, _)| name.trim().is_empty()) {
             return Err(WorkerError::EmptyLabelName { id });
         }
+        let origin_uri = http::Uri::try_from(url.as_str()).ok().filter(|uri| uri.path() == "/");
+        let host = origin_uri
+            .as_ref()
+            .and_then(http::Uri::authority)
+            .and_then(|authority| http::HeaderValue::from_str(authority.as_str()).ok());
         Ok(Self {
             id,
             url,
+            origin_uri,
+            host,
             models,
             stage: spec.role,
             bootstrap_port: spec.bootstrap_port,
@@ -440,6 +452,27 @@ impl Worker {
     /// Base URL without a trailing slash.
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The URI of `path` (`/v1/chat/completions`, with any query) on this engine: the base URL
+    /// followed by `path`.
+    pub fn uri_for(&self, path: &str) -> Result<http::Uri, http::Error> {
+        match &self.origin_uri {
+            Some(origin) => {
+                let mut parts = http::uri::Parts::default();
+                parts.scheme = origin.scheme().cloned();
+                parts.authority = origin.authority().cloned();
+                parts.path_and_query = Some(http::uri::PathAndQuery::try_from(path)?);
+                Ok(http::Uri::from_parts(parts)?)
+            }
+            None => Ok(http::Uri::try_from(format!("{}{path}", self.url))?),
+        }
+    }
+
+    /// The `Host` header of a request to this engine (its URL's host and port), made once;
+    /// `None` when the URL has a path, and the HTTP client then derives it per request.
+    pub fn host_header(&self) -> Option<&http::HeaderValue> {
+        self.host.as_ref()
     }
 
     /// Models this engine serves.

@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
@@ -173,20 +173,27 @@ impl Forwarder {
         rank: Option<u32>,
         trace: &TraceHeaders,
     ) -> Result<Response<Incoming>, SendError> {
-        let url = format!("{}{path}", worker.url());
-        let mut request = Request::builder()
-            .method(Method::POST)
-            .uri(&url)
-            .header(header::CONTENT_TYPE, "application/json")
-            .header("x-request-id", request_id);
-        if let Some(rank) = rank {
-            request = request.header("x-data-parallel-rank", rank);
-        }
-        let mut request = request.body(Full::new(body)).map_err(|source| SendError::Request {
+        let uri = worker.uri_for(path).map_err(|source| SendError::Request {
             worker: worker.id().clone(),
-            url,
+            url: format!("{}{path}", worker.url()),
             source,
         })?;
+        // Built in place, each header with its name already parsed: the builder would parse
+        // every name and the whole URL again on each request.
+        let mut request = Request::new(Full::new(body));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = uri;
+        let headers = request.headers_mut();
+        if let Some(host) = worker.host_header().filter(|_| !self.config.http2) {
+            // What the HTTP/1 client would otherwise format from the URI on every request
+            // (HTTP/2 names the authority in the URI alone).
+            headers.insert(header::HOST, host.clone());
+        }
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        headers.insert(HeaderName::from_static("x-request-id"), request_id.clone());
+        if let Some(rank) = rank {
+            headers.insert(HeaderName::from_static("x-data-parallel-rank"), rank.into());
+        }
         authorize(&mut request, worker);
         trace.apply(request.headers_mut());
         let worker = worker.id().clone();
@@ -240,11 +247,9 @@ impl Forwarder {
         timeout: Duration,
     ) -> Option<(StatusCode, Bytes)> {
         const LIMIT: usize = 1 << 20;
-        let mut request = Request::builder()
-            .method(method)
-            .uri(format!("{}{path}", worker.url()))
-            .body(Full::new(Bytes::new()))
-            .ok()?;
+        let mut request = Request::new(Full::new(Bytes::new()));
+        *request.method_mut() = method;
+        *request.uri_mut() = worker.uri_for(path).ok()?;
         authorize(&mut request, worker);
         let exchange = async {
             let response = self.request(request).await.ok()?;

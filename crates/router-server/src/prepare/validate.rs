@@ -126,7 +126,29 @@ impl InferenceRequest {
 
     /// `messages` (validated to be a non-empty array of objects); empty for other prompts.
     pub(crate) fn messages(&self) -> &[Value] {
-        self.body.get("messages").and_then(Value::as_array).map_or(&[], Vec::as_slice)
+        self.body.field("messages").and_then(Value::as_array).map_or(&[], Vec::as_slice)
+    }
+}
+
+/// A field of a request object. Request objects hold a handful of keys, and serde_json's
+/// ordered map (`preserve_order`, which the chat template needs) hashes every lookup with
+/// SipHash: comparing a few short keys is several times cheaper, and parsing one request looks
+/// up some twenty fields. Keys are unique (a repeated key's last value replaces the first), so
+/// the scan finds what `get` would.
+trait Field {
+    fn field(&self, name: &str) -> Option<&Value>;
+}
+
+/// Objects up to this many keys are scanned rather than hashed into.
+const SCANNED_KEYS: usize = 16;
+
+impl Field for Map<String, Value> {
+    fn field(&self, name: &str) -> Option<&Value> {
+        if self.len() <= SCANNED_KEYS {
+            self.iter().find_map(|(key, value)| (key == name).then_some(value))
+        } else {
+            self.get(name)
+        }
     }
 }
 
@@ -149,7 +171,7 @@ pub(crate) fn parse_request(
             param: None,
         });
     };
-    let model = match (body.get("model"), endpoint) {
+    let model = match (body.field("model"), endpoint) {
         (Some(Value::String(model)), _) if !model.is_empty() => Some(model.clone()),
         (Some(Value::String(_)), _) => {
             return Err(InvalidRequest::field("model", "must not be empty"));
@@ -162,19 +184,19 @@ pub(crate) fn parse_request(
         (None, _) => return Err(InvalidRequest::field("model", "is required")),
         (Some(_), _) => return Err(InvalidRequest::field("model", "must be a string")),
     };
-    let stream = match body.get("stream") {
+    let stream = match body.field("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(stream)) => *stream,
         Some(_) => return Err(InvalidRequest::field("stream", "must be a boolean")),
     };
     let (prompt, batch, max_output_tokens, n) = match endpoint {
         Endpoint::Chat => {
-            validate_messages(body.get("messages"))?;
+            validate_messages(body.field("messages"))?;
             let (max_output_tokens, n) = openai_sampling(&body)?;
             (Prompt::Messages, None, max_output_tokens, n)
         }
         Endpoint::Completions => {
-            let (prompt, batch) = match body.get("prompt") {
+            let (prompt, batch) = match body.field("prompt") {
                 None | Some(Value::Null) => {
                     return Err(InvalidRequest::field("prompt", "is required"));
                 }
@@ -185,7 +207,7 @@ pub(crate) fn parse_request(
             (prompt, batch, max_output_tokens, n)
         }
         Endpoint::Generate => {
-            let present = |field| body.get(field).filter(|v| !v.is_null());
+            let present = |field| body.field(field).filter(|v| !v.is_null());
             let (prompt, batch) = match (present("text"), present("input_ids")) {
                 (Some(text), None) => prompts("text", text, Shapes::Text, max_batch)?,
                 (None, Some(ids)) => prompts("input_ids", ids, Shapes::Ids, max_batch)?,
@@ -222,7 +244,7 @@ pub(crate) fn parse_request(
 /// `data_parallel_rank`: absent, null, or a rank number.
 fn data_parallel_rank(body: &Map<String, Value>) -> Result<Option<u32>, InvalidRequest> {
     const FIELD: &str = "data_parallel_rank";
-    match body.get(FIELD) {
+    match body.field(FIELD) {
         None | Some(Value::Null) => Ok(None),
         Some(value) => value
             .as_u64()
@@ -234,7 +256,7 @@ fn data_parallel_rank(body: &Map<String, Value>) -> Result<Option<u32>, InvalidR
 
 /// The OpenAI sampling fields of chat and completions: the output bound and `n`.
 fn openai_sampling(body: &Map<String, Value>) -> Result<(Option<u64>, u64), InvalidRequest> {
-    if let Some(options) = body.get("stream_options")
+    if let Some(options) = body.field("stream_options")
         && !options.is_null()
         && !options.is_object()
     {
@@ -260,7 +282,7 @@ fn generate_sampling(
     batch: Option<usize>,
 ) -> Result<(Option<u64>, u64), InvalidRequest> {
     const FIELD: &str = "sampling_params";
-    match (body.get(FIELD), batch) {
+    match (body.field(FIELD), batch) {
         (None | Some(Value::Null), _) => Ok((None, 1)),
         (Some(Value::Object(params)), _) => sampling_params(params, FIELD),
         (Some(Value::Array(items)), Some(len)) if items.len() == len => {
@@ -330,7 +352,7 @@ fn sample_count(body: &Map<String, Value>, field: &str) -> Result<u64, InvalidRe
 
 /// `top_k` (-1 or positive) and `stop` (a string or up to 16), under `prefix` for errors.
 fn top_k_and_stop(body: &Map<String, Value>, prefix: &str) -> Result<(), InvalidRequest> {
-    if let Some(top_k) = body.get("top_k").filter(|v| !v.is_null()) {
+    if let Some(top_k) = body.field("top_k").filter(|v| !v.is_null()) {
         match top_k.as_i64() {
             Some(k) if k == -1 || k >= 1 => {}
             _ => {
@@ -339,7 +361,7 @@ fn top_k_and_stop(body: &Map<String, Value>, prefix: &str) -> Result<(), Invalid
             }
         }
     }
-    if let Some(stop) = body.get("stop") {
+    if let Some(stop) = body.field("stop") {
         let ok = match stop {
             Value::Null | Value::String(_) => true,
             Value::Array(items) => items.len() <= 16 && items.iter().all(Value::is_string),
@@ -451,7 +473,7 @@ fn per_item(
     field: &str,
     batch: Option<usize>,
 ) -> Result<(), InvalidRequest> {
-    match (body.get(field), batch) {
+    match (body.field(field), batch) {
         (Some(Value::Array(items)), Some(len)) if items.len() != len => Err(InvalidRequest::field(
             field,
             format!("holds {} values for a batch of {len} prompts", items.len()),
@@ -464,7 +486,7 @@ fn per_item(
 }
 
 fn optional_bool(body: &Map<String, Value>, field: &str) -> Result<(), InvalidRequest> {
-    match body.get(field) {
+    match body.field(field) {
         None | Some(Value::Null | Value::Bool(_)) => Ok(()),
         Some(_) => Err(InvalidRequest::field(field, "must be a boolean")),
     }
@@ -483,7 +505,7 @@ fn validate_messages(messages: Option<&Value>) -> Result<(), InvalidRequest> {
         let Some(message) = message.as_object() else {
             return Err(InvalidRequest::field(&format!("messages[{i}]"), "must be an object"));
         };
-        match message.get("role") {
+        match message.field("role") {
             Some(Value::String(_)) => {}
             _ => {
                 return Err(InvalidRequest::field(
@@ -492,7 +514,7 @@ fn validate_messages(messages: Option<&Value>) -> Result<(), InvalidRequest> {
                 ));
             }
         }
-        match message.get("content") {
+        match message.field("content") {
             None | Some(Value::Null | Value::String(_) | Value::Array(_)) => {}
             Some(_) => {
                 return Err(InvalidRequest::field(
@@ -507,7 +529,7 @@ fn validate_messages(messages: Option<&Value>) -> Result<(), InvalidRequest> {
 
 /// A non-negative integer field, when present and not null.
 fn optional_count(body: &Map<String, Value>, field: &str) -> Result<Option<u64>, InvalidRequest> {
-    match body.get(field) {
+    match body.field(field) {
         None | Some(Value::Null) => Ok(None),
         Some(value) => match value.as_u64() {
             Some(n) if n <= MAX_OUTPUT_TOKENS => Ok(Some(n)),
@@ -526,7 +548,7 @@ fn optional_range(
     min: f64,
     max: f64,
 ) -> Result<(), InvalidRequest> {
-    match body.get(field) {
+    match body.field(field) {
         None | Some(Value::Null) => Ok(()),
         Some(value) => match value.as_f64() {
             Some(x) if (min..=max).contains(&x) => Ok(()),
@@ -559,6 +581,23 @@ mod tests {
         assert!(!req.stream);
         assert_eq!(req.max_output_tokens, Some(8));
         assert_eq!(req.messages().len(), 1);
+    }
+
+    #[test]
+    fn a_field_is_found_alike_in_small_and_large_objects_and_a_repeated_key_keeps_its_last_value() {
+        // Scanned (few keys) and hashed into (more than SCANNED_KEYS): the same answers.
+        let padding: String = (0..SCANNED_KEYS).map(|i| format!(r#","pad{i}":{i}"#)).collect();
+        for extra in ["", padding.as_str()] {
+            let body = format!(
+                r#"{{"model":"m","messages":[{{"role":"user","content":"x"}}],
+                    "stream":"no","stream":true,"max_tokens":8{extra}}}"#
+            );
+            let req = parse_request(Endpoint::Chat, body.as_bytes(), 4).expect("valid");
+            assert!(req.stream, "the last `stream` counts ({} keys)", req.body.len());
+            assert_eq!(req.max_output_tokens, Some(8));
+            assert_eq!(req.body.field("absent"), None);
+            assert_eq!(req.body.field("max_tokens"), req.body.get("max_tokens"));
+        }
     }
 
     #[test]

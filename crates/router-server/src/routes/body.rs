@@ -98,8 +98,15 @@ fn new_request_id() -> HeaderValue {
     static PREFIX: OnceLock<u64> = OnceLock::new();
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let prefix = *PREFIX.get_or_init(rand::random::<u64>);
-    let id = format!("{prefix:016x}{:016x}", COUNTER.fetch_add(1, Ordering::Relaxed));
-    HeaderValue::from_str(&id).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+    // 32 lowercase hex digits, written straight into the header's bytes (no formatter).
+    let mut id = [0u8; 32];
+    for (i, digit) in id.iter_mut().enumerate() {
+        let word = if i < 16 { prefix } else { count };
+        let nibble = (word >> (60 - 4 * (i % 16))) & 0xf;
+        *digit = b"0123456789abcdef"[nibble as usize];
+    }
+    HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
 
 #[cfg(test)]

@@ -38,7 +38,18 @@ fn a_sane_request_id_is_kept_and_anything_else_replaced() {
     }
     let empty = HeaderMap::new();
     let names = ["x-request-id".to_owned()];
-    assert_ne!(request_id(&empty, &names), request_id(&empty, &names), "fresh ids are unique");
+    let (first, second) = (request_id(&empty, &names), request_id(&empty, &names));
+    assert_ne!(first, second, "fresh ids are unique");
+    // The process's random half, then a counter: both lowercase hex, the counter counting up.
+    let halves = |id: &HeaderValue| {
+        let id = id.to_str().expect("ascii").to_owned();
+        assert_eq!(id, id.to_ascii_lowercase(), "lowercase");
+        let (prefix, count) = id.split_at(16);
+        (prefix.to_owned(), u64::from_str_radix(count, 16).expect("hex"))
+    };
+    let ((prefix_a, count_a), (prefix_b, count_b)) = (halves(&first), halves(&second));
+    assert_eq!(prefix_a, prefix_b, "one prefix per process");
+    assert!(count_b > count_a, "{count_a} then {count_b}");
 }
 
 #[test]
