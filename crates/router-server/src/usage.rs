@@ -6,6 +6,9 @@
 //! asked for with `stream_options.include_usage`, the last chunk of a `/generate` stream),
 //! found in the stream's tail once it has ended.
 
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
 use serde::Deserialize;
 
 /// Tokens of one answer.
@@ -105,30 +108,56 @@ const TAIL_EVENTS: usize = 8;
 /// frame is tried alone before the frames are joined (a coalesced frame may hold the whole
 /// stream).
 pub(crate) fn of_stream_tail(tail: &[&[u8]]) -> Option<Usage> {
-    if let [.., last] = tail
-        && let Some(usage) = of_last_events(last)
-    {
-        return Some(usage);
+    let [.., last] = tail else { return None };
+    let (usage, read) = of_last_events(last);
+    // The last frame alone held all the events to read: joining it to the frames before it
+    // would read the same last events again.
+    if usage.is_some() || read == TAIL_EVENTS || tail.len() < 2 {
+        return usage;
     }
-    if tail.len() < 2 {
-        return None;
-    }
-    of_last_events(&tail.concat())
+    of_last_events(&tail.concat()).0
 }
 
-/// The counts of the last of the final [`TAIL_EVENTS`] events of `text` that carries any.
-fn of_last_events(text: &[u8]) -> Option<Usage> {
-    events_from_end(text).take(TAIL_EVENTS).find_map(|event| {
+/// The counts of the last of the final [`TAIL_EVENTS`] events of `text` that carries any,
+/// and how many events were read.
+fn of_last_events(text: &[u8]) -> (Option<Usage>, usize) {
+    let mut read = 0;
+    let usage = events_from_end(text).take(TAIL_EVENTS).find_map(|event| {
+        read += 1;
         let mut data = Vec::new();
         for line in event.split(|&b| b == b'\n') {
             if let Some(value) = line.strip_prefix(b"data:") {
                 data.extend_from_slice(value.trim_ascii_start());
             }
         }
-        if data.is_empty() || data == b"[DONE]" {
+        if data.is_empty() || data == b"[DONE]" || !may_report(&data) {
             return None;
         }
         serde_json::from_slice::<Reported>(&data).ok()?.usage()
+    });
+    (usage, read)
+}
+
+/// Whether the JSON `data` may carry counts: a `"usage"` or `"meta_info"` key with a value
+/// other than `null`. A stream's chunks mostly carry none (or `"usage":null`), and parsing
+/// the last events for nothing was a fifth of the router's instructions for a stream of 64
+/// events that asked for no counts.
+/// Conservative, so that skipping never changes an answer: any occurrence not followed by
+/// `:null`, and any `\u` escape (which could spell a key), counts as a maybe.
+fn may_report(data: &[u8]) -> bool {
+    /// The searchers, built once: building one costs more than a search of a chunk.
+    static ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\\u"));
+    static KEYS: LazyLock<[Finder<'static>; 2]> =
+        LazyLock::new(|| [Finder::new(b"\"usage\""), Finder::new(b"\"meta_info\"")]);
+    if ESCAPE.find(data).is_some() {
+        return true;
+    }
+    KEYS.iter().any(|key| {
+        key.find_iter(data).any(|at| {
+            let after = data[at + key.needle().len()..].trim_ascii_start();
+            let value = after.strip_prefix(b":").map(<[u8]>::trim_ascii_start);
+            !value.is_some_and(|value| value.starts_with(b"null"))
+        })
     })
 }
 
@@ -138,7 +167,7 @@ fn events_from_end(text: &[u8]) -> impl Iterator<Item = &[u8]> {
     std::iter::from_fn(move || {
         while end > 0 {
             let rest = &text[..end];
-            let start = rest.windows(2).rposition(|w| w == b"\n\n").map_or(0, |at| at + 2);
+            let start = last_blank_line(rest).map_or(0, |at| at + 2);
             end = start.saturating_sub(2);
             let event = &rest[start..];
             if !event.trim_ascii().is_empty() {
@@ -147,6 +176,18 @@ fn events_from_end(text: &[u8]) -> impl Iterator<Item = &[u8]> {
         }
         None
     })
+}
+
+/// Where the last `\n\n` of `text` starts (found by a vectorised search for newlines).
+fn last_blank_line(text: &[u8]) -> Option<usize> {
+    let mut end = text.len();
+    while let Some(at) = memchr::memrchr(b'\n', &text[..end]) {
+        if at > 0 && text[at - 1] == b'\n' {
+            return Some(at - 1);
+        }
+        end = at;
+    }
+    None
 }
 
 #[cfg(test)]
@@ -167,6 +208,31 @@ mod tests {
         assert_eq!(of_answer(br#"{"choices":[]}"#), None);
         assert_eq!(of_answer(b"not json"), None);
         assert_eq!(of_answer(b""), None);
+    }
+
+    #[test]
+    fn only_events_that_may_carry_counts_are_parsed_and_skipping_never_loses_any() {
+        // (event data, whether it may carry counts)
+        let cases: [(&[u8], bool); 12] = [
+            (br#"{"choices":[{"delta":{"content":"a"}}]}"#, false),
+            (br#"{"choices":[],"usage":null}"#, false),
+            (br#"{"usage" : null, "meta_info":null}"#, false),
+            (br#"{"choices":[{"delta":{"content":"the \"usage\": 5"}}]}"#, false),
+            (br#"{"usage":{"prompt_tokens":1}}"#, true),
+            (br#"{"usage":{}}"#, true),
+            (br#"{"usage"  :  {"completion_tokens":2}}"#, true),
+            (br#"{"text":"a","meta_info":{"prompt_tokens":3}}"#, true),
+            (br#"{"\u0075sage":{"prompt_tokens":1}}"#, true),
+            (br#"{"content":"usage","usage":null}"#, true), // a string "usage": a maybe
+            (br#"{"x":["usage"],"usage":null}"#, true),
+            (br#"{"usage":nul"#, true), // not null: parsed (and refused)
+        ];
+        for (data, may) in cases {
+            let text = String::from_utf8_lossy(data);
+            assert_eq!(may_report(data), may, "{text}");
+            let counts = serde_json::from_slice::<Reported>(data).ok().and_then(Reported::usage);
+            assert!(may || counts.is_none(), "skipped {text}, which carries {counts:?}");
+        }
     }
 
     #[test]
@@ -210,5 +276,28 @@ data: [DONE]
         assert_eq!(of_stream_tail(&[early.as_bytes()]), None);
         // Blank lines around events and a lone frame without a separator.
         assert_eq!(of_stream_tail(&[b"\n\n\n", counts.trim_end().as_bytes()]), expected);
+        // Counts in the frame before a last frame of a few events are found; before a last
+        // frame of more events than are read, they are as far back as in one frame.
+        let few = "data: {\"choices\":[]}\n\ndata: [DONE]\n\n";
+        assert_eq!(of_stream_tail(&[counts.as_bytes(), few.as_bytes()]), expected);
+        let many = format!("{content}data: [DONE]\n\n");
+        assert_eq!(of_stream_tail(&[counts.as_bytes(), many.as_bytes()]), None);
+    }
+
+    #[test]
+    fn the_last_blank_line_is_found_from_the_end() {
+        let cases: [(&[u8], Option<usize>); 6] = [
+            (b"", None),
+            (b"\n", None),
+            (b"a\nb\nc", None),
+            (b"\n\n", Some(0)),
+            (b"a\n\nb\n\n", Some(4)),
+            (b"a\n\n\nb", Some(2)),
+        ];
+        for (text, at) in cases {
+            assert_eq!(last_blank_line(text), at, "{:?}", String::from_utf8_lossy(text));
+            let naive = text.windows(2).rposition(|w| w == b"\n\n");
+            assert_eq!(at, naive, "as a byte-by-byte search finds");
+        }
     }
 }
