@@ -22,6 +22,7 @@
 
 mod epp;
 mod fake_engine;
+mod instructions;
 mod nginx;
 mod overhead;
 mod page;
@@ -91,6 +92,13 @@ pub(crate) fn run(root: &Path, options: Options) -> Result<()> {
     };
     let mut sections: Vec<(&str, String)> = Vec::new();
 
+    if wants(Only::Overhead) && case.as_deref() == Some("instructions") {
+        // Only the deterministic count: a quick check of a data-path change.
+        for counted in instructions::measure(&bins)? {
+            eprintln!("  {}", instructions::line(&counted));
+        }
+        return Ok(());
+    }
     if wants(Only::Overhead) {
         let (requests, repeats) = if quick { (1_000, 1) } else { (10_000, 3) };
         eprintln!("xtask bench: router overhead ({requests} requests x {repeats} per case)");
@@ -116,10 +124,16 @@ pub(crate) fn run(root: &Path, options: Options) -> Result<()> {
             docs.join("bench-router-cpu.svg"),
             svg::bars("proxy CPU per request", "us", &overhead::cpu_rows(&overhead)),
         )?;
-        sections.push((
-            "overhead",
-            provenance(&overhead::render(&overhead), &command("overhead"), &machine),
-        ));
+        eprintln!(
+            "xtask bench: instructions per request under callgrind ({} requests per case)",
+            instructions::REQUESTS
+        );
+        let counted = instructions::measure(&bins)?;
+        for counted in &counted {
+            eprintln!("  {}", instructions::line(counted));
+        }
+        let section = overhead::render(&overhead) + &instructions::render(&counted);
+        sections.push(("overhead", provenance(&section, &command("overhead"), &machine)));
     }
 
     if wants(Only::Epp) {
@@ -232,6 +246,7 @@ cargo xtask bench --only overhead          # direct, router and nginx side by si
 cargo xtask bench --only epp               # Envoy with and without the endpoint picker: under a minute\n\
 cargo xtask bench --only quality --quick   # one cell of the sweep (conversation, 64k, RHO 0.8)\n\
 cargo xtask bench --case streaming         # only the overhead cases naming it, nothing written (for perf/strace)\n\
+cargo xtask bench --case instructions      # only the callgrind count of router and nginx, nothing written: ~2 min\n\
 cargo xtask bench --only quality --case \"conversation 64k predicted_ttft\"   # those cells of the sweep, nothing written\n\
 ```\n";
 

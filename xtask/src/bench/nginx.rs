@@ -25,6 +25,16 @@ pub(crate) struct Nginx {
 impl Nginx {
     /// Starts nginx in front of `engine_url` (`http://host:port`) on a free loopback port.
     pub(crate) fn start(bin: &Path, engine_url: &str) -> Result<Self> {
+        Self::start_under(bin, &[], engine_url)
+    }
+
+    /// Starts `program leading... nginx-arguments` (nginx itself, or a tool such as valgrind
+    /// given nginx's path among `leading`) in front of `engine_url`, as [`Nginx::start`] does.
+    pub(crate) fn start_under(
+        program: &Path,
+        leading: &[String],
+        engine_url: &str,
+    ) -> Result<Self> {
         let upstream = engine_url.strip_prefix("http://").unwrap_or(engine_url);
         let listen = free_port()?;
         let dir = std::env::temp_dir().join(format!(
@@ -39,14 +49,15 @@ impl Nginx {
             .replace("{upstream}", upstream);
         let path = dir.join("nginx.conf");
         std::fs::write(&path, config)?;
-        let args = ["-p", &dir.display().to_string(), "-c", &path.display().to_string()]
+        let nginx_args = ["-p", &dir.display().to_string(), "-c", &path.display().to_string()]
             .map(str::to_owned);
-        let mut process = Proc::spawn(bin, &args)?;
-        let deadline = Instant::now() + Duration::from_secs(10);
+        let args = [leading, &nginx_args].concat();
+        let mut process = Proc::spawn(program, &args)?;
+        let deadline = Instant::now() + Duration::from_secs(30);
         while TcpStream::connect(listen).is_err() {
             process.check().context("nginx")?;
             if Instant::now() >= deadline {
-                bail!("nginx did not listen on {listen} within 10 s");
+                bail!("nginx did not listen on {listen} within 30 s");
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -62,21 +73,26 @@ impl Drop for Nginx {
 
 /// The nginx binary: on `PATH` or in `/usr/sbin`, else installed with Debian's `apt-get`.
 pub(crate) fn binary() -> Result<PathBuf> {
-    if let Some(found) = find() {
+    debian_tool("nginx", "nginx")
+}
+
+/// The program `name`, on `PATH` or in `/usr/sbin`, else installed from Debian's `package`.
+pub(crate) fn debian_tool(name: &str, package: &str) -> Result<PathBuf> {
+    if let Some(found) = find(name) {
         return Ok(found);
     }
-    eprintln!("xtask bench: nginx not found, installing Debian's package");
+    eprintln!("xtask bench: {name} not found, installing Debian's package {package}");
     let root = Command::new("id").arg("-u").output().is_ok_and(|out| out.stdout == b"0\n");
     let mut install = if root { Command::new("apt-get") } else { sudo_apt() };
     let status = install
-        .args(["install", "-y", "--no-install-recommends", "nginx"])
+        .args(["install", "-y", "--no-install-recommends", package])
         .env("DEBIAN_FRONTEND", "noninteractive")
         .status()
         .context("running apt-get")?;
     if !status.success() {
-        bail!("apt-get install nginx failed ({status}); install nginx and run again");
+        bail!("apt-get install {package} failed ({status}); install {name} and run again");
     }
-    find().context("nginx installed but not found on PATH or in /usr/sbin")
+    find(name).with_context(|| format!("{name} installed but not found on PATH or in /usr/sbin"))
 }
 
 fn sudo_apt() -> Command {
@@ -85,12 +101,12 @@ fn sudo_apt() -> Command {
     command
 }
 
-fn find() -> Option<PathBuf> {
+fn find(name: &str) -> Option<PathBuf> {
     let on_path = std::env::var_os("PATH")
         .into_iter()
         .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
-        .map(|dir| dir.join("nginx"));
-    on_path.chain([PathBuf::from("/usr/sbin/nginx")]).find(|path| path.is_file())
+        .map(|dir| dir.join(name));
+    on_path.chain([Path::new("/usr/sbin").join(name)]).find(|path| path.is_file())
 }
 
 /// A loopback address nothing listens on (the port is released for nginx to take).

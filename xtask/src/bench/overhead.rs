@@ -98,9 +98,9 @@ pub(crate) fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
-const PLAIN: &str =
+pub(crate) const PLAIN: &str =
     r#"{"model":"m","messages":[{"role":"user","content":"ping"}],"max_tokens":64}"#;
-const STREAM: &str =
+pub(crate) const STREAM: &str =
     r#"{"model":"m","messages":[{"role":"user","content":"ping"}],"max_tokens":64,"stream":true}"#;
 
 /// How a run's requests reach the engine.

@@ -98,6 +98,11 @@ impl Proc {
         Ok(Self { child, lines: Vec::new(), stderr: Some(stderr) })
     }
 
+    /// The process id.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// Fails, with the last lines of its standard error, once the process has exited.
     pub(crate) fn check(&mut self) -> Result<()> {
         if let Some(status) = self.child.try_wait()? {

@@ -1,0 +1,190 @@
+//! Instructions per request, counted by callgrind: the router and nginx each run under
+//! valgrind in front of the same instant engine, warmed up, then counted over a fixed number
+//! of requests. User-space instructions are deterministic where CPU time on a shared machine
+//! is not, so a change to the data path shows as a number that does not move between runs
+//! (kernel work, which both proxies share, is not counted).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+
+use super::nginx::{self, Nginx};
+use super::overhead::{PLAIN, STREAM, blast};
+use super::procs::{Bins, Proc, engine};
+
+/// One kind of request counted through both proxies.
+#[derive(Debug)]
+pub(crate) struct Counted {
+    pub(crate) name: &'static str,
+    /// Thousands of instructions per request.
+    pub(crate) router_k: f64,
+    pub(crate) nginx_k: f64,
+}
+
+/// Requests counted per proxy and kind (valgrind runs a program some 50x slower).
+pub(crate) const REQUESTS: usize = 1_000;
+
+/// Counts the router (round_robin, one event-loop thread) and nginx per plain request and per
+/// streamed request of one event per token, on a router-sim engine that answers at once.
+pub(crate) fn measure(bins: &Bins) -> Result<Vec<Counted>> {
+    let valgrind = nginx::debian_tool("valgrind", "valgrind")?;
+    let control = valgrind.with_file_name("callgrind_control");
+    let nginx_bin = nginx::binary()?;
+    let fast = ["--prefill-tokens-per-sec", "1e9", "--decode-tokens-per-sec", "1e9"];
+    let (_engine, url) = engine(bins, &fast)?;
+    let dir = std::env::temp_dir().join(format!("xtask-callgrind-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .context("runtime")?;
+    let counting = |proxy: &Proc, proxy_url: &str, out: &Path, body: &'static str| {
+        count(&runtime, &control, proxy, proxy_url, out, body)
+    };
+    let mut counted = Vec::new();
+    {
+        let out = dir.join("router.out");
+        let router_args: Vec<String> = [
+            &callgrind_args(&out)[..],
+            &[bins.server.display().to_string()],
+            &["--worker-urls", &url, "--policy", "round_robin", "--port", "0"].map(str::to_owned),
+            &["--worker-threads", "1"].map(str::to_owned),
+        ]
+        .concat();
+        let router = Proc::start(&valgrind, &router_args, "router listening on ")?;
+        let router_url = router.after("router listening on ")?;
+        let out_nginx = dir.join("nginx.out");
+        let nginx_args =
+            [&callgrind_args(&out_nginx)[..], &[nginx_bin.display().to_string()]].concat();
+        let nginx = Nginx::start_under(&valgrind, &nginx_args, &url)?;
+        for (name, body) in [("plain", PLAIN), ("stream, 1 token per event", STREAM)] {
+            let router_k = counting(&router, &router_url, &out, body)?;
+            let nginx_k = counting(&nginx.process, &nginx.url, &out_nginx, body)?;
+            counted.push(Counted { name, router_k, nginx_k });
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(counted)
+}
+
+/// valgrind's arguments for a program counted from a zeroed start to each dump.
+fn callgrind_args(out: &Path) -> Vec<String> {
+    ["--tool=callgrind", "--dump-instr=no"]
+        .map(str::to_owned)
+        .into_iter()
+        .chain([format!("--callgrind-out-file={}", out.display())])
+        .collect()
+}
+
+/// Warms `proxy` up, zeroes its counters, sends [`REQUESTS`] copies of `body` and returns the
+/// thousands of instructions per request of the dump that follows.
+fn count(
+    runtime: &tokio::runtime::Runtime,
+    control: &Path,
+    proxy: &Proc,
+    url: &str,
+    out: &Path,
+    body: &'static str,
+) -> Result<f64> {
+    let pid = proxy.pid().to_string();
+    let warm = runtime.block_on(blast(url, body, 200, 8))?;
+    if warm.errors > 0 {
+        bail!("{} of 200 warm-up requests to {url} under valgrind failed", warm.errors);
+    }
+    callgrind_control(control, &["-z", &pid])?;
+    let before = dumps(out)?;
+    let run = runtime.block_on(blast(url, body, REQUESTS, 8))?;
+    if run.errors > 0 {
+        bail!("{} of {REQUESTS} requests to {url} under valgrind failed", run.errors);
+    }
+    callgrind_control(control, &["-d", &pid])?;
+    // The counted process writes the dump itself, a moment after it is asked to.
+    let mut waited = Duration::ZERO;
+    let dump = loop {
+        if let Some(new) = dumps(out)?.into_iter().find(|path| !before.contains(path)) {
+            break new;
+        }
+        if waited > Duration::from_secs(30) {
+            bail!("callgrind wrote no dump for {url} within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+        waited += Duration::from_millis(100);
+    };
+    let instructions = summary(&dump)?;
+    Ok(instructions as f64 / REQUESTS as f64 / 1000.0)
+}
+
+fn callgrind_control(control: &Path, args: &[&str]) -> Result<()> {
+    let status = Command::new(control)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .with_context(|| format!("running {}", control.display()))?;
+    if !status.success() {
+        bail!("{} {args:?} failed ({status})", control.display());
+    }
+    Ok(())
+}
+
+/// The dumps written so far next to `out` (`out.1`, `out.2`, ...).
+fn dumps(out: &Path) -> Result<Vec<PathBuf>> {
+    let dir = out.parent().context("a dump directory")?;
+    let stem = out.file_name().context("a dump name")?.to_string_lossy().into_owned() + ".";
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        if name.is_some_and(|n| n.starts_with(&stem)) {
+            found.push(path);
+        }
+    }
+    Ok(found)
+}
+
+/// The total instructions of a callgrind dump (its `summary:` line, or `totals:`).
+fn summary(dump: &Path) -> Result<u64> {
+    let text =
+        std::fs::read_to_string(dump).with_context(|| format!("reading {}", dump.display()))?;
+    text.lines()
+        .find_map(|line| line.strip_prefix("summary:").or_else(|| line.strip_prefix("totals:")))
+        .and_then(|count| count.split_whitespace().next()?.parse().ok())
+        .with_context(|| format!("no instruction total in {}", dump.display()))
+}
+
+/// One line of the count, for the terminal.
+pub(crate) fn line(counted: &Counted) -> String {
+    format!(
+        "{}: router {:.1}k instructions/request, nginx {:.1}k ({:.2}x)",
+        counted.name,
+        counted.router_k,
+        counted.nginx_k,
+        counted.router_k / counted.nginx_k
+    )
+}
+
+/// The part of the page section `overhead` that shows the count.
+pub(crate) fn render(counted: &[Counted]) -> String {
+    let mut page = format!(
+        "\n### Instructions per request (callgrind)\n\n\
+         User-space instructions per request of each proxy, counted by valgrind's callgrind \
+         over {REQUESTS} requests after a warm-up, in front of one instant router-sim engine \
+         (the router: round_robin, `--worker-threads 1`). Unlike CPU time they do not move \
+         between runs on a shared machine, so they show what a change to the data path did; \
+         kernel work (the same system calls for both) is not in them.\n\n\
+         | request | router | nginx | router ÷ nginx |\n|---|---:|---:|---:|\n"
+    );
+    for c in counted {
+        page.push_str(&format!(
+            "| {} | {:.1}k | {:.1}k | {:.2}x |\n",
+            c.name,
+            c.router_k,
+            c.nginx_k,
+            c.router_k / c.nginx_k
+        ));
+    }
+    page
+}
