@@ -188,3 +188,34 @@ pub(crate) fn render(counted: &[Counted]) -> String {
     }
     page
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dumps_total_is_its_summary_line_and_only_new_dumps_are_found() {
+        let dir = std::env::temp_dir().join(format!("xtask-callgrind-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let out = dir.join("router.out");
+        let header = "# callgrind format\nversion: 1\nevents: Ir\n";
+        // (dump text, the total read from it)
+        let cases = [
+            (format!("{header}fn=main\n0 12\nsummary: 123456\ntotals: 123456\n"), Some(123456)),
+            (format!("{header}fn=main\n0 12\ntotals: 789\n"), Some(789)),
+            (format!("{header}fn=main\n0 12\n"), None),
+        ];
+        for (i, (text, total)) in cases.iter().enumerate() {
+            let before = dumps(&out).expect("listed");
+            let path = dir.join(format!("router.out.{}", i + 1));
+            std::fs::write(&path, text).expect("written");
+            let after = dumps(&out).expect("listed");
+            let new: Vec<_> = after.iter().filter(|p| !before.contains(p)).collect();
+            assert_eq!(new, [&path], "the dump just written is the new one");
+            assert_eq!(summary(&path).ok(), *total, "{text}");
+        }
+        std::fs::write(dir.join("nginx.out.1"), "summary: 1\n").expect("written");
+        assert_eq!(dumps(&out).expect("listed").len(), cases.len(), "another program's dumps");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
