@@ -329,10 +329,9 @@ pub struct Worker {
     id: WorkerId,
     url: String,
     /// `url` parsed once, when it has no path: requests then build their URI from its scheme
-    /// and authority instead of parsing the whole URL again (see [`Worker::uri_for`]).
-    origin_uri: Option<http::Uri>,
-    /// That URI's authority as a `Host` header value, made once (see [`Worker::host_header`]).
-    host: Option<http::HeaderValue>,
+    /// and authority instead of parsing the whole URL again (see [`Worker::uri_for`]), with
+    /// that authority as a `Host` header value made once (see [`Worker::host_header`]).
+    address: Option<(http::Uri, http::HeaderValue)>,
     models: Vec<ModelId>,
     stage: Stage,
     bootstrap_port: Option<u16>,
@@ -389,16 +388,17 @@ impl Worker {
         if spec.labels.iter().any(|(name, _)| name.trim().is_empty()) {
             return Err(WorkerError::EmptyLabelName { id });
         }
-        let origin_uri = http::Uri::try_from(url.as_str()).ok().filter(|uri| uri.path() == "/");
-        let host = origin_uri
-            .as_ref()
-            .and_then(http::Uri::authority)
-            .and_then(|authority| http::HeaderValue::from_str(authority.as_str()).ok());
+        let address = http::Uri::try_from(url.as_str())
+            .ok()
+            .filter(|uri| uri.path() == "/")
+            .and_then(|uri| {
+                let host = http::HeaderValue::from_str(uri.authority()?.as_str()).ok()?;
+                Some((uri, host))
+            });
         Ok(Self {
             id,
             url,
-            origin_uri,
-            host,
+            address,
             models,
             stage: spec.role,
             bootstrap_port: spec.bootstrap_port,
@@ -457,8 +457,8 @@ impl Worker {
     /// The URI of `path` (`/v1/chat/completions`, with any query) on this engine: the base URL
     /// followed by `path`.
     pub fn uri_for(&self, path: &str) -> Result<http::Uri, http::Error> {
-        match &self.origin_uri {
-            Some(origin) => {
+        match &self.address {
+            Some((origin, _)) => {
                 let mut parts = http::uri::Parts::default();
                 parts.scheme = origin.scheme().cloned();
                 parts.authority = origin.authority().cloned();
@@ -472,7 +472,7 @@ impl Worker {
     /// The `Host` header of a request to this engine (its URL's host and port), made once;
     /// `None` when the URL has a path, and the HTTP client then derives it per request.
     pub fn host_header(&self) -> Option<&http::HeaderValue> {
-        self.host.as_ref()
+        self.address.as_ref().map(|(_, host)| host)
     }
 
     /// Models this engine serves.

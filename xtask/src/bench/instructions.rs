@@ -12,7 +12,7 @@ use anyhow::{Context, Result, bail};
 
 use super::nginx::{self, Nginx};
 use super::overhead::{PLAIN, STREAM, blast};
-use super::procs::{Bins, Proc, engine};
+use super::procs::{self, Bins, Proc, engine};
 
 /// One kind of request counted through both proxies.
 #[derive(Debug)]
@@ -29,7 +29,7 @@ pub(crate) const REQUESTS: usize = 1_000;
 /// Counts the router (round_robin, one event-loop thread) and nginx per plain request and per
 /// streamed request of one event per token, on a router-sim engine that answers at once.
 pub(crate) fn measure(bins: &Bins) -> Result<Vec<Counted>> {
-    let valgrind = nginx::debian_tool("valgrind", "valgrind")?;
+    let valgrind = procs::debian_tool("valgrind", "valgrind")?;
     let control = valgrind.with_file_name("callgrind_control");
     let nginx_bin = nginx::binary()?;
     let fast = ["--prefill-tokens-per-sec", "1e9", "--decode-tokens-per-sec", "1e9"];

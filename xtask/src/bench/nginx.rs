@@ -4,12 +4,11 @@
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 
-use super::procs::Proc;
+use super::procs::{self, Proc};
 
 /// The configuration, with `{dir}`, `{listen}` and `{upstream}` to fill in.
 const CONFIG: &str = include_str!("nginx.conf");
@@ -73,40 +72,7 @@ impl Drop for Nginx {
 
 /// The nginx binary: on `PATH` or in `/usr/sbin`, else installed with Debian's `apt-get`.
 pub(crate) fn binary() -> Result<PathBuf> {
-    debian_tool("nginx", "nginx")
-}
-
-/// The program `name`, on `PATH` or in `/usr/sbin`, else installed from Debian's `package`.
-pub(crate) fn debian_tool(name: &str, package: &str) -> Result<PathBuf> {
-    if let Some(found) = find(name) {
-        return Ok(found);
-    }
-    eprintln!("xtask bench: {name} not found, installing Debian's package {package}");
-    let root = Command::new("id").arg("-u").output().is_ok_and(|out| out.stdout == b"0\n");
-    let mut install = if root { Command::new("apt-get") } else { sudo_apt() };
-    let status = install
-        .args(["install", "-y", "--no-install-recommends", package])
-        .env("DEBIAN_FRONTEND", "noninteractive")
-        .status()
-        .context("running apt-get")?;
-    if !status.success() {
-        bail!("apt-get install {package} failed ({status}); install {name} and run again");
-    }
-    find(name).with_context(|| format!("{name} installed but not found on PATH or in /usr/sbin"))
-}
-
-fn sudo_apt() -> Command {
-    let mut command = Command::new("sudo");
-    command.args(["-n", "apt-get"]);
-    command
-}
-
-fn find(name: &str) -> Option<PathBuf> {
-    let on_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
-        .map(|dir| dir.join(name));
-    on_path.chain([Path::new("/usr/sbin").join(name)]).find(|path| path.is_file())
+    procs::debian_tool("nginx", "nginx")
 }
 
 /// A loopback address nothing listens on (the port is released for nginx to take).

@@ -1,5 +1,6 @@
 //! Processes of the benchmark: release binaries started on loopback, read until ready, killed
-//! on drop, with their CPU time read from `/proc`; and one-shot commands run under a deadline.
+//! on drop, with their CPU time read from `/proc`; one-shot commands run under a deadline; and
+//! the tools the benchmark runs (nginx, valgrind) found or installed from Debian's packages.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read};
@@ -221,6 +222,39 @@ pub(crate) fn run_with_timeout(command: &mut Command, timeout: Duration) -> Resu
     let stdout = out.join().unwrap_or_default();
     let stderr = stderr.join().unwrap_or_default();
     Ok(Finished { success: status.success(), stdout, stderr })
+}
+
+/// The program `name`, on `PATH` or in `/usr/sbin`, else installed from Debian's `package`.
+pub(crate) fn debian_tool(name: &str, package: &str) -> Result<PathBuf> {
+    if let Some(found) = find(name) {
+        return Ok(found);
+    }
+    eprintln!("xtask bench: {name} not found, installing Debian's package {package}");
+    let root = Command::new("id").arg("-u").output().is_ok_and(|out| out.stdout == b"0\n");
+    let mut install = if root { Command::new("apt-get") } else { sudo_apt() };
+    let status = install
+        .args(["install", "-y", "--no-install-recommends", package])
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .status()
+        .context("running apt-get")?;
+    if !status.success() {
+        bail!("apt-get install {package} failed ({status}); install {name} and run again");
+    }
+    find(name).with_context(|| format!("{name} installed but not found on PATH or in /usr/sbin"))
+}
+
+fn sudo_apt() -> Command {
+    let mut command = Command::new("sudo");
+    command.args(["-n", "apt-get"]);
+    command
+}
+
+fn find(name: &str) -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .map(|dir| dir.join(name));
+    on_path.chain([Path::new("/usr/sbin").join(name)]).find(|path| path.is_file())
 }
 
 /// The release binaries.

@@ -101,10 +101,10 @@ fn new_request_id() -> HeaderValue {
     let count = COUNTER.fetch_add(1, Ordering::Relaxed);
     // 32 lowercase hex digits, written straight into the header's bytes (no formatter).
     let mut id = [0u8; 32];
-    for (i, digit) in id.iter_mut().enumerate() {
-        let word = if i < 16 { prefix } else { count };
-        let nibble = (word >> (60 - 4 * (i % 16))) & 0xf;
-        *digit = b"0123456789abcdef"[nibble as usize];
+    for (half, word) in id.chunks_mut(16).zip([prefix, count]) {
+        for (i, digit) in half.iter_mut().enumerate() {
+            *digit = b"0123456789abcdef"[(word >> (60 - 4 * i) & 0xf) as usize];
+        }
     }
     HeaderValue::from_bytes(&id).unwrap_or_else(|_| HeaderValue::from_static("unknown"))
 }
