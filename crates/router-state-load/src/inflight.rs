@@ -45,6 +45,8 @@ struct EngineCounters {
     by_stage: [AtomicU64; 3],
     /// Work (prefill tokens) of the requests in flight, over all stages.
     inflight_tokens: AtomicU64,
+    /// Requests in flight without a first token yet, over all stages.
+    unprefilled: AtomicU64,
     /// Dispatches so far; the next dispatch's sequence number.
     dispatched: AtomicU64,
     /// Work of every dispatch so far.
@@ -94,6 +96,7 @@ impl EngineCounters {
             worker,
             by_stage: Default::default(),
             inflight_tokens: AtomicU64::new(0),
+            unprefilled: AtomicU64::new(0),
             dispatched: AtomicU64::new(0),
             dispatched_tokens: AtomicU64::new(0),
             ledger: (0..LEDGER_LEN).map(|_| Entry::default()).collect(),
@@ -192,6 +195,7 @@ impl Inflight {
         let stamp = self.stamp(self.clock.now());
         counters.by_stage[stage_index(stage)].fetch_add(1, Ordering::Relaxed);
         counters.inflight_tokens.fetch_add(tokens, Ordering::Relaxed);
+        counters.unprefilled.fetch_add(1, Ordering::Relaxed);
         if let Some(rank) = rank {
             counters.count_rank(rank, tokens, true);
         }
@@ -202,7 +206,7 @@ impl Inflight {
         entry.tokens.store(tokens, Ordering::Relaxed);
         entry.rank.store(rank.unwrap_or(NO_RANK), Ordering::Relaxed);
         entry.stamp.store(stamp, Ordering::Release);
-        InflightGuard { counters, stage, rank, tokens }
+        InflightGuard { counters, stage, rank, tokens, prefilled: false }
     }
 
     /// What is in flight to data-parallel rank `rank` of `worker` (dispatches made with
@@ -243,6 +247,13 @@ impl Inflight {
     /// yet, over all stages.
     pub fn inflight_tokens(&self, worker: &WorkerId) -> u64 {
         self.engines.get(worker).map_or(0, |c| c.inflight_tokens.load(Ordering::Relaxed))
+    }
+
+    /// Requests in flight to `worker` without a first token yet (waiting at the engine or in
+    /// its current prefill pass), over all stages: the requests a new one queued there may
+    /// share a prefill pass with, or wait behind.
+    pub fn unprefilled(&self, worker: &WorkerId) -> u64 {
+        self.engines.get(worker).map_or(0, |c| c.unprefilled.load(Ordering::Relaxed))
     }
 
     /// Requests in flight to `worker`, over all stages.
@@ -357,6 +368,8 @@ pub struct InflightGuard {
     stage: Stage,
     rank: Option<u32>,
     tokens: u64,
+    /// Whether [`InflightGuard::prefilled`] was called.
+    prefilled: bool,
 }
 
 impl InflightGuard {
@@ -379,9 +392,10 @@ impl InflightGuard {
     /// flight, on the engine or its rank, while the request itself does until the guard drops.
     /// Later calls do nothing. The ledger keeps the dispatch's work: it says what was sent.
     pub fn prefilled(&mut self) {
-        if self.tokens == 0 {
+        if std::mem::replace(&mut self.prefilled, true) {
             return;
         }
+        self.counters.unprefilled.fetch_sub(1, Ordering::Relaxed);
         let tokens = std::mem::take(&mut self.tokens);
         self.counters.inflight_tokens.fetch_sub(tokens, Ordering::Relaxed);
         if let Some(rank) = self.rank {
@@ -396,6 +410,9 @@ impl Drop for InflightGuard {
     fn drop(&mut self) {
         self.counters.by_stage[stage_index(self.stage)].fetch_sub(1, Ordering::Relaxed);
         self.counters.inflight_tokens.fetch_sub(self.tokens, Ordering::Relaxed);
+        if !self.prefilled {
+            self.counters.unprefilled.fetch_sub(1, Ordering::Relaxed);
+        }
         if let Some(rank) = self.rank {
             self.counters.count_rank(rank, self.tokens, false);
         }

@@ -170,6 +170,27 @@ fn prefilled_work_leaves_the_sum_while_the_request_stays_in_flight() {
 }
 
 #[test]
+fn unprefilled_counts_requests_until_their_first_token() {
+    let (_, inflight) = fixture();
+    let (a, b) = (id("a"), id("b"));
+    let mut long = inflight.acquire_work(&a, Stage::Plain, 100);
+    let mut empty = inflight.acquire(&a, Stage::Prefill);
+    let never = inflight.acquire_on_rank(&a, Stage::Plain, 0, 8);
+    let _elsewhere = inflight.acquire_work(&b, Stage::Plain, 1);
+    assert_eq!(inflight.unprefilled(&a), 3, "a request without work waits for its token too");
+    long.prefilled();
+    long.prefilled();
+    assert_eq!(inflight.unprefilled(&a), 2, "counted down once, however often it is called");
+    empty.prefilled();
+    assert_eq!(inflight.unprefilled(&a), 1, "zero-token requests are counted down as well");
+    drop((long, empty));
+    assert_eq!(inflight.unprefilled(&a), 1, "a prefilled guard's drop takes nothing more");
+    drop(never);
+    assert_eq!(inflight.unprefilled(&a), 0, "one that never got a token leaves on drop");
+    assert_eq!((inflight.unprefilled(&b), inflight.unprefilled(&id("never"))), (1, 0));
+}
+
+#[test]
 fn ledger_work_saturates_with_its_length() {
     let (clock, inflight) = fixture();
     let a = id("a");
