@@ -140,11 +140,12 @@ mod tests {
         let blind = estimator(&world, false);
         assert_eq!(ttft(&blind, &world, &world.only(&["a"]), 1_024), Some(3_024.0));
 
-        // The very prediction predicted_ttft reports for its pick (recompute weight 0, so it
-        // picks the fastest).
+        // The very prediction predicted_ttft reports for its pick (recompute and waiting
+        // weights 0, so it picks the fastest).
         let settings = crate::PredictedTtftSettings {
             default_prefill_tokens_per_sec: RATE,
             recompute_weight: 0.0,
+            waiting_weight: 0.0,
             near_tie_ratio: 0.0,
             near_tie_ms: 0.0,
             ..Default::default()

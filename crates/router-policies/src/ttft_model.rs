@@ -19,6 +19,9 @@ pub(crate) struct Estimate {
     pub(crate) queued: u64,
     /// This request's tokens not cached there.
     pub(crate) uncached: u64,
+    /// Requests there without a first token yet (router-local): the ones this request's
+    /// prefill may delay, by sharing their pass or queueing before theirs.
+    pub(crate) unprefilled: u64,
     /// The rate used, in tokens per second.
     pub(crate) rate: f64,
     /// `(queued + uncached) / rate`, in milliseconds.
@@ -125,6 +128,7 @@ impl TtftModel {
             .unwrap_or(self.default_prefill_tokens_per_sec);
         let uncached = input - matched.min(input);
         let ms = queued.saturating_add(uncached) as f64 / rate * 1000.0;
-        Estimate { queued, uncached, rate, ms }
+        let unprefilled = inflight.unprefilled(engine.id());
+        Estimate { queued, uncached, unprefilled, rate, ms }
     }
 }

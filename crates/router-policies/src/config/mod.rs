@@ -547,6 +547,10 @@ pub struct PredictedTtftSettings {
     /// ranking: uncached tokens delay every request queued behind this one there, not only
     /// this one. 0 ranks by predicted TTFT alone; the default 6 counts that work seven times.
     pub recompute_weight: f64,
+    /// Weight of the delay a candidate's recomputation adds to each request there still
+    /// waiting for its first token, added to its predicted time for ranking per such request:
+    /// a long prompt sent where others wait makes all of them wait for it. 0 leaves it out.
+    pub waiting_weight: f64,
     /// How near ties are ordered.
     pub tie_break: TieBreak,
 }
@@ -563,6 +567,7 @@ impl Default for PredictedTtftSettings {
             near_tie_ratio: 0.05,
             near_tie_ms: 1.0,
             recompute_weight: 6.0,
+            waiting_weight: 1.0,
             tie_break: TieBreak::Sampled,
         }
     }
@@ -615,6 +620,12 @@ impl PredictedTtftSettings {
             return Err(invalid(
                 "recompute_weight",
                 format!("must be a finite number of at least 0, got {}", self.recompute_weight),
+            ));
+        }
+        if !(self.waiting_weight >= 0.0 && self.waiting_weight.is_finite()) {
+            return Err(invalid(
+                "waiting_weight",
+                format!("must be a finite number of at least 0, got {}", self.waiting_weight),
             ));
         }
         if !(self.near_tie_ms >= 0.0 && self.near_tie_ms.is_finite()) {

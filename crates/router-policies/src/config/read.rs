@@ -38,6 +38,7 @@ const TUNING: &[(&str, PolicyType)] = &[
     ("near_tie_ratio", PolicyType::PredictedTtft),
     ("near_tie_ms", PolicyType::PredictedTtft),
     ("recompute_weight", PolicyType::PredictedTtft),
+    ("waiting_weight", PolicyType::PredictedTtft),
     ("tie_break", PolicyType::CacheAware),
     ("tie_break", PolicyType::PredictedTtft),
     ("fallback", PolicyType::Sticky),
@@ -123,6 +124,7 @@ impl Raw {
             "near_tie_ratio" => self.predicted.near_tie_ratio = value(map)?,
             "near_tie_ms" => self.predicted.near_tie_ms = value(map)?,
             "recompute_weight" => self.predicted.recompute_weight = value(map)?,
+            "waiting_weight" => self.predicted.waiting_weight = value(map)?,
             "tie_break" => {
                 let tie_break = value(map)?;
                 c.tie_break = tie_break;

@@ -390,12 +390,13 @@ fn prefix_policies_are_not_for_decode() {
 #[test]
 fn predicted_ttft_reads_its_settings_and_the_shared_source_fields() {
     let config: PolicyConfig = serde_yaml_ng::from_str(
-        "{type: predicted_ttft, default_prefill_tokens_per_sec: 20000, near_tie_ratio: 0.1, near_tie_ms: 2, cache_prefix_provider: indexer, kv_indexer_endpoint: 'http://127.0.0.1:9'}",
+        "{type: predicted_ttft, default_prefill_tokens_per_sec: 20000, near_tie_ratio: 0.1, near_tie_ms: 2, recompute_weight: 8, waiting_weight: 0.5, cache_prefix_provider: indexer, kv_indexer_endpoint: 'http://127.0.0.1:9'}",
     )
     .expect("valid");
     let PolicySettings::PredictedTtft(settings) = &config.kind else { panic!("{config:?}") };
     assert_eq!(settings.default_prefill_tokens_per_sec, 20_000.0);
     assert_eq!((settings.near_tie_ratio, settings.near_tie_ms), (0.1, 2.0));
+    assert_eq!((settings.recompute_weight, settings.waiting_weight), (8.0, 0.5));
     assert_eq!(settings.cache_prefix_provider, CachePrefixProvider::Indexer);
     assert_eq!(settings.kv_indexer_endpoint, ["http://127.0.0.1:9"]);
     let err =
@@ -409,4 +410,10 @@ fn predicted_ttft_reads_its_settings_and_the_shared_source_fields() {
     let err = serde_yaml_ng::from_str::<PolicyConfig>("{type: predicted_ttft, near_tie_ratio: 2}")
         .expect_err("out of range");
     assert!(err.to_string().contains("policy.near_tie_ratio"), "{err}");
+    let err = serde_yaml_ng::from_str::<PolicyConfig>("{type: cache_aware, waiting_weight: 1}")
+        .expect_err("a predicted_ttft setting");
+    assert!(
+        err.to_string().contains("policy.waiting_weight does not apply to policy type cache_aware"),
+        "{err}"
+    );
 }

@@ -14,11 +14,13 @@ use crate::tests::doubles::{Recording, running_cap};
 use crate::{AdmissionLimits, PickError, PickReason, PredictedTtftSettings};
 
 /// One token per millisecond, so predicted milliseconds read as tokens; recomputed work
-/// counted twice (weight 1), which the cases' margins are written for, whatever the default.
+/// counted twice (weight 1) and not per waiting request (weight 0), which the cases' margins
+/// are written for, whatever the defaults.
 fn settings() -> PredictedTtftSettings {
     PredictedTtftSettings {
         default_prefill_tokens_per_sec: 1000.0,
         recompute_weight: 1.0,
+        waiting_weight: 0.0,
         ..Default::default()
     }
 }
@@ -169,6 +171,27 @@ fn the_recompute_weight_counts_the_work_a_miss_adds() {
     let weighted = pick(1.0);
     assert_eq!(weighted.worker.id().as_str(), "a", "b's 1024 recomputed tokens count twice");
     assert_eq!(weighted.predicted_ttft_ms, Some(1_164.0), "the prediction itself is unweighted");
+}
+
+#[test]
+fn the_waiting_weight_counts_the_delay_a_miss_adds_to_each_waiting_request() {
+    // Neither holds the prompt. a reports nothing queued but three requests of this router
+    // there have no first token yet; b reports 300 tokens queued and has none of ours.
+    let world = World::new(Stage::Plain, &[eng("a", 0).inflight(3), eng("b", 0).uncached(300)]);
+    let pick = |weight: f64| {
+        let settings = PredictedTtftSettings { waiting_weight: weight, ..settings() };
+        let policy = PredictedTtftPolicy::new(Arc::clone(&world.source), world.load(), settings)
+            .expect("valid")
+            .with_seed(5);
+        world.pick(&policy, 1_024).expect("pick")
+    };
+    // Weight 0: a 1024 + 1024 against b 1324 + 1024. Weight 1: a's 1024 recomputed tokens
+    // also delay each of its three waiting requests, 1024 + 4 x 1024 against b's 2348.
+    let unweighted = pick(0.0);
+    assert_eq!(unweighted.worker.id().as_str(), "a", "by predicted TTFT and recompute work");
+    let weighted = pick(1.0);
+    assert_eq!(weighted.worker.id().as_str(), "b", "where fewer requests wait for it");
+    assert_eq!(weighted.predicted_ttft_ms, Some(1_324.0), "the prediction itself is unweighted");
 }
 
 #[test]
@@ -374,6 +397,7 @@ fn settings_are_validated_with_their_names() {
         (PredictedTtftSettings { near_tie_ratio: 1.5, ..settings() }, "near_tie_ratio"),
         (PredictedTtftSettings { near_tie_ms: -1.0, ..settings() }, "near_tie_ms"),
         (PredictedTtftSettings { recompute_weight: f64::NAN, ..settings() }, "recompute_weight"),
+        (PredictedTtftSettings { waiting_weight: -0.5, ..settings() }, "waiting_weight"),
     ] {
         let error = settings.validate().expect_err(field).to_string();
         assert!(error.contains(&format!("policy.{field}")), "{error}");
