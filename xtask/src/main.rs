@@ -23,10 +23,12 @@ commands:
   lint                cargo fmt --check (fuzz/ too), clippy -D warnings, rustdoc -D warnings
   tidy                //! headers, module cycles, references to documents outside the repository
   bench [--quick] [--only overhead|epp|policies|quality|replicas] [--no-build] [--case TEXT]
+        [--set POLICY.KEY=VALUE]...
                       end-to-end benchmark against the simulated fleet; writes docs/benchmarks.md
                       (--only: run one section and replace only it on the page; --case: only the
                       overhead cases whose name contains TEXT, or with --only quality the sweep's
-                      cells whose label has each of its words, nothing written)
+                      cells whose label has each of its words, nothing written; --set, with
+                      --only quality --case: that policy setting in those cells, for trials)
   fuzz [--seconds N] [--target NAME] [--reproduce FILE]
                       build the libFuzzer targets of fuzz/ (stable, instrumented) and run each
                       for N seconds (default 60); fails on a crash, saving the input under
@@ -82,6 +84,15 @@ fn run(args: &[&str]) -> Result<()> {
                     Some(rest.get(i + 1).map(|c| (*c).to_owned()).context("--case needs a text")?)
                 }
             };
+            let settings = rest
+                .iter()
+                .enumerate()
+                .filter(|(_, a)| **a == "--set")
+                .map(|(i, _)| {
+                    let text = rest.get(i + 1).context("--set needs POLICY.KEY=VALUE")?;
+                    bench::Setting::parse(text)
+                })
+                .collect::<Result<Vec<_>>>()?;
             bench::run(
                 &root,
                 bench::Options {
@@ -89,6 +100,7 @@ fn run(args: &[&str]) -> Result<()> {
                     only,
                     build: !rest.contains(&"--no-build"),
                     case,
+                    settings,
                     debug: rest.contains(&"--debug"),
                 },
             )

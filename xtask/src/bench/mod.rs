@@ -36,6 +36,8 @@ use std::path::Path;
 
 use anyhow::Result;
 
+pub(crate) use policies::Setting;
+
 use crate::cargo;
 
 /// Which sections to run.
@@ -59,6 +61,8 @@ pub(crate) struct Options {
     /// Run only the overhead cases whose name contains this (with `--only quality`, the sweep's
     /// cells whose label has each of its words), and write nothing: for profiling and trials.
     pub(crate) case: Option<String>,
+    /// Policy settings for the quality cells run with `case` (`--set POLICY.KEY=VALUE`).
+    pub(crate) settings: Vec<Setting>,
     /// Use (and build) the debug binaries (`--debug`): for a check on a machine too loaded
     /// for a release build; latencies and CPU are then not those of a release router, and the
     /// section says so.
@@ -66,7 +70,11 @@ pub(crate) struct Options {
 }
 
 pub(crate) fn run(root: &Path, options: Options) -> Result<()> {
-    let Options { quick, only, build, case, debug } = options;
+    let Options { quick, only, build, case, settings, debug } = options;
+    anyhow::ensure!(
+        settings.is_empty() || (only == Only::Quality && case.is_some()),
+        "--set is for trials: use it with --only quality --case, which write nothing"
+    );
     if build {
         let mut args = vec!["build", "-p", "router-server", "-p", "router-sim"];
         if !debug {
@@ -198,8 +206,10 @@ pub(crate) fn run(root: &Path, options: Options) -> Result<()> {
     }
 
     if wants(Only::Quality) {
-        let sweep = if quick { quality::Sweep::quick(root) } else { quality::Sweep::full(root) };
+        let mut sweep =
+            if quick { quality::Sweep::quick(root) } else { quality::Sweep::full(root) };
         if let Some(case) = &case {
+            sweep.settings = settings;
             let cells = sweep.cells_matching(case);
             anyhow::ensure!(
                 !cells.is_empty(),

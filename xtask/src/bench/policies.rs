@@ -148,7 +148,27 @@ pub(crate) struct EngineEndpoints {
 #[derive(Clone, Debug)]
 pub(crate) struct PolicySpec {
     pub(crate) name: String,
-    pub(crate) settings: Vec<(&'static str, String)>,
+    pub(crate) settings: Vec<(String, String)>,
+}
+
+/// A setting for one policy, given on the command line as `POLICY.KEY=VALUE` (`--set`), for
+/// trying a value without editing the defaults.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Setting {
+    pub(crate) policy: String,
+    pub(crate) key: String,
+    pub(crate) value: String,
+}
+
+impl Setting {
+    pub(crate) fn parse(text: &str) -> Result<Self> {
+        let parsed = text.split_once('=').and_then(|(name, value)| {
+            let (policy, key) = name.split_once('.')?;
+            let nonempty = !policy.is_empty() && !key.is_empty() && !value.is_empty();
+            nonempty.then(|| Self { policy: policy.into(), key: key.into(), value: value.into() })
+        });
+        parsed.with_context(|| format!("--set {text:?}: expected POLICY.KEY=VALUE"))
+    }
 }
 
 impl PolicySpec {
@@ -157,11 +177,20 @@ impl PolicySpec {
     pub(crate) fn new(policy: &str, min_matched_tokens: usize) -> Self {
         let settings = match policy {
             "cache_aware" => {
-                vec![("cache_affinity_min_matched_tokens", min_matched_tokens.to_string())]
+                vec![("cache_affinity_min_matched_tokens".into(), min_matched_tokens.to_string())]
             }
             _ => Vec::new(),
         };
         Self { name: policy.to_owned(), settings }
+    }
+
+    /// This spec with the `settings` given for its policy, each replacing its key's value.
+    pub(crate) fn with(mut self, settings: &[Setting]) -> Self {
+        for setting in settings.iter().filter(|s| s.policy == self.name) {
+            self.settings.retain(|(key, _)| *key != setting.key);
+            self.settings.push((setting.key.clone(), setting.value.clone()));
+        }
+        self
     }
 }
 
@@ -334,4 +363,35 @@ pub(crate) fn render(runs: &[Result<PolicyRun, (String, String)>], workload: &Wo
     }
     page.push_str("\n![cache hit rate](bench-hit-rate.svg)\n![TTFT p50](bench-ttft-p50.svg)\n![TTFT p99](bench-ttft-p99.svg)\n");
     page
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_setting_names_its_policy_and_replaces_only_its_key() {
+        let waiting = Setting::parse("predicted_ttft.waiting_weight=0.5").expect("parses");
+        assert_eq!(
+            waiting,
+            Setting {
+                policy: "predicted_ttft".into(),
+                key: "waiting_weight".into(),
+                value: "0.5".into()
+            }
+        );
+        for bad in ["waiting_weight=1", "predicted_ttft.waiting_weight", ".k=1", "p.=1", "p.k="] {
+            let error = Setting::parse(bad).expect_err(bad).to_string();
+            assert!(error.contains("POLICY.KEY=VALUE") && error.contains(bad), "{error}");
+        }
+        let min = Setting::parse("cache_aware.cache_affinity_min_matched_tokens=8").expect("ok");
+        let cache_aware = PolicySpec::new("cache_aware", 64).with(&[min, waiting.clone()]);
+        assert_eq!(
+            cache_aware.settings,
+            vec![("cache_affinity_min_matched_tokens".to_owned(), "8".to_owned())],
+            "its own key replaced, another policy's setting left out"
+        );
+        let predicted = PolicySpec::new("predicted_ttft", 64).with(&[waiting]);
+        assert_eq!(predicted.settings, vec![("waiting_weight".to_owned(), "0.5".to_owned())]);
+    }
 }

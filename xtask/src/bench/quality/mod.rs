@@ -17,7 +17,7 @@ use anyhow::Result;
 use serde_json::Value;
 
 pub(crate) use self::render::{render, write_plots};
-use super::policies::{Engines, Fleet, PolicySpec, load_json};
+use super::policies::{Engines, Fleet, PolicySpec, Setting, load_json};
 use super::procs::Bins;
 
 /// Engines per fleet.
@@ -78,6 +78,8 @@ pub(crate) struct Sweep {
     pub(crate) extra_policies: Vec<&'static str>,
     pub(crate) extra_load: f64,
     pub(crate) repetitions: usize,
+    /// Policy settings other than the defaults (`--set`, for trials with `--case`).
+    pub(crate) settings: Vec<Setting>,
 }
 
 impl Sweep {
@@ -91,6 +93,7 @@ impl Sweep {
             extra_policies: vec!["random", "power_of_two", "session_aware"],
             extra_load: 0.8,
             repetitions: 3,
+            settings: Vec::new(),
         }
     }
 
@@ -352,7 +355,7 @@ fn run(
 ) -> Result<Numbers, String> {
     let measure = || -> Result<Numbers> {
         let engines = Sweep::engines(cell.cache);
-        let policy = PolicySpec::new(cell.policy, MIN_MATCHED_TOKENS);
+        let policy = PolicySpec::new(cell.policy, MIN_MATCHED_TOKENS).with(&sweep.settings);
         let fleet = Fleet::start(bins, &policy, &engines, tokenizer)?;
         let trace = &sweep.traces[cell.trace];
         let args: Vec<String> = [

@@ -302,6 +302,7 @@ mod tests {
             extra_policies: Vec::new(),
             extra_load: 0.8,
             repetitions: 2,
+            settings: Vec::new(),
         };
         let cells = sweep.cells();
         let runs = vec![
