@@ -141,6 +141,7 @@ impl PredictedTtftPolicy {
                 predicted_ms = estimate.ms,
                 matched_tokens = prefixes.matched(engine),
                 queued_tokens = estimate.queued,
+                unprefilled = estimate.unprefilled,
                 rate = estimate.rate,
                 basis = ?basis,
                 "predicted_ttft pick"
