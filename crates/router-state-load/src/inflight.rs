@@ -19,6 +19,13 @@
 //! ([`Inflight::rank_dispatched_since`]), so a rank can be chosen inside an engine the way an engine
 //! is chosen inside a group.
 //!
+//! Each engine also remembers when its current prefill pass began, as far as this router can
+//! tell: at the last first token of one of its requests (a pass ended, the next one starts with
+//! what waited), or at a dispatch that found none of its requests waiting (the engine starts on
+//! it). [`Inflight::prefill_queue`] credits that pass with the work the engine can have done
+//! since, so a pass nearly done no longer weighs like one just begun,
+//! and tells the requests in that pass from those waiting for the next.
+//!
 //! The ledger is a fixed ring of the last [`LEDGER_LEN`] dispatches per engine (instant and
 //! cumulative work before it), indexed by a dispatch sequence number, so memory is bounded
 //! without pruning: what a report already reflects is excluded by asking from the report's
@@ -41,12 +48,18 @@ pub const LEDGER_LEN: usize = 1024;
 #[derive(Debug)]
 struct EngineCounters {
     worker: WorkerId,
+    time: Arc<Timebase>,
     /// In-flight requests by stage (plain, prefill, decode).
     by_stage: [AtomicU64; 3],
     /// Work (prefill tokens) of the requests in flight, over all stages.
     inflight_tokens: AtomicU64,
     /// Requests in flight without a first token yet, over all stages.
     unprefilled: AtomicU64,
+    /// The stamp of the instant the engine's current prefill pass began, as this router sees
+    /// it (0: none yet): the last first token, or the dispatch that found nothing unprefilled.
+    pass_began: AtomicU64,
+    /// The sequence number of the first dispatch not in that pass.
+    pass_end_seq: AtomicU64,
     /// Dispatches so far; the next dispatch's sequence number.
     dispatched: AtomicU64,
     /// Work of every dispatch so far.
@@ -91,12 +104,15 @@ struct Entry {
 }
 
 impl EngineCounters {
-    fn new(worker: WorkerId) -> Self {
+    fn new(worker: WorkerId, time: Arc<Timebase>) -> Self {
         Self {
             worker,
+            time,
             by_stage: Default::default(),
             inflight_tokens: AtomicU64::new(0),
             unprefilled: AtomicU64::new(0),
+            pass_began: AtomicU64::new(0),
+            pass_end_seq: AtomicU64::new(0),
             dispatched: AtomicU64::new(0),
             dispatched_tokens: AtomicU64::new(0),
             ledger: (0..LEDGER_LEN).map(|_| Entry::default()).collect(),
@@ -143,11 +159,29 @@ fn stage_index(stage: Stage) -> usize {
     }
 }
 
+/// The clock every stamp is read from, and the instant stamps count from.
+#[derive(Debug)]
+struct Timebase {
+    clock: Arc<dyn Clock>,
+    origin: Instant,
+}
+
+impl Timebase {
+    /// Nanoseconds from the origin to `at`, plus one, so that 0 means "never written".
+    fn stamp(&self, at: Instant) -> u64 {
+        let nanos = at.saturating_duration_since(self.origin).as_nanos();
+        u64::try_from(nanos).unwrap_or(u64::MAX).saturating_add(1)
+    }
+
+    fn now(&self) -> u64 {
+        self.stamp(self.clock.now())
+    }
+}
+
 /// Router-local in-flight accounting for every engine. Shared as `Arc<Inflight>`.
 #[derive(Debug)]
 pub struct Inflight {
-    clock: Arc<dyn Clock>,
-    origin: Instant,
+    time: Arc<Timebase>,
     engines: DashMap<WorkerId, Arc<EngineCounters>>,
 }
 
@@ -155,7 +189,7 @@ impl Inflight {
     /// Empty accounting, stamping dispatches with `clock` (use the load table's clock).
     pub fn new(clock: Arc<dyn Clock>) -> Self {
         let origin = clock.now();
-        Self { clock, origin, engines: DashMap::default() }
+        Self { time: Arc::new(Timebase { clock, origin }), engines: DashMap::default() }
     }
 
     /// Counts a request dispatched to `worker` for `stage` until the returned guard is dropped,
@@ -192,14 +226,19 @@ impl Inflight {
         tokens: u64,
     ) -> InflightGuard {
         let counters = self.counters(worker);
-        let stamp = self.stamp(self.clock.now());
+        let stamp = self.time.now();
         counters.by_stage[stage_index(stage)].fetch_add(1, Ordering::Relaxed);
         counters.inflight_tokens.fetch_add(tokens, Ordering::Relaxed);
-        counters.unprefilled.fetch_add(1, Ordering::Relaxed);
+        let idle = counters.unprefilled.fetch_add(1, Ordering::Relaxed) == 0;
         if let Some(rank) = rank {
             counters.count_rank(rank, tokens, true);
         }
         let seq = counters.dispatched.fetch_add(1, Ordering::Relaxed);
+        if idle {
+            // Nothing of this router's was waiting there: the engine starts on this one now.
+            counters.pass_began.store(stamp, Ordering::Relaxed);
+            counters.pass_end_seq.store(seq + 1, Ordering::Relaxed);
+        }
         let before = counters.dispatched_tokens.fetch_add(tokens, Ordering::AcqRel);
         let entry = counters.slot(seq);
         entry.tokens_before.store(before, Ordering::Relaxed);
@@ -233,7 +272,7 @@ impl Inflight {
             return RankWork::default();
         };
         let total = counters.dispatched.load(Ordering::Acquire);
-        let first = Self::first_since(&counters, self.stamp(since), total);
+        let first = Self::first_since(&counters, self.time.stamp(since), total);
         (first..total)
             .map(|seq| counters.slot(seq))
             .filter(|entry| entry.rank.load(Ordering::Relaxed) == rank)
@@ -247,6 +286,42 @@ impl Inflight {
     /// yet, over all stages.
     pub fn inflight_tokens(&self, worker: &WorkerId) -> u64 {
         self.engines.get(worker).map_or(0, |c| c.inflight_tokens.load(Ordering::Relaxed))
+    }
+
+    /// This router's requests on `worker` without a first token, as the engine works through
+    /// them if it prefills `rate` tokens per second in passes: those dispatched before its
+    /// current pass began (see the module) are in that pass, less the `rate x elapsed` tokens
+    /// it can have done of them since; those dispatched after wait for the next pass, whole.
+    /// With a rate that is not positive and finite nothing is credited.
+    pub fn prefill_queue(&self, worker: &WorkerId, rate: f64) -> PrefillQueue {
+        let Some(counters) = self.engines.get(worker).map(|c| Arc::clone(&c)) else {
+            return PrefillQueue::default();
+        };
+        let pending = counters.inflight_tokens.load(Ordering::Relaxed);
+        let unprefilled = counters.unprefilled.load(Ordering::Relaxed);
+        let began = counters.pass_began.load(Ordering::Relaxed);
+        let total = counters.dispatched.load(Ordering::Acquire);
+        // The ledger remembers the last LEDGER_LEN dispatches; more waiting read as that many.
+        let first = counters
+            .pass_end_seq
+            .load(Ordering::Relaxed)
+            .clamp(total.saturating_sub(LEDGER_LEN as u64), total);
+        let after = if first < total {
+            let tokens_total = counters.dispatched_tokens.load(Ordering::Acquire);
+            tokens_total.saturating_sub(counters.slot(first).tokens_before.load(Ordering::Relaxed))
+        } else {
+            0
+        };
+        // Requests that ended without a first token are in the ledger but no longer here.
+        let (after, waiting) = (after.min(pending), (total - first).min(unprefilled));
+        let done = if rate.is_finite() && rate > 0.0 {
+            let elapsed = self.time.now().saturating_sub(began) as f64 / 1e9;
+            // Saturating float-to-int cast: a huge credit is a pass long done.
+            (rate * elapsed) as u64
+        } else {
+            0
+        };
+        PrefillQueue { tokens: (pending - after).saturating_sub(done) + after, waiting }
     }
 
     /// Requests in flight to `worker` without a first token yet (waiting at the engine or in
@@ -304,7 +379,7 @@ impl Inflight {
         let counters = self.engines.get(worker).map(|c| Arc::clone(&c))?;
         let total = counters.dispatched.load(Ordering::Acquire);
         let tokens_total = counters.dispatched_tokens.load(Ordering::Acquire);
-        let lo = Self::first_since(&counters, self.stamp(since), total);
+        let lo = Self::first_since(&counters, self.time.stamp(since), total);
         let tokens = if lo < total {
             tokens_total.saturating_sub(counters.slot(lo).tokens_before.load(Ordering::Relaxed))
         } else {
@@ -339,19 +414,22 @@ impl Inflight {
         if let Some(counters) = self.engines.get(worker) {
             return Arc::clone(&counters);
         }
-        Arc::clone(
-            &self
-                .engines
-                .entry(worker.clone())
-                .or_insert_with(|| Arc::new(EngineCounters::new(worker.clone()))),
-        )
+        Arc::clone(&self.engines.entry(worker.clone()).or_insert_with(|| {
+            Arc::new(EngineCounters::new(worker.clone(), Arc::clone(&self.time)))
+        }))
     }
+}
 
-    /// Nanoseconds since the origin plus one, so that 0 means "never written".
-    fn stamp(&self, at: Instant) -> u64 {
-        let nanos = at.saturating_duration_since(self.origin).as_nanos();
-        u64::try_from(nanos).unwrap_or(u64::MAX).saturating_add(1)
-    }
+/// This router's prefill work still to do on one engine, by [`Inflight::prefill_queue`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrefillQueue {
+    /// Tokens: what is left of the running pass, plus everything waiting for the next one. At
+    /// most [`Inflight::inflight_tokens`].
+    pub tokens: u64,
+    /// Requests dispatched after the running pass began and without a first token: the ones
+    /// that share the next pass with a request sent there now. At most
+    /// [`Inflight::unprefilled`].
+    pub waiting: u64,
 }
 
 /// What was dispatched to one engine since an instant.
@@ -396,6 +474,10 @@ impl InflightGuard {
             return;
         }
         self.counters.unprefilled.fetch_sub(1, Ordering::Relaxed);
+        // A pass ended with this first token; the next begins with whatever was dispatched.
+        self.counters.pass_began.store(self.counters.time.now(), Ordering::Relaxed);
+        let next = self.counters.dispatched.load(Ordering::Acquire);
+        self.counters.pass_end_seq.store(next, Ordering::Relaxed);
         let tokens = std::mem::take(&mut self.tokens);
         self.counters.inflight_tokens.fetch_sub(tokens, Ordering::Relaxed);
         if let Some(rank) = self.rank {

@@ -24,7 +24,7 @@ mod subscribe;
 mod table;
 
 pub use clock::{Clock, ManualClock, SystemClock};
-pub use inflight::{Inflight, InflightGuard, LEDGER_LEN, RankWork};
+pub use inflight::{Inflight, InflightGuard, LEDGER_LEN, PrefillQueue, RankWork};
 pub use load::{EngineLoad, NativeLoad, RankLoad};
 pub use report::{EngineStatus, RankSample, Report, ReportKind};
 pub use subscribe::{LoadSubscriptions, ReportIntervalControl, SubscriptionConfig, parse_v1_loads};

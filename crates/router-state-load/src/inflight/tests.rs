@@ -320,3 +320,61 @@ fn a_rank_counts_its_own_dispatches_beside_the_engine() {
     assert_eq!(inflight.rank_dispatched_since(&a, 2, before).tokens, 0);
     assert_eq!(inflight.dispatched_tokens_since(&a, since), 1016);
 }
+
+#[test]
+fn the_running_pass_is_credited_with_the_work_done_since_it_began() {
+    let (clock, inflight) = fixture();
+    let a = id("a");
+    // 1000 tokens/s: one token per millisecond.
+    let rate = 1_000.0;
+    assert_eq!(inflight.prefill_queue(&a, rate).tokens, 0, "an engine never seen has none");
+    let mut first = inflight.acquire_work(&a, Stage::Plain, 400);
+    clock.advance(Duration::from_millis(100));
+    let _second = inflight.acquire_work(&a, Stage::Plain, 300);
+    assert_eq!(
+        inflight.prefill_queue(&a, rate).tokens,
+        300 + 300,
+        "100 ms into the first request's pass, 300 of its tokens are left; the second waits whole"
+    );
+    assert_eq!(inflight.prefill_queue(&a, rate).waiting, 1, "the second waits for the next pass");
+    assert_eq!(inflight.prefill_queue(&a, f64::NAN).tokens, 700, "no credit without a usable rate");
+    assert_eq!(inflight.prefill_queue(&a, 0.0).tokens, 700);
+    clock.advance(Duration::from_millis(500));
+    assert_eq!(
+        inflight.prefill_queue(&a, rate).tokens,
+        300,
+        "a pass long done leaves only what waits"
+    );
+    first.prefilled();
+    assert_eq!(
+        inflight.prefill_queue(&a, rate),
+        PrefillQueue { tokens: 300, waiting: 0 },
+        "the next pass begins at the first token, with the second in it"
+    );
+    clock.advance(Duration::from_millis(250));
+    assert_eq!(inflight.prefill_queue(&a, rate).tokens, 50);
+    assert!(inflight.prefill_queue(&a, rate).tokens <= inflight.inflight_tokens(&a));
+}
+
+#[test]
+fn a_dispatch_to_an_engine_with_nothing_waiting_begins_a_pass() {
+    let (clock, inflight) = fixture();
+    let a = id("a");
+    let rate = 1_000.0;
+    drop(inflight.acquire_work(&a, Stage::Plain, 100));
+    clock.advance(Duration::from_secs(5));
+    let _fresh = inflight.acquire_work(&a, Stage::Plain, 200);
+    assert_eq!(
+        inflight.prefill_queue(&a, rate),
+        PrefillQueue { tokens: 200, waiting: 0 },
+        "an idle engine gets no credit, and the dispatch is in the pass it begins"
+    );
+    let _next = inflight.acquire_work(&a, Stage::Plain, 70);
+    assert_eq!(
+        inflight.prefill_queue(&a, rate),
+        PrefillQueue { tokens: 270, waiting: 1 },
+        "one dispatched in the same instant, but after, waits for the next pass"
+    );
+    clock.advance(Duration::from_millis(50));
+    assert_eq!(inflight.prefill_queue(&a, rate).tokens, 150 + 70);
+}
