@@ -29,10 +29,11 @@ use crate::{
 ///   plus the work this router dispatched to it since the report's capture time (the
 ///   recent-dispatch correction of docs/design/POLICY_DESIGN.md §5, in tokens:
 ///   `Inflight::dispatched_tokens_since`), and at least the work of this router's requests
-///   there without a first token yet, which covers the prefill pass a report leaves out.
-///   When any candidate lacks a fresh, complete native report, every candidate is compared
-///   by router-local work instead (the uncached tokens of its requests in flight without a
-///   first token, `Inflight::inflight_tokens`), reason [`PickReason::PredictedTtftLocal`];
+///   there without a first token yet, which covers the prefill pass a report leaves out,
+///   less what the engine can have prefilled of that pass since it began
+///   (`Inflight::prefill_queue`). When any candidate lacks a fresh, complete native report,
+///   every candidate is compared by that router-local work instead, reason
+///   [`PickReason::PredictedTtftLocal`];
 /// - **uncached** is this request's input minus the leading tokens the candidate holds, from
 ///   the prefix source (KV index and predicted entries); every token without a block size
 ///   (KV events, or `block_size` for a remote indexer), token ids or an answering source;
@@ -45,12 +46,12 @@ use crate::{
 /// so under load they cost the fleet more than this request's own wait (measured on the
 /// Mooncake conversation trace at offered load 0.7: the default weight 6 keeps 0.95 of the
 /// fleet-LRU oracle's hit rate where weight 1 keeps 0.83, at about the same mean and p99 TTFT;
-/// 0 ranks by predicted TTFT alone), plus `waiting_weight x unprefilled x uncached / rate`:
-/// an engine prefills what waits there in one pass, so a prompt recomputed where
-/// `unprefilled` requests of this router still wait for their first token delays each of
-/// them too (measured on both Mooncake traces with 64k caches: weight 1 lowers mean TTFT at
-/// offered load 0.8 from 94 to 81 ms on the conversation trace and from 73 to 63 ms on the
-/// synthetic one, against weight 0, with hit rates no lower).
+/// 0 ranks by predicted TTFT alone), plus `waiting_weight x waiting x uncached / rate`: an
+/// engine prefills what waits there in one pass, so a prompt recomputed where `waiting`
+/// requests of this router wait for the next pass delays each of them too (those in the
+/// running pass it does not delay; measured on both Mooncake traces with 64k caches: weight
+/// 1 lowers mean TTFT at offered load 0.8 from 94 to 81 ms on the conversation trace and
+/// from 73 to 63 ms on the synthetic one, against weight 0, with hit rates no lower).
 /// A cache-rich engine whose queue makes it slower than recomputing elsewhere (by more than
 /// that) loses, which spreads a hot prefix to a second engine by itself; the dispatch
 /// correction makes each request of a burst see the ones before it.
@@ -141,7 +142,7 @@ impl PredictedTtftPolicy {
                 predicted_ms = estimate.ms,
                 matched_tokens = prefixes.matched(engine),
                 queued_tokens = estimate.queued,
-                unprefilled = estimate.unprefilled,
+                waiting = estimate.waiting,
                 rate = estimate.rate,
                 basis = ?basis,
                 "predicted_ttft pick"
@@ -168,10 +169,10 @@ impl PredictedTtftPolicy {
     }
 
     /// What candidates are ranked by: the predicted ms plus `(recompute_weight +
-    /// waiting_weight x unprefilled) x uncached / rate`.
+    /// waiting_weight x waiting) x uncached / rate`.
     fn cost(&self, estimate: &Estimate) -> f64 {
         let s = &self.settings;
-        let weight = s.recompute_weight + s.waiting_weight * estimate.unprefilled as f64;
+        let weight = s.recompute_weight + s.waiting_weight * estimate.waiting as f64;
         estimate.ms + weight * estimate.uncached as f64 / estimate.rate * 1000.0
     }
 

@@ -19,9 +19,10 @@ pub(crate) struct Estimate {
     pub(crate) queued: u64,
     /// This request's tokens not cached there.
     pub(crate) uncached: u64,
-    /// Requests there without a first token yet (router-local): the ones this request's
-    /// prefill may delay, by sharing their pass or queueing before theirs.
-    pub(crate) unprefilled: u64,
+    /// Requests of this router there waiting for the engine's next prefill pass (sent after
+    /// its running pass began, no first token yet): the ones this request's prefill delays,
+    /// by sharing that pass.
+    pub(crate) waiting: u64,
     /// The rate used, in tokens per second.
     pub(crate) rate: f64,
     /// `(queued + uncached) / rate`, in milliseconds.
@@ -56,11 +57,12 @@ impl TtftModel {
     ///   dispatched there since the report's capture time and not yet prefilled (the
     ///   recent-dispatch correction: `Inflight::dispatched_tokens_since`, at most
     ///   `Inflight::inflight_tokens`, since work that finished is queued nowhere), and at
-    ///   least `Inflight::inflight_tokens` itself: a report's waiting tokens leave out the
-    ///   prefill pass the engine is running, which this router's requests without a first
-    ///   token still cover. When any candidate lacks a fresh, complete native report, every
-    ///   candidate is judged by router-local work alone (`Inflight::inflight_tokens`),
-    ///   [`Basis::Local`];
+    ///   least this router's own prefill work still to do there (`Inflight::prefill_queue`):
+    ///   a report's waiting tokens leave out the prefill pass the engine is running, which
+    ///   this router's requests without a first token still cover, less the work the engine
+    ///   can have done of that pass at `rate` since it began. When any candidate lacks a
+    ///   fresh, complete native report, every candidate is judged by that router-local work
+    ///   alone, [`Basis::Local`];
     /// - **uncached** is the input minus the leading tokens the candidate holds, looked up in
     ///   `source` through the request's memo (every token without a source, token ids, a
     ///   block size or an answering backend);
@@ -109,6 +111,11 @@ impl TtftModel {
     ) -> Estimate {
         let inflight = &self.load.inflight;
         let native = load.and_then(|l| l.native.as_ref().map(|n| (l, n)));
+        let rate = native
+            .and_then(|(_, n)| n.prefill_tokens_per_sec)
+            .filter(|rate| rate.is_finite() && *rate > 0.0)
+            .unwrap_or(self.default_prefill_tokens_per_sec);
+        let local = inflight.prefill_queue(engine.id(), rate);
         let queued = match (basis, native) {
             (Basis::Reported, Some((load, native))) => {
                 // What the report cannot know yet, but only what is still here to do: work
@@ -118,17 +125,13 @@ impl TtftModel {
                 let reported = native.waiting_uncached_tokens.saturating_add(since.min(pending));
                 // A report counts waiting requests only, not the prefill pass running now;
                 // what this router sent and has not seen a first token of covers that pass.
-                reported.max(pending)
+                reported.max(local.tokens)
             }
-            _ => inflight.inflight_tokens(engine.id()),
+            _ => local.tokens,
         };
-        let rate = native
-            .and_then(|(_, n)| n.prefill_tokens_per_sec)
-            .filter(|rate| rate.is_finite() && *rate > 0.0)
-            .unwrap_or(self.default_prefill_tokens_per_sec);
         let uncached = input - matched.min(input);
         let ms = queued.saturating_add(uncached) as f64 / rate * 1000.0;
-        let unprefilled = inflight.unprefilled(engine.id());
-        Estimate { queued, uncached, unprefilled, rate, ms }
+
+        Estimate { queued, uncached, waiting: local.waiting, rate, ms }
     }
 }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use router_state_load::{EngineLoad, EngineStatus, NativeLoad, ReportKind};
 use router_workers::Stage;
@@ -339,6 +339,26 @@ fn only_a_positive_finite_prefill_rate_estimate_is_used() {
         assert_eq!(estimate.rate, used, "{rate:?}");
         assert_eq!(estimate.ms, 2_000.0 / used * 1000.0, "{rate:?}");
     }
+}
+
+#[test]
+fn the_running_pass_is_credited_with_what_the_engine_prefilled_since_it_began() {
+    let world = World::new(Stage::Plain, &[eng("a", 0)]);
+    let policy = policy(&world, 0);
+    let engine = &world.workers[0];
+    let rate = policy.settings().default_prefill_tokens_per_sec;
+    let _running = world.inflight.acquire_work(engine.id(), Stage::Plain, 3 * rate as u64);
+    let local = || policy.estimate(engine, None, Basis::Local, 100, 0);
+    assert_eq!((local().queued, local().waiting), (3 * rate as u64, 0), "a pass just begun");
+    world.clock.advance(Duration::from_secs(1));
+    let _next = world.inflight.acquire_work(engine.id(), Stage::Plain, rate as u64);
+    assert_eq!(
+        (local().queued, local().waiting),
+        (2 * rate as u64 + rate as u64, 1),
+        "a second into the pass a third of it is done; the next request waits whole"
+    );
+    world.clock.advance(Duration::from_secs(5));
+    assert_eq!(local().queued, rate as u64, "a pass long done leaves only what waits");
 }
 
 #[test]

@@ -134,6 +134,8 @@ impl Eng {
 
 /// Engines of one stage with their cache and load state.
 pub(crate) struct World {
+    /// The clock of the load table and the in-flight ledger.
+    pub clock: Arc<ManualClock>,
     pub model: ModelId,
     pub stage: Stage,
     pub index: Arc<KvIndex>,
@@ -148,7 +150,7 @@ impl World {
     pub(crate) fn new(stage: Stage, engines: &[Eng]) -> Self {
         let clock = Arc::new(ManualClock::new());
         let table = Arc::new(EngineReportedLoadTable::new(TableConfig::default(), clock.clone()));
-        let inflight = Arc::new(Inflight::new(clock));
+        let inflight = Arc::new(Inflight::new(clock.clone()));
         let index = Arc::new(KvIndex::default());
         let model = ModelId::new("m");
         let mut workers = Vec::new();
@@ -203,7 +205,7 @@ impl World {
             workers.push(worker);
         }
         let source = Arc::new(CacheSource::local(Arc::clone(&index)));
-        Self { model, stage, index, table, inflight, workers, source, _guards: guards }
+        Self { clock, model, stage, index, table, inflight, workers, source, _guards: guards }
     }
 
     pub(crate) fn load(&self) -> LoadHandles {
