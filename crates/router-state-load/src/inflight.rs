@@ -23,8 +23,8 @@
 //! tell: at the last first token of one of its requests (a pass ended, the next one starts with
 //! what waited), or at a dispatch that found none of its requests waiting (the engine starts on
 //! it). [`Inflight::prefill_queue`] credits that pass with the work the engine can have done
-//! since, so a pass nearly done no longer weighs like one just begun,
-//! and tells the requests in that pass from those waiting for the next.
+//! since, so a pass nearly done no longer weighs like one just begun, and tells the requests in
+//! that pass from those waiting for the next.
 //!
 //! The ledger is a fixed ring of the last [`LEDGER_LEN`] dispatches per engine (instant and
 //! cumulative work before it), indexed by a dispatch sequence number, so memory is bounded
@@ -48,6 +48,7 @@ pub const LEDGER_LEN: usize = 1024;
 #[derive(Debug)]
 struct EngineCounters {
     worker: WorkerId,
+    /// The stamps' clock, shared with [`Inflight`] (a guard stamps the first token with it).
     time: Arc<Timebase>,
     /// In-flight requests by stage (plain, prefill, decode).
     by_stage: [AtomicU64; 3],
