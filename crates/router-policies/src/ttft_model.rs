@@ -131,7 +131,6 @@ impl TtftModel {
         };
         let uncached = input - matched.min(input);
         let ms = queued.saturating_add(uncached) as f64 / rate * 1000.0;
-
         Estimate { queued, uncached, waiting: local.waiting, rate, ms }
     }
 }

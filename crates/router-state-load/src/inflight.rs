@@ -146,6 +146,16 @@ impl EngineCounters {
         f(&self.ranks.read()[at]);
     }
 
+    /// Work of the remembered dispatches from sequence `first` up to `total` (the count of
+    /// dispatches read with it): the cumulative work now less the work before `first`.
+    fn work_from(&self, first: u64, total: u64) -> u64 {
+        if first >= total {
+            return 0;
+        }
+        let now = self.dispatched_tokens.load(Ordering::Acquire);
+        now.saturating_sub(self.slot(first).tokens_before.load(Ordering::Relaxed))
+    }
+
     fn slot(&self, seq: u64) -> &Entry {
         // LEDGER_LEN is a power of two far below u64::MAX, so the cast is lossless.
         &self.ledger[(seq % LEDGER_LEN as u64) as usize]
@@ -307,14 +317,9 @@ impl Inflight {
             .pass_end_seq
             .load(Ordering::Relaxed)
             .clamp(total.saturating_sub(LEDGER_LEN as u64), total);
-        let after = if first < total {
-            let tokens_total = counters.dispatched_tokens.load(Ordering::Acquire);
-            tokens_total.saturating_sub(counters.slot(first).tokens_before.load(Ordering::Relaxed))
-        } else {
-            0
-        };
         // Requests that ended without a first token are in the ledger but no longer here.
-        let (after, waiting) = (after.min(pending), (total - first).min(unprefilled));
+        let after = counters.work_from(first, total).min(pending);
+        let waiting = (total - first).min(unprefilled);
         let done = if rate.is_finite() && rate > 0.0 {
             let elapsed = self.time.now().saturating_sub(began) as f64 / 1e9;
             // Saturating float-to-int cast: a huge credit is a pass long done.
@@ -379,14 +384,8 @@ impl Inflight {
     fn since(&self, worker: &WorkerId, since: Instant) -> Option<Since> {
         let counters = self.engines.get(worker).map(|c| Arc::clone(&c))?;
         let total = counters.dispatched.load(Ordering::Acquire);
-        let tokens_total = counters.dispatched_tokens.load(Ordering::Acquire);
         let lo = Self::first_since(&counters, self.time.stamp(since), total);
-        let tokens = if lo < total {
-            tokens_total.saturating_sub(counters.slot(lo).tokens_before.load(Ordering::Relaxed))
-        } else {
-            0
-        };
-        Some(Since { requests: total - lo, tokens })
+        Some(Since { requests: total - lo, tokens: counters.work_from(lo, total) })
     }
 
     /// The first remembered sequence below `total` stamped at or after `since` (`total` when
