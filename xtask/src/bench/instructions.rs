@@ -23,6 +23,10 @@ pub(crate) struct Counted {
     pub(crate) nginx_k: f64,
 }
 
+/// Set, the callgrind dumps are kept for a profile (`router.out.1` plain, `router.out.2`
+/// streamed; `nginx.out.N` alike) and their directory printed.
+const KEEP_DUMPS: &str = "XTASK_KEEP_CALLGRIND";
+
 /// Requests counted per proxy and kind (valgrind runs a program some 50x slower).
 pub(crate) const REQUESTS: usize = 1_000;
 
@@ -66,7 +70,14 @@ pub(crate) fn measure(bins: &Bins) -> Result<Vec<Counted>> {
             counted.push(Counted { name, router_k, nginx_k });
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    if std::env::var_os(KEEP_DUMPS).is_some() {
+        eprintln!(
+            "xtask bench: callgrind dumps kept in {} (read with callgrind_annotate)",
+            dir.display()
+        );
+    } else {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     Ok(counted)
 }
 
