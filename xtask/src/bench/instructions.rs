@@ -25,7 +25,7 @@ pub(crate) struct Counted {
 
 /// Set, the callgrind dumps are kept for a profile (`router.out.1` plain, `router.out.2`
 /// streamed; `nginx.out.N` alike) and their directory printed.
-const KEEP_DUMPS: &str = "XTASK_KEEP_CALLGRIND";
+const KEEP_DUMPS: &str = "ROUTER_BENCH_KEEP_CALLGRIND";
 
 /// Requests counted per proxy and kind (valgrind runs a program some 50x slower).
 pub(crate) const REQUESTS: usize = 1_000;
