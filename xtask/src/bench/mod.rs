@@ -252,7 +252,7 @@ const REPRODUCE: &str = "## Reproduce\n\n```sh\n\
 cargo xtask bench                          # every section, about an hour on 2 cores (quality: ~45 min)\n\
 cargo xtask bench --quick                  # every section, small: a few minutes\n\
 cargo xtask bench --only quality           # or overhead, epp, policies or replicas: replaces only that section\n\
-cargo xtask bench --only overhead          # direct, router and nginx side by side (installs nginx): ~14 min\n\
+cargo xtask bench --only overhead          # direct, router and nginx side by side (installs nginx): 6-14 min\n\
 cargo xtask bench --only epp               # Envoy with and without the endpoint picker: under a minute\n\
 cargo xtask bench --only quality --quick   # one cell of the sweep (conversation, 64k, RHO 0.8)\n\
 cargo xtask bench --case streaming         # only the overhead cases naming it, nothing written (for perf/strace)\n\
