@@ -11,8 +11,8 @@
 //! go away
 //! - on expiry ([`PredictionConfig::ttl`]), so an engine whose events stop is back to load-only
 //!   selection after it;
-//! - when the engine's own events cover them (a lookup finds the index holding at least as much:
-//!   the prediction is replaced and dropped);
+//! - when the engine's own events cover them (a lookup finds the index holding those blocks:
+//!   their predictions are replaced and dropped; the ones beyond still count);
 //! - on a contradicting event: the engine removed those blocks, cleared everything, or left the
 //!   fleet ([`Predictions::forget`], [`Predictions::clear`], [`Predictions::remove_worker`]);
 //! - beyond [`PredictionConfig::max_blocks_per_worker`], oldest first.
@@ -170,10 +170,10 @@ impl Predictions {
     }
 
     /// `matches` (the index's answer for `hashes` in `model`) with the predicted entries laid
-    /// over it: a worker predicted to hold more leading blocks than the index says is reported
-    /// with the predicted count (on the rank it was sent to, else the rank indexed, else 0;
-    /// tier GPU, where prefill leaves it).
-    /// A prediction the index already covers is replaced by it and dropped.
+    /// over it: a worker predicted to hold the blocks that follow the ones the index says it
+    /// holds is reported with both (on the rank the prediction was sent to, else the rank
+    /// indexed, else 0; tier GPU, where prefill leaves it).
+    /// The predictions of blocks the index already holds are replaced by it and dropped.
     pub fn overlay(
         &self,
         model: &ModelId,
@@ -194,16 +194,16 @@ impl Predictions {
         let mut changed = false;
         for (worker, entries) in candidates {
             let mut entries = entries.lock();
-            let (predicted, rank) = entries.leading(hashes, now);
-            if predicted == 0 {
+            // What the index holds is engine truth: predictions of it are replaced. The
+            // prediction goes on from there (the blocks a burst's first request will store
+            // after the ones every prompt shares, such as its chat template's opening).
+            let indexed = (matches.blocks(&worker) as usize).min(hashes.len());
+            entries.forget(&hashes[..indexed]);
+            let (beyond, rank) = entries.leading(&hashes[indexed..], now);
+            if beyond == 0 {
                 continue;
             }
-            let indexed = matches.blocks(&worker) as usize;
-            if indexed >= predicted {
-                entries.forget(&hashes[..predicted]);
-                continue;
-            }
-            let blocks = u32::try_from(predicted).unwrap_or(u32::MAX);
+            let blocks = u32::try_from(indexed + beyond).unwrap_or(u32::MAX);
             match matches.matches.iter_mut().find(|m| m.worker == worker) {
                 Some(found) => {
                     let rank = rank.unwrap_or(found.rank);

@@ -76,6 +76,27 @@ fn the_overlay_adds_predictions_and_drops_those_the_index_covers() {
 }
 
 #[test]
+fn a_lookup_of_the_indexed_opening_alone_leaves_the_prediction_beyond_it() {
+    // Every prompt opens with the same block (a chat template's), which the index holds on
+    // every engine. A burst's first request goes to a; a lookup of any other prompt that
+    // shares only that block must not drop what a is predicted to hold after it.
+    let p = predictions(1000, 1024);
+    let t0 = Instant::now();
+    let (m, a) = (model(), id("a"));
+    p.record(&m, &a, &[1, 2, 3], t0);
+    let opening = PrefixMatches {
+        query_blocks: 2,
+        matches: vec![PrefixMatch { worker: a.clone(), rank: 0, blocks: 1, tier: Medium::Gpu }],
+    };
+    let merged = p.overlay(&m, &[1, 9], opening.clone(), t0);
+    assert_eq!(merged.blocks(&a), 1, "only the opening is shared");
+    // The sibling that follows still finds the prediction, on top of the indexed opening.
+    let sibling = PrefixMatches { query_blocks: 4, ..opening };
+    let merged = p.overlay(&m, &[1, 2, 3, 4], sibling, t0);
+    assert_eq!(merged.blocks(&a), 3, "indexed opening plus the predicted blocks after it");
+}
+
+#[test]
 fn a_prediction_sent_to_a_rank_is_reported_on_that_rank() {
     let p = predictions(1000, 1024);
     let t0 = Instant::now();
