@@ -10,6 +10,7 @@ use router_state_load::EngineLoad;
 use router_workers::{Stage, Worker};
 
 use crate::admission::{Rejection, rejection};
+use crate::cache::Prefixes;
 use crate::config::PredictedTtftSettings;
 use crate::pressure::Basis;
 use crate::sampler::Sampler;
@@ -125,6 +126,7 @@ impl PredictedTtftPolicy {
             self.model.predict(Some(&self.source), engines, request).await?;
         let costs: Vec<f64> = estimates.iter().map(|e| self.cost(e)).collect();
         let order = self.order(engines, request, &estimates, &costs);
+        trace_candidates(engines, request, &order, &prefixes, &estimates, &costs);
         let reason = match basis {
             Basis::Reported => PickReason::PredictedTtft,
             Basis::Local => PickReason::PredictedTtftLocal,
@@ -229,6 +231,41 @@ impl Policy for PredictedTtftPolicy {
     fn supports_stage(&self, stage: Stage) -> bool {
         stage != Stage::Decode
     }
+}
+
+/// At trace level, every candidate in the order admission tries them, as
+/// `id:m<matched tokens>/q<queued tokens>/w<waiting requests>/c<cost>`: what an operator reads
+/// to see why a request did not land where its prefix is.
+fn trace_candidates(
+    engines: &[Arc<Worker>],
+    request: &PickRequest<'_>,
+    order: &[usize],
+    prefixes: &Prefixes,
+    estimates: &[Estimate],
+    costs: &[f64],
+) {
+    if !tracing::enabled!(tracing::Level::TRACE) {
+        return;
+    }
+    let candidates: Vec<String> = order
+        .iter()
+        .map(|&i| {
+            let (engine, estimate) = (&engines[i], &estimates[i]);
+            format!(
+                "{}:m{}/q{}/w{}/c{:.0}",
+                engine.id(),
+                prefixes.matched(engine),
+                estimate.queued,
+                estimate.waiting,
+                costs[i]
+            )
+        })
+        .collect();
+    tracing::trace!(
+        input_tokens = request.input_tokens,
+        candidates = %candidates.join(" "),
+        "predicted_ttft candidates"
+    );
 }
 
 #[cfg(test)]
