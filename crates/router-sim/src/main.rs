@@ -269,6 +269,10 @@ struct LoadArgs {
     /// (oracle_fleet_hit_rate).
     #[arg(long, requires = "trace")]
     fleet_capacity_tokens: Option<usize>,
+    /// Write one JSON line per trace request sent to FILE, in trace order: its oracle hits and
+    /// TTFT floor beside its TTFT, cached tokens and engine.
+    #[arg(long, value_name = "FILE", requires = "trace")]
+    requests_out: Option<PathBuf>,
     /// Bound on requests in flight for --rate and --trace [default: 1024].
     #[arg(long)]
     max_in_flight: Option<usize>,
@@ -312,6 +316,7 @@ impl LoadArgs {
                 spec.tokenizer = self.tokenizer.clone();
                 spec.engine_block_size = self.block_size.unwrap_or(spec.engine_block_size);
                 spec.fleet_capacity_tokens = self.fleet_capacity_tokens;
+                spec.requests_out = self.requests_out.clone();
                 Workload::Trace(spec)
             }
             None => {

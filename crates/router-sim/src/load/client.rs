@@ -34,6 +34,8 @@ pub(crate) struct Outcome {
     pub(crate) content: String,
     /// The session the request was a turn of (`None` for trace requests).
     pub(crate) session: Option<String>,
+    /// The request's 0-based index in its trace (`None` for session turns).
+    pub(crate) trace_index: Option<usize>,
 }
 
 /// The generator's HTTP client (connection pool shared by every request), over one target or

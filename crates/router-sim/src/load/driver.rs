@@ -164,9 +164,13 @@ pub(crate) async fn sessions(
 }
 
 /// Replays a prepared trace on its own clock: each request at its time (once fewer than
-/// `max_in_flight` are in flight), its prompt text made in its own task.
-pub(crate) async fn trace(config: &LoadgenConfig, replay: Replay, client: Client) -> RunReport {
-    let replay = Arc::new(replay);
+/// `max_in_flight` are in flight), its prompt text made in its own task. Returns the report
+/// and every finished request's outcome, in the order they finished.
+pub(crate) async fn trace(
+    config: &LoadgenConfig,
+    replay: Arc<Replay>,
+    client: Client,
+) -> (RunReport, Vec<Outcome>) {
     let results = Arc::new(Results::default());
     let start = Instant::now();
     let deadline = start + config.duration;
@@ -184,7 +188,7 @@ pub(crate) async fn trace(config: &LoadgenConfig, replay: Replay, client: Client
             tasks.spawn(async move {
                 let request = &replay.requests[index];
                 let ids = replay.text.content_ids(request);
-                let outcome = match replay.text.text(&ids) {
+                let mut outcome = match replay.text.text(&ids) {
                     Ok(content) => {
                         let messages = [Message { role: "user", content }];
                         client.chat(&messages, request.output_length, None).await
@@ -193,6 +197,7 @@ pub(crate) async fn trace(config: &LoadgenConfig, replay: Replay, client: Client
                         Outcome { error: Some("prompt_text".to_owned()), ..Outcome::default() }
                     }
                 };
+                outcome.trace_index = Some(index);
                 results.push(outcome);
                 drop(permit);
             });
@@ -204,5 +209,5 @@ pub(crate) async fn trace(config: &LoadgenConfig, replay: Replay, client: Client
     let elapsed = start.elapsed().min(config.duration);
     let (outcomes, sent) = results.take();
     let judged = replay.report_over(usize::try_from(sent).unwrap_or(usize::MAX));
-    RunReport::new(&outcomes, elapsed, sent, Some(judged))
+    (RunReport::new(&outcomes, elapsed, sent, Some(judged)), outcomes)
 }

@@ -13,6 +13,7 @@ mod trace;
 mod workload;
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 pub use report::Distribution;
@@ -151,6 +152,15 @@ pub enum LoadError {
         /// Index of the first differing token.
         at: usize,
     },
+    /// The file of `--requests-out` could not be created or written.
+    #[error("cannot write the requests to {path}")]
+    RequestsOut {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A trace line is not a valid request.
     #[error("invalid trace line {path}:{line}")]
     ParseTrace {
@@ -207,8 +217,15 @@ pub async fn run(config: &LoadgenConfig) -> Result<RunReport, LoadError> {
     match &config.workload {
         Workload::Sessions(spec) => Ok(driver::sessions(config, spec, client).await),
         Workload::Trace(spec) => {
-            let replay = trace::Replay::prepare(spec)?;
-            Ok(driver::trace(config, replay, client).await)
+            // Created first, so that a path that cannot be written fails before the replay.
+            let records =
+                spec.requests_out.as_deref().map(trace::RecordsFile::create).transpose()?;
+            let replay = Arc::new(trace::Replay::prepare(spec)?);
+            let (report, outcomes) = driver::trace(config, Arc::clone(&replay), client).await;
+            if let Some(records) = records {
+                records.write(&replay, &outcomes, report.sent)?;
+            }
+            Ok(report)
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Trace replay (`router-sim load --trace`) against one real engine: the accounting (sent =
 //! answered + errors), the oracle counting what the engine counts, and the measured hit rate
-//! never above the oracle's; an offered-load replay and its bounds.
+//! never above the oracle's; an offered-load replay, its bounds and its per-request lines.
 
 use std::path::PathBuf;
 
@@ -178,6 +178,8 @@ async fn an_offered_load_replay_reports_its_bounds() {
         PREFILL_TOKENS_PER_SEC,
     ])
     .await;
+    let records_path =
+        std::env::temp_dir().join(format!("router-sim-e2e-requests-{}.jsonl", std::process::id()));
     let (lines, json) = run_load(&[
         "--target",
         sim.url(),
@@ -199,10 +201,15 @@ async fn an_offered_load_replay_reports_its_bounds() {
         PREFILL_TOKENS_PER_SEC,
         "--duration",
         "50",
+        "--requests-out",
+        records_path.to_str().expect("utf-8 path"),
         "--json",
     ])
     .await;
     check_replay(&json, 150);
+    let records = std::fs::read_to_string(&records_path).expect("the requests were written");
+    std::fs::remove_file(&records_path).expect("removed");
+    check_records(&records, &json, 150);
     let bounds = &json["bounds"];
     let (lru, belady, unlimited) = (
         f64_of(bounds, "hit_rate_fleet_lru"),
@@ -229,6 +236,59 @@ async fn an_offered_load_replay_reports_its_bounds() {
     );
     assert!(lines.iter().any(|l| l.starts_with("bounds: hit rate unlimited ")), "{lines:?}");
     assert_eq!(json["uncached_share_max_over_mean"], Value::Null, "no router, no engine header");
+}
+
+/// Checks the `--requests-out` lines of a replay of `requests` whose report is `json`, against
+/// one engine that never evicts.
+fn check_records(records: &str, json: &Value, requests: usize) {
+    let records: Vec<Value> = records
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("each line is JSON"))
+        .collect();
+    assert_eq!(records.len(), requests, "one line per request sent");
+    let (mut cached, mut prompt) = (0, 0);
+    for (index, record) in records.iter().enumerate() {
+        assert_eq!(u64_of(record, "index"), index as u64, "in trace order: {record}");
+        assert_eq!(record["error"], Value::Null, "{record}");
+        // The oracle's prompt is the engine's, and the engine hits no more than it allows.
+        assert_eq!(u64_of(record, "prompt_tokens"), u64_of(record, "usage_prompt_tokens"));
+        let hit = u64_of(record, "cached_tokens");
+        assert!(hit <= u64_of(record, "unlimited_hit_tokens"), "{record}");
+        let (lru, belady) =
+            (u64_of(record, "fleet_lru_hit_tokens"), u64_of(record, "belady_hit_tokens"));
+        assert!(lru <= u64_of(record, "unlimited_hit_tokens"), "{record}");
+        assert!(belady <= u64_of(record, "unlimited_hit_tokens"), "{record}");
+        // No request is answered sooner than its floor.
+        assert!(f64_of(record, "ttft_ms") >= f64_of(record, "floor_ms"), "{record}");
+        assert!(f64_of(record, "latency_ms") >= f64_of(record, "ttft_ms"), "{record}");
+        if index > 0 {
+            assert!(f64_of(record, "sent_ms") >= f64_of(&records[index - 1], "sent_ms"));
+        }
+        cached += hit;
+        prompt += u64_of(record, "prompt_tokens");
+    }
+    // The lines add up to the report.
+    assert_eq!(cached, u64_of(json, "cached_tokens"), "{json}");
+    assert_eq!(prompt, u64_of(json, "prompt_tokens"), "{json}");
+}
+
+#[tokio::test]
+async fn a_requests_file_that_cannot_be_written_is_refused_before_the_replay() {
+    let output = tokio::process::Command::new(BIN)
+        .args(["load", "--target", "http://127.0.0.1:9", "--model", "m", "--trace"])
+        .arg(data("conversation_trace_head200.jsonl"))
+        .args(["--requests-out", "/nonexistent-dir/requests.jsonl"])
+        .output()
+        .await
+        .expect("load runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("cannot write the requests to /nonexistent-dir/requests.jsonl"),
+        "{stderr}"
+    );
+    // Refused before the replay: no report.
+    assert!(output.stdout.is_empty(), "{}", String::from_utf8_lossy(&output.stdout));
 }
 
 #[tokio::test]

@@ -101,7 +101,7 @@ pub(super) fn schedule(
 /// The TTFT floor of the requests of `steps`, in ms.
 pub(super) fn ttft_floor_ms(steps: &[Step], speed: Option<f64>) -> Option<Distribution> {
     let speed = speed?;
-    let floors = steps.iter().map(|s| (s.prompt_tokens - s.hit_tokens) as f64 / speed * 1000.0);
+    let floors = steps.iter().map(|s| s.floor_ms(speed));
     Distribution::of(floors.collect())
 }
 

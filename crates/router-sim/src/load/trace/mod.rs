@@ -17,6 +17,7 @@
 mod belady;
 mod bounds;
 mod oracle;
+mod records;
 mod text;
 
 use std::io::BufRead;
@@ -27,6 +28,7 @@ use serde::Deserialize;
 
 pub use bounds::{ReplayReport, ScaledLoad, Schedule};
 pub use oracle::{FleetOracle, OracleReport};
+pub(crate) use records::RecordsFile;
 pub(crate) use text::TraceText;
 
 use super::LoadError;
@@ -72,6 +74,9 @@ pub struct TraceSpec {
     /// The prefill speed of each engine for uncached prompt tokens
     /// (`--prefill-tokens-per-sec`), for the TTFT floor and the offered load.
     pub prefill_tokens_per_sec: Option<f64>,
+    /// Where to write one JSON line per request sent (`--requests-out`): what the oracles and
+    /// the floor allowed it beside what it met ([`records`]); `None`: nowhere.
+    pub requests_out: Option<PathBuf>,
 }
 
 impl TraceSpec {
@@ -90,6 +95,7 @@ impl TraceSpec {
             fleet_capacity_tokens: None,
             engines: None,
             prefill_tokens_per_sec: None,
+            requests_out: None,
         }
     }
 

@@ -54,6 +54,14 @@ pub(crate) struct Step {
     pub(crate) belady_hit_tokens: Option<u64>,
 }
 
+impl Step {
+    /// The request's TTFT floor in ms: its tokens the unlimited cache misses, prefilled at
+    /// `speed` tokens per second with nothing queued.
+    pub(crate) fn floor_ms(&self, speed: f64) -> f64 {
+        (self.prompt_tokens - self.hit_tokens) as f64 / speed * 1000.0
+    }
+}
+
 /// One cache of a fixed number of blocks, least recently used evicted first.
 #[derive(Debug)]
 struct Lru {
