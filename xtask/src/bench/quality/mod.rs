@@ -38,6 +38,11 @@ pub(crate) const MIN_MATCHED_TOKENS: usize = 64;
 /// take about 45).
 const FULL_REQUESTS: usize = 1_000;
 
+/// The environment variable naming a directory where every run writes `router-sim load
+/// --requests-out` (one JSON line per request: its oracle hits and floor beside what it met),
+/// for seeing which requests make a cell's tail or its missed hits.
+const REQUESTS_DIR: &str = "ROUTER_BENCH_REQUESTS_DIR";
+
 /// Seconds a run costs besides its replay: starting eight engines and a router, the half
 /// second for subscriptions, the load generator's oracles, the last answers, teardown
 /// (measured: 1.6 to 2.2 s).
@@ -300,6 +305,13 @@ pub(crate) fn measure(bins: &Bins, sweep: Sweep, cells: Vec<Cell>, tokenizer: &s
             trace.path.display()
         );
     }
+    let requests_dir = std::env::var_os(REQUESTS_DIR).map(PathBuf::from);
+    if let Some(dir) = &requests_dir {
+        match std::fs::create_dir_all(dir) {
+            Ok(()) => eprintln!("  each run's requests: {}/LABEL-repN.jsonl", dir.display()),
+            Err(err) => eprintln!("  {REQUESTS_DIR}={}: {err}; runs will fail", dir.display()),
+        }
+    }
     let started = Instant::now();
     let mut runs: Vec<Vec<Result<Numbers, String>>> = vec![Vec::new(); cells.len()];
     let mut estimated_done = 0.0;
@@ -320,7 +332,11 @@ pub(crate) fn measure(bins: &Bins, sweep: Sweep, cells: Vec<Cell>, tokenizer: &s
                 clock(left),
             );
             let run_started = Instant::now();
-            let result = run(bins, &sweep, cell, tokenizer, estimates[i]);
+            let requests_out = requests_dir.as_ref().map(|dir| {
+                let label = sweep.label(cell).replace(' ', "-");
+                dir.join(format!("{label}-rep{}.jsonl", repetition + 1))
+            });
+            let result = run(bins, &sweep, cell, tokenizer, estimates[i], requests_out.as_deref());
             let secs = run_started.elapsed().as_secs_f64();
             match &result {
                 Ok(n) => eprintln!(
@@ -352,6 +368,7 @@ fn run(
     cell: &Cell,
     tokenizer: &str,
     estimate_secs: f64,
+    requests_out: Option<&Path>,
 ) -> Result<Numbers, String> {
     let measure = || -> Result<Numbers> {
         let engines = Sweep::engines(cell.cache);
@@ -386,6 +403,11 @@ fn run(
         ]
         .iter()
         .map(|s| (*s).to_owned())
+        .chain(
+            requests_out
+                .into_iter()
+                .flat_map(|path| ["--requests-out".to_owned(), path.display().to_string()]),
+        )
         .collect();
         // Generous: an overloaded fleet drains its queue after the last arrival.
         let timeout = Duration::from_secs_f64(estimate_secs * 4.0 + 120.0);
