@@ -75,7 +75,7 @@ pub struct TraceSpec {
     /// (`--prefill-tokens-per-sec`), for the TTFT floor and the offered load.
     pub prefill_tokens_per_sec: Option<f64>,
     /// Where to write one JSON line per request sent (`--requests-out`): what the oracles and
-    /// the floor allowed it beside what it met ([`records`]); `None`: nowhere.
+    /// the floor allowed it beside what it met; `None`: nowhere.
     pub requests_out: Option<PathBuf>,
 }
 
