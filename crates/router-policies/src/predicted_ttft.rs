@@ -38,9 +38,10 @@ use crate::{
 /// - **uncached** is this request's input minus the leading tokens the candidate holds, from
 ///   the prefix source (KV index and predicted entries); every token without a block size
 ///   (KV events, or `block_size` for a remote indexer), token ids or an answering source;
-/// - **rate** is the candidate's prefill rate derived from its reports, or
-///   `default_prefill_tokens_per_sec` before the first estimate (a negative, NaN or zero
-///   estimate is ignored).
+/// - **rate** is the candidate's prefill rate derived from its reports; before its first
+///   estimate, the median of the other candidates' estimates, or
+///   `default_prefill_tokens_per_sec` while none has one (a negative, NaN or zero estimate is
+///   ignored).
 ///
 /// Candidates are ranked by that prediction plus `recompute_weight x uncached / rate`: the
 /// tokens a candidate must recompute delay every request that queues behind this one there,
@@ -57,8 +58,8 @@ use crate::{
 /// that) loses, which spreads a hot prefix to a second engine by itself; the dispatch
 /// correction makes each request of a burst see the ones before it.
 ///
-/// **Near ties** (ranking within `near_tie_ratio` of the best plus `near_tie_ms`) go to the one with
-/// the least uncached work (the holder of the prefix, so that a burst of siblings is not
+/// **Near ties** (ranking above the best by at most `near_tie_ratio` of the best's predicted
+/// TTFT plus `near_tie_ms`) go to the one with the least uncached work (the holder of the prefix, so that a burst of siblings is not
 /// scattered while they are all as fast there), and are otherwise broken by sampling, so that
 /// equal engines share a burst instead of the lowest id taking all of it. The margin bounds
 /// how much slower a holder may be predicted than the best and still win. Then
@@ -157,7 +158,8 @@ impl PredictedTtftPolicy {
         Err(PickError::NoAdmissibleEngine { rejections })
     }
 
-    /// The prediction for one candidate (the shared cost model's).
+    /// The prediction for one candidate alone (the shared cost model's, with no peers to take
+    /// a rate from).
     #[cfg(test)]
     pub(crate) fn estimate(
         &self,
@@ -167,7 +169,9 @@ impl PredictedTtftPolicy {
         input: u64,
         matched: u64,
     ) -> Estimate {
-        self.model.estimate(engine, load, basis, input, matched)
+        let rate = crate::ttft_model::reported_rate(load)
+            .unwrap_or(self.settings.default_prefill_tokens_per_sec);
+        self.model.estimate(engine, load, basis, rate, input, matched)
     }
 
     /// What candidates are ranked by: the predicted ms plus `(recompute_weight +
@@ -195,7 +199,11 @@ impl PredictedTtftPolicy {
         });
         let Some(&best) = order.first() else { return order };
         let s = &self.settings;
-        let ceiling = costs[best] * (1.0 + s.near_tie_ratio) + s.near_tie_ms;
+        // The margin is a fraction of the best's predicted time, not of its ranking cost: the
+        // recompute terms, alike on every engine without the prefix, would widen it with the
+        // prompt until a long prompt's ties spanned queues a tenth of a second apart
+        // (measured on the Mooncake conversation trace at offered load 0.8).
+        let ceiling = costs[best] + estimates[best].ms * s.near_tie_ratio + s.near_tie_ms;
         let ties = order.partition_point(|&i| costs[i] <= ceiling);
         if ties > 1 {
             let near = &mut order[..ties];

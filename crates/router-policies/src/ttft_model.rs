@@ -66,8 +66,9 @@ impl TtftModel {
     /// - **uncached** is the input minus the leading tokens the candidate holds, looked up in
     ///   `source` through the request's memo (every token without a source, token ids, a
     ///   block size or an answering backend);
-    /// - **rate** is the candidate's prefill rate derived from its reports, or the default
-    ///   before the first estimate (a negative, NaN or zero estimate is ignored).
+    /// - **rate** is the candidate's prefill rate derived from its reports; before its first
+    ///   estimate, the median of the other candidates' ([`Self::peer_rate`]), or the configured
+    ///   default while none has one (a negative, NaN or zero estimate is ignored).
     ///
     /// Fails only when the source refuses the lookup as an invalid query.
     pub(crate) async fn predict(
@@ -88,33 +89,48 @@ impl TtftModel {
         } else {
             Basis::Local
         };
+        let peers = self.peer_rate(&loads);
         let estimates = engines
             .iter()
             .zip(&loads)
             .map(|(engine, load)| {
                 let matched = prefixes.matched(engine);
-                self.estimate(engine, load.as_ref(), basis, request.input_tokens, matched)
+                let rate = reported_rate(load.as_ref()).unwrap_or(peers);
+                self.estimate(engine, load.as_ref(), basis, rate, request.input_tokens, matched)
             })
             .collect();
         Ok(Predictions { basis, loads, estimates, prefixes })
     }
 
+    /// The rate assumed for a candidate whose reports give no estimate yet (an engine that has
+    /// not prefilled since it came up): the median of the other candidates' estimates, since
+    /// the engines of one group are alike and a guess far from theirs ranks an idle engine as
+    /// if it were another kind (measured on the Mooncake conversation trace at offered load
+    /// 0.8: with the default half the engines' real rate, the opening burst went four to one
+    /// engine whose estimate was known); the configured default while no candidate has one.
+    pub(crate) fn peer_rate(&self, loads: &[Option<EngineLoad>]) -> f64 {
+        let mut rates: Vec<f64> = loads.iter().filter_map(|l| reported_rate(l.as_ref())).collect();
+        if rates.is_empty() {
+            return self.default_prefill_tokens_per_sec;
+        }
+        rates.sort_by(f64::total_cmp);
+        let middle = rates.len() / 2;
+        if rates.len() % 2 == 1 { rates[middle] } else { (rates[middle - 1] + rates[middle]) / 2.0 }
+    }
+
     /// The prediction for one candidate holding `matched` leading tokens of an `input`-token
-    /// request.
+    /// request, prefilling at `rate` tokens per second.
     pub(crate) fn estimate(
         &self,
         engine: &Worker,
         load: Option<&EngineLoad>,
         basis: Basis,
+        rate: f64,
         input: u64,
         matched: u64,
     ) -> Estimate {
         let inflight = &self.load.inflight;
         let native = load.and_then(|l| l.native.as_ref().map(|n| (l, n)));
-        let rate = native
-            .and_then(|(_, n)| n.prefill_tokens_per_sec)
-            .filter(|rate| rate.is_finite() && *rate > 0.0)
-            .unwrap_or(self.default_prefill_tokens_per_sec);
         let local = inflight.prefill_queue(engine.id(), rate);
         let queued = match (basis, native) {
             (Basis::Reported, Some((load, native))) => {
@@ -133,4 +149,11 @@ impl TtftModel {
         let ms = queued.saturating_add(uncached) as f64 / rate * 1000.0;
         Estimate { queued, uncached, waiting: local.waiting, rate, ms }
     }
+}
+
+/// The candidate's own prefill rate estimate from its reports, when it is a positive finite
+/// number (a negative, NaN or zero estimate is ignored).
+pub(crate) fn reported_rate(load: Option<&EngineLoad>) -> Option<f64> {
+    let rate = load?.native.as_ref()?.prefill_tokens_per_sec?;
+    (rate.is_finite() && rate > 0.0).then_some(rate)
 }

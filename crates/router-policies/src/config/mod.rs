@@ -538,8 +538,9 @@ pub struct PredictedTtftSettings {
     /// The prefill rate assumed for an engine before its reports give one, in uncached tokens
     /// per second.
     pub default_prefill_tokens_per_sec: f64,
-    /// Candidates within this fraction of the best prediction (plus `near_tie_ms`) are near
-    /// ties, broken by sampling.
+    /// Candidates ranked above the best by at most this fraction of the best's predicted TTFT
+    /// (plus `near_tie_ms`) are near ties: the one with the least uncached work wins, equal
+    /// ones by sampling.
     pub near_tie_ratio: f64,
     /// Absolute part of the near-tie margin, in milliseconds.
     pub near_tie_ms: f64,

@@ -242,6 +242,14 @@ fn near_ties_are_sampled_and_clear_winners_are_not() {
         assert_eq!(pick.worker.id().as_str(), "a", "200 ms behind is no tie");
     }
 
+    // 80 ms behind a 1000 ms best is no tie either, although the ranking costs (2000 and
+    // 2080, with the recomputed tokens) are within 5 %: the margin is of predicted time.
+    let world = World::new(Stage::Plain, &[eng("a", 0), eng("b", 0).uncached(80)]);
+    for seed in 0..32 {
+        let pick = world.pick(&policy(&world, seed), 1_000).expect("pick");
+        assert_eq!(pick.worker.id().as_str(), "a", "80 ms behind a 1000 ms best is no tie");
+    }
+
     // Among near ties, the holder of the prefix wins: a is 32 ms slower than b (queued work),
     // within the margin, and recomputes 992 fewer tokens.
     let world = World::new(
@@ -338,6 +346,34 @@ fn only_a_positive_finite_prefill_rate_estimate_is_used() {
         let estimate = policy.estimate(engine, Some(&load(rate)), Basis::Reported, 1_000, 0);
         assert_eq!(estimate.rate, used, "{rate:?}");
         assert_eq!(estimate.ms, 2_000.0 / used * 1000.0, "{rate:?}");
+    }
+}
+
+#[test]
+fn an_engine_without_a_rate_estimate_is_assumed_as_fast_as_its_peers() {
+    // Busy engines with 3000 tokens waiting, and an idle one without an estimate: at the
+    // default (1000 tokens/s) the idle one would rank 4000 (2000 ms for a 2000-token request,
+    // plus 2000 recomputed), behind one at 4000 tokens/s (1250 ms + 500); at its peers' rate
+    // it ranks 1000 and wins.
+    let cases = [
+        ("the median of the others' estimates", vec![2_000, 4_000, 4_000], "fresh", 500.0),
+        ("of an even number, the mean of the middle two", vec![2_000, 6_000], "fresh", 500.0),
+        ("while none has one, the configured default", vec![], "fresh", 2_000.0),
+    ];
+    for (name, rates, winner, ms) in cases {
+        let mut engines: Vec<Eng> = ["a", "b", "c"]
+            .into_iter()
+            .zip(&rates)
+            .map(|(id, &rate)| eng(id, 0).uncached(3_000).rate(rate))
+            .collect();
+        if rates.is_empty() {
+            engines.push(eng("a", 0).uncached(3_000));
+        }
+        engines.push(eng("fresh", 0));
+        let world = World::new(Stage::Plain, &engines);
+        let pick = world.pick(&policy(&world, 1), 2_000).expect(name);
+        assert_eq!(pick.worker.id().as_str(), winner, "{name}");
+        assert_eq!(pick.predicted_ttft_ms, Some(ms), "{name}");
     }
 }
 

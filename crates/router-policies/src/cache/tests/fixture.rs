@@ -46,6 +46,8 @@ pub(crate) struct Eng {
     /// Its KV events' block size; `None`: it publishes no KV events.
     pub block_size: Option<u32>,
     pub load: Load,
+    /// The prefill rate its (native) reports' counters give, tokens per second; `None`: none yet.
+    pub rate: Option<u64>,
     pub inflight: u64,
 }
 
@@ -57,6 +59,7 @@ pub(crate) fn eng(id: &'static str, blocks: u32) -> Eng {
         tier: Medium::Gpu,
         block_size: Some(BS),
         load: Load::Native { running: 0, waiting: 0, uncached: 0, queue_ms: None },
+        rate: None,
         inflight: 0,
     }
 }
@@ -93,6 +96,14 @@ impl Eng {
     /// The engine's estimated prefill queue time.
     pub(crate) fn queue_ms(self, ms: f64) -> Self {
         self.native(|_, _, _, q| *q = Some(ms))
+    }
+
+    /// Native reports whose prefill counters give `tokens_per_sec` (two reports, a second of
+    /// busy time apart).
+    pub(crate) fn rate(self, tokens_per_sec: u64) -> Self {
+        let mut this = self.native(|_, _, _, _| {});
+        this.rate = Some(tokens_per_sec);
+        this
     }
 
     /// No report at all.
@@ -196,8 +207,18 @@ impl World {
                 }
             };
             if let Some((kind, rank)) = ranks {
-                let report = Report::new(e.id, 1, 1, kind, vec![rank]);
-                table.apply(worker.id(), worker.incarnation(), report).expect("report accepted");
+                let samples = match e.rate {
+                    Some(rate) => vec![
+                        rank.clone().with_prefill_counters(0, 0),
+                        rank.with_prefill_counters(rate, 1_000_000),
+                    ],
+                    None => vec![rank],
+                };
+                for (seq, rank) in (1..).zip(samples) {
+                    let report = Report::new(e.id, 1, seq, kind, vec![rank]);
+                    let applied = table.apply(worker.id(), worker.incarnation(), report);
+                    applied.expect("report accepted");
+                }
             }
             for _ in 0..e.inflight {
                 guards.push(inflight.acquire(worker.id(), stage));
