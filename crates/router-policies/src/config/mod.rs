@@ -568,7 +568,7 @@ impl Default for PredictedTtftSettings {
             near_tie_ratio: 0.05,
             near_tie_ms: 1.0,
             recompute_weight: 6.0,
-            waiting_weight: 1.0,
+            waiting_weight: 0.25,
             tie_break: TieBreak::Sampled,
         }
     }
