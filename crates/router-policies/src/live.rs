@@ -32,8 +32,9 @@ pub struct LiveEstimator {
 
 impl LiveEstimator {
     /// Estimates over `load`, looking cached prefixes up in `source` (`None`: every token is
-    /// uncached), assuming `default_prefill_tokens_per_sec` for an engine whose reports give
-    /// no prefill rate yet. Fails on a rate that is not a finite number above 0.
+    /// uncached), assuming for an engine whose reports give no prefill rate yet the median of
+    /// the other candidates' rates, or `default_prefill_tokens_per_sec` while none has one.
+    /// Fails on a rate that is not a finite number above 0.
     pub fn new(
         load: LoadHandles,
         source: Option<Arc<CacheSource>>,

@@ -63,12 +63,12 @@ use crate::{
 /// correction makes each request of a burst see the ones before it.
 ///
 /// **Near ties** (ranking above the best by at most `near_tie_ratio` of the best's predicted
-/// TTFT plus `near_tie_ms`) go to the one with the least uncached work (the holder of the prefix, so that a burst of siblings is not
-/// scattered while they are all as fast there), and are otherwise broken by sampling, so that
-/// equal engines share a burst instead of the lowest id taking all of it. The margin bounds
-/// how much slower a holder may be predicted than the best and still win. Then
-/// admission is checked in that order (ties in their sampled order, the rest by predicted
-/// time, then id); when every candidate is rejected the result is
+/// TTFT plus `near_tie_ms`) go to the one with the least uncached work (the holder of the
+/// prefix, so that a burst of siblings is not scattered while they are all as fast there), and
+/// are otherwise broken by sampling, so that equal engines share a burst instead of the lowest
+/// id taking all of it. The margin bounds how much slower a holder may be predicted than the
+/// best and still win. Then admission is checked in that order (ties in their sampled order,
+/// the rest by predicted time, then id); when every candidate is rejected the result is
 /// [`PickError::NoAdmissibleEngine`] with every rejection in the order met.
 #[derive(Debug)]
 pub struct PredictedTtftPolicy {

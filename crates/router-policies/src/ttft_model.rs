@@ -106,8 +106,8 @@ impl TtftModel {
     /// not prefilled since it came up): the median of the other candidates' estimates, since
     /// the engines of one group are alike and a guess far from theirs ranks an idle engine as
     /// if it were another kind (measured on the Mooncake conversation trace at offered load
-    /// 0.8: with the default half the engines' real rate, the opening burst went four to one
-    /// engine whose estimate was known); the configured default while no candidate has one.
+    /// 0.8: with the default at half the engines' real rate, four requests of the opening burst
+    /// went to the one engine whose estimate was known); the configured default while no candidate has one.
     pub(crate) fn peer_rate(&self, loads: &[Option<EngineLoad>]) -> f64 {
         let mut rates: Vec<f64> = loads.iter().filter_map(|l| reported_rate(l.as_ref())).collect();
         if rates.is_empty() {

@@ -535,8 +535,9 @@ pub struct PredictedTtftSettings {
     pub kv_indexer_query_timeout_ms: u64,
     /// Concurrent remote lookups.
     pub kv_indexer_query_max_inflight: usize,
-    /// The prefill rate assumed for an engine before its reports give one, in uncached tokens
-    /// per second.
+    /// The prefill rate assumed while no candidate's reports give one, in uncached tokens per
+    /// second (meanwhile an engine without an estimate of its own assumes the median of the
+    /// other candidates').
     pub default_prefill_tokens_per_sec: f64,
     /// Candidates ranked above the best by at most this fraction of the best's predicted TTFT
     /// (plus `near_tie_ms`) are near ties: the one with the least uncached work wins, equal

@@ -209,7 +209,7 @@ impl World {
             if let Some((kind, rank)) = ranks {
                 let samples = match e.rate {
                     Some(rate) => vec![
-                        rank.clone().with_prefill_counters(0, 0),
+                        rank.with_prefill_counters(0, 0),
                         rank.with_prefill_counters(rate, 1_000_000),
                     ],
                     None => vec![rank],
