@@ -246,20 +246,24 @@ fn check_records(records: &str, json: &Value, requests: usize) {
         .map(|line| serde_json::from_str(line).expect("each line is JSON"))
         .collect();
     assert_eq!(records.len(), requests, "one line per request sent");
-    let (mut cached, mut prompt) = (0, 0);
+    let (mut cached, mut prompt, mut unlimited) = (0, 0, 0);
     for (index, record) in records.iter().enumerate() {
         assert_eq!(u64_of(record, "index"), index as u64, "in trace order: {record}");
         assert_eq!(record["error"], Value::Null, "{record}");
-        // The oracle's prompt is the engine's, and the engine hits no more than it allows.
+        // The oracle's prompt is the engine's.
         assert_eq!(u64_of(record, "prompt_tokens"), u64_of(record, "usage_prompt_tokens"));
         let hit = u64_of(record, "cached_tokens");
-        assert!(hit <= u64_of(record, "unlimited_hit_tokens"), "{record}");
+        unlimited += u64_of(record, "unlimited_hit_tokens");
         let (lru, belady) =
             (u64_of(record, "fleet_lru_hit_tokens"), u64_of(record, "belady_hit_tokens"));
         assert!(lru <= u64_of(record, "unlimited_hit_tokens"), "{record}");
         assert!(belady <= u64_of(record, "unlimited_hit_tokens"), "{record}");
-        // No request is answered sooner than its floor.
-        assert!(f64_of(record, "ttft_ms") >= f64_of(record, "floor_ms"), "{record}");
+        // The floor is the prompt the unlimited cache misses at the engine's prefill speed (the
+        // measured TTFT is compared with it by percentile, in the report: a request can reach
+        // the engine after a later one sent at the same instant and hit what that one cached).
+        let missed = u64_of(record, "prompt_tokens") - u64_of(record, "unlimited_hit_tokens");
+        let floor = missed as f64 * 1000.0 / PREFILL_TOKENS_PER_SEC.parse::<f64>().expect("rate");
+        assert!((f64_of(record, "floor_ms") - floor).abs() < 1e-6, "{record}");
         assert!(f64_of(record, "latency_ms") >= f64_of(record, "ttft_ms"), "{record}");
         if index > 0 {
             assert!(f64_of(record, "sent_ms") >= f64_of(&records[index - 1], "sent_ms"));
@@ -267,6 +271,11 @@ fn check_records(records: &str, json: &Value, requests: usize) {
         cached += hit;
         prompt += u64_of(record, "prompt_tokens");
     }
+    // The engine hits no more than the unlimited cache allows, over the whole replay: requests
+    // sent at one instant may reach it in either order, so a later one's prefix can be cached
+    // when an earlier one arrives, but a cache that never evicts holds the same blocks at the
+    // end whatever the order, so its hits add up alike.
+    assert!(cached <= unlimited, "{cached} cached, {unlimited} for the unlimited cache");
     // The lines add up to the report.
     assert_eq!(cached, u64_of(json, "cached_tokens"), "{json}");
     assert_eq!(prompt, u64_of(json, "prompt_tokens"), "{json}");
