@@ -173,9 +173,8 @@ impl PredictedTtftPolicy {
         input: u64,
         matched: u64,
     ) -> Estimate {
-        let rate = crate::ttft_model::reported_rate(load)
-            .unwrap_or(self.settings.default_prefill_tokens_per_sec);
-        self.model.estimate(engine, load, basis, rate, input, matched)
+        let unrated = self.settings.default_prefill_tokens_per_sec;
+        self.model.estimate(engine, load, basis, unrated, input, matched)
     }
 
     /// What candidates are ranked by: the predicted ms plus `(recompute_weight +

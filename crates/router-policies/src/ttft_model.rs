@@ -67,8 +67,8 @@ impl TtftModel {
     ///   `source` through the request's memo (every token without a source, token ids, a
     ///   block size or an answering backend);
     /// - **rate** is the candidate's prefill rate derived from its reports; before its first
-    ///   estimate, the median of the other candidates' ([`Self::peer_rate`]), or the configured
-    ///   default while none has one (a negative, NaN or zero estimate is ignored).
+    ///   estimate, the median of the other candidates' ([`Self::unrated_rate`]), or the
+    ///   configured default while none has one (a negative, NaN or zero estimate is ignored).
     ///
     /// Fails only when the source refuses the lookup as an invalid query.
     pub(crate) async fn predict(
@@ -89,47 +89,56 @@ impl TtftModel {
         } else {
             Basis::Local
         };
-        let peers = self.peer_rate(&loads);
+        let unrated = self.unrated_rate(&loads);
         let estimates = engines
             .iter()
             .zip(&loads)
             .map(|(engine, load)| {
                 let matched = prefixes.matched(engine);
-                let rate = reported_rate(load.as_ref()).unwrap_or(peers);
-                self.estimate(engine, load.as_ref(), basis, rate, request.input_tokens, matched)
+                let (input, load) = (request.input_tokens, load.as_ref());
+                self.estimate(engine, load, basis, unrated, input, matched)
             })
             .collect();
         Ok(Predictions { basis, loads, estimates, prefixes })
     }
 
-    /// The rate assumed for a candidate whose reports give no estimate yet (an engine that has
-    /// not prefilled since it came up): the median of the other candidates' estimates, since
-    /// the engines of one group are alike and a guess far from theirs ranks an idle engine as
-    /// if it were another kind (measured on the Mooncake conversation trace at offered load
-    /// 0.8: with the default at half the engines' real rate, four requests of the opening burst
-    /// went to the one engine whose estimate was known); the configured default while no candidate has one.
-    pub(crate) fn peer_rate(&self, loads: &[Option<EngineLoad>]) -> f64 {
-        let mut rates: Vec<f64> = loads.iter().filter_map(|l| reported_rate(l.as_ref())).collect();
-        if rates.is_empty() {
+    /// The rate assumed for the candidates whose reports give no estimate yet (engines that
+    /// have not prefilled since they came up): the median of the others' estimates, since the
+    /// engines of one group are alike and a guess far from theirs ranks an idle engine as if
+    /// it were another kind (measured on the Mooncake conversation trace at offered load 0.8:
+    /// with the default at half the engines' real rate, four requests of the opening burst
+    /// went to the one engine whose estimate was known); the configured default while no
+    /// candidate has one. Nothing is sorted when every candidate has its own.
+    fn unrated_rate(&self, loads: &[Option<EngineLoad>]) -> f64 {
+        let rated = || loads.iter().filter_map(|l| reported_rate(l.as_ref()));
+        if rated().count() == loads.len() {
+            // Every candidate has its own: the value is never read.
             return self.default_prefill_tokens_per_sec;
         }
+        let mut rates: Vec<f64> = rated().collect();
         rates.sort_by(f64::total_cmp);
         let middle = rates.len() / 2;
-        if rates.len() % 2 == 1 { rates[middle] } else { (rates[middle - 1] + rates[middle]) / 2.0 }
+        match rates.len() {
+            0 => self.default_prefill_tokens_per_sec,
+            n if n % 2 == 1 => rates[middle],
+            _ => (rates[middle - 1] + rates[middle]) / 2.0,
+        }
     }
 
     /// The prediction for one candidate holding `matched` leading tokens of an `input`-token
-    /// request, prefilling at `rate` tokens per second.
+    /// request, prefilling at its reported rate, or at `unrated` tokens per second while its
+    /// reports give none.
     pub(crate) fn estimate(
         &self,
         engine: &Worker,
         load: Option<&EngineLoad>,
         basis: Basis,
-        rate: f64,
+        unrated: f64,
         input: u64,
         matched: u64,
     ) -> Estimate {
         let inflight = &self.load.inflight;
+        let rate = reported_rate(load).unwrap_or(unrated);
         let native = load.and_then(|l| l.native.as_ref().map(|n| (l, n)));
         let local = inflight.prefill_queue(engine.id(), rate);
         let queued = match (basis, native) {
@@ -153,7 +162,7 @@ impl TtftModel {
 
 /// The candidate's own prefill rate estimate from its reports, when it is a positive finite
 /// number (a negative, NaN or zero estimate is ignored).
-pub(crate) fn reported_rate(load: Option<&EngineLoad>) -> Option<f64> {
+fn reported_rate(load: Option<&EngineLoad>) -> Option<f64> {
     let rate = load?.native.as_ref()?.prefill_tokens_per_sec?;
     (rate.is_finite() && rate > 0.0).then_some(rate)
 }
