@@ -6,10 +6,11 @@
 //! asked for with `stream_options.include_usage`, the last chunk of a `/generate` stream),
 //! found in the stream's tail once it has ended.
 
+mod scan;
+
 use std::sync::LazyLock;
 
 use memchr::memmem::Finder;
-use serde::Deserialize;
 
 /// Tokens of one answer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -22,81 +23,22 @@ pub(crate) struct Usage {
     pub completion: u64,
 }
 
+/// A batch's counts added up, saturating: an engine's absurd counts never wrap.
 impl std::ops::Add for Usage {
     type Output = Self;
 
     fn add(self, other: Self) -> Self {
         Self {
-            prompt: self.prompt + other.prompt,
-            cached: self.cached + other.cached,
-            completion: self.completion + other.completion,
+            prompt: self.prompt.saturating_add(other.prompt),
+            cached: self.cached.saturating_add(other.cached),
+            completion: self.completion.saturating_add(other.completion),
         }
-    }
-}
-
-/// The fields of an answer (or a stream's chunk) that carry counts; the rest is skipped.
-#[derive(Deserialize)]
-struct Reported {
-    #[serde(default)]
-    usage: Option<OpenAiUsage>,
-    #[serde(default)]
-    meta_info: Option<MetaInfo>,
-}
-
-#[derive(Deserialize)]
-struct OpenAiUsage {
-    #[serde(default)]
-    prompt_tokens: Option<u64>,
-    #[serde(default)]
-    completion_tokens: Option<u64>,
-    #[serde(default)]
-    prompt_tokens_details: Option<Details>,
-}
-
-#[derive(Deserialize)]
-struct Details {
-    #[serde(default)]
-    cached_tokens: Option<u64>,
-}
-
-#[derive(Deserialize)]
-struct MetaInfo {
-    #[serde(default)]
-    prompt_tokens: Option<u64>,
-    #[serde(default)]
-    completion_tokens: Option<u64>,
-    #[serde(default)]
-    cached_tokens: Option<u64>,
-}
-
-impl Reported {
-    fn usage(self) -> Option<Usage> {
-        if let Some(usage) = self.usage {
-            let cached = usage.prompt_tokens_details.and_then(|d| d.cached_tokens);
-            return Some(Usage {
-                prompt: usage.prompt_tokens.unwrap_or(0),
-                cached: cached.unwrap_or(0),
-                completion: usage.completion_tokens.unwrap_or(0),
-            });
-        }
-        let meta = self.meta_info?;
-        Some(Usage {
-            prompt: meta.prompt_tokens.unwrap_or(0),
-            cached: meta.cached_tokens.unwrap_or(0),
-            completion: meta.completion_tokens.unwrap_or(0),
-        })
     }
 }
 
 /// The counts of a whole JSON answer, if it reports any.
 pub(crate) fn of_answer(body: &[u8]) -> Option<Usage> {
-    let start = body.iter().position(|b| !b.is_ascii_whitespace())?;
-    if body[start] == b'[' {
-        let all: Vec<Reported> = serde_json::from_slice(body).ok()?;
-        all.into_iter().filter_map(Reported::usage).reduce(|a, b| a + b)
-    } else {
-        serde_json::from_slice::<Reported>(body).ok()?.usage()
-    }
+    scan::of_json(body)
 }
 
 /// Most events, from the end, searched for counts in a stream's tail.
@@ -133,7 +75,7 @@ fn of_last_events(text: &[u8]) -> (Option<Usage>, usize) {
         if data.is_empty() || data == b"[DONE]" || !may_report(&data) {
             return None;
         }
-        serde_json::from_slice::<Reported>(&data).ok()?.usage()
+        scan::of_json(&data)
     });
     (usage, read)
 }
@@ -192,7 +134,74 @@ fn last_blank_line(text: &[u8]) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
+    use serde::Deserialize;
+
     use super::*;
+
+    /// What serde reads of an answer: the reference the scanner is held to.
+    #[derive(Deserialize)]
+    struct Reported {
+        #[serde(default)]
+        usage: Option<OpenAiUsage>,
+        #[serde(default)]
+        meta_info: Option<MetaInfo>,
+    }
+
+    #[derive(Deserialize)]
+    struct OpenAiUsage {
+        #[serde(default)]
+        prompt_tokens: Option<u64>,
+        #[serde(default)]
+        completion_tokens: Option<u64>,
+        #[serde(default)]
+        prompt_tokens_details: Option<Details>,
+    }
+
+    #[derive(Deserialize)]
+    struct Details {
+        #[serde(default)]
+        cached_tokens: Option<u64>,
+    }
+
+    #[derive(Deserialize)]
+    struct MetaInfo {
+        #[serde(default)]
+        prompt_tokens: Option<u64>,
+        #[serde(default)]
+        completion_tokens: Option<u64>,
+        #[serde(default)]
+        cached_tokens: Option<u64>,
+    }
+
+    /// What serde reads of a whole answer, as `of_answer` did before it scanned.
+    fn by_serde(body: &[u8]) -> Option<Usage> {
+        let start = body.iter().position(|b| !b.is_ascii_whitespace())?;
+        if body[start] == b'[' {
+            let all: Vec<Reported> = serde_json::from_slice(body).ok()?;
+            all.into_iter().filter_map(Reported::usage).reduce(|a, b| a + b)
+        } else {
+            serde_json::from_slice::<Reported>(body).ok()?.usage()
+        }
+    }
+
+    impl Reported {
+        fn usage(self) -> Option<Usage> {
+            if let Some(usage) = self.usage {
+                let cached = usage.prompt_tokens_details.and_then(|d| d.cached_tokens);
+                return Some(Usage {
+                    prompt: usage.prompt_tokens.unwrap_or(0),
+                    cached: cached.unwrap_or(0),
+                    completion: usage.completion_tokens.unwrap_or(0),
+                });
+            }
+            let meta = self.meta_info?;
+            Some(Usage {
+                prompt: meta.prompt_tokens.unwrap_or(0),
+                cached: meta.cached_tokens.unwrap_or(0),
+                completion: meta.completion_tokens.unwrap_or(0),
+            })
+        }
+    }
 
     #[test]
     fn whole_answers_report_openai_usage_or_sglang_meta_info() {
@@ -299,5 +308,110 @@ data: [DONE]
             let naive = text.windows(2).rposition(|w| w == b"\n\n");
             assert_eq!(at, naive, "as a byte-by-byte search finds");
         }
+    }
+
+    /// JSON values that an answer's members may hold, keys and strings chosen to meet the
+    /// scanner's hard cases: the counts' own names at every depth, quotes, backslashes and
+    /// brackets inside strings, and counts of every type.
+    fn json() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        use serde_json::Value;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            (0u64..200).prop_map(Value::from),
+            any::<u64>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            (-1e6f64..1e6).prop_map(Value::from),
+            r#"[a-z"\\{}\[\]:, ]{0,12}|usage|\\u0075sage"#.prop_map(Value::String),
+        ];
+        let keys = r"usage|meta_info|prompt_tokens|completion_tokens|cached_tokens|prompt_tokens_details|choices|u\\sage|[a-z]{1,3}";
+        leaf.prop_recursive(4, 48, 6, move |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                proptest::collection::vec((keys, inner), 0..6)
+                    .prop_map(|members| Value::Object(members.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// `object` with any counts object given as an array made `null`: serde's derived readers
+    /// take an array as the object's fields in order (`"usage":[1,2]`); the scanner, like the
+    /// engines, does not.
+    fn without_count_sequences(mut object: serde_json::Value) -> serde_json::Value {
+        use serde_json::Value;
+        for key in ["usage", "meta_info"] {
+            if let Some(counts @ Value::Array(_)) = object.get_mut(key) {
+                *counts = Value::Null;
+            }
+        }
+        if let Some(details @ Value::Array(_)) =
+            object.get_mut("usage").and_then(|usage| usage.get_mut("prompt_tokens_details"))
+        {
+            *details = Value::Null;
+        }
+        object
+    }
+
+    proptest::proptest! {
+        /// On any well-formed answer (an object, or an array of them for a batch), written
+        /// compactly or with blanks between its tokens, the scanner reads what serde reads;
+        /// every cut of one is refused by both.
+        #[test]
+        fn reads_what_serde_reads(
+            members in proptest::collection::vec(
+                (r"usage|meta_info|choices|id|[a-z]{1,2}", json()), 0..6),
+            batch in proptest::option::of(1usize..4),
+            pretty: bool,
+            cut: proptest::sample::Index,
+        ) {
+            let object = serde_json::Value::Object(members.into_iter().collect());
+            let object = without_count_sequences(object);
+            let answer = match batch {
+                Some(len) => serde_json::Value::Array(vec![object; len]),
+                None => object,
+            };
+            let text = if pretty {
+                serde_json::to_vec_pretty(&answer)
+            } else {
+                serde_json::to_vec(&answer)
+            }
+            .expect("JSON");
+            proptest::prop_assert_eq!(of_answer(&text), by_serde(&text));
+            let cut = &text[..cut.index(text.len())];
+            proptest::prop_assert_eq!(of_answer(cut), None);
+            proptest::prop_assert_eq!(by_serde(cut), None);
+        }
+    }
+
+    #[test]
+    fn counts_are_integers_and_each_field_is_read_once() {
+        let usage = |counts: &str| of_answer(format!(r#"{{"usage":{{{counts}}}}}"#).as_bytes());
+        let expected = |prompt| Some(Usage { prompt, cached: 0, completion: 0 });
+        assert_eq!(usage(r#""prompt_tokens":0"#), expected(0));
+        assert_eq!(usage(r#""prompt_tokens": 18446744073709551615 "#), expected(u64::MAX));
+        assert_eq!(usage(r#""prompt_tokens":null"#), expected(0));
+        for refused in [
+            r#""prompt_tokens":18446744073709551616"#,
+            r#""prompt_tokens":1.0"#,
+            r#""prompt_tokens":1e2"#,
+            r#""prompt_tokens":-1"#,
+            r#""prompt_tokens":01"#,
+            r#""prompt_tokens":"1""#,
+            r#""prompt_tokens":1,"prompt_tokens":2"#,
+            r#""prompt_tokens_details":{"cached_tokens":1,"cached_tokens":1}"#,
+        ] {
+            assert_eq!(usage(refused), None, "{refused}");
+            assert_eq!(
+                usage(refused),
+                by_serde(format!(r#"{{"usage":{{{refused}}}}}"#).as_bytes())
+            );
+        }
+        // Skipped members are matched bracket for bracket, strings and all.
+        for refused in [r#"{"a":[},"usage":{}}"#, r#"{"a":""}","usage":{}"#, r#"{"usage":{}} x"#] {
+            assert_eq!(of_answer(refused.as_bytes()), None, "{refused}");
+        }
+        let deep = format!(r#"{{"a":{}{},"usage":{{}}}}"#, "[".repeat(200), "]".repeat(200));
+        assert_eq!(of_answer(deep.as_bytes()), None, "nested deeper than serde_json allows");
     }
 }

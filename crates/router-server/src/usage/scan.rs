@@ -1,0 +1,314 @@
+//! The counts of one JSON answer, read without building it: the top-level members are walked,
+//! `usage` and `meta_info` are read field by field, and every other member is skipped (its
+//! strings by a vectorised search for their closing quote, its brackets matched). What this
+//! yields for a well-formed answer is what `serde_json` would deserialise into the counts'
+//! shape (the `reads_what_serde_reads` property test holds it to that); the skipped members are
+//! only checked for balance, so a malformed answer whose counts are intact is still counted
+//! (the router passes the bytes on unchanged either way).
+
+use super::Usage;
+
+/// Containers nested deeper than this are refused, as serde_json refuses them.
+const MAX_DEPTH: u32 = 128;
+
+/// The counts of the answer `text`: a JSON object, or an array of objects whose counts add up
+/// (a batched `/generate`). `None` when it carries none or is not such JSON.
+pub(super) fn of_json(text: &[u8]) -> Option<Usage> {
+    let mut scan = Scan { text, at: 0 };
+    scan.blank();
+    let usage = if scan.peek()? == b'[' {
+        scan.at += 1;
+        let mut sum: Option<Usage> = None;
+        if !scan.closes(b']')? {
+            loop {
+                if let Some(usage) = scan.counts()? {
+                    sum = Some(sum.map_or(usage, |sum| sum + usage));
+                }
+                if scan.closes_after_member(b']')? {
+                    break;
+                }
+            }
+        }
+        sum
+    } else {
+        scan.counts()?
+    };
+    scan.blank();
+    (scan.at == text.len()).then_some(usage)?
+}
+
+/// A cursor over JSON text. Every method returns `None` on text that is not JSON where it
+/// looks.
+struct Scan<'t> {
+    text: &'t [u8],
+    at: usize,
+}
+
+/// Which count a member of a counts object names.
+#[derive(Clone, Copy)]
+enum Count {
+    Prompt,
+    Completion,
+    Cached,
+    /// `prompt_tokens_details`, the object holding OpenAI's `cached_tokens`.
+    Details,
+}
+
+impl<'t> Scan<'t> {
+    fn peek(&self) -> Option<u8> {
+        self.text.get(self.at).copied()
+    }
+
+    /// Skips JSON whitespace.
+    fn blank(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.at += 1;
+        }
+    }
+
+    /// Skips blanks, then takes `byte`.
+    fn expect(&mut self, byte: u8) -> Option<()> {
+        self.blank();
+        (self.peek()? == byte).then(|| self.at += 1)
+    }
+
+    /// Skips blanks; whether the next byte is `close` (then taken), as an empty container
+    /// ends.
+    fn closes(&mut self, close: u8) -> Option<bool> {
+        self.blank();
+        let closes = self.peek()? == close;
+        self.at += usize::from(closes);
+        Some(closes)
+    }
+
+    /// After a member: `,` (false, another follows) or `close` (true, taken).
+    fn closes_after_member(&mut self, close: u8) -> Option<bool> {
+        self.blank();
+        match self.peek()? {
+            b',' => {
+                self.at += 1;
+                Some(false)
+            }
+            byte if byte == close => {
+                self.at += 1;
+                Some(true)
+            }
+            _ => None,
+        }
+    }
+
+    /// A string's raw contents (escapes left as they are), the cursor on its opening quote.
+    fn string(&mut self) -> Option<&'t [u8]> {
+        let text = self.text;
+        self.blank();
+        if self.peek()? != b'"' {
+            return None;
+        }
+        let start = self.at + 1;
+        let mut at = start;
+        loop {
+            at += memchr::memchr2(b'"', b'\\', text.get(at..)?)?;
+            if text[at] == b'"' {
+                self.at = at + 1;
+                return Some(&text[start..at]);
+            }
+            at += 2;
+        }
+    }
+
+    /// An object key, compared with `names`: the index of the one it spells.
+    fn key(&mut self, names: &[&str]) -> Option<Option<usize>> {
+        let raw = self.string()?;
+        let spelled = |name: &str| {
+            if raw.contains(&b'\\') {
+                // An escape may spell a name (`"\u0075sage"`): unescaped, as serde reads it.
+                let quoted = &self.text[self.at - raw.len() - 2..self.at];
+                serde_json::from_slice::<String>(quoted).is_ok_and(|key| key == name)
+            } else {
+                raw == name.as_bytes()
+            }
+        };
+        let found = names.iter().position(|name| spelled(name));
+        self.expect(b':')?;
+        Some(found)
+    }
+
+    /// An object's counts (`usage` first, else `meta_info`); the cursor before the object.
+    fn counts(&mut self) -> Option<Option<Usage>> {
+        const USAGE: usize = 0;
+        let (mut usage, mut meta) = (None, None);
+        let mut seen = [false; 2];
+        self.expect(b'{')?;
+        if !self.closes(b'}')? {
+            loop {
+                match self.key(&["usage", "meta_info"])? {
+                    Some(field) => {
+                        // serde refuses a field given twice.
+                        if std::mem::replace(&mut seen[field], true) {
+                            return None;
+                        }
+                        let counts = self.count_object(field == USAGE)?;
+                        if field == USAGE { usage = counts } else { meta = counts }
+                    }
+                    None => self.skip_value()?,
+                }
+                if self.closes_after_member(b'}')? {
+                    break;
+                }
+            }
+        }
+        Some(usage.or(meta))
+    }
+
+    /// `null`, or a counts object: OpenAI's `usage` (with `prompt_tokens_details`) when
+    /// `openai`, else SGLang's `meta_info` (with `cached_tokens` at the top).
+    fn count_object(&mut self, openai: bool) -> Option<Option<Usage>> {
+        let names: &[&str] = if openai {
+            &["prompt_tokens", "completion_tokens", "prompt_tokens_details"]
+        } else {
+            &["prompt_tokens", "completion_tokens", "cached_tokens"]
+        };
+        let counts = if openai {
+            [Count::Prompt, Count::Completion, Count::Details]
+        } else {
+            [Count::Prompt, Count::Completion, Count::Cached]
+        };
+        if self.null()? {
+            return Some(None);
+        }
+        let mut usage = Usage::default();
+        let mut seen = [false; 3];
+        self.expect(b'{')?;
+        if !self.closes(b'}')? {
+            loop {
+                match self.key(names)? {
+                    Some(field) => {
+                        if std::mem::replace(&mut seen[field], true) {
+                            return None;
+                        }
+                        match counts[field] {
+                            Count::Prompt => usage.prompt = self.count()?,
+                            Count::Completion => usage.completion = self.count()?,
+                            Count::Cached => usage.cached = self.count()?,
+                            Count::Details => usage.cached = self.details()?,
+                        }
+                    }
+                    None => self.skip_value()?,
+                }
+                if self.closes_after_member(b'}')? {
+                    break;
+                }
+            }
+        }
+        Some(Some(usage))
+    }
+
+    /// `prompt_tokens_details`: `null` or an object with `cached_tokens`; the cached count.
+    fn details(&mut self) -> Option<u64> {
+        if self.null()? {
+            return Some(0);
+        }
+        let mut cached = None;
+        self.expect(b'{')?;
+        if !self.closes(b'}')? {
+            loop {
+                match self.key(&["cached_tokens"])? {
+                    Some(_) if cached.is_some() => return None,
+                    Some(_) => cached = Some(self.count()?),
+                    None => self.skip_value()?,
+                }
+                if self.closes_after_member(b'}')? {
+                    break;
+                }
+            }
+        }
+        Some(cached.unwrap_or(0))
+    }
+
+    /// Whether the next value is `null` (then taken).
+    fn null(&mut self) -> Option<bool> {
+        self.blank();
+        let null = self.text[self.at..].starts_with(b"null");
+        self.at += if null { 4 } else { 0 };
+        Some(null)
+    }
+
+    /// A count: `null` (0) or an integer that fits in 64 bits; a fraction, an exponent, a sign
+    /// or anything else is not a count.
+    fn count(&mut self) -> Option<u64> {
+        if self.null()? {
+            return Some(0);
+        }
+        let digits = self.text[self.at..].iter().take_while(|b| b.is_ascii_digit()).count();
+        let number = &self.text[self.at..self.at + digits];
+        if digits == 0 || (digits > 1 && number[0] == b'0') {
+            return None;
+        }
+        self.at += digits;
+        if let Some(b'.' | b'e' | b'E') = self.peek() {
+            return None;
+        }
+        number.iter().try_fold(0u64, |n, &d| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))
+    }
+
+    /// Skips one value of any kind, its brackets matched.
+    fn skip_value(&mut self) -> Option<()> {
+        self.blank();
+        match self.peek()? {
+            b'"' => self.string().map(drop),
+            b'{' | b'[' => self.skip_container(),
+            _ => self.skip_scalar(),
+        }
+    }
+
+    /// Skips a number or a literal (`true`, `false`, `null`).
+    fn skip_scalar(&mut self) -> Option<()> {
+        let rest = &self.text[self.at..];
+        let len = match rest.first()? {
+            b't' if rest.starts_with(b"true") => 4,
+            b'f' if rest.starts_with(b"false") => 5,
+            b'n' if rest.starts_with(b"null") => 4,
+            b'-' | b'0'..=b'9' => rest
+                .iter()
+                .take_while(|b| matches!(b, b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E'))
+                .count(),
+            _ => return None,
+        };
+        self.at += len;
+        Some(())
+    }
+
+    /// Skips an object or an array, every bracket inside matched with its opener.
+    fn skip_container(&mut self) -> Option<()> {
+        // The open brackets, one bit each (set for `{`), innermost in the lowest bit.
+        let (mut open, mut depth) = (0u128, 0u32);
+        loop {
+            match self.peek()? {
+                b'"' => {
+                    self.string()?;
+                    continue;
+                }
+                byte @ (b'{' | b'[') => {
+                    if depth == MAX_DEPTH {
+                        return None;
+                    }
+                    open = open << 1 | u128::from(byte == b'{');
+                    depth += 1;
+                }
+                byte @ (b'}' | b']') => {
+                    if depth == 0 || (open & 1 == 1) != (byte == b'}') {
+                        return None;
+                    }
+                    open >>= 1;
+                    depth -= 1;
+                    if depth == 0 {
+                        self.at += 1;
+                        return Some(());
+                    }
+                }
+                _ => {}
+            }
+            self.at += 1;
+        }
+    }
+}
