@@ -218,7 +218,7 @@ pub enum SendError {
         worker: WorkerId,
         /// The client's error (connect, TLS handshake, connection setup timeout).
         #[source]
-        source: hyper_util::client::legacy::Error,
+        source: BoxError,
     },
     /// The exchange failed after connecting.
     #[error("engine {worker} failed")]
@@ -227,7 +227,7 @@ pub enum SendError {
         worker: WorkerId,
         /// The client's error.
         #[source]
-        source: hyper_util::client::legacy::Error,
+        source: BoxError,
     },
     /// No response head within `server.request_timeout_secs`.
     #[error("engine {worker} did not answer within {} s", after.as_secs())]

@@ -11,6 +11,7 @@ mod scan;
 use std::sync::LazyLock;
 
 use memchr::memmem::Finder;
+use serde::Deserialize;
 
 /// Tokens of one answer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -36,9 +37,76 @@ impl std::ops::Add for Usage {
     }
 }
 
-/// The counts of a whole JSON answer, if it reports any.
+/// The counts of a whole JSON answer, if it reports any: read in its last member where they
+/// usually are ([`scan`]), else from the answer parsed whole.
 pub(crate) fn of_answer(body: &[u8]) -> Option<Usage> {
-    scan::of_json(body)
+    scan::of_last_member(body).unwrap_or_else(|| parsed(body))
+}
+
+/// The counts of a whole JSON answer parsed with serde: an object, or an array of objects
+/// whose counts add up (a batched `/generate`).
+fn parsed(body: &[u8]) -> Option<Usage> {
+    let start = body.iter().position(|b| !b.is_ascii_whitespace())?;
+    if body[start] == b'[' {
+        let all: Vec<Reported> = serde_json::from_slice(body).ok()?;
+        all.into_iter().filter_map(Reported::usage).reduce(|a, b| a + b)
+    } else {
+        serde_json::from_slice::<Reported>(body).ok()?.usage()
+    }
+}
+
+/// The fields of an answer (or a stream's chunk) that carry counts; the rest is skipped.
+#[derive(Deserialize)]
+struct Reported {
+    #[serde(default)]
+    usage: Option<OpenAiUsage>,
+    #[serde(default)]
+    meta_info: Option<MetaInfo>,
+}
+
+#[derive(Deserialize)]
+struct OpenAiUsage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    prompt_tokens_details: Option<Details>,
+}
+
+#[derive(Deserialize)]
+struct Details {
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct MetaInfo {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    #[serde(default)]
+    cached_tokens: Option<u64>,
+}
+
+impl Reported {
+    fn usage(self) -> Option<Usage> {
+        if let Some(usage) = self.usage {
+            let cached = usage.prompt_tokens_details.and_then(|d| d.cached_tokens);
+            return Some(Usage {
+                prompt: usage.prompt_tokens.unwrap_or(0),
+                cached: cached.unwrap_or(0),
+                completion: usage.completion_tokens.unwrap_or(0),
+            });
+        }
+        let meta = self.meta_info?;
+        Some(Usage {
+            prompt: meta.prompt_tokens.unwrap_or(0),
+            cached: meta.cached_tokens.unwrap_or(0),
+            completion: meta.completion_tokens.unwrap_or(0),
+        })
+    }
 }
 
 /// Most events, from the end, searched for counts in a stream's tail.
@@ -75,7 +143,7 @@ fn of_last_events(text: &[u8]) -> (Option<Usage>, usize) {
         if data.is_empty() || data == b"[DONE]" || !may_report(&data) {
             return None;
         }
-        scan::of_json(&data)
+        of_answer(&data)
     });
     (usage, read)
 }
@@ -134,74 +202,7 @@ fn last_blank_line(text: &[u8]) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
-    use serde::Deserialize;
-
     use super::*;
-
-    /// What serde reads of an answer: the reference the scanner is held to.
-    #[derive(Deserialize)]
-    struct Reported {
-        #[serde(default)]
-        usage: Option<OpenAiUsage>,
-        #[serde(default)]
-        meta_info: Option<MetaInfo>,
-    }
-
-    #[derive(Deserialize)]
-    struct OpenAiUsage {
-        #[serde(default)]
-        prompt_tokens: Option<u64>,
-        #[serde(default)]
-        completion_tokens: Option<u64>,
-        #[serde(default)]
-        prompt_tokens_details: Option<Details>,
-    }
-
-    #[derive(Deserialize)]
-    struct Details {
-        #[serde(default)]
-        cached_tokens: Option<u64>,
-    }
-
-    #[derive(Deserialize)]
-    struct MetaInfo {
-        #[serde(default)]
-        prompt_tokens: Option<u64>,
-        #[serde(default)]
-        completion_tokens: Option<u64>,
-        #[serde(default)]
-        cached_tokens: Option<u64>,
-    }
-
-    /// What serde reads of a whole answer, as `of_answer` did before it scanned.
-    fn by_serde(body: &[u8]) -> Option<Usage> {
-        let start = body.iter().position(|b| !b.is_ascii_whitespace())?;
-        if body[start] == b'[' {
-            let all: Vec<Reported> = serde_json::from_slice(body).ok()?;
-            all.into_iter().filter_map(Reported::usage).reduce(|a, b| a + b)
-        } else {
-            serde_json::from_slice::<Reported>(body).ok()?.usage()
-        }
-    }
-
-    impl Reported {
-        fn usage(self) -> Option<Usage> {
-            if let Some(usage) = self.usage {
-                let cached = usage.prompt_tokens_details.and_then(|d| d.cached_tokens);
-                return Some(Usage {
-                    prompt: usage.prompt_tokens.unwrap_or(0),
-                    cached: cached.unwrap_or(0),
-                    completion: usage.completion_tokens.unwrap_or(0),
-                });
-            }
-            let meta = self.meta_info?;
-            Some(Usage {
-                prompt: meta.prompt_tokens.unwrap_or(0),
-                cached: meta.cached_tokens.unwrap_or(0),
-                completion: meta.completion_tokens.unwrap_or(0),
-            })
-        }
-    }
 
     #[test]
     fn whole_answers_report_openai_usage_or_sglang_meta_info() {
@@ -377,10 +378,10 @@ data: [DONE]
                 serde_json::to_vec(&answer)
             }
             .expect("JSON");
-            proptest::prop_assert_eq!(of_answer(&text), by_serde(&text));
+            proptest::prop_assert_eq!(of_answer(&text), parsed(&text));
             let cut = &text[..cut.index(text.len())];
             proptest::prop_assert_eq!(of_answer(cut), None);
-            proptest::prop_assert_eq!(by_serde(cut), None);
+            proptest::prop_assert_eq!(parsed(cut), None);
         }
     }
 
@@ -402,16 +403,35 @@ data: [DONE]
             r#""prompt_tokens_details":{"cached_tokens":1,"cached_tokens":1}"#,
         ] {
             assert_eq!(usage(refused), None, "{refused}");
-            assert_eq!(
-                usage(refused),
-                by_serde(format!(r#"{{"usage":{{{refused}}}}}"#).as_bytes())
-            );
+            assert_eq!(usage(refused), parsed(format!(r#"{{"usage":{{{refused}}}}}"#).as_bytes()));
         }
-        // Skipped members are matched bracket for bracket, strings and all.
-        for refused in [r#"{"a":[},"usage":{}}"#, r#"{"a":""}","usage":{}"#, r#"{"usage":{}} x"#] {
+        // Counts that are not the answer's last member, or not at its top, or an answer with
+        // more than one counts key anywhere, are parsed whole.
+        let counts = Some(Usage { prompt: 1, cached: 0, completion: 0 });
+        #[rustfmt::skip]
+        let cases = [
+            // (answer, read in its last member, counts)
+            (r#"{"id":"x","usage":{"prompt_tokens":1}}"#, true, counts),
+            (r#"{"text":"x","meta_info":{"prompt_tokens":1}}"#, true, counts),
+            (r#"{"usage":{"prompt_tokens":1},"id":"x"}"#, false, counts),
+            (r#"{"choices":[{"usage":{"prompt_tokens":2}}],"usage":{"prompt_tokens":1}}"#, false, counts),
+            (r#"{"choices":[{"usage":{"prompt_tokens":1}}]}"#, false, None),
+            (r#"{"x":{"usage":{"prompt_tokens":1}}}"#, false, None),
+            (r#"{"text":"a\",\"usage\":{}}"}"#, false, None),
+            (r#"{"meta_info":{"prompt_tokens":2},"usage":{"prompt_tokens":1}}"#, false, counts),
+            (r#"{"meta_info":{"prompt_tokens":1},"usage":null}"#, false, counts),
+            (r#"[{"usage":{"prompt_tokens":1}}]"#, false, counts),
+        ];
+        for (answer, fast, expected) in cases {
+            assert_eq!(scan::of_last_member(answer.as_bytes()).is_some(), fast, "{answer}");
+            assert_eq!(of_answer(answer.as_bytes()), expected, "{answer}");
+            assert_eq!(of_answer(answer.as_bytes()), parsed(answer.as_bytes()), "{answer}");
+        }
+        // The members before the counts are not parsed: an intact last member is read from a
+        // malformed answer; a malformed last member, or anything after it, is refused.
+        assert_eq!(of_answer(br#"{"a":[},"usage":{"prompt_tokens":1}}"#), counts);
+        for refused in [r#"{"usage":{}} x"#, r#"{"usage":{"prompt_tokens":}}"#, r#""usage":{}}"#] {
             assert_eq!(of_answer(refused.as_bytes()), None, "{refused}");
         }
-        let deep = format!(r#"{{"a":{}{},"usage":{{}}}}"#, "[".repeat(200), "]".repeat(200));
-        assert_eq!(of_answer(deep.as_bytes()), None, "nested deeper than serde_json allows");
     }
 }

@@ -39,7 +39,7 @@ async fn unreachable() -> SendError {
     let uri = format!("http://{port}/").parse().expect("uri");
     let source = client.get(uri).await.expect_err("nothing listens");
     assert!(source.is_connect(), "{source}");
-    SendError::Unreachable { worker: worker("e1"), source }
+    SendError::Unreachable { worker: worker("e1"), source: source.into() }
 }
 
 #[tokio::test]

@@ -22,6 +22,7 @@ use rustls::ClientConfig;
 use crate::error::SendError;
 use crate::telemetry::TraceHeaders;
 use crate::tls::TlsConfigError;
+use h1::{H1Error, H1Pool};
 
 /// The engine connector: plain TCP for `http://`, rustls for `https://`, the whole connection
 /// setup (TCP and TLS handshake) under the connect timeout.
@@ -94,6 +95,9 @@ impl Default for ForwardConfig {
     }
 }
 
+/// How long an idle pooled connection to an engine is kept.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
 /// One connection pool to the engines.
 type EngineClient = Client<EngineConnector, Full<Bytes>>;
 
@@ -146,7 +150,7 @@ impl Forwarder {
                 return client.request(request);
             }
             let client = Client::builder(TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(90))
+                .pool_idle_timeout(POOL_IDLE_TIMEOUT)
                 .pool_max_idle_per_host(self.config.pool_max_idle_per_host)
                 .http2_only(self.config.http2)
                 .build(self.connector.clone());
@@ -173,21 +177,39 @@ impl Forwarder {
         rank: Option<u32>,
         trace: &TraceHeaders,
     ) -> Result<Response<Incoming>, SendError> {
-        let uri = worker.uri_for(path).map_err(|source| SendError::Request {
+        let invalid = |source| SendError::Request {
             worker: worker.id().clone(),
             url: format!("{}{path}", worker.url()),
             source,
-        })?;
+        };
+        // HTTP/1.1 names the path alone on the request line and the engine in `Host`;
+        // HTTP/2 names both in the URI.
+        let (uri, host) = match worker.host_header() {
+            Some(host) if !self.config.http2 => {
+                (http::Uri::try_from(path).map_err(|err| invalid(err.into()))?, Some(host.clone()))
+            }
+            _ => {
+                let uri = worker.uri_for(path).map_err(invalid)?;
+                if self.config.http2 {
+                    (uri, None)
+                } else {
+                    let host = uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok());
+                    let path = uri
+                        .path_and_query()
+                        .cloned()
+                        .map_or_else(http::Uri::default, http::Uri::from);
+                    (path, host)
+                }
+            }
+        };
         // Built in place, each header with its name already parsed: the builder would parse
         // every name and the whole URL again on each request.
         let mut request = Request::new(Full::new(body));
         *request.method_mut() = Method::POST;
         *request.uri_mut() = uri;
         let headers = request.headers_mut();
-        if let Some(host) = worker.host_header().filter(|_| !self.config.http2) {
-            // What the HTTP/1 client would otherwise format from the URI on every request
-            // (HTTP/2 names the authority in the URI alone).
-            headers.insert(header::HOST, host.clone());
+        if let Some(host) = host {
+            headers.insert(header::HOST, host);
         }
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         headers.insert(HeaderName::from_static("x-request-id"), request_id.clone());
@@ -196,14 +218,46 @@ impl Forwarder {
         }
         authorize(&mut request, worker);
         trace.apply(request.headers_mut());
-        let worker = worker.id().clone();
-        match tokio::time::timeout(self.config.request_timeout, self.request(request)).await {
-            Ok(Ok(response)) => Ok(response),
-            Ok(Err(source)) if source.is_connect() => {
-                Err(SendError::Unreachable { worker, source })
-            }
-            Ok(Err(source)) => Err(SendError::Failed { worker, source }),
-            Err(_) => Err(SendError::Timeout { worker, after: self.config.request_timeout }),
+        let timeout = self.config.request_timeout;
+        let sent = if self.config.http2 {
+            tokio::time::timeout(timeout, self.request(request)).await.map(|sent| {
+                sent.map_err(|source| match source.is_connect() {
+                    true => SendError::Unreachable {
+                        worker: worker.id().clone(),
+                        source: source.into(),
+                    },
+                    false => {
+                        SendError::Failed { worker: worker.id().clone(), source: source.into() }
+                    }
+                })
+            })
+        } else {
+            let connect_uri = || worker.uri_for("/").unwrap_or_default();
+            let pool = self.h1();
+            let sent = pool.send(worker.url(), connect_uri, request);
+            tokio::time::timeout(timeout, sent).await.map(|sent| {
+                sent.map_err(|err| match err {
+                    H1Error::Connect(source) => {
+                        SendError::Unreachable { worker: worker.id().clone(), source }
+                    }
+                    H1Error::Exchange(source) => {
+                        SendError::Failed { worker: worker.id().clone(), source: source.into() }
+                    }
+                })
+            })
+        };
+        sent.unwrap_or_else(|_| {
+            Err(SendError::Timeout { worker: worker.id().clone(), after: timeout })
+        })
+    }
+
+    /// This forwarder's HTTP/1.1 connections.
+    fn h1(&self) -> H1Pool<'_> {
+        H1Pool {
+            id: self.id,
+            connector: &self.connector,
+            max_per_engine: self.config.pool_max_idle_per_host,
+            idle_timeout: POOL_IDLE_TIMEOUT,
         }
     }
 
@@ -270,5 +324,6 @@ fn authorize<B>(request: &mut Request<B>, worker: &Worker) {
     }
 }
 
+mod h1;
 #[cfg(test)]
 mod tests;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Body;
-use axum::extract::{Extension, State};
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -30,18 +30,16 @@ use crate::prepare::{
 use crate::serve::{Labels, serve};
 use crate::telemetry::RequestTrace;
 
-/// Where a request's tokens are charged, when its client key has a token limit
-/// (`crate::limit::per_key` puts it there).
-type Charge = Option<Extension<TokenCharge>>;
-
-/// The handler of `endpoint`'s route (the path is [`Endpoint::path`]).
+/// The handler of `endpoint`'s route (the path is [`Endpoint::path`]). It takes the request
+/// whole: axum's `HeaderMap` extractor would copy the headers. Its tokens are charged where
+/// `crate::limit::per_key` put a [`TokenCharge`], when its client key has a token limit.
 pub(crate) fn handler(
     endpoint: Endpoint,
-) -> impl Fn(State<Arc<AppContext>>, Charge, HeaderMap, Body) -> BoxFuture<'static, Response> + Clone
-{
-    move |State(ctx), charge: Charge, headers, body| {
-        let charge = charge.map(|Extension(charge)| charge);
-        Box::pin(endpoint_request(endpoint, ctx, charge, headers, body))
+) -> impl Fn(State<Arc<AppContext>>, Request) -> BoxFuture<'static, Response> + Clone {
+    move |State(ctx), request: Request| {
+        let (mut parts, body) = request.into_parts();
+        let charge = parts.extensions.remove::<TokenCharge>();
+        Box::pin(endpoint_request(endpoint, ctx, charge, parts.headers, body))
     }
 }
 

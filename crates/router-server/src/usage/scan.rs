@@ -1,40 +1,56 @@
-//! The counts of one JSON answer, read without building it: the top-level members are walked,
-//! `usage` and `meta_info` are read field by field, and every other member is skipped (its
-//! strings by a vectorised search for their closing quote, its brackets matched). What this
-//! yields for a well-formed answer is what `serde_json` would deserialise into the counts'
-//! shape (the `reads_what_serde_reads` property test holds it to that); the skipped members are
-//! only checked for balance, so a malformed answer whose counts are intact is still counted
-//! (the router passes the bytes on unchanged either way).
+//! The counts of one JSON answer, read where engines put them: OpenAI-compatible servers end
+//! their answer with `usage` and SGLang's `/generate` with `meta_info`, so that last member is
+//! found by a search for its key and read field by field; the members before it are not
+//! parsed. Whenever the answer is shaped otherwise (its counts elsewhere, both kinds or one
+//! spelled twice anywhere in it, a batch), the caller parses it whole. On a well-formed answer the two agree (the usage
+//! tests' `reads_what_serde_reads` property holds them to it); on a malformed one the counts
+//! of an intact last member are still read, the bytes passing to the client unchanged either
+//! way.
+
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
 
 use super::Usage;
 
 /// Containers nested deeper than this are refused, as serde_json refuses them.
 const MAX_DEPTH: u32 = 128;
 
-/// The counts of the answer `text`: a JSON object, or an array of objects whose counts add up
-/// (a batched `/generate`). `None` when it carries none or is not such JSON.
-pub(super) fn of_json(text: &[u8]) -> Option<Usage> {
-    let mut scan = Scan { text, at: 0 };
-    scan.blank();
-    let usage = if scan.peek()? == b'[' {
-        scan.at += 1;
-        let mut sum: Option<Usage> = None;
-        if !scan.closes(b']')? {
-            loop {
-                if let Some(usage) = scan.counts()? {
-                    sum = Some(sum.map_or(usage, |sum| sum + usage));
-                }
-                if scan.closes_after_member(b']')? {
-                    break;
-                }
-            }
-        }
-        sum
-    } else {
-        scan.counts()?
+/// The counts of the answer `text` when they are its last member: `Some(None)` when that
+/// member says there are none, `None` when the answer is not shaped so (parse it whole).
+pub(super) fn of_last_member(text: &[u8]) -> Option<Option<Usage>> {
+    static USAGE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"usage\""));
+    static META: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"meta_info\""));
+    // The one counts key of the answer, spelled once: with both kinds, or one given twice, the
+    // whole answer decides which counts stand (or that it is refused). Forward searches only:
+    // memchr's are vectorised, its reverse ones are not.
+    let once = |key: &Finder<'_>, at: usize| {
+        let after = at + key.needle().len();
+        key.find(&text[after..]).is_none().then_some(at)
     };
+    let (at, openai) = match (USAGE.find(text), META.find(text)) {
+        (Some(usage), None) => (once(&USAGE, usage)?, true),
+        (None, Some(meta)) => (once(&META, meta)?, false),
+        _ => return None,
+    };
+    // A key opens its member: after the object's `{` or the previous member's `,`. A quote
+    // after either is no string's content (that would be escaped), so this is a key.
+    let before = text[..at].trim_ascii_end();
+    if !matches!(before.last(), Some(b',' | b'{')) {
+        return None;
+    }
+    let mut scan = Scan { text, at };
+    let (_, escaped) = scan.string()?;
+    debug_assert!(!escaped, "the searched keys hold no escape");
+    scan.expect(b':')?;
+    let counts = scan.count_object(openai)?;
+    // Its object is the answer: what follows is its closing brace alone.
+    scan.expect(b'}')?;
     scan.blank();
-    (scan.at == text.len()).then_some(usage)?
+    if scan.at != text.len() || !text.trim_ascii_start().starts_with(b"{") {
+        return None;
+    }
+    Some(counts)
 }
 
 /// A cursor over JSON text. Every method returns `None` on text that is not JSON where it
@@ -97,8 +113,9 @@ impl<'t> Scan<'t> {
         }
     }
 
-    /// A string's raw contents (escapes left as they are), the cursor on its opening quote.
-    fn string(&mut self) -> Option<&'t [u8]> {
+    /// A string's raw contents (escapes left as they are), the cursor on its opening quote,
+    /// and whether it holds an escape.
+    fn string(&mut self) -> Option<(&'t [u8], bool)> {
         let text = self.text;
         self.blank();
         if self.peek()? != b'"' {
@@ -106,58 +123,31 @@ impl<'t> Scan<'t> {
         }
         let start = self.at + 1;
         let mut at = start;
+        let mut escaped = false;
         loop {
-            at += memchr::memchr2(b'"', b'\\', text.get(at..)?)?;
+            at += special(text.get(at..)?)?;
             if text[at] == b'"' {
                 self.at = at + 1;
-                return Some(&text[start..at]);
+                return Some((&text[start..at], escaped));
             }
+            escaped = true;
             at += 2;
         }
     }
 
     /// An object key, compared with `names`: the index of the one it spells.
     fn key(&mut self, names: &[&str]) -> Option<Option<usize>> {
-        let raw = self.string()?;
-        let spelled = |name: &str| {
-            if raw.contains(&b'\\') {
-                // An escape may spell a name (`"\u0075sage"`): unescaped, as serde reads it.
-                let quoted = &self.text[self.at - raw.len() - 2..self.at];
-                serde_json::from_slice::<String>(quoted).is_ok_and(|key| key == name)
-            } else {
-                raw == name.as_bytes()
-            }
+        let (raw, escaped) = self.string()?;
+        let found = if escaped {
+            // An escape may spell a name (`"\u0075sage"`): unescaped, as serde reads it.
+            let quoted = &self.text[self.at - raw.len() - 2..self.at];
+            let key = serde_json::from_slice::<String>(quoted).ok()?;
+            names.iter().position(|name| key == *name)
+        } else {
+            names.iter().position(|name| raw == name.as_bytes())
         };
-        let found = names.iter().position(|name| spelled(name));
         self.expect(b':')?;
         Some(found)
-    }
-
-    /// An object's counts (`usage` first, else `meta_info`); the cursor before the object.
-    fn counts(&mut self) -> Option<Option<Usage>> {
-        const USAGE: usize = 0;
-        let (mut usage, mut meta) = (None, None);
-        let mut seen = [false; 2];
-        self.expect(b'{')?;
-        if !self.closes(b'}')? {
-            loop {
-                match self.key(&["usage", "meta_info"])? {
-                    Some(field) => {
-                        // serde refuses a field given twice.
-                        if std::mem::replace(&mut seen[field], true) {
-                            return None;
-                        }
-                        let counts = self.count_object(field == USAGE)?;
-                        if field == USAGE { usage = counts } else { meta = counts }
-                    }
-                    None => self.skip_value()?,
-                }
-                if self.closes_after_member(b'}')? {
-                    break;
-                }
-            }
-        }
-        Some(usage.or(meta))
     }
 
     /// `null`, or a counts object: OpenAI's `usage` (with `prompt_tokens_details`) when
@@ -310,5 +300,21 @@ impl<'t> Scan<'t> {
             }
             self.at += 1;
         }
+    }
+}
+
+/// Where the first quote or backslash of `text` is: keys and short values are looked at byte
+/// by byte, the rest of a long string by memchr's vectorised search (which costs more than a
+/// short string to start).
+fn special(text: &[u8]) -> Option<usize> {
+    const BY_BYTE: usize = 16;
+    let is_special = |&b: &u8| b == b'"' || b == b'\\';
+    let head = &text[..text.len().min(BY_BYTE)];
+    match head.iter().position(is_special) {
+        Some(at) => Some(at),
+        None if text.len() > BY_BYTE => {
+            memchr::memchr2(b'"', b'\\', &text[BY_BYTE..]).map(|at| at + BY_BYTE)
+        }
+        None => None,
     }
 }

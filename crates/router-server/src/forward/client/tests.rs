@@ -172,3 +172,93 @@ async fn a_probe_answers_the_status_or_nothing() {
     assert_eq!(probe(up, "/sick").await, Some(http::StatusCode::SERVICE_UNAVAILABLE));
     assert_eq!(probe(nothing_listens(), "/health").await, None);
 }
+
+/// An HTTP/1.1 engine on raw sockets that answers `{}` to every request and closes each
+/// connection after `per_connection` answers, without saying so (as an engine's keep-alive
+/// limit does); it counts the connections it accepted.
+async fn closing_engine(per_connection: usize) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&accepted);
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buffer = Vec::new();
+                for _ in 0..per_connection {
+                    // One request: its head, then the body its content-length announces.
+                    let request_len = loop {
+                        if let Some(end) = buffer.windows(4).position(|w| w == b"\r\n\r\n") {
+                            let head = String::from_utf8_lossy(&buffer[..end]).to_lowercase();
+                            let length = head
+                                .lines()
+                                .find_map(|line| line.strip_prefix("content-length:"))
+                                .and_then(|value| value.trim().parse::<usize>().ok())
+                                .unwrap_or(0);
+                            if buffer.len() >= end + 4 + length {
+                                break end + 4 + length;
+                            }
+                        }
+                        let mut chunk = [0u8; 4096];
+                        match socket.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buffer.extend_from_slice(&chunk[..n]),
+                        }
+                    };
+                    buffer.drain(..request_len);
+                    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}";
+                    if socket.write_all(answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (format!("http://{address}"), accepted)
+}
+
+#[tokio::test]
+async fn connections_are_reused_and_one_the_engine_closed_while_idle_loses_no_request() {
+    use http_body_util::BodyExt as _;
+    let send = |client: Forwarder, engine: Worker| async move {
+        let body = Bytes::from_static(b"{}");
+        let trace = TraceHeaders::default();
+        let response = client
+            .send(&engine, "/v1/chat/completions", body, &REQUEST_ID, None, &trace)
+            .await
+            .expect("answered");
+        assert_eq!(response.status(), 200);
+        // Read to the end: the connection is then free for the next request.
+        response.into_body().collect().await.expect("body").to_bytes()
+    };
+    let accepted =
+        |count: &std::sync::atomic::AtomicUsize| count.load(std::sync::atomic::Ordering::SeqCst);
+
+    // One request after another share one connection.
+    let (url, connections) = closing_engine(usize::MAX).await;
+    let client = forwarder(ForwardConfig::default());
+    for _ in 0..20 {
+        assert_eq!(send(client.clone(), worker(&url, None)).await, "{}");
+    }
+    assert_eq!(accepted(&connections), 1, "one connection served them all");
+
+    // An engine that closes every connection after three answers: the requests that found
+    // their pooled connection closed went out again on a new one, and none failed.
+    let (url, connections) = closing_engine(3).await;
+    let client = forwarder(ForwardConfig::default());
+    for _ in 0..20 {
+        assert_eq!(send(client.clone(), worker(&url, None)).await, "{}");
+    }
+    assert_eq!(accepted(&connections), 7, "a new connection after every third answer");
+
+    // Concurrent requests each take a connection of their own, and keep them for later.
+    let (url, connections) = closing_engine(usize::MAX).await;
+    let client = forwarder(ForwardConfig::default());
+    for _ in 0..3 {
+        let batch = (0..4).map(|_| send(client.clone(), worker(&url, None)));
+        futures::future::join_all(batch).await;
+    }
+    assert!(accepted(&connections) <= 4, "{} connections for 4 at a time", accepted(&connections));
+}
