@@ -141,20 +141,34 @@ pub(crate) async fn require_api_key(
     mut request: Request,
     next: Next,
 ) -> Response {
+    match client_key(&credentials, request.headers()) {
+        Ok(Some(key)) => {
+            request.extensions_mut().insert(key);
+        }
+        Ok(None) => {}
+        Err(refusal) => return refusal,
+    }
+    next.run(request).await
+}
+
+/// The client key `headers` present: none when no client keys are configured, a 401 (counted)
+/// when they are and the request has none of them. What [`require_api_key`] and the inference
+/// front (`crate::server`) share.
+pub(crate) fn client_key(
+    credentials: &Credentials,
+    headers: &http::HeaderMap,
+) -> Result<Option<KeyIndex>, Response> {
     let keys = &credentials.client_keys;
     if keys.is_empty() {
-        return next.run(request).await;
+        return Ok(None);
     }
-    let refusal = match bearer(request.headers()).map(|given| keys.find(given)) {
-        Some(Some(place)) => {
-            request.extensions_mut().insert(KeyIndex(place));
-            return next.run(request).await;
-        }
+    let refusal = match bearer(headers).map(|given| keys.find(given)) {
+        Some(Some(place)) => return Ok(Some(KeyIndex(place))),
         Some(None) => "invalid API key",
         None => "missing API key: send it as `Authorization: Bearer <key>`",
     };
     crate::metrics::refused("unauthorized");
-    ApiError::Unauthorized(refusal).into_response()
+    Err(ApiError::Unauthorized(refusal).into_response())
 }
 
 /// Middleware of the admin API: off (404) without a token, 401 without the right one.

@@ -134,16 +134,27 @@ pub(crate) async fn per_key(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let key = request.extensions().get::<KeyIndex>().map(|KeyIndex(place)| *place);
-    if let Some(limiter) = limits.of(key) {
-        if let Err(refusal) = limiter.admit_now() {
-            return ApiError::from(refusal).into_response();
+    let key = request.extensions().get::<KeyIndex>().copied();
+    match rate_limited(&limits, key) {
+        Ok(Some(charge)) => {
+            request.extensions_mut().insert(charge);
         }
-        if limiter.limits_tokens() {
-            request.extensions_mut().insert(rate::TokenCharge(Arc::clone(limiter)));
-        }
+        Ok(None) => {}
+        Err(refusal) => return refusal,
     }
     next.run(request).await
+}
+
+/// A request of client key `key` (none without client keys) through its key's request
+/// limit: the 429 when it is over, else where its tokens are charged when the key limits
+/// tokens. What [`per_key`] and the inference front (`crate::server`) share.
+pub(crate) fn rate_limited(
+    limits: &rate::RateLimits,
+    key: Option<KeyIndex>,
+) -> Result<Option<rate::TokenCharge>, Response> {
+    let Some(limiter) = limits.of(key.map(|KeyIndex(place)| place)) else { return Ok(None) };
+    limiter.admit_now().map_err(|refusal| ApiError::from(refusal).into_response())?;
+    Ok(limiter.limits_tokens().then(|| rate::TokenCharge(Arc::clone(limiter))))
 }
 
 /// Admits a request through `admission`, or answers why not.
@@ -152,18 +163,28 @@ pub(crate) async fn concurrency(
     request: Request,
     next: Next,
 ) -> Response {
-    let permit = match admission.admit().await {
-        Ok(permit) => permit,
-        Err(refusal) => {
-            let reason = match refusal {
-                ApiError::QueueFull => "queue_full",
-                _ => "queue_timeout",
-            };
-            metrics::refused(reason);
-            return refusal.into_response();
-        }
-    };
-    next.run(request).await.map(|body| Body::new(PermitBody { inner: body, _permit: permit }))
+    match admit(&admission).await {
+        Ok(permit) => holding(next.run(request).await, permit),
+        Err(refusal) => refusal,
+    }
+}
+
+/// A slot of `admission`, or the 429 that refuses it (counted by reason). What
+/// [`concurrency`] and the inference front (`crate::server`) share.
+pub(crate) async fn admit(admission: &Admission) -> Result<OwnedSemaphorePermit, Response> {
+    admission.admit().await.map_err(|refusal| {
+        let reason = match refusal {
+            ApiError::QueueFull => "queue_full",
+            _ => "queue_timeout",
+        };
+        metrics::refused(reason);
+        refusal.into_response()
+    })
+}
+
+/// `response`, its body holding `permit` until it ends or is dropped.
+pub(crate) fn holding(response: Response, permit: OwnedSemaphorePermit) -> Response {
+    response.map(|body| Body::new(PermitBody { inner: body, _permit: permit }))
 }
 
 struct PermitBody {

@@ -11,7 +11,6 @@ use axum::routing::{delete, get, post};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_io_timeout::TimeoutStream;
@@ -23,6 +22,7 @@ use crate::config::ServerSection;
 use crate::prepare::Endpoint;
 use crate::routes::{admin, fleet, inference, ops};
 use crate::{auth, limit};
+use front::Front;
 
 /// The router's HTTP routes over `ctx`.
 pub fn routes(ctx: Arc<AppContext>) -> Router {
@@ -183,7 +183,7 @@ impl From<&ServerSection> for ConnectionLimits {
 /// deadline, the connections it still holds are aborted with it, releasing their guards.
 async fn accept_loop(
     listener: TcpListener,
-    app: Router,
+    service: Front,
     limits: ConnectionLimits,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
@@ -193,7 +193,6 @@ async fn accept_loop(
         .header_read_timeout(limits.header_read)
         .max_header_size(limits.max_header_bytes);
     let graceful = GracefulShutdown::new();
-    let service = TowerToHyperService::new(app);
     let mut connections = JoinSet::new();
     let stopped = async move {
         let _ = stop.wait_for(|stop| *stop).await;
@@ -261,8 +260,8 @@ impl Serving {
         addr: SocketAddr,
         event_loops: usize,
     ) -> std::io::Result<Self> {
-        let app = routes(Arc::clone(&ctx));
-        Self::start_app(ctx, app, addr, event_loops)
+        let front = Front::router(Arc::clone(&ctx), routes(Arc::clone(&ctx)));
+        Self::start_front(ctx, front, addr, event_loops)
     }
 
     /// [`Serving::start`] serving `app` instead of the router's routes (the endpoint picker
@@ -270,6 +269,15 @@ impl Serving {
     pub fn start_app(
         ctx: Arc<AppContext>,
         app: Router,
+        addr: SocketAddr,
+        event_loops: usize,
+    ) -> std::io::Result<Self> {
+        Self::start_front(ctx, Front::app(app), addr, event_loops)
+    }
+
+    fn start_front(
+        ctx: Arc<AppContext>,
+        front: Front,
         addr: SocketAddr,
         event_loops: usize,
     ) -> std::io::Result<Self> {
@@ -293,7 +301,7 @@ impl Serving {
         let loops = listeners
             .into_iter()
             .enumerate()
-            .map(|(i, listener)| EventLoop::spawn(i, listener, app.clone(), limits, stop.clone()))
+            .map(|(i, listener)| EventLoop::spawn(i, listener, front.clone(), limits, stop.clone()))
             .collect::<std::io::Result<Vec<_>>>()?;
         Ok(Self { addr, ctx, shutdown, loops })
     }
@@ -347,7 +355,7 @@ impl EventLoop {
     fn spawn(
         index: usize,
         listener: std::net::TcpListener,
-        app: Router,
+        front: Front,
         limits: ConnectionLimits,
         stop: tokio::sync::watch::Receiver<bool>,
     ) -> std::io::Result<Self> {
@@ -370,7 +378,7 @@ impl EventLoop {
                         }
                     };
                     tokio::select! {
-                        served = accept_loop(listener, app, limits, stop) => {
+                        served = accept_loop(listener, front, limits, stop) => {
                             if let Err(err) = served {
                                 warn!(error = %err, "event loop ended with an error");
                             }
@@ -404,5 +412,6 @@ fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener
     Ok(socket.into())
 }
 
+mod front;
 #[cfg(test)]
 mod tests;

@@ -72,6 +72,11 @@ impl Endpoint {
         }
     }
 
+    /// The endpoint served at `path`.
+    pub(crate) fn at(path: &str) -> Option<Endpoint> {
+        Endpoint::ALL.into_iter().find(|endpoint| endpoint.path() == path)
+    }
+
     /// Whether the engines generate tokens for it (chat, completions, `/generate`), and so a
     /// PD pair serves it; the other endpoints go to one engine as they are.
     pub(crate) fn generates(self) -> bool {

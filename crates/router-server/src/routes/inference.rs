@@ -43,7 +43,7 @@ pub(crate) fn handler(
     }
 }
 
-async fn endpoint_request(
+pub(crate) async fn endpoint_request(
     endpoint: Endpoint,
     ctx: Arc<AppContext>,
     charge: Option<TokenCharge>,
