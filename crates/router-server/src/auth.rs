@@ -146,18 +146,18 @@ pub(crate) async fn require_api_key(
             request.extensions_mut().insert(key);
         }
         Ok(None) => {}
-        Err(refusal) => return refusal,
+        Err(refusal) => return refusal.into_response(),
     }
     next.run(request).await
 }
 
-/// The client key `headers` present: none when no client keys are configured, a 401 (counted)
-/// when they are and the request has none of them. What [`require_api_key`] and the inference
+/// The client key `headers` present: none when no client keys are configured, a refusal (401,
+/// counted) when they are and the request has none of them. What [`require_api_key`] and the inference
 /// front (`crate::server`) share.
 pub(crate) fn client_key(
     credentials: &Credentials,
     headers: &http::HeaderMap,
-) -> Result<Option<KeyIndex>, Response> {
+) -> Result<Option<KeyIndex>, ApiError> {
     let keys = &credentials.client_keys;
     if keys.is_empty() {
         return Ok(None);
@@ -168,7 +168,7 @@ pub(crate) fn client_key(
         None => "missing API key: send it as `Authorization: Bearer <key>`",
     };
     crate::metrics::refused("unauthorized");
-    Err(ApiError::Unauthorized(refusal).into_response())
+    Err(ApiError::Unauthorized(refusal))
 }
 
 /// Middleware of the admin API: off (404) without a token, 401 without the right one.

@@ -140,20 +140,20 @@ pub(crate) async fn per_key(
             request.extensions_mut().insert(charge);
         }
         Ok(None) => {}
-        Err(refusal) => return refusal,
+        Err(refusal) => return refusal.into_response(),
     }
     next.run(request).await
 }
 
 /// A request of client key `key` (none without client keys) through its key's request
-/// limit: the 429 when it is over, else where its tokens are charged when the key limits
+/// limit: the refusal (429) when it is over, else where its tokens are charged when the key limits
 /// tokens. What [`per_key`] and the inference front (`crate::server`) share.
 pub(crate) fn rate_limited(
     limits: &rate::RateLimits,
     key: Option<KeyIndex>,
-) -> Result<Option<rate::TokenCharge>, Response> {
+) -> Result<Option<rate::TokenCharge>, ApiError> {
     let Some(limiter) = limits.of(key.map(|KeyIndex(place)| place)) else { return Ok(None) };
-    limiter.admit_now().map_err(|refusal| ApiError::from(refusal).into_response())?;
+    limiter.admit_now()?;
     Ok(limiter.limits_tokens().then(|| rate::TokenCharge(Arc::clone(limiter))))
 }
 
@@ -165,20 +165,19 @@ pub(crate) async fn concurrency(
 ) -> Response {
     match admit(&admission).await {
         Ok(permit) => holding(next.run(request).await, permit),
-        Err(refusal) => refusal,
+        Err(refusal) => refusal.into_response(),
     }
 }
 
-/// A slot of `admission`, or the 429 that refuses it (counted by reason). What
+/// A slot of `admission`, or the refusal (429, counted by reason). What
 /// [`concurrency`] and the inference front (`crate::server`) share.
-pub(crate) async fn admit(admission: &Admission) -> Result<OwnedSemaphorePermit, Response> {
-    admission.admit().await.map_err(|refusal| {
+pub(crate) async fn admit(admission: &Admission) -> Result<OwnedSemaphorePermit, ApiError> {
+    admission.admit().await.inspect_err(|refusal| {
         let reason = match refusal {
             ApiError::QueueFull => "queue_full",
             _ => "queue_timeout",
         };
         metrics::refused(reason);
-        refusal.into_response()
     })
 }
 

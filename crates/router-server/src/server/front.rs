@@ -13,12 +13,13 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Body;
-use axum::response::Response;
+use axum::response::{IntoResponse as _, Response};
 use futures::future::{BoxFuture, Either};
 use hyper::body::Incoming;
 use hyper_util::service::TowerToHyperService;
 
 use crate::app::AppContext;
+use crate::error::ApiError;
 use crate::prepare::Endpoint;
 use crate::routes::inference;
 use crate::{auth, limit};
@@ -74,17 +75,14 @@ async fn serve(
     request: http::Request<Incoming>,
 ) -> Response {
     let (parts, body) = request.into_parts();
-    let key = match auth::client_key(ctx.credentials(), &parts.headers) {
-        Ok(key) => key,
-        Err(refusal) => return refusal,
+    let admitted = async {
+        let key = auth::client_key(ctx.credentials(), &parts.headers)?;
+        let charge = limit::rate_limited(ctx.rate_limits(), key)?;
+        Ok::<_, ApiError>((charge, limit::admit(ctx.admission()).await?))
     };
-    let charge = match limit::rate_limited(ctx.rate_limits(), key) {
-        Ok(charge) => charge,
-        Err(refusal) => return refusal,
-    };
-    let permit = match limit::admit(ctx.admission()).await {
-        Ok(permit) => permit,
-        Err(refusal) => return refusal,
+    let (charge, permit) = match admitted.await {
+        Ok(admitted) => admitted,
+        Err(refusal) => return refusal.into_response(),
     };
     let response =
         inference::endpoint_request(endpoint, ctx, charge, parts.headers, Body::new(body));
