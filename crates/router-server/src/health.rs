@@ -12,7 +12,6 @@
 //! An engine that declines a request with `Retry-After` is held off (no candidate) for that long,
 //! capped by `server.retry.max_retry_after_secs`; the run loop wakes when the hold ends.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -128,7 +127,9 @@ impl EngineHealth {
 pub struct HealthBook {
     registry: Arc<WorkerRegistry>,
     config: HealthSection,
-    engines: Mutex<HashMap<WorkerId, EngineHealth>>,
+    /// Looked up on every answer: foldhash, and the id copied only for an engine's first
+    /// record.
+    engines: Mutex<hashbrown::HashMap<WorkerId, EngineHealth>>,
     /// Wakes the run loop when a breaker opens or an engine is held off, so that it acts on
     /// time.
     opened: Notify,
@@ -174,7 +175,7 @@ impl HealthBook {
         Self {
             registry,
             config,
-            engines: Mutex::new(HashMap::new()),
+            engines: Mutex::new(hashbrown::HashMap::new()),
             opened: Notify::new(),
             half_open: AtomicUsize::new(0),
         }
@@ -193,9 +194,12 @@ impl HealthBook {
     fn update(&self, worker: &Worker, change: impl FnOnce(&mut EngineHealth, &HealthSection)) {
         let healthy = {
             let mut engines = self.engines.lock();
-            let entry = engines
-                .entry(worker.id().clone())
-                .or_insert_with(|| EngineHealth::new(worker.incarnation()));
+            let entry = match engines.get_mut(worker.id()) {
+                Some(entry) => entry,
+                None => engines
+                    .entry(worker.id().clone())
+                    .or_insert_with(|| EngineHealth::new(worker.incarnation())),
+            };
             if entry.incarnation > worker.incarnation() {
                 // A late outcome of an engine since replaced: its successor's record stays.
                 return;
