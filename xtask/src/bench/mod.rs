@@ -112,8 +112,12 @@ pub(crate) fn run(root: &Path, options: Options) -> Result<()> {
         eprintln!("xtask bench: router overhead ({requests} requests x {repeats} per case)");
         let overhead = overhead::measure(&bins, requests, repeats, case.as_deref())?;
         for case in &overhead.cases {
-            let cpu = |run: &overhead::Run| {
-                run.proxy_cpu_us.map_or("-".to_owned(), |us| format!("{us:.1} us/request"))
+            let cpu = |run: &overhead::Run| match (run.proxy_cpu_us, run.proxy_user_system_us()) {
+                (Some(us), Some((user, system))) => {
+                    format!("{us:.1} us/request ({user:.1} user + {system:.1} kernel)")
+                }
+                (Some(us), None) => format!("{us:.1} us/request"),
+                _ => "-".to_owned(),
             };
             eprintln!(
                 "  {}: direct {:.0} req/s; router {:.0} req/s, {}; nginx {:.0} req/s, {}",

@@ -144,11 +144,20 @@ pub(crate) struct Run {
     pub(crate) events_per_request: f64,
     /// The proxy's CPU per request; none for runs straight to the engine.
     pub(crate) proxy_cpu_us: Option<f64>,
+    /// The share of the proxy's CPU spent in user space (the rest in the kernel), from the
+    /// clock ticks of `/proc/<pid>/stat`.
+    pub(crate) proxy_user_share: Option<f64>,
 }
 
 impl Run {
     pub(crate) fn rps(&self) -> f64 {
         self.requests as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// The proxy's CPU per request in user space and in the kernel.
+    pub(crate) fn proxy_user_system_us(&self) -> Option<(f64, f64)> {
+        let (cpu, user) = (self.proxy_cpu_us?, self.proxy_user_share?);
+        Some((cpu * user, cpu * (1.0 - user)))
     }
 
     /// The proxy's CPU per streamed event, for streams.
@@ -287,11 +296,21 @@ fn one_run(
     requests: usize,
     concurrency: usize,
 ) -> Result<Run> {
-    let before = proxy.map(Proc::cpu_time).transpose()?;
+    let ticks_per_sec = super::procs::clock_ticks_per_sec();
+    let user_system = |proxy: &Proc| proxy.stat_user_system(ticks_per_sec);
+    let before =
+        proxy.map(|proxy| Ok::<_, anyhow::Error>((proxy.cpu_time()?, user_system(proxy)?)));
+    let before = before.transpose()?;
     let blast = runtime.block_on(blast(url, body, requests, concurrency))?;
-    let cpu = match (proxy, before) {
-        (Some(proxy), Some(before)) => Some(proxy.cpu_time()? - before),
-        _ => None,
+    let (cpu, user_share) = match (proxy, before) {
+        (Some(proxy), Some((cpu, (user, system)))) => {
+            let (user_after, system_after) = user_system(proxy)?;
+            let (user, system) = (user_after - user, system_after - system);
+            let ticked = (user + system).as_secs_f64();
+            let share = (ticked > 0.0).then(|| user.as_secs_f64() / ticked);
+            (Some(proxy.cpu_time()? - cpu), share)
+        }
+        _ => (None, None),
     };
     let served = blast.latencies.len();
     Ok(Run {
@@ -302,6 +321,7 @@ fn one_run(
         p99_ms: percentile(&blast.latencies, 99.0),
         events_per_request: blast.events as f64 / served.max(1) as f64,
         proxy_cpu_us: cpu.map(|cpu| cpu.as_secs_f64() * 1e6 / requests as f64),
+        proxy_user_share: user_share,
     })
 }
 
@@ -368,23 +388,34 @@ pub(crate) fn render(overhead: &Overhead) -> String {
     }
     page.push_str(
         "\n### The router against nginx\n\n\
-         | case | router CPU/request | nginx CPU/request | router ÷ nginx | router req/s ÷ direct | nginx req/s ÷ direct |\n\
-         |---|---|---|---|---|---|\n",
+         | case | router CPU/request | nginx CPU/request | router ÷ nginx | router user + kernel | nginx user + kernel | router req/s ÷ direct | nginx req/s ÷ direct |\n\
+         |---|---|---|---|---|---|---|---|\n",
     );
+    let split = |run: &Run| {
+        run.proxy_user_system_us()
+            .map_or("-".to_owned(), |(user, system)| format!("{user:.1} + {system:.1} us"))
+    };
     for case in &overhead.cases {
         let _ = writeln!(
             page,
-            "| {} | {} | {} | {} | {:.0}% | {:.0}% |",
+            "| {} | {} | {} | {} | {} | {} | {:.0}% | {:.0}% |",
             case.name,
             us(case.router.proxy_cpu_us),
             us(case.nginx.proxy_cpu_us),
             case.cpu_ratio().map_or("-".to_owned(), |ratio| format!("{ratio:.2}x")),
+            split(&case.router),
+            split(&case.nginx),
             case.router.rps() / case.direct.rps() * 100.0,
             case.nginx.rps() / case.direct.rps() * 100.0,
         );
     }
     page.push_str(
-        "\nThe aim: router CPU per plain request at most 1.3x nginx's, per stream of one event \
+        "\nUser + kernel splits each proxy's CPU per request by the shares of its user and \
+         system clock ticks (`/proc/<pid>/stat`, 10 ms each) over the run. The two proxies make \
+         the same system calls per request, so their kernel time is alike and the gap is in \
+         user space: there, the router's hyper server and client connections alone cost more \
+         than nginx's whole request (`cargo xtask bench --case instructions` counts both).\n\n\
+         The aim: router CPU per plain request at most 1.3x nginx's, per stream of one event \
          per token at most 1.5x, and streaming throughput through the router at least 90% of \
          direct at one event per token.\n\n![proxy CPU per request](bench-router-cpu.svg)\n",
     );

@@ -132,22 +132,30 @@ impl Proc {
     /// User plus system CPU time so far from `/proc/<pid>/stat` (`utime` + `stime`, in clock
     /// ticks of `ticks_per_sec`): coarse, but the figure `top` and `ps` report.
     pub(crate) fn stat_cpu_time(&self, ticks_per_sec: u64) -> Result<Duration> {
+        let (user, system) = self.stat_user_system(ticks_per_sec)?;
+        Ok(user + system)
+    }
+
+    /// User and system CPU time so far from `/proc/<pid>/stat` (`utime`, `stime`), apart.
+    pub(crate) fn stat_user_system(&self, ticks_per_sec: u64) -> Result<(Duration, Duration)> {
         let path = format!("/proc/{}/stat", self.child.id());
         let text = std::fs::read_to_string(&path).with_context(|| format!("reading {path}"))?;
-        let ticks = stat_ticks(&text).with_context(|| format!("no utime/stime in {path}"))?;
-        Ok(Duration::from_secs_f64(ticks as f64 / ticks_per_sec.max(1) as f64))
+        let (user, system) =
+            stat_ticks(&text).with_context(|| format!("no utime/stime in {path}"))?;
+        let time = |ticks: u64| Duration::from_secs_f64(ticks as f64 / ticks_per_sec.max(1) as f64);
+        Ok((time(user), time(system)))
     }
 }
 
-/// `utime + stime` of a `/proc/<pid>/stat` line. The command name (field 2) is in parentheses
+/// `utime` and `stime` of a `/proc/<pid>/stat` line. The command name (field 2) is in parentheses
 /// and may hold spaces, so fields are counted after its closing `)`: state is the first there,
 /// utime (field 14) the twelfth and stime the thirteenth.
-fn stat_ticks(stat: &str) -> Option<u64> {
+fn stat_ticks(stat: &str) -> Option<(u64, u64)> {
     let (_, rest) = stat.rsplit_once(')')?;
     let mut fields = rest.split_whitespace().skip(11);
     let utime: u64 = fields.next()?.parse().ok()?;
     let stime: u64 = fields.next()?.parse().ok()?;
-    Some(utime + stime)
+    Some((utime, stime))
 }
 
 /// The kernel's clock ticks per second (`getconf CLK_TCK`), 100 when it cannot be asked.
@@ -304,7 +312,7 @@ mod tests {
     fn reads_utime_and_stime_after_the_command_name() {
         // A command name with a space and a parenthesis, as `/proc/<pid>/stat` may hold.
         let stat = "4242 (envoy (main)) S 1 4242 4242 0 -1 4194560 1234 0 0 0 317 42 0 0 20 0 9 0";
-        assert_eq!(stat_ticks(stat), Some(317 + 42));
+        assert_eq!(stat_ticks(stat), Some((317, 42)));
         assert_eq!(stat_ticks("4242 (x) S 1"), None);
     }
 }

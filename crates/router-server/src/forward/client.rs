@@ -218,16 +218,18 @@ impl Forwarder {
         }
         authorize(&mut request, worker);
         trace.apply(request.headers_mut());
+        // Two awaits, one per protocol: a future holding both clients' would be larger, and a
+        // request moves its future around (measured: 7k instructions more per request).
         let timeout = self.config.request_timeout;
+        let worker_id = || worker.id().clone();
         let sent = if self.config.http2 {
             tokio::time::timeout(timeout, self.request(request)).await.map(|sent| {
-                sent.map_err(|source| match source.is_connect() {
-                    true => SendError::Unreachable {
-                        worker: worker.id().clone(),
-                        source: source.into(),
-                    },
-                    false => {
-                        SendError::Failed { worker: worker.id().clone(), source: source.into() }
+                sent.map_err(|source| {
+                    let worker = worker_id();
+                    if source.is_connect() {
+                        SendError::Unreachable { worker, source: source.into() }
+                    } else {
+                        SendError::Failed { worker, source: source.into() }
                     }
                 })
             })
@@ -238,17 +240,15 @@ impl Forwarder {
             tokio::time::timeout(timeout, sent).await.map(|sent| {
                 sent.map_err(|err| match err {
                     H1Error::Connect(source) => {
-                        SendError::Unreachable { worker: worker.id().clone(), source }
+                        SendError::Unreachable { worker: worker_id(), source }
                     }
                     H1Error::Exchange(source) => {
-                        SendError::Failed { worker: worker.id().clone(), source: source.into() }
+                        SendError::Failed { worker: worker_id(), source: source.into() }
                     }
                 })
             })
         };
-        sent.unwrap_or_else(|_| {
-            Err(SendError::Timeout { worker: worker.id().clone(), after: timeout })
-        })
+        sent.unwrap_or_else(|_| Err(SendError::Timeout { worker: worker_id(), after: timeout }))
     }
 
     /// This forwarder's HTTP/1.1 connections.

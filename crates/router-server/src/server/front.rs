@@ -19,7 +19,6 @@ use hyper::body::Incoming;
 use hyper_util::service::TowerToHyperService;
 
 use crate::app::AppContext;
-use crate::error::ApiError;
 use crate::prepare::Endpoint;
 use crate::routes::inference;
 use crate::{auth, limit};
@@ -75,13 +74,16 @@ async fn serve(
     request: http::Request<Incoming>,
 ) -> Response {
     let (parts, body) = request.into_parts();
-    let admitted = async {
-        let key = auth::client_key(ctx.credentials(), &parts.headers)?;
-        let charge = limit::rate_limited(ctx.rate_limits(), key)?;
-        Ok::<_, ApiError>((charge, limit::admit(ctx.admission()).await?))
+    let key = match auth::client_key(ctx.credentials(), &parts.headers) {
+        Ok(key) => key,
+        Err(refusal) => return refusal.into_response(),
     };
-    let (charge, permit) = match admitted.await {
-        Ok(admitted) => admitted,
+    let charge = match limit::rate_limited(ctx.rate_limits(), key) {
+        Ok(charge) => charge,
+        Err(refusal) => return refusal.into_response(),
+    };
+    let permit = match limit::admit(ctx.admission()).await {
+        Ok(permit) => permit,
         Err(refusal) => return refusal.into_response(),
     };
     let response =

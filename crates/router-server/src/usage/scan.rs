@@ -2,10 +2,10 @@
 //! their answer with `usage` and SGLang's `/generate` with `meta_info`, so that last member is
 //! found by a search for its key and read field by field; the members before it are not
 //! parsed. Whenever the answer is shaped otherwise (its counts elsewhere, both kinds or one
-//! spelled twice anywhere in it, a batch), the caller parses it whole. On a well-formed answer the two agree (the usage
-//! tests' `reads_what_serde_reads` property holds them to it); on a malformed one the counts
-//! of an intact last member are still read, the bytes passing to the client unchanged either
-//! way.
+//! spelled twice anywhere in it, a batch), the caller parses it whole. On a well-formed answer
+//! the two agree (the usage tests' `reads_what_serde_reads` property holds them to it); on a
+//! malformed one the counts of an intact last member are still read, the bytes passing to the
+//! client unchanged either way.
 
 use std::sync::LazyLock;
 
