@@ -152,8 +152,8 @@ pub(crate) async fn require_api_key(
 }
 
 /// The client key `headers` present: none when no client keys are configured, a refusal (401,
-/// counted) when they are and the request has none of them. What [`require_api_key`] and the inference
-/// front (`crate::server`) share.
+/// counted) when they are and the request has none of them. What [`require_api_key`] and the
+/// inference front (`server/front.rs`) share.
 pub(crate) fn client_key(
     credentials: &Credentials,
     headers: &http::HeaderMap,

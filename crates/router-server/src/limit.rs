@@ -145,9 +145,9 @@ pub(crate) async fn per_key(
     next.run(request).await
 }
 
-/// A request of client key `key` (none without client keys) through its key's request
-/// limit: the refusal (429) when it is over, else where its tokens are charged when the key limits
-/// tokens. What [`per_key`] and the inference front (`crate::server`) share.
+/// A request of client key `key` (none without client keys) through its key's request limit:
+/// the refusal (429) when it is over, else where its tokens are charged when the key limits
+/// tokens. What [`per_key`] and the inference front (`server/front.rs`) share.
 pub(crate) fn rate_limited(
     limits: &rate::RateLimits,
     key: Option<KeyIndex>,
@@ -170,7 +170,7 @@ pub(crate) async fn concurrency(
 }
 
 /// A slot of `admission`, or the refusal (429, counted by reason). What
-/// [`concurrency`] and the inference front (`crate::server`) share.
+/// [`concurrency`] and the inference front (`server/front.rs`) share.
 pub(crate) async fn admit(admission: &Admission) -> Result<OwnedSemaphorePermit, ApiError> {
     admission.admit().await.inspect_err(|refusal| {
         let reason = match refusal {
