@@ -248,9 +248,7 @@ impl AppContext {
 
     /// The routing objects serving `name`.
     pub fn model(&self, name: &str) -> Option<&ModelRuntime> {
-        self.models
-            .get(&ModelId::new(name))
-            .or_else(|| self.wildcard.as_ref().and_then(|w| self.models.get(w)))
+        self.models.get(name).or_else(|| self.wildcard.as_ref().and_then(|w| self.models.get(w)))
     }
 
     /// The model a request names, or, when it names none (`/generate`, the passed-through

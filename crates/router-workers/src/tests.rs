@@ -467,3 +467,12 @@ fn a_request_uri_is_the_base_url_followed_by_the_path() {
     let worker = Worker::plain("w", "http://h:1", &model()).expect("ok");
     assert!(worker.uri_for("/with space").is_err(), "a path that is no URI path is an error");
 }
+
+#[test]
+fn a_model_is_found_by_the_name_a_client_sent() {
+    let models: std::collections::HashMap<ModelId, u8> =
+        [(ModelId::new("llama"), 1), (ModelId::new("qwen"), 2)].into_iter().collect();
+    assert_eq!(models.get("llama"), Some(&1));
+    assert_eq!(models.get("qwen"), Some(&2));
+    assert_eq!(models.get("Llama"), None, "names are compared exactly");
+}

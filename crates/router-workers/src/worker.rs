@@ -60,6 +60,14 @@ impl ModelId {
     }
 }
 
+/// A model is looked up by its name as a client sent it, without making a `ModelId` of it:
+/// the derived `Hash` and `Eq` are those of the name.
+impl std::borrow::Borrow<str> for ModelId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 impl fmt::Display for ModelId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
