@@ -1,6 +1,5 @@
 //! The live set of workers, indexed by id and by (model, stage), with a change feed.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::RwLock;
@@ -57,12 +56,14 @@ impl ModelKind {
     }
 }
 
+/// Looked up on every request, by keys the configuration (or discovery) made: hashbrown's
+/// foldhash, not SipHash.
 #[derive(Default)]
 struct Inner {
-    by_id: HashMap<WorkerId, Arc<Worker>>,
+    by_id: hashbrown::HashMap<WorkerId, Arc<Worker>>,
     /// Workers of each (model, stage), sorted by id. Rebuilt on membership changes only, so
     /// lookups clone one `Arc`.
-    by_model_stage: HashMap<(ModelId, Stage), Arc<[Arc<Worker>]>>,
+    by_model_stage: hashbrown::HashMap<(ModelId, Stage), Arc<[Arc<Worker>]>>,
 }
 
 impl Inner {
