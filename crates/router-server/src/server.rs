@@ -260,7 +260,7 @@ impl Serving {
         addr: SocketAddr,
         event_loops: usize,
     ) -> std::io::Result<Self> {
-        let front = Front::router(Arc::clone(&ctx), routes(Arc::clone(&ctx)));
+        let front = Front::router(Arc::clone(&ctx));
         Self::start_front(ctx, front, addr, event_loops)
     }
 

@@ -109,6 +109,12 @@ impl Reported {
     }
 }
 
+/// The searchers for the two keys that carry counts, quoted, built once (building one costs
+/// more than a search of a chunk): shared by the stream's pre-check ([`may_report`]) and the
+/// reading of an answer's last member ([`scan`]).
+static USAGE_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"usage\""));
+static META_KEY: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"meta_info\""));
+
 /// Most events, from the end, searched for counts in a stream's tail.
 const TAIL_EVENTS: usize = 8;
 
@@ -157,12 +163,10 @@ fn of_last_events(text: &[u8]) -> (Option<Usage>, usize) {
 fn may_report(data: &[u8]) -> bool {
     /// The searchers, built once: building one costs more than a search of a chunk.
     static ESCAPE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\\u"));
-    static KEYS: LazyLock<[Finder<'static>; 2]> =
-        LazyLock::new(|| [Finder::new(b"\"usage\""), Finder::new(b"\"meta_info\"")]);
     if ESCAPE.find(data).is_some() {
         return true;
     }
-    KEYS.iter().any(|key| {
+    [&*USAGE_KEY, &*META_KEY].into_iter().any(|key| {
         key.find_iter(data).any(|at| {
             let after = data[at + key.needle().len()..].trim_ascii_start();
             let value = after.strip_prefix(b":").map(<[u8]>::trim_ascii_start);

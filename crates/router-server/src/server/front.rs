@@ -40,9 +40,10 @@ impl Front {
 
     /// The router's routes over `ctx`, the inference endpoints served directly unless CORS
     /// is configured.
-    pub(super) fn router(ctx: Arc<AppContext>, app: Router) -> Self {
+    pub(super) fn router(ctx: Arc<AppContext>) -> Self {
+        let app = TowerToHyperService::new(super::routes(Arc::clone(&ctx)));
         let direct = ctx.server().cors_allowed_origins.is_empty();
-        Self { app: TowerToHyperService::new(app), inference: direct.then_some(ctx) }
+        Self { app, inference: direct.then_some(ctx) }
     }
 }
 

@@ -7,11 +7,9 @@
 //! malformed one the counts of an intact last member are still read, the bytes passing to the
 //! client unchanged either way.
 
-use std::sync::LazyLock;
-
 use memchr::memmem::Finder;
 
-use super::Usage;
+use super::{META_KEY, USAGE_KEY, Usage};
 
 /// Containers nested deeper than this are refused, as serde_json refuses them.
 const MAX_DEPTH: u32 = 128;
@@ -19,8 +17,6 @@ const MAX_DEPTH: u32 = 128;
 /// The counts of the answer `text` when they are its last member: `Some(None)` when that
 /// member says there are none, `None` when the answer is not shaped so (parse it whole).
 pub(super) fn of_last_member(text: &[u8]) -> Option<Option<Usage>> {
-    static USAGE: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"usage\""));
-    static META: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(b"\"meta_info\""));
     // The one counts key of the answer, spelled once: with both kinds, or one given twice, the
     // whole answer decides which counts stand (or that it is refused). Forward searches only:
     // memchr's are vectorised, its reverse ones are not.
@@ -28,9 +24,9 @@ pub(super) fn of_last_member(text: &[u8]) -> Option<Option<Usage>> {
         let after = at + key.needle().len();
         key.find(&text[after..]).is_none().then_some(at)
     };
-    let (at, openai) = match (USAGE.find(text), META.find(text)) {
-        (Some(usage), None) => (once(&USAGE, usage)?, true),
-        (None, Some(meta)) => (once(&META, meta)?, false),
+    let (at, openai) = match (USAGE_KEY.find(text), META_KEY.find(text)) {
+        (Some(usage), None) => (once(&USAGE_KEY, usage)?, true),
+        (None, Some(meta)) => (once(&META_KEY, meta)?, false),
         _ => return None,
     };
     // A key opens its member: after the object's `{` or the previous member's `,`. A quote

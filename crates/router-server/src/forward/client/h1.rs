@@ -123,11 +123,8 @@ impl H1Pool<'_> {
                     pools.len() - 1
                 }
             };
-            let engines = &mut pools[at].1;
-            let conns = match engines.get_mut(url) {
-                Some(conns) => conns,
-                None => engines.entry(url.to_owned()).or_default(),
-            };
+            // The URL is copied only for an engine's first connection.
+            let conns = pools[at].1.entry_ref(url).or_default();
             if conns.len() < self.max_per_engine {
                 conns.push(conn);
             }
