@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::http::HeaderValue;
+use axum::http::{HeaderName, HeaderValue};
 use axum::response::Response;
 use router_buckets::{BucketRequest, BucketResolver, Selection, Skipped, SloVerdict};
 use router_policies::PickError;
@@ -80,7 +80,7 @@ pub(crate) async fn serve(
         match dispatch.run(selection.pick).await {
             Ok(mut response) => {
                 if retries > 0 {
-                    response.headers_mut().insert("x-router-retries", HeaderValue::from(retries));
+                    response.headers_mut().insert(RETRIES_HEADER, HeaderValue::from(retries));
                 }
                 report_slo(&mut response, &labels.model, verdict);
                 return Ok(response);
@@ -157,6 +157,9 @@ fn report_slo(response: &mut Response, model_label: &str, verdict: SloVerdict) {
         metrics::slo_request(model_label, target, check.met);
     }
 }
+
+/// How many times the request was selected again after an engine failed it.
+const RETRIES_HEADER: HeaderName = HeaderName::from_static("x-router-retries");
 
 /// Whether the serving bucket met the request's time-to-first-token target.
 pub(crate) const SLO_TTFT_HEADER: &str = "x-router-slo-ttft";

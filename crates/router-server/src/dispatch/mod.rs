@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
 use bytes::Bytes;
 use http::response::Parts;
@@ -35,6 +35,17 @@ use crate::metrics;
 use crate::prepare::PreparedRequest;
 use crate::telemetry::RequestTrace;
 use rank::EngineRequest;
+
+/// The response headers naming what served the request: the bucket, and the engine (a pair's
+/// two engines) with its data-parallel rank. Parsed once, here: an insert by string parses the
+/// name on every request.
+pub(crate) const ENGINE_HEADER: HeaderName = HeaderName::from_static("x-router-engine");
+const RANK_HEADER: HeaderName = HeaderName::from_static("x-router-rank");
+const BUCKET_HEADER: HeaderName = HeaderName::from_static("x-router-bucket");
+const PREFILL_ENGINE_HEADER: HeaderName = HeaderName::from_static("x-router-prefill-engine");
+const DECODE_ENGINE_HEADER: HeaderName = HeaderName::from_static("x-router-decode-engine");
+const PREFILL_RANK_HEADER: HeaderName = HeaderName::from_static("x-router-prefill-rank");
+const DECODE_RANK_HEADER: HeaderName = HeaderName::from_static("x-router-decode-rank");
 
 /// Largest whole (non-streamed) answer the router buffers, in bytes.
 const WHOLE_ANSWER_LIMIT: usize = 64 * 1024 * 1024;
@@ -83,7 +94,7 @@ impl Dispatch<'_> {
             // of the pair answers them.
             BucketPick::Pd { decode, .. } => plain::dispatch(self, decode, Stage::Decode).await?,
         };
-        response.headers_mut().insert("x-router-bucket", header_value(self.bucket));
+        response.headers_mut().insert(BUCKET_HEADER, header_value(self.bucket));
         Ok(response)
     }
 }

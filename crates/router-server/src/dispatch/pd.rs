@@ -21,7 +21,10 @@ use tokio::sync::oneshot;
 use tracing::{Instrument, warn};
 
 use super::rank::EngineRequest;
-use super::{Dispatch, Exchange, counted, header_value, read_snippet};
+use super::{
+    DECODE_ENGINE_HEADER, DECODE_RANK_HEADER, Dispatch, Exchange, PREFILL_ENGINE_HEADER,
+    PREFILL_RANK_HEADER, counted, header_value, read_snippet,
+};
 use crate::error::{ApiError, Chain, EngineError};
 
 /// SGLang's default bootstrap port, used when a prefill worker does not name one.
@@ -151,13 +154,13 @@ pub(super) async fn dispatch(
     // The decode answer is under way: the prefill request runs to its end on its own.
     abort_prefill.disarm();
     let headers = response.headers_mut();
-    headers.insert("x-router-prefill-engine", header_value(prefill.worker.id().as_str()));
-    headers.insert("x-router-decode-engine", header_value(decode_worker.id().as_str()));
+    headers.insert(PREFILL_ENGINE_HEADER, header_value(prefill.worker.id().as_str()));
+    headers.insert(DECODE_ENGINE_HEADER, header_value(decode_worker.id().as_str()));
     if let Some(rank) = prefill_rank {
-        headers.insert("x-router-prefill-rank", rank.rank.into());
+        headers.insert(PREFILL_RANK_HEADER, rank.rank.into());
     }
     if let Some(rank) = decode_rank {
-        headers.insert("x-router-decode-rank", rank.rank.into());
+        headers.insert(DECODE_RANK_HEADER, rank.rank.into());
     }
     Ok(response)
 }

@@ -8,7 +8,7 @@ use axum::response::Response;
 use router_policies::Pick;
 use router_workers::Stage;
 
-use super::{Dispatch, header_value};
+use super::{Dispatch, ENGINE_HEADER, RANK_HEADER, header_value};
 use crate::error::ApiError;
 use crate::forward::{AnswerMetrics, TtftPrediction};
 use crate::metrics;
@@ -43,9 +43,9 @@ pub(super) async fn dispatch(
         response
     };
     let headers = response.headers_mut();
-    headers.insert("x-router-engine", header_value(worker.id().as_str()));
+    headers.insert(ENGINE_HEADER, header_value(worker.id().as_str()));
     if let Some(rank) = rank {
-        headers.insert("x-router-rank", rank.rank.into());
+        headers.insert(RANK_HEADER, rank.rank.into());
     }
     Ok(response)
 }

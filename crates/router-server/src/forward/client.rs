@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode, header};
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
@@ -20,6 +20,8 @@ use router_workers::Worker;
 use rustls::ClientConfig;
 
 use crate::error::SendError;
+use crate::prepare::DP_RANK;
+use crate::routes::REQUEST_ID_HEADER;
 use crate::telemetry::TraceHeaders;
 use crate::tls::TlsConfigError;
 use h1::{H1Error, H1Pool};
@@ -212,9 +214,9 @@ impl Forwarder {
             headers.insert(header::HOST, host);
         }
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        headers.insert(HeaderName::from_static("x-request-id"), request_id.clone());
+        headers.insert(REQUEST_ID_HEADER, request_id.clone());
         if let Some(rank) = rank {
-            headers.insert(HeaderName::from_static("x-data-parallel-rank"), rank.into());
+            headers.insert(DP_RANK, rank.into());
         }
         authorize(&mut request, worker);
         trace.apply(request.headers_mut());

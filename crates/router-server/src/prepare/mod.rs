@@ -148,6 +148,8 @@ pub(crate) struct ClientRank {
 
 /// The header vLLM reads the data-parallel rank from.
 pub(crate) const DP_RANK_HEADER: &str = "x-data-parallel-rank";
+/// [`DP_RANK_HEADER`] as a header name, parsed once.
+pub(crate) const DP_RANK: http::HeaderName = http::HeaderName::from_static(DP_RANK_HEADER);
 
 /// The rank a client asked for in the body (`body_rank`, already validated) or the
 /// [`DP_RANK_HEADER`] header (a non-negative integer, else 400); both may be given only if

@@ -5,11 +5,14 @@
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use bytes::Bytes;
 use http_body_util::BodyExt;
 
 use crate::error::ApiError;
+
+/// The request id's header, as the router sends it to the engines and back to the client.
+pub(crate) const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
 
 /// The client's request id from the first of `names` (`server.request_id_headers`) present
 /// with a sane token, else a fresh one.

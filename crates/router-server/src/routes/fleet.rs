@@ -18,6 +18,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::app::AppContext;
+use crate::dispatch::ENGINE_HEADER;
 use crate::error::ApiError;
 
 /// How long one engine may take to answer an information request or a flush.
@@ -71,7 +72,7 @@ fn json_response(status: StatusCode, body: Bytes, worker: &Worker) -> Response {
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     if let Ok(engine) = HeaderValue::from_str(worker.id().as_str()) {
-        headers.insert("x-router-engine", engine);
+        headers.insert(ENGINE_HEADER, engine);
     }
     response
 }

@@ -18,14 +18,14 @@ use router_affinity::{MAX_KEY_BYTES, ScopeError};
 use router_buckets::{SloPreferences, SloTargets};
 use tracing::{Instrument, info, warn};
 
-use super::body::{read_body, request_id};
+use super::body::{REQUEST_ID_HEADER, read_body, request_id};
 use crate::app::AppContext;
 use crate::config::ModelRuntime;
 use crate::error::{ApiError, Chain};
 use crate::limit::rate::TokenCharge;
 use crate::metrics;
 use crate::prepare::{
-    DP_RANK_HEADER, Endpoint, PreparedRequest, client_rank, parse_request, prepare,
+    DP_RANK, Endpoint, PreparedRequest, client_rank, parse_request, prepare,
 };
 use crate::serve::{Labels, serve};
 use crate::telemetry::RequestTrace;
@@ -73,7 +73,7 @@ pub(crate) async fn endpoint_request(
         }
     };
     metrics::request(&labels.model, &labels.bucket, response.status().as_u16(), started.elapsed());
-    response.headers_mut().insert("x-request-id", request_id);
+    response.headers_mut().insert(REQUEST_ID_HEADER, request_id);
     trace.finish(response)
 }
 
@@ -124,7 +124,7 @@ pub(crate) async fn prepare_request<'c>(
     labels: &mut Labels,
 ) -> Result<(&'c ModelRuntime, PreparedRequest), ApiError> {
     let request = parse_request(endpoint, &body, ctx.server().max_batch_size)?;
-    let client_rank = client_rank(request.client_rank, headers.get(DP_RANK_HEADER))?;
+    let client_rank = client_rank(request.client_rank, headers.get(DP_RANK))?;
     let model = ctx.requested_model(request.model.as_deref())?;
     labels.model.push_str(model.id.as_str());
     let session = affinity_key(headers, &model.affinity.session_id_header)?;

@@ -2,6 +2,7 @@
 
 pub(crate) mod admin;
 mod body;
+pub(crate) use body::REQUEST_ID_HEADER;
 pub(crate) mod fleet;
 pub(crate) mod inference;
 pub(crate) mod ops;
