@@ -24,9 +24,7 @@ use crate::config::ModelRuntime;
 use crate::error::{ApiError, Chain};
 use crate::limit::rate::TokenCharge;
 use crate::metrics;
-use crate::prepare::{
-    DP_RANK, Endpoint, PreparedRequest, client_rank, parse_request, prepare,
-};
+use crate::prepare::{DP_RANK, Endpoint, PreparedRequest, client_rank, parse_request, prepare};
 use crate::serve::{Labels, serve};
 use crate::telemetry::RequestTrace;
 
