@@ -162,9 +162,9 @@ fn report_slo(response: &mut Response, model_label: &str, verdict: SloVerdict) {
 const RETRIES_HEADER: HeaderName = HeaderName::from_static("x-router-retries");
 
 /// Whether the serving bucket met the request's time-to-first-token target.
-pub(crate) const SLO_TTFT_HEADER: &str = "x-router-slo-ttft";
+const SLO_TTFT_HEADER: HeaderName = HeaderName::from_static("x-router-slo-ttft");
 /// Whether the serving bucket met the request's decode-throughput target.
-pub(crate) const SLO_TPS_HEADER: &str = "x-router-slo-tps";
+const SLO_TPS_HEADER: HeaderName = HeaderName::from_static("x-router-slo-tps");
 
 fn count_skipped(model_label: &str, skipped: &Skipped<'_>) {
     let reason = match &skipped.error.error {
