@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use http::HeaderName;
 use metrics_exporter_prometheus::PrometheusHandle;
 use parking_lot::Mutex;
 use router_policies::{BlockSize, CacheSources, LoadHandles, Pick, PolicyHandles, RequestTokens};
@@ -36,6 +37,8 @@ use crate::retry::RetryBudget;
 /// Everything a request handler needs, shared by all of them.
 pub struct AppContext {
     server: ServerSection,
+    /// `server.request_id_headers`, parsed once (a lookup by name would parse it per request).
+    request_id_headers: Vec<HeaderName>,
     load_report_interval: Duration,
     registry: Arc<WorkerRegistry>,
     /// The load table and router-local in-flight accounting.
@@ -140,6 +143,10 @@ impl AppContext {
         })
         .map_err(|err| engine_problem("server.engine_ca_file", &err))?;
         Ok(Self {
+            // Validated with the configuration: every name is a lowercase header name.
+            request_id_headers: (config.server.request_id_headers.iter())
+                .filter_map(|name| HeaderName::from_lowercase(name.as_bytes()).ok())
+                .collect(),
             server: config.server.clone(),
             load_report_interval: Duration::from_millis(config.load.report_interval_ms),
             health: Arc::new(HealthBook::new(Arc::clone(&registry), config.health.clone())),
@@ -399,6 +406,11 @@ impl AppContext {
     /// The server settings.
     pub fn server(&self) -> &ServerSection {
         &self.server
+    }
+
+    /// The headers a client's request id is taken from, in order of preference.
+    pub(crate) fn request_id_headers(&self) -> &[HeaderName] {
+        &self.request_id_headers
     }
 
     /// The rate limits of the client keys.

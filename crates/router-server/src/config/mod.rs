@@ -62,6 +62,10 @@ pub struct ModelRuntime {
     pub tokenization: Option<Arc<Tokenization>>,
     /// Affinity headers and expiry.
     pub affinity: AffinitySection,
+    /// `affinity.session_id_header`, parsed once.
+    pub session_header: http::HeaderName,
+    /// `affinity.routing_key_header`, parsed once.
+    pub routing_header: http::HeaderName,
 }
 
 impl fmt::Debug for ModelRuntime {
@@ -340,9 +344,16 @@ fn build_model(
     let model_id = ModelId::new(&model.id);
     let before = problems.0.len();
     let roles = register_workers(path, model, registry, engine_key, problems);
-    if model.affinity.session_id_header.is_empty() || model.affinity.routing_key_header.is_empty() {
-        problems.push(format!("{path}.affinity"), "header names must not be empty");
-    }
+    let mut header = |key: &str, name: &str| {
+        let parsed = http::HeaderName::from_bytes(name.as_bytes()).ok();
+        if parsed.is_none() {
+            problems
+                .push(format!("{path}.affinity.{key}"), format!("{name:?} is not a header name"));
+        }
+        parsed
+    };
+    let session_header = header("session_id_header", &model.affinity.session_id_header);
+    let routing_header = header("routing_key_header", &model.affinity.routing_key_header);
 
     // One store per kind of binding, each with its own idle timeout; a zero timeout is
     // reported at the key that set it.
@@ -445,6 +456,8 @@ fn build_model(
         resolver: resolver?,
         tokenization,
         affinity: model.affinity.clone(),
+        session_header: session_header?,
+        routing_header: routing_header?,
         sessions,
         routing_keys,
     })

@@ -170,6 +170,18 @@ fn settings_out_of_range_name_their_key() {
             "at least 1",
         ),
         (
+            "an affinity header that is no header name",
+            one_model("", "affinity: {session_id_header: \"x session\"}", workers, groups),
+            "models[0].affinity.session_id_header",
+            "is not a header name",
+        ),
+        (
+            "an empty affinity header",
+            one_model("", "affinity: {routing_key_header: \"\"}", workers, groups),
+            "models[0].affinity.routing_key_header",
+            "is not a header name",
+        ),
+        (
             "a worker's block size against its events'",
             one_model(
                 "",

@@ -14,12 +14,12 @@ use crate::error::ApiError;
 /// The request id's header, as the router sends it to the engines and back to the client.
 pub(crate) const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
 
-/// The client's request id from the first of `names` (`server.request_id_headers`) present
-/// with a sane token, else a fresh one.
-pub(crate) fn request_id(headers: &HeaderMap, names: &[String]) -> HeaderValue {
+/// The client's request id from the first of `names` (`server.request_id_headers`, parsed
+/// once by [`crate::app::AppContext`]) present with a sane token, else a fresh one.
+pub(crate) fn request_id(headers: &HeaderMap, names: &[HeaderName]) -> HeaderValue {
     names
         .iter()
-        .filter_map(|name| headers.get(name.as_str()))
+        .filter_map(|name| headers.get(name))
         .find(|v| {
             let bytes = v.as_bytes();
             !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(|b| b.is_ascii_graphic())

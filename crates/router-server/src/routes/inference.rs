@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -48,7 +48,7 @@ pub(crate) async fn endpoint_request(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let request_id = request_id(&headers, &ctx.server().request_id_headers);
+    let request_id = request_id(&headers, ctx.request_id_headers());
     let span = tracing::info_span!("request", id = %request_id.to_str().unwrap_or_default());
     let started = Instant::now();
     let mut labels = Labels::default();
@@ -125,8 +125,8 @@ pub(crate) async fn prepare_request<'c>(
     let client_rank = client_rank(request.client_rank, headers.get(DP_RANK))?;
     let model = ctx.requested_model(request.model.as_deref())?;
     labels.model.push_str(model.id.as_str());
-    let session = affinity_key(headers, &model.affinity.session_id_header)?;
-    let routing = affinity_key(headers, &model.affinity.routing_key_header)?;
+    let session = affinity_key(headers, &model.session_header)?;
+    let routing = affinity_key(headers, &model.routing_header)?;
     let slo = slo_targets(headers, model.resolver.slo())?;
     let prepared = if model.tokenization.is_some() && body.len() > INLINE_PREPARE_BYTES {
         // Templating and tokenizing a long prompt takes milliseconds: off the event loop, so
@@ -168,9 +168,13 @@ fn blocking_slots() -> &'static Arc<tokio::sync::Semaphore> {
 /// The session or routing key in header `name`: absent is `None`; a value that is not
 /// visible ASCII, or longer than an affinity key may be, is the client's mistake (400 naming
 /// the header).
-fn affinity_key<'h>(headers: &'h HeaderMap, name: &str) -> Result<Option<&'h str>, ApiError> {
+fn affinity_key<'h>(
+    headers: &'h HeaderMap,
+    name: &HeaderName,
+) -> Result<Option<&'h str>, ApiError> {
     let Some(value) = headers.get(name) else { return Ok(None) };
-    let invalid = |message: String| ApiError::InvalidRequest { message, param: Some(name.into()) };
+    let invalid =
+        |message: String| ApiError::InvalidRequest { message, param: Some(name.as_str().into()) };
     let key =
         value.to_str().map_err(|_| invalid(format!("header {name} must be visible ASCII")))?;
     if key.len() > MAX_KEY_BYTES {

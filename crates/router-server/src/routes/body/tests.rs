@@ -5,11 +5,11 @@
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderValue, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
-use super::{read_body, request_id};
+use super::{REQUEST_ID_HEADER, read_body, request_id};
 
 #[test]
 fn a_sane_request_id_is_kept_and_anything_else_replaced() {
@@ -29,7 +29,7 @@ fn a_sane_request_id_is_kept_and_anything_else_replaced() {
         if let Some(given) = given {
             headers.insert("x-request-id", HeaderValue::from_bytes(given).expect("a value"));
         }
-        let id = request_id(&headers, &["x-request-id".to_owned()]);
+        let id = request_id(&headers, &[REQUEST_ID_HEADER]);
         assert_eq!(given == Some(id.as_bytes()), kept, "{name}: {id:?}");
         if !kept {
             let fresh = id.to_str().expect("ascii");
@@ -37,7 +37,7 @@ fn a_sane_request_id_is_kept_and_anything_else_replaced() {
         }
     }
     let empty = HeaderMap::new();
-    let names = ["x-request-id".to_owned()];
+    let names = [REQUEST_ID_HEADER];
     let (first, second) = (request_id(&empty, &names), request_id(&empty, &names));
     assert_ne!(first, second, "fresh ids are unique");
     // The process's random half, then a counter: both lowercase hex, the counter counting up.
@@ -54,7 +54,8 @@ fn a_sane_request_id_is_kept_and_anything_else_replaced() {
 
 #[test]
 fn the_first_configured_header_present_with_a_sane_id_names_the_request() {
-    let names = ["x-correlation-id".to_owned(), "x-trace-id".to_owned()];
+    let names =
+        [HeaderName::from_static("x-correlation-id"), HeaderName::from_static("x-trace-id")];
     // (headers sent, the id kept; None: a fresh one)
     for (sent, kept) in [
         (vec![("x-trace-id", "t-1")], Some("t-1")),

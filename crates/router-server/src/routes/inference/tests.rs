@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderValue, Request, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Request, StatusCode};
 use axum::response::Response;
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -27,13 +27,14 @@ fn affinity_keys_are_read_checked_and_named_in_errors() {
     headers.insert("x-limit", HeaderValue::from_str(&"k".repeat(256)).expect("ascii"));
     headers.insert("x-binary", HeaderValue::from_bytes(b"caf\xc3\xa9").expect("opaque"));
 
-    assert_eq!(affinity_key(&headers, "x-session-id").expect("valid"), Some("abc"));
-    assert_eq!(affinity_key(&headers, "x-absent").expect("valid"), None);
-    assert_eq!(affinity_key(&headers, "x-limit").expect("valid").map(str::len), Some(256));
+    let key = |name| affinity_key(&headers, &HeaderName::from_static(name));
+    assert_eq!(key("x-session-id").expect("valid"), Some("abc"));
+    assert_eq!(key("x-absent").expect("valid"), None);
+    assert_eq!(key("x-limit").expect("valid").map(str::len), Some(256));
     for (name, says) in
         [("x-long", "257 bytes exceeds the limit of 256"), ("x-binary", "visible ASCII")]
     {
-        let err = affinity_key(&headers, name).expect_err(name);
+        let err = key(name).expect_err(name);
         assert_eq!(err.status().as_u16(), 400, "{name}");
         let ApiError::InvalidRequest { message, param } = &err else { panic!("{err:?}") };
         assert_eq!(param.as_deref(), Some(name));
