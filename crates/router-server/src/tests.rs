@@ -21,10 +21,16 @@ pub(crate) async fn serve(app: axum::Router) -> String {
     format!("http://{address}")
 }
 
-/// The URL of a loopback port nothing listens on (bound, then released).
+/// The URL of a loopback port nothing listens on, so connecting is refused: bound without
+/// listening and held until the tests end, so that no other test's listener is given it (a
+/// port bound and released could be).
 pub(crate) fn nothing_listens() -> String {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    format!("http://{}", listener.local_addr().expect("address"))
+    static HELD: std::sync::Mutex<Vec<tokio::net::TcpSocket>> = std::sync::Mutex::new(Vec::new());
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind");
+    let url = format!("http://{}", socket.local_addr().expect("address"));
+    HELD.lock().expect("not poisoned").push(socket);
+    url
 }
 
 /// Requests an engine received.

@@ -30,13 +30,11 @@ fn timeout() -> EngineError {
     EngineError::Send(SendError::Timeout { worker: worker("e1"), after: Duration::from_secs(9) })
 }
 
-/// A real connect failure: nothing listens on a port just released.
+/// A real connect failure: nothing listens on the port.
 async fn unreachable() -> SendError {
-    let port =
-        std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr");
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<http_body_util::Empty<bytes::Bytes>>();
-    let uri = format!("http://{port}/").parse().expect("uri");
+    let uri = format!("{}/", crate::tests::nothing_listens()).parse().expect("uri");
     let source = client.get(uri).await.expect_err("nothing listens");
     assert!(source.is_connect(), "{source}");
     SendError::Unreachable { worker: worker("e1"), source: source.into() }

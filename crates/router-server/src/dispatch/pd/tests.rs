@@ -83,11 +83,11 @@ async fn respond(script: Script) -> Response {
 
 /// A scripted engine on loopback; its URL.
 async fn engine(script: Script) -> String {
+    if matches!(script, Script::Down) {
+        return crate::tests::nothing_listens();
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = listener.local_addr().expect("address");
-    if matches!(script, Script::Down) {
-        return format!("http://{address}");
-    }
     let app = axum::Router::new()
         .route("/v1/chat/completions", axum::routing::post(move || respond(script)));
     tokio::spawn(async move { axum::serve(listener, app).await });
