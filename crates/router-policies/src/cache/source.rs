@@ -416,7 +416,9 @@ impl CacheSource {
         c.lookups.fetch_add(1, Ordering::Relaxed);
         let matches = match &self.backend {
             Backend::Local(index) => index.lookup(model, hashes),
-            Backend::Remote(client) => match client.lookup(model, hashes).await {
+            // Boxed: a gRPC call's future is kilobytes, and unboxed it would be part of every
+            // request's future, copied as that is built, in local deployments too.
+            Backend::Remote(client) => match Box::pin(client.lookup(model, hashes)).await {
                 Ok(matches) => matches,
                 Err(error) => {
                     let (counter, outcome) = match &error {

@@ -87,8 +87,10 @@ impl Dispatch<'_> {
     pub(crate) async fn run(self, pick: BucketPick) -> Result<Response, ApiError> {
         let mut response = match pick {
             BucketPick::Plain(pick) => plain::dispatch(self, pick, Stage::Plain).await?,
+            // Boxed: a pair's future holds both exchanges, and unboxed every request's
+            // future would carry (and copy) it; a pair's request costs an allocation more.
             BucketPick::Pd { prefill, decode } if self.prepared.request.endpoint.generates() => {
-                pd::dispatch(self, prefill, decode).await?
+                Box::pin(pd::dispatch(self, prefill, decode)).await?
             }
             // Embeddings, scores and tokenization are one engine's work: the decode engine
             // of the pair answers them.

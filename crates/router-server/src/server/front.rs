@@ -14,6 +14,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Body;
 use axum::response::{IntoResponse as _, Response};
+use futures::FutureExt as _;
 use futures::future::{BoxFuture, Either};
 use hyper::body::Incoming;
 use hyper_util::service::TowerToHyperService;
@@ -60,8 +61,10 @@ impl hyper::service::Service<http::Request<Incoming>> for Front {
             && request.method() == http::Method::POST
             && let Some(endpoint) = Endpoint::at(request.uri().path())
         {
+            // The handler's future boxed as it is, not inside another future: a request's
+            // future is kilobytes, and each layer around it is a copy of it.
             let ctx = Arc::clone(ctx);
-            return Either::Left(Box::pin(async move { Ok(serve(endpoint, ctx, request).await) }));
+            return Either::Left(Box::pin(serve(endpoint, ctx, request).map(Ok)));
         }
         Either::Right(self.app.call(request))
     }

@@ -69,7 +69,9 @@ impl H1Pool<'_> {
         loop {
             let (mut conn, reused) = match self.checkout(url) {
                 Some(conn) => (conn, true),
-                None => (self.connect(connect_uri()).await?, false),
+                // Boxed: connecting is rare and its future large, which every request's
+                // future would otherwise carry (and copy).
+                None => (Box::pin(self.connect(connect_uri())).await?, false),
             };
             match conn.send.try_send_request(request).await {
                 Ok(response) => {
