@@ -17,7 +17,7 @@ use serde_json::{Map, Value};
 use super::Dispatch;
 use crate::error::ApiError;
 use crate::metrics;
-use crate::prepare::{DP_RANK_HEADER, ROUTER_OWNED_FIELDS};
+use crate::prepare::{self, DP_RANK_HEADER, ROUTER_OWNED_FIELDS};
 
 /// SGLang's body field naming the rank.
 const DP_RANK_FIELD: &str = "data_parallel_rank";
@@ -131,8 +131,7 @@ impl Dispatch<'_> {
         };
         let edit = BodyEdit {
             rank: rank.filter(|_| route == Some(DpRoute::Body)),
-            drops_clients_rank: route.is_some()
-                && prepared.request.body.contains_key(DP_RANK_FIELD),
+            drops_clients_rank: route.is_some() && prepared.request.body.has(DP_RANK_FIELD),
         };
         let body = match sibling {
             Some(sibling) if sibling.edit == edit => sibling.body.clone(),
@@ -144,7 +143,10 @@ impl Dispatch<'_> {
 
     /// The client's body without router-owned fields, with `fields` and `edit` applied.
     fn edited_body(&self, edit: BodyEdit, fields: &[(&str, Value)]) -> Bytes {
-        let mut body: Map<String, Value> = self.prepared.request.body.clone();
+        // The body to forward is one `parse_request` accepted (or the same map re-serialised
+        // without the router-owned fields): it parses again.
+        let mut body: Map<String, Value> =
+            prepare::reparse(&self.prepared.body).expect("an accepted body parses again");
         for field in ROUTER_OWNED_FIELDS {
             body.remove(field);
         }

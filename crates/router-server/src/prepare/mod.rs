@@ -4,6 +4,7 @@
 //! keys and the data-parallel rank a client asked for. Token ids a client sends are used for
 //! routing as they are, tokenizer or not.
 
+mod fields;
 mod validate;
 
 use std::path::Path;
@@ -69,13 +70,14 @@ impl Tokenization {
         Ok(Self { tokenizer: loaded, template })
     }
 
-    /// Renders and tokenizes a chat request's messages (the template holds the special
-    /// tokens, so none are added).
-    pub(crate) fn encode_messages(
-        &self,
-        request: &InferenceRequest,
-    ) -> Result<Vec<u32>, TokenizeError> {
-        let text = self.template.render(request.messages(), request.body.get("tools"))?;
+    /// Renders and tokenizes the messages of `body`, a chat request [`parse_request`]
+    /// accepted (the template holds the special tokens, so none are added).
+    pub(crate) fn encode_messages(&self, body: &[u8]) -> Result<Vec<u32>, PrepareError> {
+        let body = reparse(body)?;
+        let messages =
+            body.get("messages").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
+        let text =
+            self.template.render(messages, body.get("tools")).map_err(TokenizeError::from)?;
         let encoding = self.tokenizer.encode_fast(text, false).map_err(TokenizeError::Encode)?;
         Ok(encoding.get_ids().to_vec())
     }
@@ -212,7 +214,7 @@ pub(crate) fn prepare(
             (total, ids.first().map(|first| Arc::new(RequestTokens::new(first.clone()))))
         }
         (Prompt::Messages, Some(tokenization)) => {
-            lengths_and_first(vec![tokenization.encode_messages(&request)?])
+            lengths_and_first(vec![tokenization.encode_messages(&raw)?])
         }
         (Prompt::Texts(texts), Some(tokenization)) => lengths_and_first(
             texts.iter().map(|text| tokenization.encode_text(text)).collect::<Result<_, _>>()?,
@@ -232,8 +234,8 @@ pub(crate) fn prepare(
         ),
         None => None,
     };
-    let body = if ROUTER_OWNED_FIELDS.iter().any(|f| request.body.contains_key(*f)) {
-        let mut cleaned = request.body.clone();
+    let body = if ROUTER_OWNED_FIELDS.iter().any(|f| request.body.has(f)) {
+        let mut cleaned = reparse(&raw)?;
         for field in ROUTER_OWNED_FIELDS {
             cleaned.remove(field);
         }
@@ -255,26 +257,25 @@ pub(crate) fn prepare(
     })
 }
 
+/// A body [`parse_request`] accepted, as a map: for the chat template and the bodies the
+/// router rewrites (the data path reads it without building it).
+pub(crate) fn reparse(body: &[u8]) -> Result<serde_json::Map<String, Value>, InvalidRequest> {
+    fields::object(body).map_err(|err| InvalidRequest {
+        message: format!("request body is not valid JSON: {err}"),
+        param: None,
+    })
+}
+
 /// A size estimate without a tokenizer: about four bytes of text per token, plus a few tokens
 /// of template framing per chat message.
 fn estimate_tokens(request: &InferenceRequest) -> u64 {
-    fn text_len(value: &Value) -> usize {
-        match value {
-            Value::String(s) => s.len(),
-            Value::Array(items) => items.iter().map(text_len).sum(),
-            Value::Object(map) => map.values().map(text_len).sum(),
-            _ => 0,
-        }
-    }
     let estimate = match &request.prompt {
-        Prompt::Messages => {
-            let messages = request.messages();
-            let bytes: usize = messages.iter().map(text_len).sum();
-            bytes.div_ceil(4) + 4 * messages.len()
-        }
+        Prompt::Messages => request.messages().map_or(0, |messages| {
+            messages.text.div_ceil(4) + 4 * messages.count.unwrap_or_default()
+        }),
         Prompt::Texts(texts) => texts.iter().map(|text| text.len().div_ceil(4)).sum(),
         Prompt::Ids(ids) => ids.iter().map(Vec::len).sum(),
-        Prompt::Opaque => request.body.values().map(text_len).sum::<usize>().div_ceil(4),
+        Prompt::Opaque => request.body.text_len().div_ceil(4),
     };
     estimate.max(1) as u64
 }
@@ -403,10 +404,7 @@ mod tests {
         fields.sort_unstable();
         assert_eq!(fields, ["lora_path", "messages", "model", "seed"]);
         assert_eq!(forwarded["messages"][0]["content"], "x");
-        assert!(
-            prepared.request.body.contains_key("bootstrap_port"),
-            "the parsed request is the client's"
-        );
+        assert!(prepared.request.body.has("bootstrap_port"), "the parsed request is the client's");
     }
 
     /// Found by the `prepare` fuzz target: serde_json's default float parser is off by one ulp

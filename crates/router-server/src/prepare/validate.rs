@@ -1,15 +1,17 @@
 //! Parsing and validating the three inference requests: OpenAI chat completions, OpenAI
 //! (legacy) completions and SGLang's native `/generate`.
 //!
-//! The body is parsed once into a JSON value (serde_json caps nesting depth, so hostile
-//! nesting is an error, not a stack overflow), then the fields the router relies on or that an
-//! engine would reject are checked, each error naming its field. The body itself is forwarded
-//! as the client sent it.
+//! The body is read once ([`super::fields`]: serde_json's parser, whose nesting cap makes
+//! hostile nesting an error, not a stack overflow), then the fields the router relies on or
+//! that an engine would reject are checked, each error naming its field. The body itself is
+//! forwarded as the client sent it.
 
 use serde_json::{Map, Value};
 
+use super::fields::{self, BodyFields, Messages};
+
 /// A request that failed validation: a 400 naming what is wrong.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{message}")]
 pub(crate) struct InvalidRequest {
     /// What is wrong, naming the field.
@@ -102,8 +104,8 @@ pub(crate) enum Prompt {
 pub(crate) struct InferenceRequest {
     /// The API it came in through.
     pub endpoint: Endpoint,
-    /// The whole parsed body.
-    pub body: Map<String, Value>,
+    /// The body's top-level fields, as far as the router reads them.
+    pub body: BodyFields,
     /// `model`; `/generate` and the passed-through endpoints may leave it out.
     pub model: Option<String>,
     /// `stream`, false when absent.
@@ -129,19 +131,25 @@ impl InferenceRequest {
         self.batch.filter(|_| self.endpoint == Endpoint::Generate)
     }
 
-    /// `messages` (validated to be a non-empty array of objects); empty for other prompts.
-    pub(crate) fn messages(&self) -> &[Value] {
-        self.body.field("messages").and_then(Value::as_array).map_or(&[], Vec::as_slice)
+    /// `messages`, when present (validated to be a non-empty list of messages for chat).
+    pub(crate) fn messages(&self) -> Option<&Messages> {
+        self.body.messages()
     }
 }
 
-/// A field of a request object. Request objects hold a handful of keys, and serde_json's
-/// ordered map (`preserve_order`, which the chat template needs) hashes every lookup with
-/// SipHash: comparing a few short keys is several times cheaper, and parsing one request looks
-/// up some twenty fields. Keys are unique (a repeated key's last value replaces the first), so
-/// the scan finds what `get` would.
+/// A field of a request object: of the body, or of an object inside it (`sampling_params`).
+/// Request objects hold a handful of keys, and serde_json's ordered map (`preserve_order`,
+/// which the chat template needs) hashes every lookup with SipHash: comparing a few short
+/// keys is several times cheaper. Keys are unique (a repeated key's last value replaces the
+/// first), so the scan finds what `get` would.
 trait Field {
     fn field(&self, name: &str) -> Option<&Value>;
+}
+
+impl Field for BodyFields {
+    fn field(&self, name: &str) -> Option<&Value> {
+        self.get(name)
+    }
 }
 
 /// Objects up to this many keys are scanned rather than hashed into.
@@ -166,11 +174,11 @@ pub(crate) fn parse_request(
     body: &[u8],
     max_batch: usize,
 ) -> Result<InferenceRequest, InvalidRequest> {
-    let value: Value = serde_json::from_slice(body).map_err(|err| InvalidRequest {
+    let read = fields::read(body).map_err(|err| InvalidRequest {
         message: format!("request body is not valid JSON: {err}"),
         param: None,
     })?;
-    let Value::Object(body) = value else {
+    let Some(body) = read else {
         return Err(InvalidRequest {
             message: "request body must be a JSON object".to_owned(),
             param: None,
@@ -196,7 +204,7 @@ pub(crate) fn parse_request(
     };
     let (prompt, batch, max_output_tokens, n) = match endpoint {
         Endpoint::Chat => {
-            validate_messages(body.field("messages"))?;
+            validate_messages(body.messages())?;
             let (max_output_tokens, n) = openai_sampling(&body)?;
             (Prompt::Messages, None, max_output_tokens, n)
         }
@@ -247,7 +255,7 @@ pub(crate) fn parse_request(
 }
 
 /// `data_parallel_rank`: absent, null, or a rank number.
-fn data_parallel_rank(body: &Map<String, Value>) -> Result<Option<u32>, InvalidRequest> {
+fn data_parallel_rank(body: &BodyFields) -> Result<Option<u32>, InvalidRequest> {
     const FIELD: &str = "data_parallel_rank";
     match body.field(FIELD) {
         None | Some(Value::Null) => Ok(None),
@@ -260,7 +268,7 @@ fn data_parallel_rank(body: &Map<String, Value>) -> Result<Option<u32>, InvalidR
 }
 
 /// The OpenAI sampling fields of chat and completions: the output bound and `n`.
-fn openai_sampling(body: &Map<String, Value>) -> Result<(Option<u64>, u64), InvalidRequest> {
+fn openai_sampling(body: &BodyFields) -> Result<(Option<u64>, u64), InvalidRequest> {
     if let Some(options) = body.field("stream_options")
         && !options.is_null()
         && !options.is_object()
@@ -283,7 +291,7 @@ fn openai_sampling(body: &Map<String, Value>) -> Result<(Option<u64>, u64), Inva
 /// SGLang's `sampling_params` (one object, or for a batch one per prompt): the output bound
 /// (the largest, unknown if any prompt leaves it open) and `n`.
 fn generate_sampling(
-    body: &Map<String, Value>,
+    body: &BodyFields,
     batch: Option<usize>,
 ) -> Result<(Option<u64>, u64), InvalidRequest> {
     const FIELD: &str = "sampling_params";
@@ -347,7 +355,7 @@ fn renamed(error: InvalidRequest, path: &str) -> InvalidRequest {
 }
 
 /// `n` (1 to 128, 1 when absent).
-fn sample_count(body: &Map<String, Value>, field: &str) -> Result<u64, InvalidRequest> {
+fn sample_count(body: &impl Field, field: &str) -> Result<u64, InvalidRequest> {
     match optional_count(body, field)? {
         None => Ok(1),
         Some(n) if (1..=128).contains(&n) => Ok(n),
@@ -356,7 +364,7 @@ fn sample_count(body: &Map<String, Value>, field: &str) -> Result<u64, InvalidRe
 }
 
 /// `top_k` (-1 or positive) and `stop` (a string or up to 16), under `prefix` for errors.
-fn top_k_and_stop(body: &Map<String, Value>, prefix: &str) -> Result<(), InvalidRequest> {
+fn top_k_and_stop(body: &impl Field, prefix: &str) -> Result<(), InvalidRequest> {
     if let Some(top_k) = body.field("top_k").filter(|v| !v.is_null()) {
         match top_k.as_i64() {
             Some(k) if k == -1 || k >= 1 => {}
@@ -473,11 +481,7 @@ fn token_ids(field: &str, items: &[Value]) -> Result<Vec<u32>, InvalidRequest> {
 
 /// A per-item field of `/generate` (`rid`, `return_logprob`): a scalar, or for a batch a list
 /// of one value per prompt.
-fn per_item(
-    body: &Map<String, Value>,
-    field: &str,
-    batch: Option<usize>,
-) -> Result<(), InvalidRequest> {
+fn per_item(body: &BodyFields, field: &str, batch: Option<usize>) -> Result<(), InvalidRequest> {
     match (body.field(field), batch) {
         (Some(Value::Array(items)), Some(len)) if items.len() != len => Err(InvalidRequest::field(
             field,
@@ -490,50 +494,30 @@ fn per_item(
     }
 }
 
-fn optional_bool(body: &Map<String, Value>, field: &str) -> Result<(), InvalidRequest> {
+fn optional_bool(body: &BodyFields, field: &str) -> Result<(), InvalidRequest> {
     match body.field(field) {
         None | Some(Value::Null | Value::Bool(_)) => Ok(()),
         Some(_) => Err(InvalidRequest::field(field, "must be a boolean")),
     }
 }
 
-fn validate_messages(messages: Option<&Value>) -> Result<(), InvalidRequest> {
-    let messages = match messages {
-        Some(Value::Array(messages)) if !messages.is_empty() => messages,
-        Some(Value::Array(_)) => {
-            return Err(InvalidRequest::field("messages", "must not be empty"));
+/// `messages` of a chat request: a non-empty list of messages.
+fn validate_messages(messages: Option<&Messages>) -> Result<(), InvalidRequest> {
+    match messages {
+        None => Err(InvalidRequest::field("messages", "is required")),
+        Some(Messages { count: None, .. }) => {
+            Err(InvalidRequest::field("messages", "must be an array"))
         }
-        Some(_) => return Err(InvalidRequest::field("messages", "must be an array")),
-        None => return Err(InvalidRequest::field("messages", "is required")),
-    };
-    for (i, message) in messages.iter().enumerate() {
-        let Some(message) = message.as_object() else {
-            return Err(InvalidRequest::field(&format!("messages[{i}]"), "must be an object"));
-        };
-        match message.field("role") {
-            Some(Value::String(_)) => {}
-            _ => {
-                return Err(InvalidRequest::field(
-                    &format!("messages[{i}].role"),
-                    "must be a string",
-                ));
-            }
+        Some(Messages { count: Some(0), .. }) => {
+            Err(InvalidRequest::field("messages", "must not be empty"))
         }
-        match message.field("content") {
-            None | Some(Value::Null | Value::String(_) | Value::Array(_)) => {}
-            Some(_) => {
-                return Err(InvalidRequest::field(
-                    &format!("messages[{i}].content"),
-                    "must be a string, an array of parts or null",
-                ));
-            }
-        }
+        Some(Messages { problem: Some(problem), .. }) => Err(problem.clone()),
+        Some(_) => Ok(()),
     }
-    Ok(())
 }
 
 /// A non-negative integer field, when present and not null.
-fn optional_count(body: &Map<String, Value>, field: &str) -> Result<Option<u64>, InvalidRequest> {
+fn optional_count(body: &impl Field, field: &str) -> Result<Option<u64>, InvalidRequest> {
     match body.field(field) {
         None | Some(Value::Null) => Ok(None),
         Some(value) => match value.as_u64() {
@@ -548,7 +532,7 @@ fn optional_count(body: &Map<String, Value>, field: &str) -> Result<Option<u64>,
 }
 
 fn optional_range(
-    body: &Map<String, Value>,
+    body: &impl Field,
     field: &str,
     min: f64,
     max: f64,
@@ -585,7 +569,7 @@ mod tests {
         assert_eq!(req.model.as_deref(), Some("m"));
         assert!(!req.stream);
         assert_eq!(req.max_output_tokens, Some(8));
-        assert_eq!(req.messages().len(), 1);
+        assert_eq!(req.messages().and_then(|messages| messages.count), Some(1));
     }
 
     #[test]
@@ -598,10 +582,15 @@ mod tests {
                     "stream":"no","stream":true,"max_tokens":8{extra}}}"#
             );
             let req = parse_request(Endpoint::Chat, body.as_bytes(), 4).expect("valid");
-            assert!(req.stream, "the last `stream` counts ({} keys)", req.body.len());
+            assert!(req.stream, "the last `stream` counts ({} more keys)", extra.len());
             assert_eq!(req.max_output_tokens, Some(8));
-            assert_eq!(req.body.field("absent"), None);
-            assert_eq!(req.body.field("max_tokens"), req.body.get("max_tokens"));
+            // An object inside the body (`sampling_params`) is a map, scanned or hashed into.
+            let Ok(Value::Object(map)) = serde_json::from_str::<Value>(&body) else {
+                panic!("an object: {body}");
+            };
+            assert_eq!(map.field("absent"), None);
+            assert_eq!(map.field("stream"), Some(&Value::Bool(true)));
+            assert_eq!(map.field("max_tokens"), map.get("max_tokens"));
         }
     }
 

@@ -1,0 +1,542 @@
+//! A request body read in one pass, as far as the router reads it: the top-level fields that
+//! validation looks at are parsed into JSON values, `messages` is checked and measured as it
+//! is read without being built, and every other member is only walked, its text measured for
+//! the size estimate.
+//!
+//! Everything goes through serde_json's parser, nesting cap included, so a body is read here
+//! exactly when it parses as a JSON value. Building the whole body as a `serde_json::Value`
+//! (an ordered, hashed map per object, a string per key) cost more than a tenth of a plain
+//! request's instructions; the rare paths that need it, the chat template and a body the
+//! router rewrites, parse it again with [`object`].
+
+use std::fmt;
+
+use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
+
+use super::validate::InvalidRequest;
+
+/// Declares the top-level fields parsed into values: [`READ`] lists them, [`read_field`]
+/// finds a key among them.
+macro_rules! read_fields {
+    ($($name:literal),* $(,)?) => {
+        /// The top-level fields validation reads (and the router-owned ones, whose presence
+        /// decides whether a body is rewritten); `messages` is read apart.
+        pub(crate) const READ: &[&str] = &[$($name),*];
+
+        /// `key` as the name in [`READ`], when it is one.
+        fn read_field(key: &str) -> Option<&'static str> {
+            match key {
+                $($name => Some($name),)*
+                _ => None,
+            }
+        }
+    };
+}
+
+read_fields![
+    "model",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "n",
+    "top_k",
+    "stop",
+    "echo",
+    "prompt",
+    "text",
+    "input_ids",
+    "rid",
+    "return_logprob",
+    "sampling_params",
+    "data_parallel_rank",
+    "bootstrap_host",
+    "bootstrap_port",
+    "bootstrap_room",
+];
+
+/// A request body's top-level members, as the router reads them.
+#[derive(Debug, Default)]
+pub(crate) struct BodyFields {
+    /// The [`READ`] fields present, in the order sent; a repeated one's last value counts.
+    values: Vec<(&'static str, Value)>,
+    /// `messages`, when present (the last, if repeated).
+    messages: Option<Messages>,
+    /// The length of the text (string values, at any depth) of every other member.
+    other_text: usize,
+}
+
+/// `messages` as read: a list's length and its text, and the first message that is not one.
+#[derive(Debug)]
+pub(crate) struct Messages {
+    /// How many messages, when `messages` is a list.
+    pub count: Option<usize>,
+    /// The length of its text: its string values, at any depth.
+    pub text: usize,
+    /// What is wrong with the first item that is no message (an object whose `role` is a
+    /// string and whose `content`, when present, is a string, a list of parts or null).
+    pub problem: Option<InvalidRequest>,
+}
+
+impl BodyFields {
+    /// The value of the [`READ`] field `name`.
+    pub(crate) fn get(&self, name: &str) -> Option<&Value> {
+        debug_assert!(READ.contains(&name), "`{name}` is not among the fields read");
+        self.values.iter().rev().find_map(|(field, value)| (*field == name).then_some(value))
+    }
+
+    /// Whether the [`READ`] field `name` is present.
+    pub(crate) fn has(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    /// `messages`, when present.
+    pub(crate) fn messages(&self) -> Option<&Messages> {
+        self.messages.as_ref()
+    }
+
+    /// The length of the body's text: its string values at any depth, keys aside.
+    pub(crate) fn text_len(&self) -> usize {
+        let read: usize = self.values.iter().map(|(_, value)| value_text(value)).sum();
+        read + self.messages.as_ref().map_or(0, |m| m.text) + self.other_text
+    }
+}
+
+/// The length of `value`'s string values, at any depth.
+pub(crate) fn value_text(value: &Value) -> usize {
+    match value {
+        Value::String(s) => s.len(),
+        Value::Array(items) => items.iter().map(value_text).sum(),
+        Value::Object(map) => map.values().map(value_text).sum(),
+        _ => 0,
+    }
+}
+
+/// Reads `body`: its fields when it is a JSON object, `None` when it is another JSON value.
+pub(crate) fn read(body: &[u8]) -> Result<Option<BodyFields>, serde_json::Error> {
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let fields = deserializer.deserialize_any(Body)?;
+    deserializer.end()?;
+    Ok(fields)
+}
+
+/// A body [`read`] found to be a JSON object, as a map: for the chat template and the bodies
+/// the router rewrites. The same parser accepted it, so it parses again.
+pub(crate) fn object(body: &[u8]) -> Result<Map<String, Value>, serde_json::Error> {
+    serde_json::from_slice(body)
+}
+
+/// The kinds of JSON value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Null,
+    Bool,
+    Number,
+    String,
+    Array,
+    Object,
+}
+
+/// What walking a value found.
+#[derive(Clone, Copy)]
+struct Walked {
+    kind: Kind,
+    /// The length of its string values, at any depth.
+    text: usize,
+    /// The kinds of its `role` and `content` members, when [`Walk::message`] watched them.
+    role: Option<Kind>,
+    content: Option<Kind>,
+}
+
+impl Walked {
+    fn of(kind: Kind, text: usize) -> Self {
+        Self { kind, text, role: None, content: None }
+    }
+}
+
+/// Walks a value without building it, measuring its text; a message's walk also notes the
+/// kinds of its `role` and `content` (a repeated key's last value counts, as in a parsed map;
+/// the text counts each).
+#[derive(Clone, Copy)]
+struct Walk {
+    message: bool,
+}
+
+impl Walk {
+    const ANY: Walk = Walk { message: false };
+}
+
+impl<'de> DeserializeSeed<'de> for Walk {
+    type Value = Walked;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Walked, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Walk {
+    type Value = Walked;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<Walked, E> {
+        Ok(Walked::of(Kind::Null, 0))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Walked, E> {
+        Ok(Walked::of(Kind::Bool, 0))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Walked, E> {
+        Ok(Walked::of(Kind::Number, 0))
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Walked, E> {
+        Ok(Walked::of(Kind::Number, 0))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Walked, E> {
+        Ok(Walked::of(Kind::Number, 0))
+    }
+
+    fn visit_str<E>(self, text: &str) -> Result<Walked, E> {
+        Ok(Walked::of(Kind::String, text.len()))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Walked, A::Error> {
+        let mut text = 0;
+        while let Some(item) = items.next_element_seed(Walk::ANY)? {
+            text += item.text;
+        }
+        Ok(Walked::of(Kind::Array, text))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<Walked, A::Error> {
+        let mut walked = Walked::of(Kind::Object, 0);
+        // Keys are read as strings, not skipped: skipping would let escapes a string may not
+        // hold (a lone surrogate) through.
+        while let Some(key) = members.next_key_seed(Key)? {
+            let value = members.next_value_seed(Walk::ANY)?;
+            walked.text += value.text;
+            match key {
+                Some(MessageField::Role) if self.message => walked.role = Some(value.kind),
+                Some(MessageField::Content) if self.message => walked.content = Some(value.kind),
+                _ => {}
+            }
+        }
+        Ok(walked)
+    }
+}
+
+/// The members of a message the router checks.
+enum MessageField {
+    Role,
+    Content,
+}
+
+/// An object's key, as the message member it names.
+struct Key;
+
+impl<'de> DeserializeSeed<'de> for Key {
+    type Value = Option<MessageField>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for Key {
+    type Value = Option<MessageField>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a key")
+    }
+
+    fn visit_str<E>(self, key: &str) -> Result<Self::Value, E> {
+        Ok(match key {
+            "role" => Some(MessageField::Role),
+            "content" => Some(MessageField::Content),
+            _ => None,
+        })
+    }
+}
+
+/// Reads `messages`.
+struct ReadMessages;
+
+impl ReadMessages {
+    fn not_a_list(text: usize) -> Messages {
+        Messages { count: None, text, problem: None }
+    }
+}
+
+impl<'de> DeserializeSeed<'de> for ReadMessages {
+    type Value = Messages;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Messages, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for ReadMessages {
+    type Value = Messages;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<Messages, E> {
+        Ok(Self::not_a_list(0))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Messages, E> {
+        Ok(Self::not_a_list(0))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Messages, E> {
+        Ok(Self::not_a_list(0))
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Messages, E> {
+        Ok(Self::not_a_list(0))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Messages, E> {
+        Ok(Self::not_a_list(0))
+    }
+
+    fn visit_str<E>(self, text: &str) -> Result<Messages, E> {
+        Ok(Self::not_a_list(text.len()))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, members: A) -> Result<Messages, A::Error> {
+        Ok(Self::not_a_list(Walk::ANY.visit_map(members)?.text))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Messages, A::Error> {
+        let (mut count, mut text, mut problem) = (0, 0, None);
+        while let Some(message) = items.next_element_seed(Walk { message: true })? {
+            if problem.is_none() {
+                problem = message_problem(count, &message);
+            }
+            count += 1;
+            text += message.text;
+        }
+        Ok(Messages { count: Some(count), text, problem })
+    }
+}
+
+/// What is wrong with the message at `index`, if anything.
+fn message_problem(index: usize, message: &Walked) -> Option<InvalidRequest> {
+    if message.kind != Kind::Object {
+        return Some(InvalidRequest::field(&format!("messages[{index}]"), "must be an object"));
+    }
+    if message.role != Some(Kind::String) {
+        let field = format!("messages[{index}].role");
+        return Some(InvalidRequest::field(&field, "must be a string"));
+    }
+    match message.content {
+        None | Some(Kind::Null | Kind::String | Kind::Array) => None,
+        Some(_) => Some(InvalidRequest::field(
+            &format!("messages[{index}].content"),
+            "must be a string, an array of parts or null",
+        )),
+    }
+}
+
+/// Reads a body: its members when it is an object.
+struct Body;
+
+impl<'de> Visitor<'de> for Body {
+    type Value = Option<BodyFields>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, items: A) -> Result<Self::Value, A::Error> {
+        // Walked all the same: a body too deeply nested is no JSON value at all.
+        Walk::ANY.visit_seq(items)?;
+        Ok(None)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<Self::Value, A::Error> {
+        let mut fields = BodyFields { values: Vec::with_capacity(8), ..BodyFields::default() };
+        while let Some(key) = members.next_key_seed(TopKey)? {
+            match key {
+                TopField::Read(name) => fields.values.push((name, members.next_value()?)),
+                TopField::Messages => {
+                    fields.messages = Some(members.next_value_seed(ReadMessages)?)
+                }
+                TopField::Other => fields.other_text += members.next_value_seed(Walk::ANY)?.text,
+            }
+        }
+        Ok(Some(fields))
+    }
+}
+
+/// A top-level key, as what the router does with its value.
+enum TopField {
+    Read(&'static str),
+    Messages,
+    Other,
+}
+
+/// Reads a top-level key.
+struct TopKey;
+
+impl<'de> DeserializeSeed<'de> for TopKey {
+    type Value = TopField;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<TopField, D::Error> {
+        deserializer.deserialize_str(self)
+    }
+}
+
+impl Visitor<'_> for TopKey {
+    type Value = TopField;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a key")
+    }
+
+    fn visit_str<E>(self, key: &str) -> Result<TopField, E> {
+        Ok(match read_field(key) {
+            Some(name) => TopField::Read(name),
+            None if key == "messages" => TopField::Messages,
+            None => TopField::Other,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fields(body: &str) -> BodyFields {
+        read(body.as_bytes()).expect("JSON").expect("an object")
+    }
+
+    #[test]
+    fn a_body_is_read_exactly_when_it_parses_as_json() {
+        let deep_member = format!(r#"{{"x":{}1{}}}"#, "[".repeat(127), "]".repeat(127));
+        let too_deep = format!(r#"{{"x":{}1{}}}"#, "[".repeat(128), "]".repeat(128));
+        let deep_message = format!(
+            r#"{{"messages":[{{"role":"u","content":{}1{}}}]}}"#,
+            "[".repeat(125),
+            "]".repeat(125)
+        );
+        let too_deep_message = format!(
+            r#"{{"messages":[{{"role":"u","content":{}1{}}}]}}"#,
+            "[".repeat(126),
+            "]".repeat(126)
+        );
+        let cases = [
+            r#"{"model":"m"}"#,
+            r#"{"a":1e999}"#,
+            r#"{"a":1} x"#,
+            r#"{"a":}"#,
+            r#"{"a\u0041":"\ud800"}"#,
+            r#"{"x":{"\ud800":1}}"#,
+            r#"{"x":["\ud800"],"messages":[{"\udc00":0}]}"#,
+            "{\"x\":\"\u{1}\"}",
+            r#"{"messages":[{"role":"user","content":"x"}],"messages":3}"#,
+            r#"[1,{"a":[2]}]"#,
+            r#""text""#,
+            "",
+            &deep_member,
+            &too_deep,
+            &deep_message,
+            &too_deep_message,
+        ];
+        for body in cases {
+            let as_value = serde_json::from_slice::<Value>(body.as_bytes());
+            let fields = read(body.as_bytes());
+            assert_eq!(fields.is_ok(), as_value.is_ok(), "{body}: {:?}", as_value.err());
+            if let (Ok(fields), Ok(value)) = (fields, as_value) {
+                assert_eq!(fields.is_some(), value.is_object(), "{body}");
+            }
+        }
+    }
+
+    #[test]
+    fn read_fields_keep_their_last_value_and_the_text_counts_every_string() {
+        let body = fields(
+            r#"{"model":"first","stream":false,"model":"m","input":["abc",{"k":"de"}],
+                "messages":[{"role":"user","content":[{"type":"text","text":"hello"}]}]}"#,
+        );
+        assert_eq!(body.get("model"), Some(&Value::from("m")));
+        assert_eq!(body.get("stream"), Some(&Value::from(false)));
+        assert!(body.has("model") && !body.has("max_tokens"));
+        let messages = body.messages().expect("messages");
+        assert_eq!(
+            (messages.count, messages.text, messages.problem.is_none()),
+            (Some(1), 13, true)
+        );
+        // "first" + "m" + "abc" + "de" + "user" + "text" + "hello".
+        assert_eq!(body.text_len(), 5 + 1 + 3 + 2 + 4 + 4 + 5);
+    }
+
+    #[test]
+    fn each_message_problem_names_the_first_bad_message() {
+        let cases = [
+            (r#"[{"role":"user"},{"role":"user","content":null}]"#, None),
+            (r#"[{"role":"user"},7]"#, Some("messages[1]")),
+            (r#"[{"content":"x"}]"#, Some("messages[0].role")),
+            (r#"[{"role":1,"role":"user"}]"#, None),
+            (r#"[{"role":"user","role":1}]"#, Some("messages[0].role")),
+            (r#"[{"role":"user","content":{}}]"#, Some("messages[0].content")),
+            (
+                r#"[{"role":"a"},{"role":"b","content":5},{"content":1}]"#,
+                Some("messages[1].content"),
+            ),
+        ];
+        for (messages, param) in cases {
+            let body = fields(&format!(r#"{{"messages":{messages}}}"#));
+            let read = body.messages().expect("messages");
+            assert_eq!(read.problem.as_ref().and_then(|p| p.param.as_deref()), param, "{messages}");
+        }
+        assert_eq!(fields(r#"{"messages":{"role":"user"}}"#).messages().expect("read").count, None);
+        assert_eq!(fields(r#"{"messages":[]}"#).messages().expect("read").count, Some(0));
+    }
+
+    #[test]
+    fn every_router_owned_field_is_read() {
+        for name in super::super::ROUTER_OWNED_FIELDS {
+            assert!(READ.contains(&name), "{name}");
+        }
+    }
+}
