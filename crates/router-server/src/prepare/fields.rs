@@ -7,12 +7,12 @@
 //! exactly when it parses as a JSON value. Building the whole body as a `serde_json::Value`
 //! (an ordered, hashed map per object, a string per key) cost more than a tenth of a plain
 //! request's instructions; the rare paths that need it, the chat template and a body the
-//! router rewrites, parse it again with [`object`].
+//! router rewrites, parse it again ([`super::reparse`]).
 
 use std::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::validate::InvalidRequest;
 
@@ -125,12 +125,6 @@ pub(crate) fn read(body: &[u8]) -> Result<Option<BodyFields>, serde_json::Error>
     let fields = deserializer.deserialize_any(Body)?;
     deserializer.end()?;
     Ok(fields)
-}
-
-/// A body [`read`] found to be a JSON object, as a map: for the chat template and the bodies
-/// the router rewrites. The same parser accepted it, so it parses again.
-pub(crate) fn object(body: &[u8]) -> Result<Map<String, Value>, serde_json::Error> {
-    serde_json::from_slice(body)
 }
 
 /// The kinds of JSON value.

@@ -260,10 +260,7 @@ pub(crate) fn prepare(
 /// A body [`parse_request`] accepted, as a map: for the chat template and the bodies the
 /// router rewrites (the data path reads it without building it).
 pub(crate) fn reparse(body: &[u8]) -> Result<serde_json::Map<String, Value>, InvalidRequest> {
-    fields::object(body).map_err(|err| InvalidRequest {
-        message: format!("request body is not valid JSON: {err}"),
-        param: None,
-    })
+    serde_json::from_slice(body).map_err(InvalidRequest::not_json)
 }
 
 /// A size estimate without a tokenizer: about four bytes of text per token, plus a few tokens

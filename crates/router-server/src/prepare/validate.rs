@@ -24,6 +24,11 @@ impl InvalidRequest {
     pub(crate) fn field(param: &str, what: impl std::fmt::Display) -> Self {
         Self { message: format!("'{param}' {what}"), param: Some(param.to_owned()) }
     }
+
+    /// A body that is no JSON value.
+    pub(crate) fn not_json(error: serde_json::Error) -> Self {
+        Self { message: format!("request body is not valid JSON: {error}"), param: None }
+    }
 }
 
 /// The API a request came in through; the engine is asked through the same one.
@@ -174,10 +179,7 @@ pub(crate) fn parse_request(
     body: &[u8],
     max_batch: usize,
 ) -> Result<InferenceRequest, InvalidRequest> {
-    let read = fields::read(body).map_err(|err| InvalidRequest {
-        message: format!("request body is not valid JSON: {err}"),
-        param: None,
-    })?;
+    let read = fields::read(body).map_err(InvalidRequest::not_json)?;
     let Some(body) = read else {
         return Err(InvalidRequest {
             message: "request body must be a JSON object".to_owned(),
