@@ -14,8 +14,6 @@ use std::fmt;
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
-use super::validate::InvalidRequest;
-
 /// Declares the top-level fields parsed into values: [`READ`] lists them, [`read_field`]
 /// finds a key among them.
 macro_rules! read_fields {
@@ -80,9 +78,20 @@ pub(crate) struct Messages {
     pub count: Option<usize>,
     /// The length of its text: its string values, at any depth.
     pub text: usize,
-    /// What is wrong with the first item that is no message (an object whose `role` is a
-    /// string and whose `content`, when present, is a string, a list of parts or null).
-    pub problem: Option<InvalidRequest>,
+    /// The first item that is no message (an object whose `role` is a string and whose
+    /// `content`, when present, is a string, a list of parts or null): its index, and why.
+    pub problem: Option<(usize, MessageProblem)>,
+}
+
+/// Why an item of `messages` is no message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum MessageProblem {
+    /// It is not an object.
+    NotAnObject,
+    /// Its `role` is missing or not a string.
+    Role,
+    /// Its `content` is neither a string, a list of parts nor null.
+    Content,
 }
 
 impl BodyFields {
@@ -125,6 +134,35 @@ pub(crate) fn read(body: &[u8]) -> Result<Option<BodyFields>, serde_json::Error>
     let fields = deserializer.deserialize_any(Body)?;
     deserializer.end()?;
     Ok(fields)
+}
+
+/// A visitor's methods for scalars: each returns `$value(kind, text_len)`.
+macro_rules! visit_scalars {
+    ($value:expr) => {
+        fn visit_unit<E>(self) -> Result<Self::Value, E> {
+            Ok(($value)(Kind::Null, 0))
+        }
+
+        fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+            Ok(($value)(Kind::Bool, 0))
+        }
+
+        fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+            Ok(($value)(Kind::Number, 0))
+        }
+
+        fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+            Ok(($value)(Kind::Number, 0))
+        }
+
+        fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+            Ok(($value)(Kind::Number, 0))
+        }
+
+        fn visit_str<E>(self, text: &str) -> Result<Self::Value, E> {
+            Ok(($value)(Kind::String, text.len()))
+        }
+    };
 }
 
 /// The kinds of JSON value.
@@ -182,29 +220,7 @@ impl<'de> Visitor<'de> for Walk {
         f.write_str("a JSON value")
     }
 
-    fn visit_unit<E>(self) -> Result<Walked, E> {
-        Ok(Walked::of(Kind::Null, 0))
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<Walked, E> {
-        Ok(Walked::of(Kind::Bool, 0))
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<Walked, E> {
-        Ok(Walked::of(Kind::Number, 0))
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<Walked, E> {
-        Ok(Walked::of(Kind::Number, 0))
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<Walked, E> {
-        Ok(Walked::of(Kind::Number, 0))
-    }
-
-    fn visit_str<E>(self, text: &str) -> Result<Walked, E> {
-        Ok(Walked::of(Kind::String, text.len()))
-    }
+    visit_scalars!(Walked::of);
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Walked, A::Error> {
         let mut text = 0;
@@ -288,29 +304,7 @@ impl<'de> Visitor<'de> for ReadMessages {
         f.write_str("a JSON value")
     }
 
-    fn visit_unit<E>(self) -> Result<Messages, E> {
-        Ok(Self::not_a_list(0))
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<Messages, E> {
-        Ok(Self::not_a_list(0))
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<Messages, E> {
-        Ok(Self::not_a_list(0))
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<Messages, E> {
-        Ok(Self::not_a_list(0))
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<Messages, E> {
-        Ok(Self::not_a_list(0))
-    }
-
-    fn visit_str<E>(self, text: &str) -> Result<Messages, E> {
-        Ok(Self::not_a_list(text.len()))
-    }
+    visit_scalars!(|_, text| ReadMessages::not_a_list(text));
 
     fn visit_map<A: MapAccess<'de>>(self, members: A) -> Result<Messages, A::Error> {
         Ok(Self::not_a_list(Walk::ANY.visit_map(members)?.text))
@@ -320,7 +314,7 @@ impl<'de> Visitor<'de> for ReadMessages {
         let (mut count, mut text, mut problem) = (0, 0, None);
         while let Some(message) = items.next_element_seed(Walk { message: true })? {
             if problem.is_none() {
-                problem = message_problem(count, &message);
+                problem = message_problem(&message).map(|why| (count, why));
             }
             count += 1;
             text += message.text;
@@ -329,21 +323,16 @@ impl<'de> Visitor<'de> for ReadMessages {
     }
 }
 
-/// What is wrong with the message at `index`, if anything.
-fn message_problem(index: usize, message: &Walked) -> Option<InvalidRequest> {
+/// What is wrong with `message`, if anything.
+fn message_problem(message: &Walked) -> Option<MessageProblem> {
     if message.kind != Kind::Object {
-        return Some(InvalidRequest::field(&format!("messages[{index}]"), "must be an object"));
-    }
-    if message.role != Some(Kind::String) {
-        let field = format!("messages[{index}].role");
-        return Some(InvalidRequest::field(&field, "must be a string"));
-    }
-    match message.content {
-        None | Some(Kind::Null | Kind::String | Kind::Array) => None,
-        Some(_) => Some(InvalidRequest::field(
-            &format!("messages[{index}].content"),
-            "must be a string, an array of parts or null",
-        )),
+        Some(MessageProblem::NotAnObject)
+    } else if message.role != Some(Kind::String) {
+        Some(MessageProblem::Role)
+    } else if let Some(Kind::Bool | Kind::Number | Kind::Object) = message.content {
+        Some(MessageProblem::Content)
+    } else {
+        None
     }
 }
 
@@ -357,29 +346,7 @@ impl<'de> Visitor<'de> for Body {
         f.write_str("a JSON value")
     }
 
-    fn visit_unit<E>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(None)
-    }
+    visit_scalars!(|_, _| None);
 
     fn visit_seq<A: SeqAccess<'de>>(self, items: A) -> Result<Self::Value, A::Error> {
         // Walked all the same: a body too deeply nested is no JSON value at all.
@@ -506,22 +473,19 @@ mod tests {
 
     #[test]
     fn each_message_problem_names_the_first_bad_message() {
+        use MessageProblem::{Content, NotAnObject, Role};
         let cases = [
             (r#"[{"role":"user"},{"role":"user","content":null}]"#, None),
-            (r#"[{"role":"user"},7]"#, Some("messages[1]")),
-            (r#"[{"content":"x"}]"#, Some("messages[0].role")),
+            (r#"[{"role":"user"},7]"#, Some((1, NotAnObject))),
+            (r#"[{"content":"x"}]"#, Some((0, Role))),
             (r#"[{"role":1,"role":"user"}]"#, None),
-            (r#"[{"role":"user","role":1}]"#, Some("messages[0].role")),
-            (r#"[{"role":"user","content":{}}]"#, Some("messages[0].content")),
-            (
-                r#"[{"role":"a"},{"role":"b","content":5},{"content":1}]"#,
-                Some("messages[1].content"),
-            ),
+            (r#"[{"role":"user","role":1}]"#, Some((0, Role))),
+            (r#"[{"role":"user","content":{}}]"#, Some((0, Content))),
+            (r#"[{"role":"a"},{"role":"b","content":5},{"content":1}]"#, Some((1, Content))),
         ];
-        for (messages, param) in cases {
+        for (messages, problem) in cases {
             let body = fields(&format!(r#"{{"messages":{messages}}}"#));
-            let read = body.messages().expect("messages");
-            assert_eq!(read.problem.as_ref().and_then(|p| p.param.as_deref()), param, "{messages}");
+            assert_eq!(body.messages().expect("messages").problem, problem, "{messages}");
         }
         assert_eq!(fields(r#"{"messages":{"role":"user"}}"#).messages().expect("read").count, None);
         assert_eq!(fields(r#"{"messages":[]}"#).messages().expect("read").count, Some(0));

@@ -8,10 +8,10 @@
 
 use serde_json::{Map, Value};
 
-use super::fields::{self, BodyFields, Messages};
+use super::fields::{self, BodyFields, MessageProblem, Messages};
 
 /// A request that failed validation: a 400 naming what is wrong.
-#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{message}")]
 pub(crate) struct InvalidRequest {
     /// What is wrong, naming the field.
@@ -513,7 +513,18 @@ fn validate_messages(messages: Option<&Messages>) -> Result<(), InvalidRequest> 
         Some(Messages { count: Some(0), .. }) => {
             Err(InvalidRequest::field("messages", "must not be empty"))
         }
-        Some(Messages { problem: Some(problem), .. }) => Err(problem.clone()),
+        Some(Messages { problem: Some((i, problem)), .. }) => Err(match problem {
+            MessageProblem::NotAnObject => {
+                InvalidRequest::field(&format!("messages[{i}]"), "must be an object")
+            }
+            MessageProblem::Role => {
+                InvalidRequest::field(&format!("messages[{i}].role"), "must be a string")
+            }
+            MessageProblem::Content => InvalidRequest::field(
+                &format!("messages[{i}].content"),
+                "must be a string, an array of parts or null",
+            ),
+        }),
         Some(_) => Ok(()),
     }
 }
