@@ -209,7 +209,7 @@ pub(crate) enum EngineError {
 /// Why a request could not be sent to an engine, or got no response head.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum SendError {
+pub(crate) enum SendError {
     /// The connection could not be made: the engine received nothing (the one failure a
     /// plain dispatch retries).
     #[error("engine {worker} unreachable")]
@@ -246,13 +246,13 @@ pub enum SendError {
         url: String,
         /// Why.
         #[source]
-        source: http::Error,
+        source: BoxError,
     },
 }
 
 impl SendError {
     /// The engine.
-    pub fn worker(&self) -> &WorkerId {
+    pub(crate) fn worker(&self) -> &WorkerId {
         match self {
             SendError::Unreachable { worker, .. }
             | SendError::Failed { worker, .. }
@@ -262,7 +262,7 @@ impl SendError {
     }
 
     /// A metrics label.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             SendError::Unreachable { .. } => "unreachable",
             SendError::Failed { .. } | SendError::Request { .. } => "transport",

@@ -136,6 +136,16 @@ impl TraceHeaders {
         }
     }
 
+    /// Calls `field` with each header to send.
+    pub(crate) fn each(&self, mut field: impl FnMut(&HeaderName, &HeaderValue)) {
+        if let Some(value) = &self.traceparent {
+            field(&TRACEPARENT, value);
+        }
+        if let Some(value) = &self.tracestate {
+            field(&TRACESTATE, value);
+        }
+    }
+
     /// Adds the headers to an engine request.
     pub(crate) fn apply(&self, headers: &mut HeaderMap) {
         if let Some(value) = &self.traceparent {

@@ -16,13 +16,13 @@ mod rank;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::forward::EngineBody;
 use axum::body::Body;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
 use bytes::Bytes;
 use http::response::Parts;
 use http_body_util::BodyExt;
-use hyper::body::Incoming;
 use router_buckets::BucketPick;
 use router_state_load::InflightGuard;
 use router_workers::{ModelId, Stage, Worker};
@@ -115,7 +115,7 @@ impl Exchange<'_> {
         &self,
         worker: &Worker,
         request: EngineRequest,
-    ) -> Result<hyper::Response<Incoming>, EngineError> {
+    ) -> Result<hyper::Response<EngineBody>, EngineError> {
         let EngineRequest { body, rank_header, .. } = request;
         let forwarder = self.ctx.forwarder();
         let span = self.trace.child("dispatch");
@@ -148,8 +148,8 @@ impl Exchange<'_> {
     async fn checked(
         &self,
         worker: &Worker,
-        upstream: hyper::Response<Incoming>,
-    ) -> Result<(Parts, Incoming), EngineError> {
+        upstream: hyper::Response<EngineBody>,
+    ) -> Result<(Parts, EngineBody), EngineError> {
         let (parts, body) = upstream.into_parts();
         let status = parts.status;
         let worker_id = || worker.id().clone();
@@ -187,12 +187,13 @@ impl Exchange<'_> {
     fn stream(
         &self,
         parts: Parts,
-        body: Incoming,
+        body: EngineBody,
         guards: Vec<InflightGuard>,
         worker: &Arc<Worker>,
         partner_failure: Option<oneshot::Receiver<ApiError>>,
         metrics: AnswerMetrics,
     ) -> Response {
+        let by_a_task = body.handed_over_by_a_task();
         let body = GuardedBody::new(
             body,
             guards,
@@ -202,6 +203,7 @@ impl Exchange<'_> {
             partner_failure,
             Some(metrics),
         );
+        let body = if by_a_task { body.handed_over_by_a_task() } else { body };
         response(&parts, Body::new(body))
     }
 
@@ -209,7 +211,7 @@ impl Exchange<'_> {
     async fn whole(
         &self,
         parts: Parts,
-        body: Incoming,
+        body: EngineBody,
         worker: &Worker,
         metrics: &AnswerMetrics,
     ) -> Result<Response, EngineError> {
@@ -220,7 +222,11 @@ impl Exchange<'_> {
 
     /// Reads an engine's whole body, at most [`WHOLE_ANSWER_LIMIT`] bytes with at most the
     /// idle limit between two frames, and records the outcome.
-    async fn read_answer(&self, worker: &Worker, mut body: Incoming) -> Result<Bytes, EngineError> {
+    async fn read_answer(
+        &self,
+        worker: &Worker,
+        mut body: EngineBody,
+    ) -> Result<Bytes, EngineError> {
         let limit = self.idle_limit();
         let mut chunks: Vec<Bytes> = Vec::new();
         let mut total = 0;
@@ -239,7 +245,7 @@ impl Exchange<'_> {
                 }
                 Ok(Some(Err(err))) => {
                     let worker = worker.id().clone();
-                    break EngineError::MidResponse { worker, source: err.into() };
+                    break EngineError::MidResponse { worker, source: err };
                 }
                 Ok(Some(Ok(frame))) => frame,
             };
@@ -281,7 +287,7 @@ fn response(parts: &Parts, body: Body) -> Response {
 }
 
 /// At most 1 KiB of an engine's error body, as text: the start of a longer one.
-async fn read_snippet(mut body: Incoming) -> String {
+async fn read_snippet(mut body: EngineBody) -> String {
     const LIMIT: usize = 1024;
     let read = async {
         let mut snippet = Vec::new();

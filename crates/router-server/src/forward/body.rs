@@ -2,10 +2,13 @@
 //! dispatch's in-flight guards until it ends, with the engine's silence bounded.
 //!
 //! Data frames that have already arrived are written as one: a burst of events costs one
-//! write, as in a proxy that moves whatever its socket holds. The engine connection's own task
-//! hands over one decoded frame at a time, so after taking what is there the stream lets that
-//! task run again (a turn of the event loop, no system call) and sends the batch once a turn
-//! brings nothing new; it never waits for the engine, and a lone frame goes out uncopied.
+//! write, as in a proxy that moves whatever its socket holds. An HTTP/1.1 engine's body reads
+//! its socket as it is polled and hands over all that arrived as one frame, so its `Pending`
+//! means nothing more is there and the frame goes out at once, uncopied. hyper's HTTP/2
+//! connection task hands over one decoded frame at a time: after taking what is there the
+//! stream lets that task run again (a turn of the event loop, no system call) and sends the
+//! batch once a turn brings nothing new ([`GuardedBody::handed_over_by_a_task`]). It never
+//! waits for the engine.
 //!
 //! A mid-stream failure, an engine silent for longer than its idle limit, or a failed prefill
 //! partner ends the stream with an SSE error event and is reported to the circuit breaker.
@@ -46,13 +49,14 @@ const COALESCE_LIMIT: usize = 64 * 1024;
 /// Most times one batch yields to the event loop for more frames.
 const COALESCE_ROUNDS: u8 = 32;
 
-/// Polls without a new frame after which a batch goes out. hyper polls a pending response body
-/// twice in one turn of the client connection's task (once more after flushing), so the second
-/// empty poll is the first that comes after the engine connection's task had its turn.
+/// Polls without a new frame after which a batch goes out, for a body that a connection task
+/// of its own feeds. hyper polls a pending response body twice in one turn of the client
+/// connection's task (once more after flushing), so the second empty poll is the first that
+/// comes after the engine connection's task had its turn.
 const QUIET_POLLS: u8 = 2;
 
 /// An engine's streamed (SSE) response body on its way to the client.
-pub(crate) struct GuardedBody<B: Body = hyper::body::Incoming> {
+pub(crate) struct GuardedBody<B: Body = crate::forward::EngineBody> {
     inner: B,
     guards: Vec<InflightGuard>,
     worker: Arc<Worker>,
@@ -69,6 +73,10 @@ pub(crate) struct GuardedBody<B: Body = hyper::body::Incoming> {
     /// Times the batch has yielded for more, and polls in a row that brought nothing.
     rounds: u8,
     quiet: u8,
+    /// Empty polls after the one that found the batch complete before it goes out: none when
+    /// the body's `Pending` means nothing more has arrived, [`QUIET_POLLS`] when a task hands
+    /// its frames over.
+    quiet_polls: u8,
     finished: bool,
     /// The first data frame came, so the guards' prefill work was released
     /// ([`InflightGuard::prefilled`]).
@@ -178,10 +186,19 @@ impl<B: Body> GuardedBody<B> {
             batch: None,
             rounds: 0,
             quiet: 0,
+            quiet_polls: 0,
             finished: false,
             prefilled: false,
             timing,
         }
+    }
+
+    /// The engine's frames are handed over by a connection task of its own, one at a time:
+    /// an empty poll may only mean that task has not run yet, so a batch waits for a turn of
+    /// the event loop that brings nothing.
+    pub(crate) fn handed_over_by_a_task(mut self) -> Self {
+        self.quiet_polls = QUIET_POLLS;
+        self
     }
 
     fn finish(&mut self, outcome: Outcome) {
@@ -302,7 +319,7 @@ where
                 Poll::Ready(None) => this.ended = true,
                 Poll::Pending if this.batch.is_some() => {
                     this.quiet = if received { 0 } else { this.quiet + 1 };
-                    if this.quiet < QUIET_POLLS && this.rounds < COALESCE_ROUNDS {
+                    if this.quiet < this.quiet_polls && this.rounds < COALESCE_ROUNDS {
                         this.rounds += 1;
                         cx.waker().wake_by_ref();
                         return Poll::Pending;

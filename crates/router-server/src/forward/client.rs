@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
@@ -19,12 +20,15 @@ use hyper_util::rt::TokioExecutor;
 use router_workers::Worker;
 use rustls::ClientConfig;
 
-use crate::error::SendError;
+use crate::error::{BoxError, SendError};
 use crate::prepare::DP_RANK;
 use crate::routes::REQUEST_ID_HEADER;
 use crate::telemetry::TraceHeaders;
 use crate::tls::TlsConfigError;
-use h1::{H1Error, H1Pool};
+use h1::{H1Answer, H1Error, H1Pool, RequestHead};
+
+/// The content type of every request to an engine.
+const APPLICATION_JSON: HeaderValue = HeaderValue::from_static("application/json");
 
 /// The engine connector: plain TCP for `http://`, rustls for `https://`, the whole connection
 /// setup (TCP and TLS handshake) under the connect timeout.
@@ -170,7 +174,7 @@ impl Forwarder {
     /// POSTs the JSON `body` to `path` (`/v1/chat/completions`, say) on `worker`, naming
     /// data-parallel rank `rank` in the `X-data-parallel-rank` header when given and carrying
     /// the W3C trace context `trace`, and waits for the response head.
-    pub async fn send(
+    pub(crate) async fn send(
         &self,
         worker: &Worker,
         path: &str,
@@ -178,55 +182,32 @@ impl Forwarder {
         request_id: &HeaderValue,
         rank: Option<u32>,
         trace: &TraceHeaders,
-    ) -> Result<Response<Incoming>, SendError> {
-        let invalid = |source| SendError::Request {
+    ) -> Result<Response<EngineBody>, SendError> {
+        let invalid = |source: BoxError| SendError::Request {
             worker: worker.id().clone(),
             url: format!("{}{path}", worker.url()),
             source,
         };
-        // HTTP/1.1 names the path alone on the request line and the engine in `Host`;
-        // HTTP/2 names both in the URI.
-        let (uri, host) = match worker.host_header() {
-            Some(host) if !self.config.http2 => {
-                (http::Uri::try_from(path).map_err(|err| invalid(err.into()))?, Some(host.clone()))
-            }
-            _ => {
-                let uri = worker.uri_for(path).map_err(invalid)?;
-                if self.config.http2 {
-                    (uri, None)
-                } else {
-                    let host = uri.authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok());
-                    let path = uri
-                        .path_and_query()
-                        .cloned()
-                        .map_or_else(http::Uri::default, http::Uri::from);
-                    (path, host)
-                }
-            }
-        };
-        // Built in place, each header with its name already parsed: the builder would parse
-        // every name and the whole URL again on each request.
-        let mut request = Request::new(Full::new(body));
-        *request.method_mut() = Method::POST;
-        *request.uri_mut() = uri;
-        let headers = request.headers_mut();
-        if let Some(host) = host {
-            headers.insert(header::HOST, host);
-        }
-        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        headers.insert(REQUEST_ID_HEADER, request_id.clone());
-        if let Some(rank) = rank {
-            headers.insert(DP_RANK, rank.into());
-        }
-        authorize(&mut request, worker);
-        trace.apply(request.headers_mut());
-        // Two awaits, one per protocol: a future holding both clients' would be larger, and a
-        // request moves its future around (measured: 7k instructions more per request).
         let timeout = self.config.request_timeout;
         let worker_id = || worker.id().clone();
         let sent = if self.config.http2 {
+            // HTTP/2 names the engine and the path in the URI.
+            let uri = worker.uri_for(path).map_err(|err| invalid(err.into()))?;
+            // Built in place, each header with its name already parsed: the builder would
+            // parse every name and the whole URL again on each request.
+            let mut request = Request::new(Full::new(body));
+            *request.method_mut() = Method::POST;
+            *request.uri_mut() = uri;
+            let headers = request.headers_mut();
+            headers.insert(header::CONTENT_TYPE, APPLICATION_JSON);
+            headers.insert(REQUEST_ID_HEADER, request_id.clone());
+            if let Some(rank) = rank {
+                headers.insert(DP_RANK, rank.into());
+            }
+            authorize(&mut request, worker);
+            trace.apply(request.headers_mut());
             tokio::time::timeout(timeout, self.request(request)).await.map(|sent| {
-                sent.map_err(|source| {
+                sent.map(|response| response.map(EngineBody::H2)).map_err(|source| {
                     let worker = worker_id();
                     if source.is_connect() {
                         SendError::Unreachable { worker, source: source.into() }
@@ -236,11 +217,37 @@ impl Forwarder {
                 })
             })
         } else {
+            // HTTP/1.1 names the path alone on the request line and the engine in `Host`.
+            let full_uri;
+            let (target, host) = match worker.host_header() {
+                Some(host) => (path, host.clone()),
+                None => {
+                    full_uri = worker.uri_for(path).map_err(|err| invalid(err.into()))?;
+                    let host = full_uri.authority().map(|a| HeaderValue::from_str(a.as_str()));
+                    let host = host.and_then(Result::ok).unwrap_or(HeaderValue::from_static(""));
+                    (full_uri.path_and_query().map_or("/", |p| p.as_str()), host)
+                }
+            };
+            if !is_origin_form(target) {
+                return Err(invalid(format!("{target:?} is not a request target").into()));
+            }
+            let mut head = RequestHead::new("POST", target);
+            head.field(&header::HOST, &host);
+            head.field(&header::CONTENT_TYPE, &APPLICATION_JSON);
+            head.field(&REQUEST_ID_HEADER, request_id);
+            if let Some(rank) = rank {
+                head.decimal_field(&DP_RANK, rank.into());
+            }
+            if let Some(key) = worker.api_key() {
+                head.field(&header::AUTHORIZATION, key.authorization());
+            }
+            trace.each(|name, value| head.field(name, value));
+            let head = head.finish(body.len());
             let connect_uri = || worker.uri_for("/").unwrap_or_default();
             let pool = self.h1();
-            let sent = pool.send(worker.url(), connect_uri, request);
+            let sent = pool.send(worker.url(), connect_uri, &head, &body);
             tokio::time::timeout(timeout, sent).await.map(|sent| {
-                sent.map_err(|err| match err {
+                sent.map(|response| response.map(EngineBody::H1)).map_err(|err| match err {
                     H1Error::Connect(source) => {
                         SendError::Unreachable { worker: worker_id(), source }
                     }
@@ -315,6 +322,57 @@ impl Forwarder {
             Some((status, body.collect().await.ok()?.to_bytes()))
         };
         tokio::time::timeout(timeout, exchange).await.ok()?
+    }
+}
+
+/// Whether `target` can stand on a request line as it is: a path (with any query) of visible
+/// ASCII characters.
+fn is_origin_form(target: &str) -> bool {
+    target.starts_with('/') && target.bytes().all(|byte| byte.is_ascii_graphic())
+}
+
+/// An engine's answer body: read by the router's own HTTP/1.1 connection ([`h1`]), or by
+/// hyper's HTTP/2 client.
+#[derive(Debug)]
+pub(crate) enum EngineBody {
+    H1(H1Answer),
+    H2(Incoming),
+}
+
+impl EngineBody {
+    /// Whether a connection task of its own hands this body's frames over one at a time
+    /// (hyper's HTTP/2), rather than the body reading its socket as it is polled.
+    pub(crate) fn handed_over_by_a_task(&self) -> bool {
+        matches!(self, EngineBody::H2(_))
+    }
+}
+
+impl Body for EngineBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            EngineBody::H1(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+            EngineBody::H2(body) => Pin::new(body).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            EngineBody::H1(body) => body.is_end_stream(),
+            EngineBody::H2(body) => body.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            EngineBody::H1(body) => body.size_hint(),
+            EngineBody::H2(body) => body.size_hint(),
+        }
     }
 }
 

@@ -160,10 +160,27 @@ async fn arrived_frames_go_out_as_one_write_and_a_pending_engine_is_not_waited_f
             .chain(quiet)
             .chain([Step::Data("data: 4\n\n")]),
     );
-    let got = frames(fixture.body(engine, None)).await;
+    let got = frames(fixture.body(engine, None).handed_over_by_a_task()).await;
     assert_eq!(got, ["data: 1\n\ndata: 2\n\ndata: 3\n\n", "data: 4\n\n"]);
     assert_eq!(fixture.outcomes(), [Outcome::Success]);
     assert_eq!(fixture.held(), 0, "the guard is released at the end");
+}
+
+#[tokio::test]
+async fn a_body_that_reads_its_socket_sends_what_it_has_at_its_first_pending() {
+    let fixture = Fixture::new();
+    let engine = Scripted::new([
+        Step::Data("data: 1\n\n"),
+        Step::Data("data: 2\n\n"),
+        Step::Pending,
+        Step::Data("data: 3\n\n"),
+        Step::Pending,
+        Step::Pending,
+        Step::Data("data: 4\n\n"),
+    ]);
+    let got = frames(fixture.body(engine, None)).await;
+    assert_eq!(got, ["data: 1\n\ndata: 2\n\n", "data: 3\n\n", "data: 4\n\n"]);
+    assert_eq!(fixture.outcomes(), [Outcome::Success]);
 }
 
 #[tokio::test]
@@ -194,12 +211,13 @@ async fn a_lone_frame_goes_out_uncopied() {
 #[tokio::test]
 async fn a_batch_waits_a_bounded_number_of_rounds_for_more() {
     let fixture = Fixture::new();
-    // A frame in every round: the batch goes out after its last round all the same.
+    // A frame in every round from a task-fed body: the batch goes out after its last round
+    // all the same.
     let rounds = usize::from(COALESCE_ROUNDS);
     let engine = Scripted::new(
         (0..rounds + 3).flat_map(|_| [Step::Data("x"), Step::Pending]).collect::<Vec<_>>(),
     );
-    let got = frames(fixture.body(engine, None)).await;
+    let got = frames(fixture.body(engine, None).handed_over_by_a_task()).await;
     let lengths: Vec<usize> = got.iter().map(String::len).collect();
     assert_eq!(lengths, [rounds + 1, 2], "{rounds} rounds after the first frame, then the rest");
 }

@@ -1,50 +1,78 @@
-//! The HTTP/1.1 connections to the engines, pooled per thread and engine: each connection's
-//! hyper `SendRequest` stays in its engine's list while it serves a request, and a request
-//! takes the first one whose connection is ready for another (the previous answer read to its
-//! end), so a connection goes back to use without a task of its own to watch it. Connections
-//! that closed, or idled past the idle timeout, are dropped as the list is scanned; a request
-//! that a reused connection refused before writing it (the engine closed it as it sat idle)
-//! is sent again on another, as hyper-util's client does.
+//! The HTTP/1.1 connections to the engines, driven by the requests that use them: a request
+//! writes its head and body in one vectored write and reads the answer's head itself, and the
+//! answer's body reads the rest from the same socket as the client's side polls it. No task
+//! of its own runs per connection, so an answer never crosses a task boundary between the
+//! engine's socket and the client's (see [`wire`] for the protocol).
 //!
-//! Scanning costs a few instructions a connection, so an engine with thousands of answers
-//! streaming at once on one thread pays some microseconds a request more than an idle list
-//! would; the pool it replaces spent more than that on every request (a hashed checkout, a
-//! task per answer).
+//! Idle connections wait in a per-thread list per engine, the most recently used taken
+//! first; an answer read to its end puts its connection back (unless the engine said
+//! `Connection: close`, framed the body by closing, or sent bytes beyond the answer). A body
+//! dropped early drops its connection, which closes it: the engine sees its client go and
+//! cancels the request. Before reuse, a connection is checked without a system call for what
+//! the event loop already knows: one the engine closed while it sat idle, or past the idle
+//! timeout, is dropped, and a request whose write fails on a reused connection goes out again
+//! on another (the engine cannot have read all of it).
 
-use std::cell::RefCell;
+mod wire;
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker, ready};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use http::{Request, Response};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::client::conn::http1::{self, SendRequest};
+use bytes::{Bytes, BytesMut};
+use http::{Response, Version};
+use http_body::{Body, Frame, SizeHint};
+use hyper_rustls::MaybeHttpsStream;
+use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _, ReadBuf};
+use tokio::net::TcpStream;
 use tower::ServiceExt as _;
 
 use super::EngineConnector;
 use crate::error::BoxError;
+use wire::{AnswerHead, Chunked, Decoded, Framing};
+pub(crate) use wire::{RequestHead, WireError};
 
-/// A pooled connection.
+/// Bytes a read asks for at least; a buffer with less room left grows by this much.
+const READ_SIZE: usize = 8 * 1024;
+
+/// A connection's read buffer over this size is not kept while it idles.
+const KEPT_BUFFER: usize = 64 * 1024;
+
+/// An engine connection: plain TCP or TLS.
+type Io = TokioIo<MaybeHttpsStream<TokioIo<TcpStream>>>;
+
+/// A connection and the bytes read from it but not yet used. Always boxed: a TLS stream is
+/// large, and a connection moves from the pool to a request to its answer and back.
 struct Conn {
-    send: SendRequest<Full<Bytes>>,
-    /// When it was last taken for a request.
-    used: Instant,
+    io: Io,
+    buf: BytesMut,
+    /// When it was last put back.
+    idle_since: Instant,
 }
 
-/// One thread's connections of one forwarder, by engine URL.
-type Engines = hashbrown::HashMap<String, Vec<Conn>>;
+/// One engine's idle connections on one thread, the most recently used at the back.
+#[derive(Default)]
+struct Idle(Mutex<VecDeque<Box<Conn>>>);
+
+/// One thread's idle lists of one forwarder, by engine URL.
+type Engines = hashbrown::HashMap<String, Arc<Idle>>;
 
 thread_local! {
-    /// This thread's connections of each forwarder (by id).
-    static POOLS: RefCell<Vec<(u64, Engines)>> = const { RefCell::new(Vec::new()) };
+    /// This thread's idle lists of each forwarder (by id).
+    static POOLS: std::cell::RefCell<Vec<(u64, Engines)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Why a request got no response head.
+/// Why a request got no answer head.
 pub(super) enum H1Error {
     /// No connection could be made (connect, TLS handshake, setup timeout).
     Connect(BoxError),
     /// The exchange failed on a connection.
-    Exchange(hyper::Error),
+    Exchange(WireError),
 }
 
 /// The connection settings of a forwarder's HTTP/1.1 pools.
@@ -52,71 +80,49 @@ pub(super) struct H1Pool<'f> {
     /// The forwarder's id in each thread's table.
     pub id: u64,
     pub connector: &'f EngineConnector,
-    /// Connections kept per engine and thread.
+    /// Idle connections kept per engine and thread.
     pub max_per_engine: usize,
     pub idle_timeout: Duration,
 }
 
 impl H1Pool<'_> {
-    /// Sends `request` (origin-form URI, `Host` set) to the engine at `url`, whose new
-    /// connections are made to `connect_uri`, and waits for the response head.
+    /// Sends the request `head` and `body` to the engine at `url`, whose new connections are
+    /// made to `connect_uri`, and reads the answer's head.
     pub(super) async fn send(
         &self,
         url: &str,
         connect_uri: impl Fn() -> http::Uri,
-        mut request: Request<Full<Bytes>>,
-    ) -> Result<Response<Incoming>, H1Error> {
+        head: &[u8],
+        body: &Bytes,
+    ) -> Result<Response<H1Answer>, H1Error> {
+        let idle = self.idle_list(url);
         loop {
-            let (mut conn, reused) = match self.checkout(url) {
+            let (mut conn, reused) = match self.checkout(&idle) {
                 Some(conn) => (conn, true),
                 // Boxed: connecting is rare and its future large, which every request's
                 // future would otherwise carry (and copy).
                 None => (Box::pin(self.connect(connect_uri())).await?, false),
             };
-            match conn.send.try_send_request(request).await {
-                Ok(response) => {
-                    self.put_back(url, conn);
-                    return Ok(response);
-                }
-                Err(mut err) => match err.take_message() {
-                    // Refused before a byte was written: the engine closed this idle
-                    // connection. Another (or a new one) gets the request.
-                    Some(unsent) if reused => request = unsent,
-                    _ => return Err(H1Error::Exchange(err.into_error())),
-                },
+            let mut request = bytes::Buf::chain(head, &body[..]);
+            let written = async {
+                conn.io.write_all_buf(&mut request).await?;
+                conn.io.flush().await
+            };
+            match written.await {
+                Ok(()) => {}
+                // The engine closed it as it sat idle and cannot have read the whole request:
+                // another connection (or a new one) gets it.
+                Err(_) if reused => continue,
+                Err(err) => return Err(H1Error::Exchange(err.into())),
             }
+            let head = read_head(&mut conn).await.map_err(H1Error::Exchange)?;
+            let home = Home { idle, max: self.max_per_engine };
+            return Ok(H1Answer::response(head, conn, home));
         }
     }
 
-    /// A ready connection to `url` from this thread's pool, the closed and long-idle ones
-    /// dropped on the way.
-    fn checkout(&self, url: &str) -> Option<Conn> {
-        POOLS.with_borrow_mut(|pools| {
-            let conns = pools.iter_mut().find(|(id, _)| *id == self.id)?.1.get_mut(url)?;
-            let now = Instant::now();
-            let mut at = conns.len();
-            while at > 0 {
-                at -= 1;
-                let conn = &conns[at];
-                if conn.send.is_closed() {
-                    conns.swap_remove(at);
-                } else if conn.send.is_ready() {
-                    if now.saturating_duration_since(conn.used) > self.idle_timeout {
-                        conns.swap_remove(at);
-                        continue;
-                    }
-                    let mut conn = conns.swap_remove(at);
-                    conn.used = now;
-                    return Some(conn);
-                }
-            }
-            None
-        })
-    }
-
-    /// Returns `conn` to `url`'s list, busy until its answer is read; dropped (closing once
-    /// that answer is done) when the list is full.
-    fn put_back(&self, url: &str, conn: Conn) {
+    /// This thread's idle list of `url` (made on first use).
+    fn idle_list(&self, url: &str) -> Arc<Idle> {
         POOLS.with_borrow_mut(|pools| {
             let at = match pools.iter().position(|(id, _)| *id == self.id) {
                 Some(at) => at,
@@ -126,25 +132,236 @@ impl H1Pool<'_> {
                 }
             };
             // The URL is copied only for an engine's first connection.
-            let conns = pools[at].1.entry_ref(url).or_default();
-            if conns.len() < self.max_per_engine {
-                conns.push(conn);
-            }
-        });
+            Arc::clone(pools[at].1.entry_ref(url).or_default())
+        })
     }
 
-    /// A new connection to `uri`'s engine, driven by a task of its own.
-    async fn connect(&self, uri: http::Uri) -> Result<Conn, H1Error> {
-        let io = self.connector.clone().oneshot(uri).await.map_err(H1Error::Connect)?;
-        let (send, connection) = http1::Builder::new()
-            .handshake(io)
-            .await
-            .map_err(|err| H1Error::Connect(err.into()))?;
-        tokio::spawn(async move {
-            // Ends when the engine or the router closes the connection; the request it was
-            // serving sees the error.
-            let _ = connection.await;
-        });
-        Ok(Conn { send, used: Instant::now() })
+    /// The most recently used idle connection that is still open, dropping those the engine
+    /// closed and those idle past the timeout.
+    fn checkout(&self, idle: &Idle) -> Option<Box<Conn>> {
+        let mut conns = idle.0.lock();
+        let now = Instant::now();
+        while let Some(mut conn) = conns.pop_back() {
+            if now.saturating_duration_since(conn.idle_since) > self.idle_timeout {
+                // The rest waited longer still.
+                conns.clear();
+                return None;
+            }
+            if !closed_while_idle(&mut conn.io) {
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    /// A new connection to `uri`'s engine.
+    async fn connect(&self, uri: http::Uri) -> Result<Box<Conn>, H1Error> {
+        let stream = self.connector.clone().oneshot(uri).await.map_err(H1Error::Connect)?;
+        let buf = BytesMut::with_capacity(READ_SIZE);
+        Ok(Box::new(Conn { io: TokioIo::new(stream), buf, idle_since: Instant::now() }))
     }
 }
+
+/// Whether an idle connection's engine closed it (or sent something unasked, which spoils it
+/// too). Only what the event loop already reported is looked at: a connection with nothing to
+/// read answers at once, without a system call.
+fn closed_while_idle(io: &mut Io) -> bool {
+    let mut cx = Context::from_waker(Waker::noop());
+    let mut byte = [0; 1];
+    let mut probe = ReadBuf::new(&mut byte);
+    Pin::new(io).poll_read(&mut cx, &mut probe).is_ready()
+}
+
+/// Reads an answer's head from `conn`, skipping informational (1xx) ones.
+async fn read_head(conn: &mut Conn) -> Result<AnswerHead, WireError> {
+    loop {
+        if !conn.buf.is_empty()
+            && let Some(head) = wire::parse_head(&mut conn.buf)?
+        {
+            if head.status == http::StatusCode::SWITCHING_PROTOCOLS {
+                return Err(WireError::Malformed("a protocol switch nobody asked for"));
+            }
+            if !head.status.is_informational() {
+                return Ok(head);
+            }
+            continue;
+        }
+        make_room(&mut conn.buf);
+        if conn.io.read_buf(&mut conn.buf).await? == 0 {
+            return Err(WireError::Closed("head"));
+        }
+    }
+}
+
+/// Room for one more read.
+fn make_room(buf: &mut BytesMut) {
+    if buf.capacity() - buf.len() < READ_SIZE / 8 {
+        buf.reserve(READ_SIZE);
+    }
+}
+
+/// Where a connection goes back to once its answer is read.
+struct Home {
+    idle: Arc<Idle>,
+    max: usize,
+}
+
+impl Home {
+    fn put_back(&self, mut conn: Box<Conn>) {
+        if conn.buf.capacity() > KEPT_BUFFER {
+            conn.buf = BytesMut::new();
+        }
+        conn.idle_since = Instant::now();
+        let mut conns = self.idle.0.lock();
+        if conns.len() < self.max {
+            conns.push_back(conn);
+        }
+    }
+}
+
+/// An engine's answer body, read from its connection as it is polled.
+pub(crate) struct H1Answer {
+    /// `None` once the body is over (or failed).
+    conn: Option<Box<Conn>>,
+    reading: Reading,
+    reusable: bool,
+    home: Home,
+}
+
+/// How much of the body is left.
+enum Reading {
+    /// This many bytes.
+    Length(u64),
+    Chunked(Chunked),
+    /// Everything until the engine closes.
+    UntilClose,
+}
+
+impl H1Answer {
+    /// The response whose body reads the rest of the answer from `conn`.
+    fn response(head: AnswerHead, conn: Box<Conn>, home: Home) -> Response<Self> {
+        let reading = match head.framing {
+            Framing::Length(length) => Reading::Length(length),
+            Framing::Chunked => Reading::Chunked(Chunked::Size),
+            Framing::UntilClose => Reading::UntilClose,
+        };
+        let mut answer = Self { conn: Some(conn), reading, reusable: head.reusable, home };
+        if matches!(answer.reading, Reading::Length(0)) {
+            answer.release();
+        }
+        let mut response = Response::new(answer);
+        *response.status_mut() = head.status;
+        *response.version_mut() = Version::HTTP_11;
+        *response.headers_mut() = head.headers;
+        response
+    }
+
+    /// The body is over: the connection goes back to its idle list if it can carry another.
+    fn release(&mut self) {
+        if let Some(conn) = self.conn.take()
+            && self.reusable
+            && conn.buf.is_empty()
+        {
+            self.home.put_back(conn);
+        }
+    }
+
+    /// Takes what the buffer holds of the body.
+    fn decode(reading: &mut Reading, buf: &mut BytesMut) -> Result<Decoded, WireError> {
+        Ok(match reading {
+            Reading::Length(0) => Decoded::End,
+            Reading::Length(_) | Reading::UntilClose if buf.is_empty() => Decoded::More,
+            Reading::Length(left) => {
+                let take = usize::try_from(*left).unwrap_or(usize::MAX).min(buf.len());
+                *left -= take as u64;
+                Decoded::Data(buf.split_to(take).freeze())
+            }
+            Reading::UntilClose => Decoded::Data(buf.split().freeze()),
+            Reading::Chunked(chunked) => chunked.decode(buf)?,
+        })
+    }
+}
+
+impl std::fmt::Debug for H1Answer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match (&self.conn, &self.reading) {
+            (None, _) => "over",
+            (Some(_), Reading::Length(_)) => "reading a length",
+            (Some(_), Reading::Chunked(_)) => "reading chunks",
+            (Some(_), Reading::UntilClose) => "reading until the engine closes",
+        };
+        f.debug_struct("H1Answer").field("state", &state).finish_non_exhaustive()
+    }
+}
+
+impl Body for H1Answer {
+    type Data = Bytes;
+    type Error = WireError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, WireError>>> {
+        let this = &mut *self;
+        loop {
+            let Some(conn) = &mut this.conn else {
+                return Poll::Ready(None);
+            };
+            let decoded = match Self::decode(&mut this.reading, &mut conn.buf) {
+                Ok(decoded) => decoded,
+                Err(err) => {
+                    this.conn = None;
+                    return Poll::Ready(Some(Err(err)));
+                }
+            };
+            match decoded {
+                Decoded::Data(data) => {
+                    if matches!(this.reading, Reading::Length(0)) {
+                        // The last byte is here: the connection can serve another request
+                        // while this one is passed on.
+                        this.release();
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(data))));
+                }
+                Decoded::End => {
+                    this.release();
+                    return Poll::Ready(None);
+                }
+                Decoded::More => {
+                    make_room(&mut conn.buf);
+                    let read =
+                        tokio_util::io::poll_read_buf(Pin::new(&mut conn.io), cx, &mut conn.buf);
+                    match ready!(read) {
+                        Ok(0) => {
+                            this.conn = None;
+                            return Poll::Ready(match this.reading {
+                                Reading::UntilClose => None,
+                                _ => Some(Err(WireError::Closed("body"))),
+                            });
+                        }
+                        Ok(_) => {}
+                        Err(err) => {
+                            this.conn = None;
+                            return Poll::Ready(Some(Err(err.into())));
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.conn.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match (&self.conn, &self.reading) {
+            (None, _) => SizeHint::with_exact(0),
+            (Some(_), Reading::Length(left)) => SizeHint::with_exact(*left),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
