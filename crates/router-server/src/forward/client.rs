@@ -1,6 +1,11 @@
 //! The engine clients: pooled HTTP/1.1 and HTTP/2 (h2c, or TLS with ALPN for `https://`
 //! engines), one connection pool per thread that sends requests, so an event loop's requests
 //! travel on connections driven by that loop; the connection setup under its own timeout.
+//!
+//! Inference requests to HTTP/1.1 engines go over the router's own connections ([`h1`]): the
+//! request and then its answer's body read the socket themselves, with no task between the
+//! engine and the client. HTTP/2 engines, and the health probes and control requests of any
+//! engine (a few a second), use hyper-util's pooled client.
 
 use std::cell::RefCell;
 use std::pin::Pin;
@@ -217,32 +222,8 @@ impl Forwarder {
                 })
             })
         } else {
-            // HTTP/1.1 names the path alone on the request line and the engine in `Host`.
-            let full_uri;
-            let (target, host) = match worker.host_header() {
-                Some(host) => (path, host.clone()),
-                None => {
-                    full_uri = worker.uri_for(path).map_err(|err| invalid(err.into()))?;
-                    let host = full_uri.authority().map(|a| HeaderValue::from_str(a.as_str()));
-                    let host = host.and_then(Result::ok).unwrap_or(HeaderValue::from_static(""));
-                    (full_uri.path_and_query().map_or("/", |p| p.as_str()), host)
-                }
-            };
-            if !is_origin_form(target) {
-                return Err(invalid(format!("{target:?} is not a request target").into()));
-            }
-            let mut head = RequestHead::new("POST", target);
-            head.field(&header::HOST, &host);
-            head.field(&header::CONTENT_TYPE, &APPLICATION_JSON);
-            head.field(&REQUEST_ID_HEADER, request_id);
-            if let Some(rank) = rank {
-                head.decimal_field(&DP_RANK, rank.into());
-            }
-            if let Some(key) = worker.api_key() {
-                head.field(&header::AUTHORIZATION, key.authorization());
-            }
-            trace.each(|name, value| head.field(name, value));
-            let head = head.finish(body.len());
+            let head =
+                h1_head(worker, path, body.len(), request_id, rank, trace).map_err(invalid)?;
             let connect_uri = || worker.uri_for("/").unwrap_or_default();
             let pool = self.h1();
             let sent = pool.send(worker.url(), connect_uri, &head, &body);
@@ -323,6 +304,44 @@ impl Forwarder {
         };
         tokio::time::timeout(timeout, exchange).await.ok()?
     }
+}
+
+/// The HTTP/1.1 head of a request of `length` bytes to `path` on `worker` (the path alone on
+/// the request line, the engine in `Host`), with the headers [`Forwarder::send`] names.
+fn h1_head(
+    worker: &Worker,
+    path: &str,
+    length: usize,
+    request_id: &HeaderValue,
+    rank: Option<u32>,
+    trace: &TraceHeaders,
+) -> Result<Vec<u8>, BoxError> {
+    let full_uri;
+    let (target, host) = match worker.host_header() {
+        Some(host) => (path, host.clone()),
+        // An engine URL with a path of its own: the path goes before `path`.
+        None => {
+            full_uri = worker.uri_for(path)?;
+            let host = full_uri.authority().map(|a| HeaderValue::from_str(a.as_str()));
+            let host = host.transpose()?.unwrap_or(HeaderValue::from_static(""));
+            (full_uri.path_and_query().map_or("/", |p| p.as_str()), host)
+        }
+    };
+    if !is_origin_form(target) {
+        return Err(format!("{target:?} is not a request target").into());
+    }
+    let mut head = RequestHead::new("POST", target);
+    head.field(&header::HOST, &host);
+    head.field(&header::CONTENT_TYPE, &APPLICATION_JSON);
+    head.field(&REQUEST_ID_HEADER, request_id);
+    if let Some(rank) = rank {
+        head.decimal_field(&DP_RANK, rank.into());
+    }
+    if let Some(key) = worker.api_key() {
+        head.field(&header::AUTHORIZATION, key.authorization());
+    }
+    trace.each(|name, value| head.field(name, value));
+    Ok(head.finish(length))
 }
 
 /// Whether `target` can stand on a request line as it is: a path (with any query) of visible
