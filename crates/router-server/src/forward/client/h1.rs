@@ -27,7 +27,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper_rustls::MaybeHttpsStream;
 use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
-use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _, ReadBuf};
+use tokio::io::{AsyncRead, AsyncWriteExt as _, ReadBuf};
 use tokio::net::TcpStream;
 use tower::ServiceExt as _;
 
@@ -36,8 +36,12 @@ use crate::error::BoxError;
 use wire::{AnswerHead, Chunked, Decoded, Framing};
 pub(crate) use wire::{RequestHead, WireError};
 
-/// Bytes a read asks for at least; a buffer with less room left grows by this much.
+/// Bytes an answer's first read asks for at least: a read that fills all the room it had
+/// doubles the next one's, up to [`MAX_READ_SIZE`], so that a large answer takes few reads.
 const READ_SIZE: usize = 8 * 1024;
+
+/// The most bytes one read asks for.
+const MAX_READ_SIZE: usize = 256 * 1024;
 
 /// A connection's read buffer over this size is not kept while it idles.
 const KEPT_BUFFER: usize = 64 * 1024;
@@ -50,8 +54,26 @@ type Io = TokioIo<MaybeHttpsStream<TokioIo<TcpStream>>>;
 struct Conn {
     io: Io,
     buf: BytesMut,
+    /// Room the buffer is given when it runs short.
+    read_size: usize,
     /// When it was last put back.
     idle_since: Instant,
+}
+
+impl Conn {
+    /// Reads what the socket holds onto the end of the buffer: the bytes read, 0 at EOF.
+    fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
+        if self.buf.capacity() - self.buf.len() < READ_SIZE / 8 {
+            self.buf.reserve(self.read_size);
+        }
+        let room = self.buf.capacity() - self.buf.len();
+        let read =
+            ready!(tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf))?;
+        if read == room {
+            self.read_size = (self.read_size * 2).min(MAX_READ_SIZE);
+        }
+        Poll::Ready(Ok(read))
+    }
 }
 
 /// One engine's idle connections on one thread, the most recently used at the back.
@@ -158,7 +180,8 @@ impl H1Pool<'_> {
     async fn connect(&self, uri: http::Uri) -> Result<Box<Conn>, H1Error> {
         let stream = self.connector.clone().oneshot(uri).await.map_err(H1Error::Connect)?;
         let buf = BytesMut::with_capacity(READ_SIZE);
-        Ok(Box::new(Conn { io: TokioIo::new(stream), buf, idle_since: Instant::now() }))
+        let io = TokioIo::new(stream);
+        Ok(Box::new(Conn { io, buf, read_size: READ_SIZE, idle_since: Instant::now() }))
     }
 }
 
@@ -186,17 +209,9 @@ async fn read_head(conn: &mut Conn) -> Result<AnswerHead, WireError> {
             }
             continue;
         }
-        make_room(&mut conn.buf);
-        if conn.io.read_buf(&mut conn.buf).await? == 0 {
+        if std::future::poll_fn(|cx| conn.poll_read(cx)).await? == 0 {
             return Err(WireError::Closed("head"));
         }
-    }
-}
-
-/// Room for one more read.
-fn make_room(buf: &mut BytesMut) {
-    if buf.capacity() - buf.len() < READ_SIZE / 8 {
-        buf.reserve(READ_SIZE);
     }
 }
 
@@ -211,6 +226,7 @@ impl Home {
         if conn.buf.capacity() > KEPT_BUFFER {
             conn.buf = BytesMut::new();
         }
+        conn.read_size = READ_SIZE;
         conn.idle_since = Instant::now();
         let mut conns = self.idle.0.lock();
         if conns.len() < self.max {
@@ -327,25 +343,20 @@ impl Body for H1Answer {
                     this.release();
                     return Poll::Ready(None);
                 }
-                Decoded::More => {
-                    make_room(&mut conn.buf);
-                    let read =
-                        tokio_util::io::poll_read_buf(Pin::new(&mut conn.io), cx, &mut conn.buf);
-                    match ready!(read) {
-                        Ok(0) => {
-                            this.conn = None;
-                            return Poll::Ready(match this.reading {
-                                Reading::UntilClose => None,
-                                _ => Some(Err(WireError::Closed("body"))),
-                            });
-                        }
-                        Ok(_) => {}
-                        Err(err) => {
-                            this.conn = None;
-                            return Poll::Ready(Some(Err(err.into())));
-                        }
+                Decoded::More => match ready!(conn.poll_read(cx)) {
+                    Ok(0) => {
+                        this.conn = None;
+                        return Poll::Ready(match this.reading {
+                            Reading::UntilClose => None,
+                            _ => Some(Err(WireError::Closed("body"))),
+                        });
                     }
-                }
+                    Ok(_) => {}
+                    Err(err) => {
+                        this.conn = None;
+                        return Poll::Ready(Some(Err(err.into())));
+                    }
+                },
             }
         }
     }

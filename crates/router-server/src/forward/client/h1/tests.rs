@@ -252,3 +252,22 @@ async fn an_engine_that_stops_mid_answer_fails_the_body_and_a_dropped_body_close
     let closed = tokio::time::timeout(Duration::from_secs(10), engine.closed.recv()).await;
     assert!(closed.expect("within 10 s").is_some());
 }
+
+#[tokio::test]
+async fn a_large_answer_arrives_whole_and_its_connection_serves_the_next() {
+    let body: &'static str = "0123456789abcdef".repeat(64 * 1024).leak();
+    let head: &'static str =
+        format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len()).leak();
+    let engine = engine(Arc::new(move |n, _: &mut Vec<u8>| match n {
+        0 => Step::Answer(vec![head, body]),
+        _ => Step::Answer(vec![OK]),
+    }))
+    .await;
+    let client = client();
+    let response = send(&client, &engine).await.expect("answered");
+    let text = text(response).await.expect("whole");
+    assert_eq!((text.len(), text.as_str() == body), (1 << 20, true));
+    let response = send(&client, &engine).await.expect("answered");
+    assert_eq!(self::text(response).await.as_deref(), Ok("{}"));
+    assert_eq!(engine.connections.load(Ordering::SeqCst), 1);
+}
