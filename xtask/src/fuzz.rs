@@ -17,7 +17,8 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 
 /// Every target, in the order they run.
-pub(crate) const TARGETS: [&str; 4] = ["kv_events", "load_reports", "config", "prepare"];
+pub(crate) const TARGETS: [&str; 5] =
+    ["kv_events", "load_reports", "config", "prepare", "engine_answer"];
 
 /// The coverage instrumentation cargo-fuzz uses, minus the sanitizer: inline 8-bit edge
 /// counters with their PC table (libFuzzer's coverage feedback) and comparison tracing (so it

@@ -1,8 +1,9 @@
-//! The narrow entry the fuzz targets in `fuzz/` use to reach request preparation, which is
-//! otherwise crate-private: parse and validate a client body for one endpoint, read the
-//! data-parallel rank header, and prepare it (estimate, or template and tokenize with a
-//! model's tokenizer). Hidden from the documentation and not an API: it exposes plain values
-//! only, so the crate's own types stay private.
+//! The narrow entry the fuzz targets in `fuzz/` use to reach request preparation and the
+//! engine connections' HTTP/1.1 decoding, which are otherwise crate-private: parse and
+//! validate a client body for one endpoint, read the data-parallel rank header, and prepare it
+//! (estimate, or template and tokenize with a model's tokenizer); decode an engine's answer as
+//! its connection reads it. Hidden from the documentation and not an API: it exposes plain
+//! values only, so the crate's own types stay private.
 
 use std::path::Path;
 
@@ -96,4 +97,12 @@ pub fn prepare(
         keys: (prepared.session_key, prepared.routing_key),
         client_rank: client_rank.map(|r| r.rank),
     })
+}
+
+/// An engine's HTTP/1.1 answer decoded from `bytes` arriving `piece` bytes at a time, as an
+/// engine connection reads it: the status and the body, or why the answer was refused.
+pub fn engine_answer(bytes: &[u8], piece: usize) -> Result<(u16, Vec<u8>), String> {
+    crate::forward::decode_answer(bytes, piece)
+        .map(|(status, body)| (status.as_u16(), body))
+        .map_err(|err| err.to_string())
 }

@@ -30,6 +30,7 @@ use crate::prepare::DP_RANK;
 use crate::routes::REQUEST_ID_HEADER;
 use crate::telemetry::TraceHeaders;
 use crate::tls::TlsConfigError;
+pub(crate) use h1::decode_answer;
 use h1::{H1Answer, H1Error, H1Pool, RequestHead};
 
 /// The content type of every request to an engine.

@@ -198,19 +198,56 @@ fn closed_while_idle(io: &mut Io) -> bool {
 /// Reads an answer's head from `conn`, skipping informational (1xx) ones.
 async fn read_head(conn: &mut Conn) -> Result<AnswerHead, WireError> {
     loop {
-        if !conn.buf.is_empty()
-            && let Some(head) = wire::parse_head(&mut conn.buf)?
-        {
-            if head.status == http::StatusCode::SWITCHING_PROTOCOLS {
-                return Err(WireError::Malformed("a protocol switch nobody asked for"));
-            }
-            if !head.status.is_informational() {
-                return Ok(head);
-            }
-            continue;
+        if let Some(head) = final_head(&mut conn.buf)? {
+            return Ok(head);
         }
         if std::future::poll_fn(|cx| conn.poll_read(cx)).await? == 0 {
             return Err(WireError::Closed("head"));
+        }
+    }
+}
+
+/// The answer's final head from the front of `buf` once it is all there, the informational
+/// (1xx) heads before it taken off and dropped.
+fn final_head(buf: &mut BytesMut) -> Result<Option<AnswerHead>, WireError> {
+    while !buf.is_empty() {
+        let Some(head) = wire::parse_head(buf)? else { break };
+        if head.status == http::StatusCode::SWITCHING_PROTOCOLS {
+            return Err(WireError::Malformed("a protocol switch nobody asked for"));
+        }
+        if !head.status.is_informational() {
+            return Ok(Some(head));
+        }
+    }
+    Ok(None)
+}
+
+/// An engine's whole answer decoded from `bytes` arriving `piece` bytes at a time, as its
+/// connection would read it: the status and the body. The fuzz target's entry
+/// ([`crate::fuzzing::engine_answer`]).
+pub(crate) fn decode_answer(
+    bytes: &[u8],
+    piece: usize,
+) -> Result<(http::StatusCode, Vec<u8>), WireError> {
+    let mut arriving = bytes.chunks(piece.max(1));
+    let mut buf = BytesMut::new();
+    let head = loop {
+        if let Some(head) = final_head(&mut buf)? {
+            break head;
+        }
+        buf.extend_from_slice(arriving.next().ok_or(WireError::Closed("head"))?);
+    };
+    let mut reading = Reading::from(head.framing);
+    let mut body = Vec::new();
+    loop {
+        match H1Answer::decode(&mut reading, &mut buf)? {
+            Decoded::Data(data) => body.extend_from_slice(&data),
+            Decoded::End => return Ok((head.status, body)),
+            Decoded::More => match arriving.next() {
+                Some(more) => buf.extend_from_slice(more),
+                None if matches!(reading, Reading::UntilClose) => return Ok((head.status, body)),
+                None => return Err(WireError::Closed("body")),
+            },
         }
     }
 }
@@ -253,14 +290,20 @@ enum Reading {
     UntilClose,
 }
 
-impl H1Answer {
-    /// The response whose body reads the rest of the answer from `conn`.
-    fn response(head: AnswerHead, conn: Box<Conn>, home: Home) -> Response<Self> {
-        let reading = match head.framing {
+impl From<Framing> for Reading {
+    fn from(framing: Framing) -> Self {
+        match framing {
             Framing::Length(length) => Reading::Length(length),
             Framing::Chunked => Reading::Chunked(Chunked::Size),
             Framing::UntilClose => Reading::UntilClose,
-        };
+        }
+    }
+}
+
+impl H1Answer {
+    /// The response whose body reads the rest of the answer from `conn`.
+    fn response(head: AnswerHead, conn: Box<Conn>, home: Home) -> Response<Self> {
+        let reading = Reading::from(head.framing);
         let mut answer = Self { conn: Some(conn), reading, reusable: head.reusable, home };
         if matches!(answer.reading, Reading::Length(0)) {
             answer.release();

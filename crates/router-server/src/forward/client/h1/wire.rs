@@ -125,6 +125,10 @@ pub(super) fn parse_head(buf: &mut BytesMut) -> Result<Option<AnswerHead>, WireE
         &mut fields,
     );
     let length = match parsed {
+        // The limit holds however the head arrived: whole, or a piece at a time.
+        Ok(httparse::Status::Complete(length)) if length > MAX_HEAD_BYTES => {
+            return Err(WireError::HeadTooLarge);
+        }
         Ok(httparse::Status::Complete(length)) => length,
         Ok(httparse::Status::Partial) if buf.len() >= MAX_HEAD_BYTES => {
             return Err(WireError::HeadTooLarge);

@@ -182,3 +182,9 @@ fn a_malformed_chunked_body_is_refused_with_its_reason() {
     let err = decode_in_pieces(format!("0\r\n{trailers}\r\n").as_bytes(), &[]).expect_err("big");
     assert!(err.to_string().contains("trailer fields over 16 KiB"), "{err}");
 }
+
+#[test]
+fn a_head_over_the_limit_is_refused_even_when_it_arrived_whole() {
+    let long = format!("HTTP/1.1 200 OK\r\nX-Long: {}\r\n\r\n", "a".repeat(MAX_HEAD_BYTES));
+    assert!(matches!(parsed(&long), Err(WireError::HeadTooLarge)));
+}
