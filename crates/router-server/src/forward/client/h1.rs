@@ -33,8 +33,8 @@ use tower::ServiceExt as _;
 
 use super::EngineConnector;
 use crate::error::BoxError;
-use wire::{AnswerHead, Chunked, Decoded, Framing};
-pub(crate) use wire::{RequestHead, WireError};
+use wire::{AnswerHead, Decoded, Reading, final_head};
+pub(crate) use wire::{RequestHead, WireError, decode_answer};
 
 /// Bytes an answer's first read asks for at least: a read that fills all the room it had
 /// doubles the next one's, up to [`MAX_READ_SIZE`], so that a large answer takes few reads.
@@ -76,9 +76,27 @@ impl Conn {
     }
 }
 
-/// One engine's idle connections on one thread, the most recently used at the back.
-#[derive(Default)]
-struct Idle(Mutex<VecDeque<Box<Conn>>>);
+/// One engine's idle connections on one thread, the most recently used at the back, at most
+/// `max` of them.
+struct Idle {
+    conns: Mutex<VecDeque<Box<Conn>>>,
+    max: usize,
+}
+
+impl Idle {
+    /// Puts `conn`, its answer read, back; dropped (closed) when the list is full.
+    fn put_back(&self, mut conn: Box<Conn>) {
+        if conn.buf.capacity() > KEPT_BUFFER {
+            conn.buf = BytesMut::new();
+        }
+        conn.read_size = READ_SIZE;
+        conn.idle_since = Instant::now();
+        let mut conns = self.conns.lock();
+        if conns.len() < self.max {
+            conns.push_back(conn);
+        }
+    }
+}
 
 /// One thread's idle lists of one forwarder, by engine URL.
 type Engines = hashbrown::HashMap<String, Arc<Idle>>;
@@ -138,8 +156,7 @@ impl H1Pool<'_> {
                 Err(err) => return Err(H1Error::Exchange(err.into())),
             }
             let head = read_head(&mut conn).await.map_err(H1Error::Exchange)?;
-            let home = Home { idle, max: self.max_per_engine };
-            return Ok(H1Answer::response(head, conn, home));
+            return Ok(H1Answer::response(head, conn, idle));
         }
     }
 
@@ -154,14 +171,19 @@ impl H1Pool<'_> {
                 }
             };
             // The URL is copied only for an engine's first connection.
-            Arc::clone(pools[at].1.entry_ref(url).or_default())
+            let max = self.max_per_engine;
+            let idle = pools[at]
+                .1
+                .entry_ref(url)
+                .or_insert_with(|| Arc::new(Idle { conns: Mutex::new(VecDeque::new()), max }));
+            Arc::clone(idle)
         })
     }
 
     /// The most recently used idle connection that is still open, dropping those the engine
     /// closed and those idle past the timeout.
     fn checkout(&self, idle: &Idle) -> Option<Box<Conn>> {
-        let mut conns = idle.0.lock();
+        let mut conns = idle.conns.lock();
         let now = Instant::now();
         while let Some(mut conn) = conns.pop_back() {
             if now.saturating_duration_since(conn.idle_since) > self.idle_timeout {
@@ -207,104 +229,21 @@ async fn read_head(conn: &mut Conn) -> Result<AnswerHead, WireError> {
     }
 }
 
-/// The answer's final head from the front of `buf` once it is all there, the informational
-/// (1xx) heads before it taken off and dropped.
-fn final_head(buf: &mut BytesMut) -> Result<Option<AnswerHead>, WireError> {
-    while !buf.is_empty() {
-        let Some(head) = wire::parse_head(buf)? else { break };
-        if head.status == http::StatusCode::SWITCHING_PROTOCOLS {
-            return Err(WireError::Malformed("a protocol switch nobody asked for"));
-        }
-        if !head.status.is_informational() {
-            return Ok(Some(head));
-        }
-    }
-    Ok(None)
-}
-
-/// An engine's whole answer decoded from `bytes` arriving `piece` bytes at a time, as its
-/// connection would read it: the status and the body. The fuzz target's entry
-/// ([`crate::fuzzing::engine_answer`]).
-pub(crate) fn decode_answer(
-    bytes: &[u8],
-    piece: usize,
-) -> Result<(http::StatusCode, Vec<u8>), WireError> {
-    let mut arriving = bytes.chunks(piece.max(1));
-    let mut buf = BytesMut::new();
-    let head = loop {
-        if let Some(head) = final_head(&mut buf)? {
-            break head;
-        }
-        buf.extend_from_slice(arriving.next().ok_or(WireError::Closed("head"))?);
-    };
-    let mut reading = Reading::from(head.framing);
-    let mut body = Vec::new();
-    loop {
-        match H1Answer::decode(&mut reading, &mut buf)? {
-            Decoded::Data(data) => body.extend_from_slice(&data),
-            Decoded::End => return Ok((head.status, body)),
-            Decoded::More => match arriving.next() {
-                Some(more) => buf.extend_from_slice(more),
-                None if matches!(reading, Reading::UntilClose) => return Ok((head.status, body)),
-                None => return Err(WireError::Closed("body")),
-            },
-        }
-    }
-}
-
-/// Where a connection goes back to once its answer is read.
-struct Home {
-    idle: Arc<Idle>,
-    max: usize,
-}
-
-impl Home {
-    fn put_back(&self, mut conn: Box<Conn>) {
-        if conn.buf.capacity() > KEPT_BUFFER {
-            conn.buf = BytesMut::new();
-        }
-        conn.read_size = READ_SIZE;
-        conn.idle_since = Instant::now();
-        let mut conns = self.idle.0.lock();
-        if conns.len() < self.max {
-            conns.push_back(conn);
-        }
-    }
-}
-
 /// An engine's answer body, read from its connection as it is polled.
 pub(crate) struct H1Answer {
     /// `None` once the body is over (or failed).
     conn: Option<Box<Conn>>,
     reading: Reading,
     reusable: bool,
-    home: Home,
-}
-
-/// How much of the body is left.
-enum Reading {
-    /// This many bytes.
-    Length(u64),
-    Chunked(Chunked),
-    /// Everything until the engine closes.
-    UntilClose,
-}
-
-impl From<Framing> for Reading {
-    fn from(framing: Framing) -> Self {
-        match framing {
-            Framing::Length(length) => Reading::Length(length),
-            Framing::Chunked => Reading::Chunked(Chunked::Size),
-            Framing::UntilClose => Reading::UntilClose,
-        }
-    }
+    /// Where the connection goes back to.
+    idle: Arc<Idle>,
 }
 
 impl H1Answer {
     /// The response whose body reads the rest of the answer from `conn`.
-    fn response(head: AnswerHead, conn: Box<Conn>, home: Home) -> Response<Self> {
+    fn response(head: AnswerHead, conn: Box<Conn>, idle: Arc<Idle>) -> Response<Self> {
         let reading = Reading::from(head.framing);
-        let mut answer = Self { conn: Some(conn), reading, reusable: head.reusable, home };
+        let mut answer = Self { conn: Some(conn), reading, reusable: head.reusable, idle };
         if matches!(answer.reading, Reading::Length(0)) {
             answer.release();
         }
@@ -321,23 +260,8 @@ impl H1Answer {
             && self.reusable
             && conn.buf.is_empty()
         {
-            self.home.put_back(conn);
+            self.idle.put_back(conn);
         }
-    }
-
-    /// Takes what the buffer holds of the body.
-    fn decode(reading: &mut Reading, buf: &mut BytesMut) -> Result<Decoded, WireError> {
-        Ok(match reading {
-            Reading::Length(0) => Decoded::End,
-            Reading::Length(_) | Reading::UntilClose if buf.is_empty() => Decoded::More,
-            Reading::Length(left) => {
-                let take = usize::try_from(*left).unwrap_or(usize::MAX).min(buf.len());
-                *left -= take as u64;
-                Decoded::Data(buf.split_to(take).freeze())
-            }
-            Reading::UntilClose => Decoded::Data(buf.split().freeze()),
-            Reading::Chunked(chunked) => chunked.decode(buf)?,
-        })
     }
 }
 
@@ -366,7 +290,7 @@ impl Body for H1Answer {
             let Some(conn) = &mut this.conn else {
                 return Poll::Ready(None);
             };
-            let decoded = match Self::decode(&mut this.reading, &mut conn.buf) {
+            let decoded = match this.reading.decode(&mut conn.buf) {
                 Ok(decoded) => decoded,
                 Err(err) => {
                     this.conn = None;

@@ -350,5 +350,87 @@ fn chunk_size(line: &[u8]) -> Result<u64, WireError> {
     u64::from_str_radix(text, 16).map_err(|_| WireError::Malformed("a chunk size"))
 }
 
+/// How much of an answer's body is left, and how it ends.
+#[derive(Debug)]
+pub(super) enum Reading {
+    /// This many bytes.
+    Length(u64),
+    Chunked(Chunked),
+    /// Everything until the engine closes.
+    UntilClose,
+}
+
+impl From<Framing> for Reading {
+    fn from(framing: Framing) -> Self {
+        match framing {
+            Framing::Length(length) => Reading::Length(length),
+            Framing::Chunked => Reading::Chunked(Chunked::Size),
+            Framing::UntilClose => Reading::UntilClose,
+        }
+    }
+}
+
+impl Reading {
+    /// Takes what the buffer holds of the body off its front.
+    pub(super) fn decode(&mut self, buf: &mut BytesMut) -> Result<Decoded, WireError> {
+        Ok(match self {
+            Reading::Length(0) => Decoded::End,
+            Reading::Length(_) | Reading::UntilClose if buf.is_empty() => Decoded::More,
+            Reading::Length(left) => {
+                let take = usize::try_from(*left).unwrap_or(usize::MAX).min(buf.len());
+                *left -= take as u64;
+                Decoded::Data(buf.split_to(take).freeze())
+            }
+            Reading::UntilClose => Decoded::Data(buf.split().freeze()),
+            Reading::Chunked(chunked) => chunked.decode(buf)?,
+        })
+    }
+}
+
+/// The answer's final head from the front of `buf` once it is all there, the informational
+/// (1xx) heads before it taken off and dropped.
+pub(super) fn final_head(buf: &mut BytesMut) -> Result<Option<AnswerHead>, WireError> {
+    while !buf.is_empty() {
+        let Some(head) = parse_head(buf)? else { break };
+        if head.status == http::StatusCode::SWITCHING_PROTOCOLS {
+            return Err(WireError::Malformed("a protocol switch nobody asked for"));
+        }
+        if !head.status.is_informational() {
+            return Ok(Some(head));
+        }
+    }
+    Ok(None)
+}
+
+/// An engine's whole answer decoded from `bytes` arriving `piece` bytes at a time, as its
+/// connection would read it: the status and the body. The fuzz target's entry
+/// ([`crate::fuzzing::engine_answer`]), reading the bytes as [`super::H1Answer`] reads its socket.
+pub(crate) fn decode_answer(
+    bytes: &[u8],
+    piece: usize,
+) -> Result<(http::StatusCode, Vec<u8>), WireError> {
+    let mut arriving = bytes.chunks(piece.max(1));
+    let mut buf = BytesMut::new();
+    let head = loop {
+        if let Some(head) = final_head(&mut buf)? {
+            break head;
+        }
+        buf.extend_from_slice(arriving.next().ok_or(WireError::Closed("head"))?);
+    };
+    let mut reading = Reading::from(head.framing);
+    let mut body = Vec::new();
+    loop {
+        match reading.decode(&mut buf)? {
+            Decoded::Data(data) => body.extend_from_slice(&data),
+            Decoded::End => return Ok((head.status, body)),
+            Decoded::More => match arriving.next() {
+                Some(more) => buf.extend_from_slice(more),
+                None if matches!(reading, Reading::UntilClose) => return Ok((head.status, body)),
+                None => return Err(WireError::Closed("body")),
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;
