@@ -175,7 +175,9 @@ impl From<&ServerSection> for ConnectionLimits {
 }
 
 /// Accepts connections until `stop`, then lets every open connection finish its request and
-/// close. Clients speak HTTP/1.1: every byte of a connection's life is then under a timeout
+/// close. Where the front serves the inference endpoints directly, a connection starts in the
+/// router's own HTTP/1.1 loop ([`h1`]) and is handed to hyper at the first request of another
+/// shape. Clients speak HTTP/1.1: every byte of a connection's life is then under a timeout
 /// (HTTP/2 flow control would let a client that stops reading hold a stream without ever
 /// stalling a socket write, and the HTTP/2 preface sniffing has no timeout of its own).
 ///
@@ -194,6 +196,7 @@ async fn accept_loop(
         .max_header_size(limits.max_header_bytes);
     let graceful = GracefulShutdown::new();
     let mut connections = JoinSet::new();
+    let connection_stop = stop.clone();
     let stopped = async move {
         let _ = stop.wait_for(|stop| *stop).await;
     };
@@ -217,16 +220,32 @@ async fn accept_loop(
         let _ = tcp.set_nodelay(true);
         let mut io = TimeoutStream::new(tcp);
         io.set_write_timeout(Some(limits.write));
-        let connection = builder.serve_connection(TokioIo::new(Box::pin(io)), service.clone());
-        let connection = graceful.watch(connection);
+        let io = Box::pin(io);
+        let (builder, service, watcher) = (builder.clone(), service.clone(), graceful.watcher());
+        let Some(ctx) = service.direct().cloned() else {
+            let connection = builder.serve_connection(TokioIo::new(io), service);
+            connections.spawn(async move {
+                if let Err(err) = watcher.watch(connection).await {
+                    debug!(%peer, error = %err, "client connection ended with an error");
+                }
+            });
+            continue;
+        };
+        let stop = connection_stop.clone();
         connections.spawn(async move {
-            if let Err(err) = connection.await {
-                debug!(%peer, error = %err, "client connection ended with an error");
+            // The router's own loop first; hyper takes over at a request that loop leaves it.
+            if let h1::Ended::HandedOver(rewound) = h1::serve(io, &ctx, limits, stop).await {
+                let connection = builder.serve_connection(TokioIo::new(rewound), service);
+                if let Err(err) = watcher.watch(connection).await {
+                    debug!(%peer, error = %err, "client connection ended with an error");
+                }
             }
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    // Hyper's connections are told to finish; the router's own loops heard the stop already.
+    let drained = async { while connections.join_next().await.is_some() {} };
+    tokio::join!(graceful.shutdown(), drained);
     Ok(())
 }
 
@@ -413,5 +432,6 @@ fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener
 }
 
 mod front;
+mod h1;
 #[cfg(test)]
 mod tests;

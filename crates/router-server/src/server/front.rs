@@ -16,6 +16,7 @@ use axum::body::Body;
 use axum::response::{IntoResponse as _, Response};
 use futures::FutureExt as _;
 use futures::future::{BoxFuture, Either};
+use http::HeaderMap;
 use hyper::body::Incoming;
 use hyper_util::service::TowerToHyperService;
 
@@ -46,6 +47,11 @@ impl Front {
         let direct = ctx.server().cors_allowed_origins.is_empty();
         Self { app, inference: direct.then_some(ctx) }
     }
+
+    /// The context whose inference endpoints this front serves directly, if it does.
+    pub(super) fn direct(&self) -> Option<&Arc<AppContext>> {
+        self.inference.as_ref()
+    }
 }
 
 type AppFuture =
@@ -64,21 +70,24 @@ impl hyper::service::Service<http::Request<Incoming>> for Front {
             // The handler's future boxed as it is, not inside another future: a request's
             // future is kilobytes, and each layer around it is a copy of it.
             let ctx = Arc::clone(ctx);
-            return Either::Left(Box::pin(serve(endpoint, ctx, request).map(Ok)));
+            let (parts, body) = request.into_parts();
+            let served = serve(endpoint, ctx, parts.headers, Body::new(body));
+            return Either::Left(Box::pin(served.map(Ok)));
         }
         Either::Right(self.app.call(request))
     }
 }
 
-/// An inference request through the client key, its rate limits and the admission queue to
-/// its handler, as the router's layers of the inference routes take it.
-async fn serve(
+/// An inference request (its head's fields and its body) through the client key, its rate
+/// limits and the admission queue to its handler, as the router's layers of the inference
+/// routes take it.
+pub(super) async fn serve(
     endpoint: Endpoint,
     ctx: Arc<AppContext>,
-    request: http::Request<Incoming>,
+    headers: HeaderMap,
+    body: Body,
 ) -> Response {
-    let (parts, body) = request.into_parts();
-    let key = match auth::client_key(ctx.credentials(), &parts.headers) {
+    let key = match auth::client_key(ctx.credentials(), &headers) {
         Ok(key) => key,
         Err(refusal) => return refusal.into_response(),
     };
@@ -90,7 +99,6 @@ async fn serve(
         Ok(permit) => permit,
         Err(refusal) => return refusal.into_response(),
     };
-    let response =
-        inference::endpoint_request(endpoint, ctx, charge, parts.headers, Body::new(body));
+    let response = inference::endpoint_request(endpoint, ctx, charge, headers, body);
     limit::holding(response.await, permit)
 }

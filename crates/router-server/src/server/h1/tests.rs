@@ -1,0 +1,270 @@
+//! The router's own HTTP/1.1 loop: which request heads it serves and which it leaves to hyper,
+//! and, on a running router in front of a loopback engine, kept-alive and pipelined requests,
+//! a body that arrives after its head, `Connection: close`, a connection handed to hyper after
+//! requests of its own, and idle connections closed by the stop.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
+use super::{ChunkSize, Parsed, decimal, parse_head};
+use crate::prepare::Endpoint;
+use crate::server::Serving;
+use crate::tests::{answering, context, one_model};
+
+fn parsed(head: &str) -> Parsed {
+    parse_head(&mut BytesMut::from(head), 8192)
+}
+
+#[test]
+fn a_post_to_an_inference_endpoint_framed_by_a_length_is_served_here() {
+    let head = "POST /v1/chat/completions?trace=1 HTTP/1.1\r\nHost: r\r\nContent-Length: 12\r\n\
+                x-request-id: abc\r\nConnection: keep-alive, close\r\n\r\n{\"model\":1}";
+    let mut buf = BytesMut::from(head);
+    let Parsed::Ours(request) = parse_head(&mut buf, 8192) else { panic!("not served") };
+    assert_eq!(request.endpoint, Endpoint::at("/v1/chat/completions").expect("endpoint"));
+    assert_eq!(request.length, 12);
+    assert!(request.close);
+    assert_eq!(request.headers.get("x-request-id").expect("kept"), "abc");
+    assert_eq!(request.headers.len(), 4);
+    assert_eq!(&buf[..], b"{\"model\":1}", "the head is taken off, the body left");
+
+    let Parsed::Ours(bare) = parsed("POST /generate HTTP/1.1\r\n\r\n") else { panic!() };
+    assert_eq!((bare.length, bare.close), (0, false));
+}
+
+#[test]
+fn every_other_request_is_left_to_hyper_untouched() {
+    let others = [
+        "GET /v1/chat/completions HTTP/1.1\r\n\r\n",
+        "POST /health HTTP/1.1\r\n\r\n",
+        "POST /v1/chat/completions HTTP/1.0\r\ncontent-length: 2\r\n\r\n",
+        "POST http://r/v1/chat/completions HTTP/1.1\r\n\r\n",
+        "POST /v1/chat/completions HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n",
+        "POST /v1/chat/completions HTTP/1.1\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\r\n",
+        "POST /v1/chat/completions HTTP/1.1\r\nupgrade: websocket\r\n\r\n",
+        "POST /v1/chat/completions HTTP/1.1\r\nconnection: Upgrade\r\n\r\n",
+        "POST /v1/chat/completions HTTP/1.1\r\ncontent-length: 2x\r\n\r\n",
+        "POST /v1/chat/completions HTTP/1.1\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\n",
+        "POST /v1/chat/completions HTTP/1.1\r\nbad header\r\n\r\n",
+        "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+    ];
+    for head in others {
+        let mut buf = BytesMut::from(head);
+        assert!(matches!(parse_head(&mut buf, 8192), Parsed::Theirs), "{head}");
+        assert_eq!(&buf[..], head.as_bytes(), "the bytes stay for hyper");
+    }
+    // Two equal lengths are one length.
+    let twice = "POST /generate HTTP/1.1\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\n";
+    assert!(matches!(parsed(twice), Parsed::Ours(request) if request.length == 2));
+}
+
+#[test]
+fn a_head_is_partial_until_it_ends_and_too_large_past_the_limit() {
+    assert!(matches!(parsed("POST /v1/completions HTTP/1.1\r\nhost: r\r\n"), Parsed::Partial));
+    let long = format!("POST /v1/completions HTTP/1.1\r\nx-pad: {}", "p".repeat(9000));
+    assert!(matches!(parsed(&long), Parsed::Theirs), "hyper answers 431");
+    let whole = format!("{long}\r\n\r\n");
+    assert!(matches!(parsed(&whole), Parsed::Theirs));
+}
+
+#[test]
+fn lengths_and_chunk_sizes_are_written_and_read_exactly() {
+    assert_eq!(decimal(b" 42 "), Some(42));
+    assert_eq!(decimal(b"18446744073709551615"), None, "too many digits");
+    assert_eq!(decimal(b"-1"), None);
+    assert_eq!(decimal(b""), None);
+    assert_eq!(ChunkSize::default().of(0), b"0\r\n");
+    assert_eq!(ChunkSize::default().of(0x1a2b), b"1a2b\r\n");
+    assert_eq!(ChunkSize::default().of(usize::MAX), b"ffffffffffffffff\r\n");
+}
+
+const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+const ANSWER: &str = r#"{"id":"x","choices":[]}"#;
+
+fn chat(extra: &str) -> String {
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: r\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n{extra}\r\n{CHAT}",
+        CHAT.len()
+    )
+}
+
+/// A router on two event loops in front of one engine answering [`ANSWER`].
+async fn router() -> Serving {
+    let (engine, _hits) = answering(200, ANSWER).await;
+    let workers = format!(r#"[{{id: h1-e1, url: "{engine}"}}]"#);
+    let ctx = context(&one_model("", "m", &workers, "{type: round_robin}"));
+    Serving::start(ctx, "127.0.0.1:0".parse().expect("address"), 2).expect("started")
+}
+
+/// One answer read off `socket`: its head and its body (framed by a length or chunked).
+async fn answer(socket: &mut TcpStream, buf: &mut Vec<u8>) -> (String, String) {
+    let head_end = loop {
+        if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        read_more(socket, buf).await;
+    };
+    let head = String::from_utf8(buf.drain(..head_end).collect()).expect("text head");
+    let lower = head.to_ascii_lowercase();
+    let body = if let Some(length) = lower.split("content-length: ").nth(1) {
+        let length: usize = length.split("\r\n").next().and_then(|n| n.parse().ok()).expect("n");
+        while buf.len() < length {
+            read_more(socket, buf).await;
+        }
+        buf.drain(..length).collect()
+    } else {
+        assert!(lower.contains("transfer-encoding: chunked"), "{head}");
+        let mut body = Vec::new();
+        loop {
+            let line_end = loop {
+                if let Some(at) = buf.windows(2).position(|w| w == b"\r\n") {
+                    break at;
+                }
+                read_more(socket, buf).await;
+            };
+            let size = std::str::from_utf8(&buf[..line_end]).expect("size line");
+            let size = usize::from_str_radix(size, 16).expect("hex size");
+            while buf.len() < line_end + 2 + size + 2 {
+                read_more(socket, buf).await;
+            }
+            body.extend_from_slice(&buf[line_end + 2..line_end + 2 + size]);
+            buf.drain(..line_end + 2 + size + 2);
+            if size == 0 {
+                break body;
+            }
+        }
+    };
+    (head, String::from_utf8(body).expect("text body"))
+}
+
+async fn read_more(socket: &mut TcpStream, buf: &mut Vec<u8>) {
+    let mut chunk = [0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), socket.read(&mut chunk))
+        .await
+        .expect("the router answers")
+        .expect("read");
+    assert!(n > 0, "the router closed early; read so far: {}", String::from_utf8_lossy(buf));
+    buf.extend_from_slice(&chunk[..n]);
+}
+
+async fn connect(addr: SocketAddr) -> TcpStream {
+    TcpStream::connect(addr).await.expect("connect")
+}
+
+/// Whether the router closes `socket` (reads nothing more) within a few seconds.
+async fn closes(socket: &mut TcpStream) -> bool {
+    let mut rest = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut rest)).await;
+    matches!(read, Ok(Ok(0)))
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_answered_in_order_and_hyper_takes_over_at_another_route() {
+    let serving = router().await;
+    let mut socket = connect(serving.addr).await;
+    // Two chat requests and a health check in one write; the last goes to hyper.
+    let pipelined = format!(
+        "{}{}GET /health HTTP/1.1\r\nhost: r\r\n\r\n",
+        chat("x-request-id: first\r\n"),
+        chat("x-request-id: second\r\n")
+    );
+    socket.write_all(pipelined.as_bytes()).await.expect("write");
+    let mut buf = Vec::new();
+    for id in ["first", "second"] {
+        let (head, body) = answer(&mut socket, &mut buf).await;
+        assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+        assert!(head.contains(&format!("x-request-id: {id}\r\n")), "in order: {head}");
+        assert!(head.contains("\r\ndate: "), "{head}");
+        assert!(!head.contains("connection: close"), "{head}");
+        assert_eq!(body, ANSWER);
+    }
+    let (head, body) = answer(&mut socket, &mut buf).await;
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert_eq!(body, "ok");
+    // Hyper serves the rest of the connection, the inference endpoints included.
+    socket.write_all(chat("").as_bytes()).await.expect("write");
+    let (head, body) = answer(&mut socket, &mut buf).await;
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert_eq!(body, ANSWER);
+    serving.stop(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn a_body_that_comes_after_its_head_is_read_as_it_arrives() {
+    let serving = router().await;
+    let mut socket = connect(serving.addr).await;
+    let request = chat("");
+    let (head, body) = request.split_at(request.len() - CHAT.len() + 7);
+    socket.write_all(head.as_bytes()).await.expect("write");
+    socket.flush().await.expect("flush");
+    // Nothing to wait for but the router's reads: the rest goes in two more writes.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (middle, last) = body.split_at(body.len() / 2);
+    socket.write_all(middle.as_bytes()).await.expect("write");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    socket.write_all(last.as_bytes()).await.expect("write");
+    let mut buf = Vec::new();
+    let (head, body) = answer(&mut socket, &mut buf).await;
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert_eq!(body, ANSWER);
+    // The connection is kept and serves the next request in this loop.
+    socket.write_all(chat("").as_bytes()).await.expect("write");
+    let (head, _) = answer(&mut socket, &mut buf).await;
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    serving.stop(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn connection_close_is_answered_and_honoured() {
+    let serving = router().await;
+    let mut socket = connect(serving.addr).await;
+    socket.write_all(chat("connection: close\r\n").as_bytes()).await.expect("write");
+    let mut buf = Vec::new();
+    let (head, body) = answer(&mut socket, &mut buf).await;
+    assert!(head.contains("\r\nconnection: close\r\n"), "{head}");
+    assert_eq!(body, ANSWER);
+    assert!(closes(&mut socket).await, "closed after the answer");
+    serving.stop(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn a_bad_request_is_answered_by_hyper_and_an_error_keeps_the_openai_shape() {
+    let serving = router().await;
+    let mut socket = connect(serving.addr).await;
+    let body = r#"{"model":"unknown","messages":[]}"#;
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    socket.write_all(request.as_bytes()).await.expect("write");
+    let mut buf = Vec::new();
+    let (head, answered) = answer(&mut socket, &mut buf).await;
+    assert!(head.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{head}");
+    assert!(answered.contains("\"error\""), "{answered}");
+    // A head that is not HTTP: hyper's own 400, and the connection closed.
+    socket.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nbad header\r\n\r\n").await.expect("w");
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), socket.read_to_end(&mut rest)).await;
+    let rest = String::from_utf8_lossy(&rest);
+    assert!(rest.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{rest}");
+    serving.stop(Duration::from_secs(5)).await;
+}
+
+#[tokio::test]
+async fn the_stop_closes_idle_connections_and_new_requests_find_no_listener() {
+    let serving = router().await;
+    let addr = serving.addr;
+    let mut idle = connect(addr).await;
+    idle.write_all(chat("").as_bytes()).await.expect("write");
+    let mut buf = Vec::new();
+    let (head, _) = answer(&mut idle, &mut buf).await;
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    serving.stop(Duration::from_secs(5)).await;
+    assert!(closes(&mut idle).await, "the idle connection was closed by the stop");
+    assert!(TcpStream::connect(addr).await.is_err());
+}
