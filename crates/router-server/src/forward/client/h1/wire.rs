@@ -7,7 +7,9 @@
 use std::mem::MaybeUninit;
 
 use bytes::{Buf as _, Bytes, BytesMut};
-use http::header::{CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::header::{
+    CACHE_CONTROL, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, TRANSFER_ENCODING,
+};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
 /// Largest answer head accepted from an engine.
@@ -91,10 +93,16 @@ fn decimal(mut n: u64, digits: &mut [u8; 20]) -> &[u8] {
     }
 }
 
+/// The fields of an engine's answer the router reads or passes on to its client (see
+/// [`crate::forward::passthrough_headers`] and the dispatcher's `Retry-After`); the rest
+/// (framing and connection fields aside) are read past, never made into a header map.
+const KEPT_FIELDS: [HeaderName; 3] = [CONTENT_TYPE, CACHE_CONTROL, RETRY_AFTER];
+
 /// An answer's head, as parsed.
 #[derive(Debug)]
 pub(super) struct AnswerHead {
     pub status: StatusCode,
+    /// Of its fields, those of [`KEPT_FIELDS`].
     pub headers: HeaderMap,
     pub framing: Framing,
     /// Whether the connection may carry another request once this answer is read.
@@ -146,12 +154,10 @@ pub(super) fn parse_head(buf: &mut BytesMut) -> Result<Option<AnswerHead>, WireE
     let (mut length_field, mut chunked, mut coded) = (None, false, false);
     // Each value as a range of the head, which becomes shared bytes once it is taken off.
     let start = buf.as_ptr() as usize;
-    let mut named = Vec::with_capacity(answer.headers.len());
+    let mut named = Vec::new();
     for field in answer.headers.iter() {
-        let name = HeaderName::from_bytes(field.name.as_bytes())
-            .map_err(|_| WireError::Malformed("a header field name"))?;
-        let value = field.value;
-        if name == CONTENT_LENGTH {
+        let (name, value) = (field.name.as_bytes(), field.value);
+        if name.eq_ignore_ascii_case(CONTENT_LENGTH.as_str().as_bytes()) {
             let parsed = std::str::from_utf8(value)
                 .ok()
                 .and_then(|text| text.trim().parse::<u64>().ok())
@@ -160,18 +166,21 @@ pub(super) fn parse_head(buf: &mut BytesMut) -> Result<Option<AnswerHead>, WireE
                 return Err(WireError::Malformed("two different Content-Length fields"));
             }
             length_field = Some(parsed);
-        } else if name == TRANSFER_ENCODING {
+        } else if name.eq_ignore_ascii_case(TRANSFER_ENCODING.as_str().as_bytes()) {
             coded = true;
             // Chunked only when it is the final coding (RFC 9112 §6.3).
             chunked = value
                 .rsplit(|byte| *byte == b',')
                 .next()
                 .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-        } else if name == CONNECTION && has_token(value, b"close") {
-            reusable = false;
+        } else if name.eq_ignore_ascii_case(CONNECTION.as_str().as_bytes()) {
+            reusable &= !has_token(value, b"close");
+        } else if let Some(kept) =
+            KEPT_FIELDS.iter().find(|kept| name.eq_ignore_ascii_case(kept.as_str().as_bytes()))
+        {
+            let at = value.as_ptr() as usize - start;
+            named.push((kept.clone(), at..at + value.len()));
         }
-        let at = value.as_ptr() as usize - start;
-        named.push((name, at..at + value.len()));
     }
     let head = buf.split_to(length).freeze();
     let mut headers = HeaderMap::with_capacity(named.len());

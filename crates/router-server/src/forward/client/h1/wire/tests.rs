@@ -34,17 +34,20 @@ fn head(text: &str) -> super::AnswerHead {
 }
 
 #[test]
-fn an_answer_head_is_taken_off_the_buffer_and_its_values_kept() {
+fn an_answer_head_is_taken_off_the_buffer_and_the_fields_the_router_reads_kept() {
     let mut buf = BytesMut::from(
         "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nX-A: 1\r\nX-A: 2\r\n\
-         Content-Length: 5\r\n\r\nhello",
+         Cache-Control: no-cache\r\nretry-after: 3\r\nContent-Length: 5\r\n\r\nhello",
     );
     let head = parse_head(&mut buf).expect("valid").expect("whole");
     assert_eq!(&buf[..], b"hello");
     assert_eq!(head.status, StatusCode::OK);
     assert_eq!(head.headers["content-type"], "text/event-stream");
-    let both: Vec<_> = head.headers.get_all("x-a").iter().collect();
-    assert_eq!(both, ["1", "2"]);
+    assert_eq!(head.headers["cache-control"], "no-cache");
+    assert_eq!(head.headers["retry-after"], "3");
+    // Only the fields the router reads or passes on are kept.
+    assert!(!head.headers.contains_key("x-a"), "{:?}", head.headers);
+    assert!(!head.headers.contains_key("content-length"), "{:?}", head.headers);
     assert_eq!(head.framing, Framing::Length(5));
     assert!(head.reusable);
 }
