@@ -26,6 +26,7 @@ mod forward;
 /// Request preparation for the fuzz targets in `fuzz/`; not an API.
 #[doc(hidden)]
 pub mod fuzzing;
+mod h1_text;
 mod health;
 mod limit;
 pub mod logging;

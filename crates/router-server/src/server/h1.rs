@@ -46,6 +46,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use super::ConnectionLimits;
 use super::front;
 use crate::app::AppContext;
+use crate::h1_text::{self, has_token};
 use crate::prepare::Endpoint;
 
 /// A client's socket, its writes under the write timeout.
@@ -186,11 +187,6 @@ fn decimal(value: &[u8]) -> Option<u64> {
         return None;
     }
     Some(digits.iter().fold(0, |n, digit| n * 10 + u64::from(digit - b'0')))
-}
-
-/// Whether the comma-separated `value` lists `token` (case aside).
-fn has_token(value: &[u8], token: &[u8]) -> bool {
-    value.split(|byte| *byte == b',').any(|item| item.trim_ascii().eq_ignore_ascii_case(token))
 }
 
 /// What a connection does next.
@@ -451,7 +447,7 @@ fn write_head(
         Framing::Length(declared)
     } else if let Some(exact) = body.size_hint().exact() {
         let mut digits = [0; 20];
-        field(head, b"content-length", decimal_text(exact, &mut digits));
+        field(head, b"content-length", h1_text::decimal(exact, &mut digits));
         Framing::Length(exact)
     } else {
         field(head, b"transfer-encoding", b"chunked");
@@ -469,19 +465,6 @@ fn field(head: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     head.extend_from_slice(b": ");
     head.extend_from_slice(value);
     head.extend_from_slice(b"\r\n");
-}
-
-/// `n` in decimal, written into the end of `digits`.
-fn decimal_text(mut n: u64, digits: &mut [u8; 20]) -> &[u8] {
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &digits[at..];
-        }
-    }
 }
 
 /// A chunk's size line (`1a2b\r\n`), written on the stack.

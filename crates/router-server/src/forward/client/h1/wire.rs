@@ -12,6 +12,8 @@ use http::header::{
 };
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
+use crate::h1_text::{decimal, has_token};
+
 /// Largest answer head accepted from an engine.
 pub(super) const MAX_HEAD_BYTES: usize = 64 * 1024;
 
@@ -77,19 +79,6 @@ impl RequestHead {
         self.decimal_field(&CONTENT_LENGTH, length as u64);
         self.0.extend_from_slice(b"\r\n");
         self.0
-    }
-}
-
-/// The decimal digits of `n`, written at the end of `digits`.
-fn decimal(mut n: u64, digits: &mut [u8; 20]) -> &[u8] {
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            return &digits[at..];
-        }
     }
 }
 
@@ -205,11 +194,6 @@ pub(super) fn parse_head(buf: &mut BytesMut) -> Result<Option<AnswerHead>, WireE
         reusable = false;
     }
     Ok(Some(AnswerHead { status, headers, framing, reusable }))
-}
-
-/// Whether the comma-separated `value` holds `token` (any case).
-fn has_token(value: &[u8], token: &[u8]) -> bool {
-    value.split(|byte| *byte == b',').any(|t| t.trim_ascii().eq_ignore_ascii_case(token))
 }
 
 /// What the decoder made of the bytes at hand.
