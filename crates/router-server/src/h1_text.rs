@@ -7,6 +7,14 @@ pub(crate) fn has_token(value: &[u8], token: &[u8]) -> bool {
     value.split(|byte| *byte == b',').any(|item| item.trim_ascii().eq_ignore_ascii_case(token))
 }
 
+/// Adds the field `name: value` and its line end to the head being written in `head`.
+pub(crate) fn field(head: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    head.extend_from_slice(name);
+    head.extend_from_slice(b": ");
+    head.extend_from_slice(value);
+    head.extend_from_slice(b"\r\n");
+}
+
 /// The decimal digits of `n`, written at the end of `digits`.
 pub(crate) fn decimal(mut n: u64, digits: &mut [u8; 20]) -> &[u8] {
     let mut at = digits.len();

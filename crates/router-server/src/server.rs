@@ -222,23 +222,20 @@ async fn accept_loop(
         io.set_write_timeout(Some(limits.write));
         let io = Box::pin(io);
         let (builder, service, watcher) = (builder.clone(), service.clone(), graceful.watcher());
-        let Some(ctx) = service.direct().cloned() else {
-            let connection = builder.serve_connection(TokioIo::new(io), service);
-            connections.spawn(async move {
-                if let Err(err) = watcher.watch(connection).await {
-                    debug!(%peer, error = %err, "client connection ended with an error");
-                }
-            });
-            continue;
-        };
         let stop = connection_stop.clone();
         connections.spawn(async move {
-            // The router's own loop first; hyper takes over at a request that loop leaves it.
-            if let h1::Ended::HandedOver(rewound) = h1::serve(io, &ctx, limits, stop).await {
-                let connection = builder.serve_connection(TokioIo::new(rewound), service);
-                if let Err(err) = watcher.watch(connection).await {
-                    debug!(%peer, error = %err, "client connection ended with an error");
-                }
+            // The router's own loop first where the front serves inference directly; hyper
+            // takes over at a request that loop leaves it, or from the start.
+            let io = match service.direct() {
+                Some(ctx) => match h1::serve(io, ctx, limits, stop).await {
+                    h1::Ended::HandedOver(rewound) => rewound,
+                    h1::Ended::Closed => return,
+                },
+                None => h1::Rewound::unread(io),
+            };
+            let connection = builder.serve_connection(TokioIo::new(io), service);
+            if let Err(err) = watcher.watch(connection).await {
+                debug!(%peer, error = %err, "client connection ended with an error");
             }
         });
     }

@@ -46,7 +46,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use super::ConnectionLimits;
 use super::front;
 use crate::app::AppContext;
-use crate::h1_text::{self, has_token};
+use crate::h1_text::{self, field, has_token};
 use crate::prepare::Endpoint;
 
 /// A client's socket, its writes under the write timeout.
@@ -148,7 +148,7 @@ fn parse_head(buf: &mut BytesMut, max_bytes: usize) -> Parsed {
         };
         let value = field.value;
         if name == CONTENT_LENGTH {
-            let Some(parsed) = decimal(value) else { return Parsed::Theirs };
+            let Some(parsed) = content_length(value) else { return Parsed::Theirs };
             if length_field.is_some_and(|earlier| earlier != parsed) {
                 return Parsed::Theirs;
             }
@@ -181,7 +181,7 @@ fn parse_head(buf: &mut BytesMut, max_bytes: usize) -> Parsed {
 }
 
 /// A Content-Length's digits as a number; `None` for anything else.
-fn decimal(value: &[u8]) -> Option<u64> {
+fn content_length(value: &[u8]) -> Option<u64> {
     let digits = value.trim_ascii();
     if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
         return None;
@@ -324,41 +324,37 @@ impl Connection {
             };
             let head: &[u8] = if head_pending { &self.head } else { &[] };
             let mut size_line = ChunkSize::default();
-            let wrote = match step {
-                Step::Flush => write_all(&mut self.io, &mut [IoSlice::new(head)]).await,
+            let (wrote, ended) = match step {
+                Step::Flush => (write_all(&mut self.io, &mut [IoSlice::new(head)]).await, false),
                 Step::Data(data) => {
                     written += data.len() as u64;
-                    match framing {
+                    // Known before the write: the last chunk then goes out with the last data.
+                    let ended = body.is_end_stream();
+                    let wrote = match framing {
                         Framing::Length(declared) if written > declared => return false,
-                        Framing::Length(_) | Framing::None => {
-                            let data = if framing == Framing::None { &[][..] } else { &data[..] };
-                            write_all(&mut self.io, &mut [IoSlice::new(head), IoSlice::new(data)])
+                        Framing::Length(_) => {
+                            write_all(&mut self.io, &mut [IoSlice::new(head), IoSlice::new(&data)])
                                 .await
                         }
+                        Framing::None => write_all(&mut self.io, &mut [IoSlice::new(head)]).await,
                         Framing::Chunked => {
-                            // The last chunk goes out with the last data when the body knows
-                            // it has ended.
-                            let end: &[u8] =
-                                if body.is_end_stream() { b"\r\n0\r\n\r\n" } else { b"\r\n" };
+                            let end: &[u8] = if ended { b"\r\n0\r\n\r\n" } else { b"\r\n" };
                             let slices = &mut [
                                 IoSlice::new(head),
                                 IoSlice::new(size_line.of(data.len())),
                                 IoSlice::new(&data),
                                 IoSlice::new(end),
                             ];
-                            let wrote = write_all(&mut self.io, slices).await;
-                            if wrote.is_ok() && body.is_end_stream() {
-                                return written_whole(framing, written);
-                            }
-                            wrote
+                            write_all(&mut self.io, slices).await
                         }
-                    }
+                    };
+                    (wrote, ended)
                 }
                 Step::End => {
                     let end: &[u8] = if framing == Framing::Chunked { b"0\r\n\r\n" } else { &[] };
                     let wrote =
                         write_all(&mut self.io, &mut [IoSlice::new(head), IoSlice::new(end)]).await;
-                    return wrote.is_ok() && written_whole(framing, written);
+                    (wrote, true)
                 }
                 // The answer broke off: the client sees it cut short and the connection closed.
                 Step::Failed => return false,
@@ -366,10 +362,10 @@ impl Connection {
             if wrote.is_err() {
                 return false;
             }
-            head_pending = false;
-            if matches!(framing, Framing::Length(_) | Framing::None) && body.is_end_stream() {
+            if ended {
                 return written_whole(framing, written);
             }
+            head_pending = false;
         }
     }
 
@@ -443,7 +439,9 @@ fn write_head(
     }
     let framing = if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         Framing::None
-    } else if let Some(declared) = fields.get(CONTENT_LENGTH).and_then(|v| decimal(v.as_bytes())) {
+    } else if let Some(declared) =
+        fields.get(CONTENT_LENGTH).and_then(|v| content_length(v.as_bytes()))
+    {
         Framing::Length(declared)
     } else if let Some(exact) = body.size_hint().exact() {
         let mut digits = [0; 20];
@@ -458,13 +456,6 @@ fn write_head(
     }
     head.extend_from_slice(b"\r\n");
     framing
-}
-
-fn field(head: &mut Vec<u8>, name: &[u8], value: &[u8]) {
-    head.extend_from_slice(name);
-    head.extend_from_slice(b": ");
-    head.extend_from_slice(value);
-    head.extend_from_slice(b"\r\n");
 }
 
 /// A chunk's size line (`1a2b\r\n`), written on the stack.
@@ -559,6 +550,13 @@ thread_local! {
 pub(super) struct Rewound {
     read: Bytes,
     io: ClientIo,
+}
+
+impl Rewound {
+    /// A connection nothing has been read from yet.
+    pub(super) fn unread(io: ClientIo) -> Self {
+        Self { read: Bytes::new(), io }
+    }
 }
 
 impl AsyncRead for Rewound {

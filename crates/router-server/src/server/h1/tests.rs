@@ -10,7 +10,7 @@ use bytes::BytesMut;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-use super::{ChunkSize, Parsed, decimal, parse_head};
+use super::{ChunkSize, Parsed, content_length, parse_head};
 use crate::prepare::Endpoint;
 use crate::server::Serving;
 use crate::tests::{answering, context, one_model};
@@ -73,10 +73,10 @@ fn a_head_is_partial_until_it_ends_and_too_large_past_the_limit() {
 
 #[test]
 fn lengths_and_chunk_sizes_are_written_and_read_exactly() {
-    assert_eq!(decimal(b" 42 "), Some(42));
-    assert_eq!(decimal(b"18446744073709551615"), None, "too many digits");
-    assert_eq!(decimal(b"-1"), None);
-    assert_eq!(decimal(b""), None);
+    assert_eq!(content_length(b" 42 "), Some(42));
+    assert_eq!(content_length(b"18446744073709551615"), None, "too many digits");
+    assert_eq!(content_length(b"-1"), None);
+    assert_eq!(content_length(b""), None);
     assert_eq!(ChunkSize::default().of(0), b"0\r\n");
     assert_eq!(ChunkSize::default().of(0x1a2b), b"1a2b\r\n");
     assert_eq!(ChunkSize::default().of(usize::MAX), b"ffffffffffffffff\r\n");

@@ -12,7 +12,7 @@ use http::header::{
 };
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 
-use crate::h1_text::{decimal, has_token};
+use crate::h1_text::{decimal, field, has_token};
 
 /// Largest answer head accepted from an engine.
 pub(super) const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -58,20 +58,13 @@ impl RequestHead {
 
     /// Adds one field; the name and value are valid already (`http`'s types check them).
     pub(crate) fn field(&mut self, name: &HeaderName, value: &HeaderValue) {
-        self.raw_field(name.as_str(), value.as_bytes());
+        field(&mut self.0, name.as_str().as_bytes(), value.as_bytes());
     }
 
     /// Adds one field whose value is the number `n`.
     pub(crate) fn decimal_field(&mut self, name: &HeaderName, n: u64) {
         let mut digits = [0; 20];
-        self.raw_field(name.as_str(), decimal(n, &mut digits));
-    }
-
-    fn raw_field(&mut self, name: &str, value: &[u8]) {
-        self.0.extend_from_slice(name.as_bytes());
-        self.0.extend_from_slice(b": ");
-        self.0.extend_from_slice(value);
-        self.0.extend_from_slice(b"\r\n");
+        field(&mut self.0, name.as_str().as_bytes(), decimal(n, &mut digits));
     }
 
     /// Ends the head of a request whose body has `length` bytes.
