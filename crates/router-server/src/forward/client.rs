@@ -196,7 +196,7 @@ impl Forwarder {
         };
         let timeout = self.config.request_timeout;
         let worker_id = || worker.id().clone();
-        let sent = if self.config.http2 {
+        if self.config.http2 {
             // HTTP/2 names the engine and the path in the URI.
             let uri = worker.uri_for(path).map_err(|err| invalid(err.into()))?;
             // Built in place, each header with its name already parsed: the builder would
@@ -212,34 +212,32 @@ impl Forwarder {
             }
             authorize(&mut request, worker);
             trace.apply(request.headers_mut());
-            tokio::time::timeout(timeout, self.request(request)).await.map(|sent| {
-                sent.map(|response| response.map(EngineBody::H2)).map_err(|source| {
-                    let worker = worker_id();
-                    if source.is_connect() {
-                        SendError::Unreachable { worker, source: source.into() }
-                    } else {
-                        SendError::Failed { worker, source: source.into() }
-                    }
-                })
+            let Ok(sent) = tokio::time::timeout(timeout, self.request(request)).await else {
+                return Err(SendError::Timeout { worker: worker_id(), after: timeout });
+            };
+            sent.map(|response| response.map(EngineBody::H2)).map_err(|source| {
+                let worker = worker_id();
+                if source.is_connect() {
+                    SendError::Unreachable { worker, source: source.into() }
+                } else {
+                    SendError::Failed { worker, source: source.into() }
+                }
             })
         } else {
             let head =
                 h1_head(worker, path, body.len(), request_id, rank, trace).map_err(invalid)?;
             let connect_uri = || worker.uri_for("/").unwrap_or_default();
             let pool = self.h1();
-            let sent = pool.send(worker.url(), connect_uri, &head, &body);
-            tokio::time::timeout(timeout, sent).await.map(|sent| {
-                sent.map(|response| response.map(EngineBody::H1)).map_err(|err| match err {
-                    H1Error::Connect(source) => {
-                        SendError::Unreachable { worker: worker_id(), source }
-                    }
-                    H1Error::Exchange(source) => {
-                        SendError::Failed { worker: worker_id(), source: source.into() }
-                    }
-                })
+            // The timeout is kept by the connection's own timer (see `h1::Conn`).
+            let sent = pool.send(worker.url(), connect_uri, &head, &body, timeout).await;
+            sent.map(|response| response.map(EngineBody::H1)).map_err(|err| match err {
+                H1Error::Connect(source) => SendError::Unreachable { worker: worker_id(), source },
+                H1Error::Exchange(source) => {
+                    SendError::Failed { worker: worker_id(), source: source.into() }
+                }
+                H1Error::TimedOut => SendError::Timeout { worker: worker_id(), after: timeout },
             })
-        };
-        sent.unwrap_or_else(|_| Err(SendError::Timeout { worker: worker_id(), after: timeout }))
+        }
     }
 
     /// This forwarder's HTTP/1.1 connections.

@@ -29,6 +29,7 @@ use hyper_util::rt::TokioIo;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWriteExt as _, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::time::{Sleep, sleep_until};
 use tower::ServiceExt as _;
 
 use super::EngineConnector;
@@ -58,9 +59,31 @@ struct Conn {
     read_size: usize,
     /// When it was last put back.
     idle_since: Instant,
+    /// The timer of the exchange under way (taken while it runs), kept for the next one:
+    /// moving a registered timer's deadline later costs a compare-and-swap, where a fresh
+    /// timer per request is put into the timer wheel and taken out again.
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+/// Where an exchange failed: writing the request (which a reused connection retries), or
+/// reading the answer's head.
+enum Failed {
+    Write(std::io::Error),
+    Read(WireError),
 }
 
 impl Conn {
+    /// Writes the request `head` and `body` in one vectored write and reads the answer's head.
+    async fn exchange(&mut self, head: &[u8], body: &Bytes) -> Result<AnswerHead, Failed> {
+        let mut request = bytes::Buf::chain(head, &body[..]);
+        let written = async {
+            self.io.write_all_buf(&mut request).await?;
+            self.io.flush().await
+        };
+        written.await.map_err(Failed::Write)?;
+        read_head(self).await.map_err(Failed::Read)
+    }
+
     /// Reads what the socket holds onto the end of the buffer: the bytes read, 0 at EOF.
     fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<usize>> {
         if self.buf.capacity() - self.buf.len() < READ_SIZE / 8 {
@@ -111,6 +134,8 @@ thread_local! {
 pub(super) enum H1Error {
     /// No connection could be made (connect, TLS handshake, setup timeout).
     Connect(BoxError),
+    /// No answer head came within the time given.
+    TimedOut,
     /// The exchange failed on a connection.
     Exchange(WireError),
 }
@@ -127,36 +152,40 @@ pub(super) struct H1Pool<'f> {
 
 impl H1Pool<'_> {
     /// Sends the request `head` and `body` to the engine at `url`, whose new connections are
-    /// made to `connect_uri`, and reads the answer's head.
+    /// made to `connect_uri`, and reads the answer's head, all within `timeout`.
     pub(super) async fn send(
         &self,
         url: &str,
         connect_uri: impl Fn() -> http::Uri,
         head: &[u8],
         body: &Bytes,
+        timeout: Duration,
     ) -> Result<Response<H1Answer>, H1Error> {
+        let deadline = tokio::time::Instant::now() + timeout;
         let idle = self.idle_list(url);
         loop {
             let (mut conn, reused) = match self.checkout(&idle) {
                 Some(conn) => (conn, true),
                 // Boxed: connecting is rare and its future large, which every request's
                 // future would otherwise carry (and copy).
-                None => (Box::pin(self.connect(connect_uri())).await?, false),
+                None => (Box::pin(self.connect(connect_uri(), deadline)).await?, false),
             };
-            let mut request = bytes::Buf::chain(head, &body[..]);
-            let written = async {
-                conn.io.write_all_buf(&mut request).await?;
-                conn.io.flush().await
+            let mut timer = conn.timer.take().unwrap_or_else(|| Box::pin(sleep_until(deadline)));
+            timer.as_mut().reset(deadline);
+            let exchanged = tokio::select! {
+                biased;
+                exchanged = conn.exchange(head, body) => exchanged,
+                () = timer.as_mut() => return Err(H1Error::TimedOut),
             };
-            match written.await {
-                Ok(()) => {}
+            conn.timer = Some(timer);
+            match exchanged {
+                Ok(head) => return Ok(H1Answer::response(head, conn, idle)),
                 // The engine closed it as it sat idle and cannot have read the whole request:
                 // another connection (or a new one) gets it.
-                Err(_) if reused => continue,
-                Err(err) => return Err(H1Error::Exchange(err.into())),
+                Err(Failed::Write(_)) if reused => continue,
+                Err(Failed::Write(err)) => return Err(H1Error::Exchange(err.into())),
+                Err(Failed::Read(err)) => return Err(H1Error::Exchange(err)),
             }
-            let head = read_head(&mut conn).await.map_err(H1Error::Exchange)?;
-            return Ok(H1Answer::response(head, conn, idle));
         }
     }
 
@@ -198,12 +227,21 @@ impl H1Pool<'_> {
         None
     }
 
-    /// A new connection to `uri`'s engine.
-    async fn connect(&self, uri: http::Uri) -> Result<Box<Conn>, H1Error> {
-        let stream = self.connector.clone().oneshot(uri).await.map_err(H1Error::Connect)?;
+    /// A new connection to `uri`'s engine, for an exchange due by `deadline`.
+    async fn connect(
+        &self,
+        uri: http::Uri,
+        deadline: tokio::time::Instant,
+    ) -> Result<Box<Conn>, H1Error> {
+        let connecting = self.connector.clone().oneshot(uri);
+        let stream = match tokio::time::timeout_at(deadline, connecting).await {
+            Ok(connected) => connected.map_err(H1Error::Connect)?,
+            Err(_) => return Err(H1Error::TimedOut),
+        };
         let buf = BytesMut::with_capacity(READ_SIZE);
         let io = TokioIo::new(stream);
-        Ok(Box::new(Conn { io, buf, read_size: READ_SIZE, idle_since: Instant::now() }))
+        let timer = Some(Box::pin(tokio::time::sleep_until(deadline)));
+        Ok(Box::new(Conn { io, buf, read_size: READ_SIZE, idle_since: Instant::now(), timer }))
     }
 }
 
