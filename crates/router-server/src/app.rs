@@ -1,7 +1,7 @@
 //! `AppContext`: the shared services, started once and stopped on shutdown, and the routing
 //! objects built from the configuration.
 
-use std::collections::HashMap;
+use hashbrown::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;

@@ -229,6 +229,11 @@ impl HealthBook {
             }
             entry.effective(&self.config)
         };
+        // Nothing to write when `worker` already says so: an incarnation is one `Worker`, so
+        // the registry's, if current, is this one (the usual case: a success on a healthy engine).
+        if worker.is_healthy() == healthy {
+            return;
+        }
         // Only the current incarnation's health is written.
         if self.registry.get(worker.id()).is_some_and(|w| w.incarnation() == worker.incarnation()) {
             let _ = self.registry.set_health(worker.id(), healthy);
@@ -382,7 +387,7 @@ impl HealthBook {
 
 impl OutcomeSink for HealthBook {
     fn record(&self, worker: &Worker, outcome: Outcome) {
-        let now = Instant::now();
+        // The clock is read only where a breaker opens: a success, the usual outcome, needs none.
         self.update(worker, |engine, config| match (outcome, engine.breaker) {
             (Outcome::Success, Breaker::HalfOpen { trials, successes, since }) => {
                 let successes = successes + 1;
@@ -393,11 +398,11 @@ impl OutcomeSink for HealthBook {
                 };
             }
             (Outcome::Success, _) => engine.breaker = Breaker::Closed { failures: 0 },
-            (Outcome::Failure, Breaker::HalfOpen { .. }) => engine.open(now, config),
+            (Outcome::Failure, Breaker::HalfOpen { .. }) => engine.open(Instant::now(), config),
             (Outcome::Failure, Breaker::Closed { failures }) => {
                 let failures = failures + 1;
                 if config.breaker_failures > 0 && failures >= config.breaker_failures {
-                    engine.open(now, config);
+                    engine.open(Instant::now(), config);
                 } else {
                     engine.breaker = Breaker::Closed { failures };
                 }
@@ -408,7 +413,7 @@ impl OutcomeSink for HealthBook {
                 engine.probe_healthy = false;
                 engine.probe_streak = -i64::from(config.unhealthy_after);
                 if matches!(breaker, Breaker::HalfOpen { .. }) {
-                    engine.open(now, config);
+                    engine.open(Instant::now(), config);
                 }
             }
         });

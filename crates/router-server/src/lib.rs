@@ -22,6 +22,7 @@ pub mod demo;
 mod dispatch;
 pub mod epp;
 mod error;
+mod few_fields;
 mod forward;
 /// Request preparation for the fuzz targets in `fuzz/`; not an API.
 #[doc(hidden)]

@@ -13,6 +13,7 @@ use axum::response::Response;
 use router_buckets::{BucketRequest, BucketResolver, Selection, Skipped, SloVerdict};
 use router_policies::PickError;
 use router_workers::WorkerId;
+use smallvec::SmallVec;
 use tracing::warn;
 
 use crate::app::AppContext;
@@ -69,14 +70,17 @@ pub(crate) async fn serve(
         labels.bucket.clear();
         labels.bucket.push_str(selection.bucket.id());
         let verdict = selection.slo;
+        let bucket = model.bucket_header(selection.bucket.id());
         let dispatch = Dispatch {
             exchange,
             prepared,
             model: model.resolver.model(),
-            bucket: selection.bucket.id(),
+            bucket: &bucket,
             started,
         };
-        let engines: Vec<WorkerId> = selection.pick.workers().map(|w| w.id().clone()).collect();
+        // Kept for a retry to select around: one engine, or a pair's two.
+        let engines: SmallVec<[WorkerId; 2]> =
+            selection.pick.workers().map(|w| w.id().clone()).collect();
         match dispatch.run(selection.pick).await {
             Ok(mut response) => {
                 if retries > 0 {

@@ -227,7 +227,7 @@ async fn accept_loop(
             // The router's own loop first where the front serves inference directly; hyper
             // takes over at a request that loop leaves it, or from the start.
             let io = match service.direct() {
-                Some(ctx) => match h1::serve(io, ctx, limits, stop).await {
+                Some(direct) => match h1::serve(io, direct, limits, stop).await {
                     h1::Ended::HandedOver(rewound) => rewound,
                     h1::Ended::Closed => return,
                 },

@@ -13,6 +13,7 @@ use std::sync::OnceLock;
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
+use crate::few_fields::FewFields as _;
 use axum::body::Body;
 use axum::response::Response;
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -30,8 +31,8 @@ use opentelemetry_sdk::trace::{
 use serde::{Deserialize, Serialize};
 
 /// The W3C trace context headers.
-const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
-const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
+pub(crate) const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+pub(crate) const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 /// How often finished spans are sent to the collector.
 const EXPORT_DELAY: Duration = Duration::from_secs(1);
@@ -131,8 +132,8 @@ impl TraceHeaders {
     /// The client's trace context headers.
     fn of(headers: &HeaderMap) -> Self {
         Self {
-            traceparent: headers.get(TRACEPARENT).cloned(),
-            tracestate: headers.get(TRACESTATE).cloned(),
+            traceparent: headers.field(&TRACEPARENT).cloned(),
+            tracestate: headers.field(&TRACESTATE).cloned(),
         }
     }
 

@@ -36,6 +36,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
 use dashmap::DashMap;
+use hashbrown::DefaultHashBuilder;
 use parking_lot::RwLock;
 use router_workers::{Stage, WorkerId};
 
@@ -193,7 +194,9 @@ impl Timebase {
 #[derive(Debug)]
 pub struct Inflight {
     time: Arc<Timebase>,
-    engines: DashMap<WorkerId, Arc<EngineCounters>>,
+    /// Looked up on every dispatch: hashed with foldhash (hashbrown's), not SipHash; the keys
+    /// are the router's own engine ids, not a client's.
+    engines: DashMap<WorkerId, Arc<EngineCounters>, DefaultHashBuilder>,
 }
 
 impl Inflight {

@@ -335,6 +335,8 @@ static NEXT_INCARNATION: AtomicU64 = AtomicU64::new(1);
 #[derive(Debug)]
 pub struct Worker {
     id: WorkerId,
+    /// `id` as a header value, made once (see [`Worker::id_header`]).
+    id_header: http::HeaderValue,
     url: String,
     /// `url` parsed once, when it has no path: requests then build their URI from its scheme
     /// and authority instead of parsing the whole URL again (see [`Worker::uri_for`]), with
@@ -403,8 +405,12 @@ impl Worker {
                 let host = http::HeaderValue::from_str(uri.authority()?.as_str()).ok()?;
                 Some((uri, host))
             });
+        // An id no header value may carry (a control character) is named `invalid`.
+        let id_header = http::HeaderValue::from_str(id.as_str())
+            .unwrap_or_else(|_| http::HeaderValue::from_static("invalid"));
         Ok(Self {
             id,
+            id_header,
             url,
             address,
             models,
@@ -455,6 +461,12 @@ impl Worker {
     /// The stable identifier.
     pub fn id(&self) -> &WorkerId {
         &self.id
+    }
+
+    /// [`Worker::id`] as a header value, made once: the router names the engine that served
+    /// each answer in a response header.
+    pub fn id_header(&self) -> &http::HeaderValue {
+        &self.id_header
     }
 
     /// Base URL without a trailing slash.

@@ -26,6 +26,7 @@ use http_body_util::BodyExt;
 use router_buckets::BucketPick;
 use router_state_load::InflightGuard;
 use router_workers::{ModelId, Stage, Worker};
+use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
 use crate::app::AppContext;
@@ -59,8 +60,9 @@ pub(crate) struct Dispatch<'a> {
     pub prepared: &'a PreparedRequest,
     /// The served model.
     pub model: &'a ModelId,
-    /// The bucket that chose the engines.
-    pub bucket: &'a str,
+    /// The bucket that chose the engines, as its header value
+    /// ([`crate::config::ModelRuntime::bucket_header`]).
+    pub bucket: &'a HeaderValue,
     /// When the router received the request.
     pub started: Instant,
 }
@@ -96,7 +98,7 @@ impl Dispatch<'_> {
             // of the pair answers them.
             BucketPick::Pd { decode, .. } => plain::dispatch(self, decode, Stage::Decode).await?,
         };
-        response.headers_mut().insert(BUCKET_HEADER, header_value(self.bucket));
+        response.headers_mut().insert(BUCKET_HEADER, self.bucket.clone());
         Ok(response)
     }
 }
@@ -204,7 +206,7 @@ impl Exchange<'_> {
             Some(metrics),
         );
         let body = if by_a_task { body.handed_over_by_a_task() } else { body };
-        response(&parts, Body::new(body))
+        response(parts, Body::new(body))
     }
 
     /// The client's response carrying the engine's whole answer, measured for `metrics`.
@@ -217,7 +219,7 @@ impl Exchange<'_> {
     ) -> Result<Response, EngineError> {
         let answer = self.read_answer(worker, body).await?;
         metrics.whole(worker, &answer);
-        Ok(response(&parts, Body::from(answer)))
+        Ok(response(parts, Body::from(answer)))
     }
 
     /// Reads an engine's whole body, at most [`WHOLE_ANSWER_LIMIT`] bytes with at most the
@@ -228,7 +230,8 @@ impl Exchange<'_> {
         mut body: EngineBody,
     ) -> Result<Bytes, EngineError> {
         let limit = self.idle_limit();
-        let mut chunks: Vec<Bytes> = Vec::new();
+        // The usual answer is one frame: kept inline, no vector allocated.
+        let mut chunks: SmallVec<[Bytes; 1]> = SmallVec::new();
         let mut total = 0;
         let failed = loop {
             let frame = match tokio::time::timeout(limit, body.frame()).await {
@@ -279,10 +282,10 @@ fn counted(err: EngineError) -> EngineError {
 }
 
 /// The client's response: the engine's status and end-to-end headers over `body`.
-fn response(parts: &Parts, body: Body) -> Response {
+fn response(parts: Parts, body: Body) -> Response {
     let mut response = Response::new(body);
     *response.status_mut() = parts.status;
-    passthrough_headers(&parts.headers, response.headers_mut());
+    *response.headers_mut() = passthrough_headers(parts.headers);
     response
 }
 
@@ -305,10 +308,6 @@ async fn read_snippet(mut body: EngineBody) -> String {
         Ok(Some(snippet)) => String::from_utf8_lossy(&snippet).trim().to_owned(),
         _ => String::from("(no body)"),
     }
-}
-
-fn header_value(text: &str) -> HeaderValue {
-    HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use tracing::{Instrument, warn};
 use super::rank::EngineRequest;
 use super::{
     DECODE_ENGINE_HEADER, DECODE_RANK_HEADER, Dispatch, Exchange, PREFILL_ENGINE_HEADER,
-    PREFILL_RANK_HEADER, counted, header_value, read_snippet,
+    PREFILL_RANK_HEADER, counted, read_snippet,
 };
 use crate::error::{ApiError, Chain, EngineError};
 
@@ -154,8 +154,8 @@ pub(super) async fn dispatch(
     // The decode answer is under way: the prefill request runs to its end on its own.
     abort_prefill.disarm();
     let headers = response.headers_mut();
-    headers.insert(PREFILL_ENGINE_HEADER, header_value(prefill.worker.id().as_str()));
-    headers.insert(DECODE_ENGINE_HEADER, header_value(decode_worker.id().as_str()));
+    headers.insert(PREFILL_ENGINE_HEADER, prefill.worker.id_header().clone());
+    headers.insert(DECODE_ENGINE_HEADER, decode_worker.id_header().clone());
     if let Some(rank) = prefill_rank {
         headers.insert(PREFILL_RANK_HEADER, rank.rank.into());
     }

@@ -8,7 +8,7 @@ use axum::response::Response;
 use router_policies::Pick;
 use router_workers::Stage;
 
-use super::{Dispatch, ENGINE_HEADER, RANK_HEADER, header_value};
+use super::{Dispatch, ENGINE_HEADER, RANK_HEADER};
 use crate::error::ApiError;
 use crate::forward::{AnswerMetrics, TtftPrediction};
 use crate::metrics;
@@ -43,7 +43,7 @@ pub(super) async fn dispatch(
         response
     };
     let headers = response.headers_mut();
-    headers.insert(ENGINE_HEADER, header_value(worker.id().as_str()));
+    headers.insert(ENGINE_HEADER, worker.id_header().clone());
     if let Some(rank) = rank {
         headers.insert(RANK_HEADER, rank.rank.into());
     }

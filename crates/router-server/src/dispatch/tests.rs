@@ -184,7 +184,7 @@ async fn dispatch(
         exchange: exchange(ctx, stream),
         prepared: &prepared,
         model: &model,
-        bucket: "all",
+        bucket: &HeaderValue::from_static("all"),
         started: Instant::now(),
     };
     d.run(BucketPick::Plain(pick)).await

@@ -32,7 +32,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderMap, header};
+use http::{HeaderMap, HeaderName, header};
 use http_body::{Body, Frame, SizeHint};
 use router_state_load::InflightGuard;
 use router_workers::{ModelId, Worker};
@@ -435,14 +435,22 @@ impl Idle {
     }
 }
 
-/// Copies the engine's response headers that make sense end to end (content type, caching),
-/// never hop-by-hop ones.
-pub(crate) fn passthrough_headers(from: &HeaderMap, to: &mut HeaderMap) {
-    for name in [header::CONTENT_TYPE, header::CACHE_CONTROL] {
+/// The engine's response headers that make sense end to end (content type, caching), never
+/// hop-by-hop ones. The engine's own map is kept when it holds nothing else, as the HTTP/1.1
+/// client's answer heads do (`forward::client::h1::wire` keeps only the fields read or passed
+/// on): an answer then costs no second map.
+pub(crate) fn passthrough_headers(from: HeaderMap) -> HeaderMap {
+    const PASSED: [HeaderName; 2] = [header::CONTENT_TYPE, header::CACHE_CONTROL];
+    if from.keys().all(|name| PASSED.contains(name)) {
+        return from;
+    }
+    let mut to = HeaderMap::with_capacity(PASSED.len());
+    for name in PASSED {
         if let Some(value) = from.get(&name) {
             to.insert(name, value.clone());
         }
     }
+    to
 }
 
 #[cfg(test)]

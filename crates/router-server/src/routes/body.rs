@@ -8,8 +8,10 @@ use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use bytes::Bytes;
 use http_body_util::BodyExt;
+use smallvec::SmallVec;
 
 use crate::error::ApiError;
+use crate::few_fields::FewFields as _;
 
 /// The request id's header, as the router sends it to the engines and back to the client.
 pub(crate) const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
@@ -19,7 +21,7 @@ pub(crate) const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-requ
 pub(crate) fn request_id(headers: &HeaderMap, names: &[HeaderName]) -> HeaderValue {
     names
         .iter()
-        .filter_map(|name| headers.get(name))
+        .filter_map(|name| headers.field(name))
         .find(|v| {
             let bytes = v.as_bytes();
             !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(|b| b.is_ascii_graphic())
@@ -37,14 +39,14 @@ pub(crate) async fn read_body(
     secs: u64,
 ) -> Result<Bytes, ApiError> {
     let declared = headers
-        .get(header::CONTENT_LENGTH)
+        .field(&header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|length| length > limit as u64) {
         // A client waiting for `100 Continue` has not sent the body: dropping it unread means
         // it never will. Reading it would invite the upload.
         let waits_for_continue = headers
-            .get(header::EXPECT)
+            .field(&header::EXPECT)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
         if !waits_for_continue {
             discard_in_background(body);
@@ -52,7 +54,8 @@ pub(crate) async fn read_body(
         return Err(ApiError::BodyTooLarge { limit });
     }
     let read = async {
-        let mut chunks: Vec<Bytes> = Vec::new();
+        // The usual body is one frame: kept inline, no vector allocated.
+        let mut chunks: SmallVec<[Bytes; 1]> = SmallVec::new();
         let mut total = 0usize;
         while let Some(frame) = body.frame().await {
             let frame = frame.map_err(|err| ApiError::InvalidRequest {

@@ -71,9 +71,7 @@ fn json_response(status: StatusCode, body: Bytes, worker: &Worker) -> Response {
     let mut response = (status, body).into_response();
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    if let Ok(engine) = HeaderValue::from_str(worker.id().as_str()) {
-        headers.insert(ENGINE_HEADER, engine);
-    }
+    headers.insert(ENGINE_HEADER, worker.id_header().clone());
     response
 }
 

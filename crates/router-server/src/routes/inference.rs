@@ -10,6 +10,7 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
+use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH, EXPECT};
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -22,11 +23,12 @@ use super::body::{REQUEST_ID_HEADER, read_body, request_id};
 use crate::app::AppContext;
 use crate::config::ModelRuntime;
 use crate::error::{ApiError, Chain};
+use crate::few_fields::FewFields as _;
 use crate::limit::rate::TokenCharge;
 use crate::metrics;
 use crate::prepare::{DP_RANK, Endpoint, PreparedRequest, client_rank, parse_request, prepare};
 use crate::serve::{Labels, serve};
-use crate::telemetry::RequestTrace;
+use crate::telemetry::{RequestTrace, TRACEPARENT, TRACESTATE};
 
 /// The handler of `endpoint`'s route (the path is [`Endpoint::path`]). It takes the request
 /// whole: axum's `HeaderMap` extractor would copy the headers. Its tokens are charged where
@@ -53,10 +55,12 @@ pub(crate) async fn endpoint_request(
     let started = Instant::now();
     let mut labels = Labels::default();
     let trace = RequestTrace::start(&headers, endpoint.path(), &request_id);
+    let handled =
+        handle(endpoint, &ctx, charge, &headers, body, &request_id, started, &mut labels, &trace);
+    // Instrumented only when the span records: the wrapper would be one more copy of the
+    // handler's future, and one more layer to poll, for nothing.
     let result =
-        handle(endpoint, &ctx, charge, &headers, body, &request_id, started, &mut labels, &trace)
-            .instrument(span.clone())
-            .await;
+        if span.is_disabled() { handled.await } else { handled.instrument(span.clone()).await };
     let mut response = match result {
         Ok(response) => response,
         Err(err) => {
@@ -122,7 +126,7 @@ pub(crate) async fn prepare_request<'c>(
     labels: &mut Labels,
 ) -> Result<(&'c ModelRuntime, PreparedRequest), ApiError> {
     let request = parse_request(endpoint, &body, ctx.server().max_batch_size)?;
-    let client_rank = client_rank(request.client_rank, headers.get(DP_RANK))?;
+    let client_rank = client_rank(request.client_rank, headers.field(&DP_RANK))?;
     let model = ctx.requested_model(request.model.as_deref())?;
     labels.model.push_str(model.id.as_str());
     let session = affinity_key(headers, &model.session_header)?;
@@ -172,7 +176,7 @@ fn affinity_key<'h>(
     headers: &'h HeaderMap,
     name: &HeaderName,
 ) -> Result<Option<&'h str>, ApiError> {
-    let Some(value) = headers.get(name) else { return Ok(None) };
+    let Some(value) = headers.field(name) else { return Ok(None) };
     let invalid =
         |message: String| ApiError::InvalidRequest { message, param: Some(name.as_str().into()) };
     let key =
@@ -188,24 +192,46 @@ fn affinity_key<'h>(
 pub(crate) const TTFT_SLO_HEADER: &str = "x-sgl-ttft-slo-ms";
 /// The request's decode-throughput target (tokens per second).
 pub(crate) const TPS_SLO_HEADER: &str = "x-sgl-tps-slo";
+/// The two SLO headers as names, parsed once.
+const SLO_FIELDS: [HeaderName; 2] =
+    [HeaderName::from_static(TTFT_SLO_HEADER), HeaderName::from_static(TPS_SLO_HEADER)];
+
+/// Every request header field an inference request is read for under `ctx`'s configuration:
+/// its client key, body length and `Expect`, request id, trace context, data-parallel rank,
+/// each model's affinity headers and the SLO targets. The router's own HTTP/1.1 loop keeps
+/// these of a request head and reads past the rest, so a field read on an inference
+/// request's way must be named here (the end-to-end tests send each through that loop).
+pub(crate) fn request_fields(ctx: &AppContext) -> Arc<[HeaderName]> {
+    let fixed = [AUTHORIZATION, CONTENT_LENGTH, EXPECT, DP_RANK, TRACEPARENT, TRACESTATE];
+    let configured = ctx.request_id_headers().iter().cloned();
+    let affinity = ctx.models().flat_map(|m| [m.session_header.clone(), m.routing_header.clone()]);
+    let mut fields: Vec<HeaderName> = Vec::new();
+    for name in fixed.into_iter().chain(SLO_FIELDS).chain(configured).chain(affinity) {
+        if !fields.contains(&name) {
+            fields.push(name);
+        }
+    }
+    fields.into()
+}
 
 /// The SLO targets of the request's headers that the model reads: a header whose preference is
 /// disabled is ignored whatever it holds; an enabled one that does not parse, a TTFT target of
 /// 0 or a throughput target that is not a finite number above 0 is a 400 naming the header.
 fn slo_targets(headers: &HeaderMap, preferences: SloPreferences) -> Result<SloTargets, ApiError> {
-    let text = |header: &'static str| -> Option<String> {
-        headers.get(header).map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+    let text = |name: &HeaderName| -> Option<String> {
+        headers.field(name).map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
     };
+    let [ttft_field, tps_field] = &SLO_FIELDS;
     let invalid = |header| move |error| ApiError::InvalidSloTarget { header, error };
     let mut targets = SloTargets::NONE;
     if preferences.ttft.is_enabled()
-        && let Some(value) = text(TTFT_SLO_HEADER)
+        && let Some(value) = text(ttft_field)
     {
         targets.ttft_ms =
             Some(SloTargets::parse_ttft_ms(&value).map_err(invalid(TTFT_SLO_HEADER))?);
     }
     if preferences.tps.is_enabled()
-        && let Some(value) = text(TPS_SLO_HEADER)
+        && let Some(value) = text(tps_field)
     {
         let tps = SloTargets::parse_tokens_per_second(&value).map_err(invalid(TPS_SLO_HEADER))?;
         targets.tokens_per_second = Some(tps);

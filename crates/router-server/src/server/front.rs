@@ -16,7 +16,7 @@ use axum::body::Body;
 use axum::response::{IntoResponse as _, Response};
 use futures::FutureExt as _;
 use futures::future::{BoxFuture, Either};
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use hyper::body::Incoming;
 use hyper_util::service::TowerToHyperService;
 
@@ -31,7 +31,15 @@ use crate::{auth, limit};
 pub(super) struct Front {
     app: TowerToHyperService<Router>,
     /// Serves the inference endpoints directly.
-    inference: Option<Arc<AppContext>>,
+    inference: Option<Direct>,
+}
+
+/// What serves the inference endpoints directly: the shared services, and the request header
+/// fields an inference request is read for ([`inference::request_fields`], listed once).
+#[derive(Clone)]
+pub(super) struct Direct {
+    pub ctx: Arc<AppContext>,
+    pub fields: Arc<[HeaderName]>,
 }
 
 impl Front {
@@ -45,11 +53,12 @@ impl Front {
     pub(super) fn router(ctx: Arc<AppContext>) -> Self {
         let app = TowerToHyperService::new(super::routes(Arc::clone(&ctx)));
         let direct = ctx.server().cors_allowed_origins.is_empty();
-        Self { app, inference: direct.then_some(ctx) }
+        let inference = direct.then(|| Direct { fields: inference::request_fields(&ctx), ctx });
+        Self { app, inference }
     }
 
-    /// The context whose inference endpoints this front serves directly, if it does.
-    pub(super) fn direct(&self) -> Option<&Arc<AppContext>> {
+    /// What serves the inference endpoints directly, if this front does.
+    pub(super) fn direct(&self) -> Option<&Direct> {
         self.inference.as_ref()
     }
 }
@@ -63,7 +72,7 @@ impl hyper::service::Service<http::Request<Incoming>> for Front {
     type Future = Either<BoxFuture<'static, Result<Response, Infallible>>, AppFuture>;
 
     fn call(&self, request: http::Request<Incoming>) -> Self::Future {
-        if let Some(ctx) = &self.inference
+        if let Some(Direct { ctx, .. }) = &self.inference
             && request.method() == http::Method::POST
             && let Some(endpoint) = Endpoint::at(request.uri().path())
         {

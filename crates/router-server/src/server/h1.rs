@@ -25,6 +25,7 @@ use std::cell::RefCell;
 use std::future::poll_fn;
 use std::io::IoSlice;
 use std::mem::MaybeUninit;
+use std::ops::Range;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -36,6 +37,7 @@ use bytes::{Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use http_body::Body as _;
+use smallvec::SmallVec;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
@@ -44,7 +46,7 @@ use tokio_io_timeout::TimeoutStream;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::ConnectionLimits;
-use super::front;
+use super::front::{self, Direct};
 use crate::app::AppContext;
 use crate::h1_text::{self, field, has_token};
 use crate::prepare::Endpoint;
@@ -69,7 +71,7 @@ pub(super) enum Ended {
 /// Serves the client on `io` until it closes or sends a request this loop leaves to hyper.
 pub(super) async fn serve(
     io: ClientIo,
-    ctx: &Arc<AppContext>,
+    direct: &Direct,
     limits: ConnectionLimits,
     mut stop: watch::Receiver<bool>,
 ) -> Ended {
@@ -81,7 +83,7 @@ pub(super) async fn serve(
         limits,
     };
     loop {
-        let request = match connection.next_request(&mut stop).await {
+        let request = match connection.next_request(&direct.fields, &mut stop).await {
             Next::Serve(request) => request,
             Next::HandOver => {
                 let Connection { io, buf, .. } = connection;
@@ -89,7 +91,7 @@ pub(super) async fn serve(
             }
             Next::Close => return Ended::Closed,
         };
-        if !connection.exchange(request, ctx, &stop).await {
+        if !connection.exchange(request, &direct.ctx, &stop).await {
             return Ended::Closed;
         }
     }
@@ -117,8 +119,14 @@ enum Parsed {
     Theirs,
 }
 
-/// Parses the request head at the start of `buf`, a head of at most `max_bytes`.
-fn parse_head(buf: &mut BytesMut, max_bytes: usize) -> Parsed {
+/// Kept fields of a request head noted on the stack while it is parsed; more spill to the heap.
+const USUAL_FIELDS: usize = 8;
+
+/// Parses the request head at the start of `buf`, a head of at most `max_bytes`. Of its
+/// fields, those named in `kept` (the fields an inference request is read for) go into the
+/// request's header map; the rest are read past, never made into names, values or map
+/// entries (clients send a dozen, the OpenAI clients' `x-stainless-*` among them).
+fn parse_head(buf: &mut BytesMut, max_bytes: usize, kept: &[HeaderName]) -> Parsed {
     // Left uninitialized: writing 100 empty fields first would cost more than the parse.
     let mut fields = [const { MaybeUninit::uninit() }; MAX_HEADERS];
     let mut request = httparse::Request::new(&mut []);
@@ -141,28 +149,29 @@ fn parse_head(buf: &mut BytesMut, max_bytes: usize) -> Parsed {
     let (mut length_field, mut close) = (None, false);
     // Each value as a range of the head, which becomes shared bytes once it is taken off.
     let start = buf.as_ptr() as usize;
-    let mut named = Vec::with_capacity(request.headers.len());
+    let mut named: SmallVec<[(HeaderName, Range<usize>); USUAL_FIELDS]> = SmallVec::new();
     for field in request.headers.iter() {
-        let Ok(name) = HeaderName::from_bytes(field.name.as_bytes()) else {
-            return Parsed::Theirs;
-        };
         let value = field.value;
-        if name == CONTENT_LENGTH {
+        // httparse took the name as a token; header names compare in any case.
+        let is = |known: &HeaderName| field.name.eq_ignore_ascii_case(known.as_str());
+        if is(&CONTENT_LENGTH) {
             let Some(parsed) = content_length(value) else { return Parsed::Theirs };
             if length_field.is_some_and(|earlier| earlier != parsed) {
                 return Parsed::Theirs;
             }
             length_field = Some(parsed);
-        } else if name == TRANSFER_ENCODING || name == EXPECT || name == UPGRADE {
+        } else if is(&TRANSFER_ENCODING) || is(&EXPECT) || is(&UPGRADE) {
             return Parsed::Theirs;
-        } else if name == CONNECTION {
+        } else if is(&CONNECTION) {
             if has_token(value, b"upgrade") {
                 return Parsed::Theirs;
             }
             close |= has_token(value, b"close");
         }
-        let at = value.as_ptr() as usize - start;
-        named.push((name, at..at + value.len()));
+        if let Some(name) = kept.iter().find(|name| is(name)) {
+            let at = value.as_ptr() as usize - start;
+            named.push((name.clone(), at..at + value.len()));
+        }
     }
     let head = buf.split_to(length).freeze();
     let mut headers = HeaderMap::with_capacity(named.len());
@@ -217,11 +226,15 @@ struct Feed {
 impl Connection {
     /// Waits for the next request head: within the header timeout, and only while the stop
     /// has not come when nothing of it has arrived.
-    async fn next_request(&mut self, stop: &mut watch::Receiver<bool>) -> Next {
+    async fn next_request(
+        &mut self,
+        kept: &[HeaderName],
+        stop: &mut watch::Receiver<bool>,
+    ) -> Next {
         let mut timing = false;
         loop {
             if !self.buf.is_empty() {
-                match parse_head(&mut self.buf, self.limits.max_header_bytes) {
+                match parse_head(&mut self.buf, self.limits.max_header_bytes, kept) {
                     Parsed::Ours(request) => return Next::Serve(request),
                     Parsed::Theirs => return Next::HandOver,
                     Parsed::Partial => {}
@@ -431,17 +444,24 @@ fn write_head(
     head.push(b' ');
     head.extend_from_slice(status.canonical_reason().unwrap_or("<none>").as_bytes());
     head.extend_from_slice(b"\r\n");
+    // The fields the framing depends on are noted as they are written, not looked up.
+    let (mut dated, mut length, mut connection) = (false, None, false);
     for (name, value) in fields {
         field(head, name.as_str().as_bytes(), value.as_bytes());
+        if *name == DATE {
+            dated = true;
+        } else if *name == CONTENT_LENGTH {
+            length = length.or(Some(value));
+        } else if *name == CONNECTION {
+            connection = true;
+        }
     }
-    if !fields.contains_key(DATE) {
+    if !dated {
         DATE_NOW.with_borrow_mut(|date| field(head, b"date", date.now()));
     }
     let framing = if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         Framing::None
-    } else if let Some(declared) =
-        fields.get(CONTENT_LENGTH).and_then(|v| content_length(v.as_bytes()))
-    {
+    } else if let Some(declared) = length.and_then(|v| content_length(v.as_bytes())) {
         Framing::Length(declared)
     } else if let Some(exact) = body.size_hint().exact() {
         let mut digits = [0; 20];
@@ -451,7 +471,7 @@ fn write_head(
         field(head, b"transfer-encoding", b"chunked");
         Framing::Chunked
     };
-    if close && !fields.contains_key(CONNECTION) {
+    if close && !connection {
         field(head, b"connection", b"close");
     }
     head.extend_from_slice(b"\r\n");

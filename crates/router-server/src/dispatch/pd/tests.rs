@@ -137,7 +137,7 @@ async fn dispatch(ctx: &Arc<AppContext>, stream: bool) -> Result<Response, ApiEr
         exchange,
         prepared: &prepared,
         model: &model,
-        bucket: "pd",
+        bucket: &HeaderValue::from_static("pd"),
         started: Instant::now(),
     };
     d.run(BucketPick::Pd { prefill: pick("P1"), decode: pick("D1") }).await

@@ -5,12 +5,14 @@
 //! Everything here works on bytes alone: the connection and its pool are in the parent module.
 
 use std::mem::MaybeUninit;
+use std::ops::Range;
 
 use bytes::{Buf as _, Bytes, BytesMut};
 use http::header::{
     CACHE_CONTROL, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, TRANSFER_ENCODING,
 };
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use smallvec::SmallVec;
 
 use crate::h1_text::{decimal, field, has_token};
 
@@ -80,6 +82,10 @@ impl RequestHead {
 /// (framing and connection fields aside) are read past, never made into a header map.
 const KEPT_FIELDS: [HeaderName; 3] = [CONTENT_TYPE, CACHE_CONTROL, RETRY_AFTER];
 
+/// The fields the router adds when an answer's map becomes its client's (the request id, the
+/// engine, its rank and the bucket): room for them from the start, so the map never grows.
+const ROOM_FOR_ROUTER_FIELDS: usize = 4;
+
 /// An answer's head, as parsed.
 #[derive(Debug)]
 pub(super) struct AnswerHead {
@@ -134,9 +140,10 @@ pub(super) fn parse_head(buf: &mut BytesMut) -> Result<Option<AnswerHead>, WireE
         .map_err(|_| WireError::Malformed("a status code out of range"))?;
     let mut reusable = answer.version == Some(1);
     let (mut length_field, mut chunked, mut coded) = (None, false, false);
-    // Each value as a range of the head, which becomes shared bytes once it is taken off.
+    // Each value as a range of the head, which becomes shared bytes once it is taken off; on
+    // the stack for the kept fields an answer usually has.
     let start = buf.as_ptr() as usize;
-    let mut named = Vec::new();
+    let mut named: SmallVec<[(HeaderName, Range<usize>); 4]> = SmallVec::new();
     for field in answer.headers.iter() {
         let (name, value) = (field.name.as_bytes(), field.value);
         if name.eq_ignore_ascii_case(CONTENT_LENGTH.as_str().as_bytes()) {
@@ -165,7 +172,7 @@ pub(super) fn parse_head(buf: &mut BytesMut) -> Result<Option<AnswerHead>, WireE
         }
     }
     let head = buf.split_to(length).freeze();
-    let mut headers = HeaderMap::with_capacity(named.len());
+    let mut headers = HeaderMap::with_capacity(named.len() + ROOM_FOR_ROUTER_FIELDS);
     for (name, range) in named {
         let value = HeaderValue::from_maybe_shared(head.slice(range))
             .map_err(|_| WireError::Malformed("a header field value"))?;
