@@ -299,18 +299,63 @@ impl<'t> Scan<'t> {
     }
 }
 
-/// Where the first quote or backslash of `text` is: keys and short values are looked at byte
-/// by byte, the rest of a long string by memchr's vectorised search (which costs more than a
-/// short string to start).
+/// Where the first quote or backslash of `text` is: keys and short values are looked at a
+/// word (8 bytes) at a time, the rest of a long string by memchr's vectorised search (which
+/// costs more than a short string to start).
 fn special(text: &[u8]) -> Option<usize> {
-    const BY_BYTE: usize = 16;
-    let is_special = |&b: &u8| b == b'"' || b == b'\\';
-    let head = &text[..text.len().min(BY_BYTE)];
-    match head.iter().position(is_special) {
-        Some(at) => Some(at),
-        None if text.len() > BY_BYTE => {
-            memchr::memchr2(b'"', b'\\', &text[BY_BYTE..]).map(|at| at + BY_BYTE)
+    const BY_WORD: usize = 32;
+    let head = &text[..text.len().min(BY_WORD)];
+    let mut words = head.chunks_exact(8);
+    for (i, word) in words.by_ref().enumerate() {
+        let word = u64::from_le_bytes(word.try_into().unwrap_or_default());
+        if let Some(at) = special_in_word(word) {
+            return Some(i * 8 + at);
         }
-        None => None,
+    }
+    let done = head.len() - words.remainder().len();
+    if let Some(at) = words.remainder().iter().position(|&b| b == b'"' || b == b'\\') {
+        return Some(done + at);
+    }
+    if text.len() > BY_WORD {
+        return memchr::memchr2(b'"', b'\\', &text[BY_WORD..]).map(|at| at + BY_WORD);
+    }
+    None
+}
+
+/// The first byte of `word` (little-endian: the lowest) that is a quote or a backslash.
+fn special_in_word(word: u64) -> Option<usize> {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
+    // A byte of `x` is zero where `x - ONES` borrows into its high bit and `x` had none; a
+    // borrow can only mark bytes above a zero byte, so the lowest mark is exact.
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
+    let marks = zero(word ^ (ONES * u64::from(b'"'))) | zero(word ^ (ONES * u64::from(b'\\')));
+    (marks != 0).then(|| marks.trailing_zeros() as usize / 8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::special;
+
+    #[test]
+    fn the_first_quote_or_backslash_is_found_at_every_place_and_length() {
+        for len in 0..80 {
+            for place in 0..=len {
+                for special_byte in [b'"', b'\\'] {
+                    // Bytes around the searched ones that a word-wise search could mistake.
+                    let mut text: Vec<u8> =
+                        (0..len).map(|i| [b'a', 0x01, 0x21, 0x5d][i % 4]).collect();
+                    if place < len {
+                        text[place] = special_byte;
+                        // A later one never wins over the first.
+                        if place + 1 < len {
+                            text[place + 1] = b'"';
+                        }
+                    }
+                    let expected = text.iter().position(|&b| b == b'"' || b == b'\\');
+                    assert_eq!(special(&text), expected, "{len} bytes, at {place}");
+                }
+            }
+        }
     }
 }
