@@ -145,6 +145,11 @@ impl Bucket {
         &self.id
     }
 
+    /// The bucket's id, shared: a copy is a reference count, not a string.
+    pub fn shared_id(&self) -> &Arc<str> {
+        &self.id
+    }
+
     /// The rank (lower is tried first among equal capacities).
     pub fn rank(&self) -> u32 {
         self.rank

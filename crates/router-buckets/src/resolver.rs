@@ -86,6 +86,15 @@ impl BucketResolver {
         input_tokens: u64,
         expected_peak_tokens: Option<u64>,
     ) -> Result<Vec<&Bucket>, ResolveError> {
+        Ok(self.compatible(input_tokens, expected_peak_tokens)?.collect())
+    }
+
+    /// [`Self::resolve`]'s buckets as they are found, for a caller that collects them its own way.
+    fn compatible(
+        &self,
+        input_tokens: u64,
+        expected_peak_tokens: Option<u64>,
+    ) -> Result<impl Iterator<Item = &Bucket>, ResolveError> {
         if let Some(peak) = expected_peak_tokens
             && peak < input_tokens
         {
@@ -95,8 +104,7 @@ impl BucketResolver {
             .order
             .iter()
             .map(|&index| &self.buckets[index])
-            .filter(|bucket| bucket.fits(input_tokens, expected_peak_tokens))
-            .collect())
+            .filter(move |bucket| bucket.fits(input_tokens, expected_peak_tokens)))
     }
 
     /// The buckets to try for `request`, in order, each with how it stood against the
@@ -113,13 +121,14 @@ impl BucketResolver {
         workers: &WorkerRegistry,
         request: &BucketRequest<'_>,
     ) -> Result<Vec<OrderedBucket<'_>>, ResolveError> {
-        let compatible = self.resolve(request.input_tokens, request.expected_peak_tokens)?;
+        let compatible = self.compatible(request.input_tokens, request.expected_peak_tokens)?;
         let active = self.slo.active(request.slo);
         if active.is_empty() {
+            // Collected once, straight into the order: no list of buckets before it.
             let unranked = |bucket| OrderedBucket { bucket, slo: SloVerdict::default() };
-            return Ok(compatible.into_iter().map(unranked).collect());
+            return Ok(compatible.map(unranked).collect());
         }
-        let mut ranked = Vec::with_capacity(compatible.len());
+        let mut ranked = Vec::new();
         for bucket in compatible {
             let estimates = bucket.slo_estimates(workers, request, active).await;
             let (tiers, slo) = self.slo.judge(active, estimates);

@@ -10,9 +10,9 @@ use std::time::Instant;
 
 use axum::http::{HeaderName, HeaderValue};
 use axum::response::Response;
-use router_buckets::{BucketRequest, BucketResolver, Selection, Skipped, SloVerdict};
+use router_buckets::{Bucket, BucketRequest, BucketResolver, Selection, Skipped, SloVerdict};
 use router_policies::PickError;
-use router_workers::WorkerId;
+use router_workers::{ModelId, WorkerId};
 use smallvec::SmallVec;
 use tracing::warn;
 
@@ -24,14 +24,35 @@ use crate::metrics;
 use crate::prepare::PreparedRequest;
 use crate::telemetry::{ChildSpan, RequestTrace};
 
-/// What a request's metrics are labelled with, filled in as it becomes known.
+/// What a request's metrics are labelled with, filled in as it becomes known (shared ids,
+/// not copies: each is a reference count).
 #[derive(Debug, Default)]
 pub(crate) struct Labels {
     /// The served model's id (never the client's string: a wildcard model would otherwise
     /// let clients mint series).
-    pub model: String,
+    model: Option<ModelId>,
     /// The bucket of the last selection.
-    pub bucket: String,
+    bucket: Option<Arc<str>>,
+}
+
+impl Labels {
+    /// The served model's id; empty until it is known.
+    pub(crate) fn model(&self) -> &str {
+        self.model.as_ref().map_or("", ModelId::as_str)
+    }
+
+    /// The bucket of the last selection; empty before the first.
+    pub(crate) fn bucket(&self) -> &str {
+        self.bucket.as_deref().unwrap_or_default()
+    }
+
+    pub(crate) fn set_model(&mut self, model: &ModelId) {
+        self.model = Some(model.clone());
+    }
+
+    pub(crate) fn set_bucket(&mut self, bucket: &Bucket) {
+        self.bucket = Some(Arc::clone(bucket.shared_id()));
+    }
 }
 
 /// Selects, dispatches and retries `prepared` for `model`.
@@ -55,7 +76,8 @@ pub(crate) async fn serve(
     loop {
         let request = prepared.bucket_request(model.resolver.model(), &excluded);
         let span = trace.child("selection");
-        let selection = match select(ctx, &model.resolver, &request, &labels.model, started).await {
+        let selection = match select(ctx, &model.resolver, &request, labels.model(), started).await
+        {
             Ok(selection) => selection,
             // A retry that finds nothing left to try reports the failure that caused it.
             Err(err) => {
@@ -67,8 +89,7 @@ pub(crate) async fn serve(
             describe(&span, &selection, retries);
         }
         drop(span);
-        labels.bucket.clear();
-        labels.bucket.push_str(selection.bucket.id());
+        labels.set_bucket(selection.bucket);
         let verdict = selection.slo;
         let bucket = model.bucket_header(selection.bucket.id());
         let dispatch = Dispatch {
@@ -86,16 +107,16 @@ pub(crate) async fn serve(
                 if retries > 0 {
                     response.headers_mut().insert(RETRIES_HEADER, HeaderValue::from(retries));
                 }
-                report_slo(&mut response, &labels.model, verdict);
+                report_slo(&mut response, labels.model(), verdict);
                 return Ok(response);
             }
             Err(err) if err.is_retryable() && retries < retry.max_retries => {
                 if !ctx.retry_budget().withdraw() {
-                    metrics::retry_budget_exhausted(&labels.model);
+                    metrics::retry_budget_exhausted(labels.model());
                     return Err(err);
                 }
                 retries += 1;
-                metrics::retry(&labels.model, &err.retry_reason());
+                metrics::retry(labels.model(), &err.retry_reason());
                 warn!(error = %Chain(&err), retry = retries, "selecting again without that engine");
                 excluded.extend(engines);
                 tokio::time::sleep(retry.backoff(retries)).await;

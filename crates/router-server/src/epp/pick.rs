@@ -80,8 +80,8 @@ pub(crate) async fn route(
     let mut bucket_request = prepared.bucket_request(model.resolver.model(), &[]);
     bucket_request.subset = subset.as_deref();
     let selection =
-        select(ctx, &model.resolver, &bucket_request, &labels.model, request.started).await?;
-    labels.bucket.push_str(selection.bucket.id());
+        select(ctx, &model.resolver, &bucket_request, labels.model(), request.started).await?;
+    labels.set_bucket(selection.bucket);
     let generates = request.endpoint.is_some_and(Endpoint::generates);
     let groups: Vec<&EngineGroup> = selection.bucket.groups().iter().collect();
     let tokens = prepared.tokens.as_deref();

@@ -163,7 +163,7 @@ pub(crate) fn response_headers(routed: Option<&Routed>) -> ProcessingResponse {
     let header_mutation = routed.map(|routed| HeaderMutation {
         set_headers: vec![
             overwrite("x-router-engine", routed.engine.as_str()),
-            overwrite("x-router-bucket", &routed.labels.bucket),
+            overwrite("x-router-bucket", routed.labels.bucket()),
         ],
         remove_headers: Vec::new(),
     });

@@ -321,7 +321,7 @@ impl Exchange {
                 .and_then(|s| s.parse::<u16>().ok())
                 .unwrap_or(0);
             let labels = &routed.labels;
-            metrics::request(&labels.model, &labels.bucket, status, self.started.elapsed());
+            metrics::request(labels.model(), labels.bucket(), status, self.started.elapsed());
         }
         vec![reply::response_headers(self.routed.as_ref())]
     }

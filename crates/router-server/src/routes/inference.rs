@@ -74,7 +74,8 @@ pub(crate) async fn endpoint_request(
             err.into_response()
         }
     };
-    metrics::request(&labels.model, &labels.bucket, response.status().as_u16(), started.elapsed());
+    let status = response.status().as_u16();
+    metrics::request(labels.model(), labels.bucket(), status, started.elapsed());
     response.headers_mut().insert(REQUEST_ID_HEADER, request_id);
     trace.finish(response)
 }
@@ -108,7 +109,7 @@ async fn handle(
         charge.charge(tokens).inspect_err(|err| span.fail(&Chain(err)))?;
     }
     if span.is_recording() {
-        span.set("router.model", labels.model.clone());
+        span.set("router.model", labels.model().to_owned());
         span.set("router.input_tokens", prepared.input_tokens as i64);
     }
     drop(span);
@@ -128,7 +129,7 @@ pub(crate) async fn prepare_request<'c>(
     let request = parse_request(endpoint, &body, ctx.server().max_batch_size)?;
     let client_rank = client_rank(request.client_rank, headers.field(&DP_RANK))?;
     let model = ctx.requested_model(request.model.as_deref())?;
-    labels.model.push_str(model.id.as_str());
+    labels.set_model(&model.id);
     let session = affinity_key(headers, &model.session_header)?;
     let routing = affinity_key(headers, &model.routing_header)?;
     let slo = slo_targets(headers, model.resolver.slo())?;

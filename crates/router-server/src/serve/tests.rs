@@ -10,6 +10,8 @@ use std::time::Instant;
 use axum::http::HeaderValue;
 use axum::response::Response;
 
+use router_workers::ModelId;
+
 use super::{Labels, serve};
 use crate::app::AppContext;
 use crate::error::ApiError;
@@ -20,7 +22,8 @@ const JSON: &str = r#"{"choices":[{"message":{"content":"hi"}}]}"#;
 async fn serve_one(ctx: &Arc<AppContext>, model: &str) -> (Result<Response, ApiError>, Labels) {
     let runtime = ctx.model(model).expect("served");
     let prepared = prepared(model, false);
-    let mut labels = Labels { model: model.to_owned(), ..Labels::default() };
+    let mut labels = Labels::default();
+    labels.set_model(&ModelId::new(model));
     let request_id = HeaderValue::from_static("test");
     let served = serve(
         ctx,
@@ -74,7 +77,7 @@ async fn the_buckets_passed_over_are_counted_with_their_reasons() {
     let response = served.expect("the open bucket serves it");
     assert_eq!(response.headers()["x-router-bucket"], "open");
     assert!(!response.headers().contains_key("x-router-retries"), "nothing was retried");
-    assert_eq!((labels.model.as_str(), labels.bucket.as_str()), ("record", "open"));
+    assert_eq!((labels.model(), labels.bucket()), ("record", "open"));
     assert_eq!(fallbacks("record", "empty", "no_candidates"), Some(1.0));
     assert_eq!(fallbacks("record", "full", "admission"), Some(1.0));
     assert_eq!(fallbacks("record", "open", "no_candidates"), None);
@@ -89,7 +92,7 @@ async fn the_buckets_passed_over_are_counted_with_their_reasons() {
     let (served, labels) = serve_one(&ctx, "record-fails").await;
     let err = served.expect_err("no bucket can serve it");
     assert_eq!((err.status().as_u16(), err.kind().1), (503, "no_admissible_engine"));
-    assert!(labels.bucket.is_empty(), "no bucket was selected");
+    assert!(labels.bucket().is_empty(), "no bucket was selected");
     assert_eq!(fallbacks("record-fails", "empty", "no_candidates"), Some(1.0));
     assert_eq!(fallbacks("record-fails", "full", "admission"), Some(1.0));
     assert_eq!(rejections() - before, 1.0);
@@ -131,7 +134,7 @@ async fn an_unreachable_engine_is_selected_around() {
     let response = served.expect("the second engine answers");
     assert_eq!(response.headers()["x-router-engine"], "around-1");
     assert_eq!(response.headers()["x-router-retries"], "1");
-    assert_eq!(labels.bucket, "all");
+    assert_eq!(labels.bucket(), "all");
     assert_eq!(hits[1].count(), 1);
     assert_eq!(metric("router_retries_total", &[("model", "around")]), Some(1.0));
 }
