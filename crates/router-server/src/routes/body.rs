@@ -30,25 +30,56 @@ pub(crate) fn request_id(headers: &HeaderMap, names: &[HeaderName]) -> HeaderVal
         .unwrap_or_else(new_request_id)
 }
 
-/// Reads the whole body: at most `limit` bytes (413 as soon as a declared length or the bytes
-/// received exceed it) and within `secs` seconds (408).
-pub(crate) async fn read_body(
-    headers: &HeaderMap,
-    mut body: Body,
-    limit: usize,
-    secs: u64,
-) -> Result<Bytes, ApiError> {
-    let declared = headers
-        .field(&header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|length| length > limit as u64) {
-        // A client waiting for `100 Continue` has not sent the body: dropping it unread means
-        // it never will. Reading it would invite the upload.
+/// How a request's body comes, as far as reading it goes: the length its head declares, and
+/// whether its client waits for `100 Continue` before sending it. The front that parsed the
+/// head says so (the router's own HTTP/1.1 loop knows both without a header map).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct BodyFraming {
+    /// The Content-Length, when the head has one.
+    pub declared: Option<u64>,
+    /// `Expect: 100-continue`.
+    pub waits_for_continue: bool,
+}
+
+impl BodyFraming {
+    /// As a request's header fields state it.
+    pub(crate) fn of(headers: &HeaderMap) -> Self {
+        let declared = headers
+            .field(&header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
         let waits_for_continue = headers
             .field(&header::EXPECT)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
-        if !waits_for_continue {
+        Self { declared, waits_for_continue }
+    }
+}
+
+/// A request's body as its front hands it on: the bytes to come, and how they come.
+pub(crate) struct IncomingBody {
+    pub body: Body,
+    pub framing: BodyFraming,
+}
+
+impl IncomingBody {
+    /// `body`, framed as `headers` state it.
+    pub(crate) fn framed_by(headers: &HeaderMap, body: Body) -> Self {
+        Self { body, framing: BodyFraming::of(headers) }
+    }
+}
+
+/// Reads the whole body: at most `limit` bytes (413 as soon as a declared length or the bytes
+/// received exceed it) and within `secs` seconds (408).
+pub(crate) async fn read_body(
+    incoming: IncomingBody,
+    limit: usize,
+    secs: u64,
+) -> Result<Bytes, ApiError> {
+    let IncomingBody { mut body, framing } = incoming;
+    if framing.declared.is_some_and(|length| length > limit as u64) {
+        // A client waiting for `100 Continue` has not sent the body: dropping it unread means
+        // it never will. Reading it would invite the upload.
+        if !framing.waits_for_continue {
             discard_in_background(body);
         }
         return Err(ApiError::BodyTooLarge { limit });

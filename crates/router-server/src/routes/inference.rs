@@ -8,9 +8,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::header::{AUTHORIZATION, CONTENT_LENGTH, EXPECT};
+use axum::http::header::AUTHORIZATION;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
@@ -19,7 +18,7 @@ use router_affinity::{MAX_KEY_BYTES, ScopeError};
 use router_buckets::{SloPreferences, SloTargets};
 use tracing::{Instrument, info, warn};
 
-use super::body::{REQUEST_ID_HEADER, read_body, request_id};
+use super::body::{IncomingBody, REQUEST_ID_HEADER, read_body, request_id};
 use crate::app::AppContext;
 use crate::config::ModelRuntime;
 use crate::error::{ApiError, Chain};
@@ -39,6 +38,7 @@ pub(crate) fn handler(
     move |State(ctx), request: Request| {
         let (mut parts, body) = request.into_parts();
         let charge = parts.extensions.remove::<TokenCharge>();
+        let body = IncomingBody::framed_by(&parts.headers, body);
         Box::pin(endpoint_request(endpoint, ctx, charge, parts.headers, body))
     }
 }
@@ -48,7 +48,7 @@ pub(crate) async fn endpoint_request(
     ctx: Arc<AppContext>,
     charge: Option<TokenCharge>,
     headers: HeaderMap,
-    body: Body,
+    body: IncomingBody,
 ) -> Response {
     let request_id = request_id(&headers, ctx.request_id_headers());
     let span = tracing::info_span!("request", id = %request_id.to_str().unwrap_or_default());
@@ -86,7 +86,7 @@ async fn handle(
     ctx: &Arc<AppContext>,
     charge: Option<TokenCharge>,
     headers: &HeaderMap,
-    body: Body,
+    body: IncomingBody,
     request_id: &HeaderValue,
     started: Instant,
     labels: &mut Labels,
@@ -96,8 +96,7 @@ async fn handle(
         return Err(ApiError::ShuttingDown);
     }
     let span = trace.child("preparation");
-    let body =
-        read_body(headers, body, ctx.max_body_bytes(), ctx.server().body_read_timeout_secs).await;
+    let body = read_body(body, ctx.max_body_bytes(), ctx.server().body_read_timeout_secs).await;
     let prepared = match body {
         Ok(body) => prepare_request(ctx, endpoint, headers, body, labels).await,
         Err(err) => Err(err),
@@ -198,12 +197,13 @@ const SLO_FIELDS: [HeaderName; 2] =
     [HeaderName::from_static(TTFT_SLO_HEADER), HeaderName::from_static(TPS_SLO_HEADER)];
 
 /// Every request header field an inference request is read for under `ctx`'s configuration:
-/// its client key, body length and `Expect`, request id, trace context, data-parallel rank,
-/// each model's affinity headers and the SLO targets. The router's own HTTP/1.1 loop keeps
+/// its client key, request id, trace context, data-parallel rank, each model's affinity
+/// headers and the SLO targets (its body's framing comes apart, as [`IncomingBody`]: the
+/// front that parsed the head knows it). The router's own HTTP/1.1 loop keeps
 /// these of a request head and reads past the rest, so a field read on an inference
 /// request's way must be named here (the end-to-end tests send each through that loop).
 pub(crate) fn request_fields(ctx: &AppContext) -> Arc<[HeaderName]> {
-    let fixed = [AUTHORIZATION, CONTENT_LENGTH, EXPECT, DP_RANK, TRACEPARENT, TRACESTATE];
+    let fixed = [AUTHORIZATION, DP_RANK, TRACEPARENT, TRACESTATE];
     let configured = ctx.request_id_headers().iter().cloned();
     let affinity = ctx.models().flat_map(|m| [m.session_header.clone(), m.routing_header.clone()]);
     let mut fields: Vec<HeaderName> = Vec::new();

@@ -1,7 +1,7 @@
 //! HTTP handlers.
 
 pub(crate) mod admin;
-mod body;
+pub(crate) mod body;
 pub(crate) use body::REQUEST_ID_HEADER;
 pub(crate) mod fleet;
 pub(crate) mod inference;

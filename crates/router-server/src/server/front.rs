@@ -22,6 +22,7 @@ use hyper_util::service::TowerToHyperService;
 
 use crate::app::AppContext;
 use crate::prepare::Endpoint;
+use crate::routes::body::IncomingBody;
 use crate::routes::inference;
 use crate::{auth, limit};
 
@@ -80,7 +81,8 @@ impl hyper::service::Service<http::Request<Incoming>> for Front {
             // future is kilobytes, and each layer around it is a copy of it.
             let ctx = Arc::clone(ctx);
             let (parts, body) = request.into_parts();
-            let served = serve(endpoint, ctx, parts.headers, Body::new(body));
+            let body = IncomingBody::framed_by(&parts.headers, Body::new(body));
+            let served = serve(endpoint, ctx, parts.headers, body);
             return Either::Left(Box::pin(served.map(Ok)));
         }
         Either::Right(self.app.call(request))
@@ -94,7 +96,7 @@ pub(super) async fn serve(
     endpoint: Endpoint,
     ctx: Arc<AppContext>,
     headers: HeaderMap,
-    body: Body,
+    body: IncomingBody,
 ) -> Response {
     let key = match auth::client_key(ctx.credentials(), &headers) {
         Ok(key) => key,

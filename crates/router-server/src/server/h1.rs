@@ -52,6 +52,7 @@ use super::front::{self, Direct};
 use crate::app::AppContext;
 use crate::h1_text::{self, field, has_token};
 use crate::prepare::Endpoint;
+use crate::routes::body::{BodyFraming, IncomingBody};
 
 /// A client's socket, its writes under the write timeout.
 pub(super) type ClientIo = Pin<Box<TimeoutStream<TcpStream>>>;
@@ -285,6 +286,9 @@ impl Connection {
             self.feed(&mut feed);
             (Body::from_stream(UnboundedReceiverStream::new(from_client)), feed)
         };
+        // The loop serves no `Expect` (hyper does), and knows the length it read.
+        let framing = BodyFraming { declared: Some(length), waits_for_continue: false };
+        let body = IncomingBody { body, framing };
         let mut answer = std::pin::pin!(front::serve(endpoint, Arc::clone(ctx), headers, body));
         let response = loop {
             tokio::select! {

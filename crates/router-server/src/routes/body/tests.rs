@@ -9,7 +9,7 @@ use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use bytes::Bytes;
 use tokio::sync::oneshot;
 
-use super::{REQUEST_ID_HEADER, read_body, request_id};
+use super::{IncomingBody, REQUEST_ID_HEADER, read_body, request_id};
 
 #[test]
 fn a_sane_request_id_is_kept_and_anything_else_replaced() {
@@ -124,7 +124,7 @@ async fn a_body_is_read_within_its_limit_or_refused() {
     ];
     for (name, headers, chunks, expected) in cases {
         let (body, _) = watched(chunks);
-        let read = read_body(&headers, body, 8, 60).await;
+        let read = read_body(IncomingBody::framed_by(&headers, body), 8, 60).await;
         match (read, expected) {
             (Ok(bytes), Ok(want)) => assert_eq!(bytes, want, "{name}"),
             (Err(err), Err(status)) => assert_eq!(err.status().as_u16(), status, "{name}: {err}"),
@@ -137,7 +137,9 @@ async fn a_body_is_read_within_its_limit_or_refused() {
 async fn a_body_that_does_not_arrive_in_time_is_a_408() {
     let (body, _) = watched(vec![Some(Ok("{")), None]);
     let started = tokio::time::Instant::now();
-    let err = read_body(&HeaderMap::new(), body, 1024, 60).await.expect_err("never ends");
+    let err = read_body(IncomingBody::framed_by(&HeaderMap::new(), body), 1024, 60)
+        .await
+        .expect_err("never ends");
     assert!(started.elapsed() >= Duration::from_secs(60), "{:?}", started.elapsed());
     assert_eq!((err.status().as_u16(), err.kind().1), (408, "body_timeout"));
     assert_eq!(err.to_string(), "the request body did not arrive within 60 s");
@@ -146,19 +148,24 @@ async fn a_body_that_does_not_arrive_in_time_is_a_408() {
 #[tokio::test(start_paused = true)]
 async fn a_refused_body_is_drained_unless_its_client_waits_for_100_continue() {
     let (body, read) = watched(vec![Some(Ok("123456789")), Some(Ok("more"))]);
-    let err = read_body(&declaring(13), body, 8, 60).await.expect_err("too large");
+    let err = read_body(IncomingBody::framed_by(&declaring(13), body), 8, 60)
+        .await
+        .expect_err("too large");
     assert_eq!(err.status().as_u16(), 413);
     assert_eq!(read.await, Ok(2), "read to its end in the background");
 
     let (body, read) = watched(vec![Some(Ok("12345")), Some(Ok("6789")), Some(Ok("more"))]);
-    let err = read_body(&HeaderMap::new(), body, 8, 60).await.expect_err("too large");
+    let err = read_body(IncomingBody::framed_by(&HeaderMap::new(), body), 8, 60)
+        .await
+        .expect_err("too large");
     assert_eq!(err.status().as_u16(), 413);
     assert_eq!(read.await, Ok(3), "the rest read and dropped");
 
     let mut waiting = declaring(13);
     waiting.insert(header::EXPECT, HeaderValue::from_static("100-Continue"));
     let (body, read) = watched(vec![Some(Ok("123456789")), Some(Ok("more"))]);
-    let err = read_body(&waiting, body, 8, 60).await.expect_err("too large");
+    let err =
+        read_body(IncomingBody::framed_by(&waiting, body), 8, 60).await.expect_err("too large");
     assert_eq!(err.status().as_u16(), 413);
     assert!(read.await.is_err(), "dropped unread: reading it would invite the upload");
 }
