@@ -102,6 +102,8 @@ pub struct BucketSpec {
 #[derive(Debug)]
 pub struct Bucket {
     id: Arc<str>,
+    /// `id` as a header value, made once (see [`Bucket::id_header`]).
+    id_header: http::HeaderValue,
     rank: u32,
     limits: TokenLimits,
     max_context_tokens: Option<u64>,
@@ -137,12 +139,20 @@ impl Bucket {
         if slo.is_live() && live.is_none() {
             return Err(BucketError::LiveWithoutEstimator { id });
         }
-        Ok(Self { id: Arc::from(id), rank, limits, max_context_tokens, groups, slo, live })
+        let id_header = router_workers::id_header(&id);
+        let id = Arc::from(id);
+        Ok(Self { id, id_header, rank, limits, max_context_tokens, groups, slo, live })
     }
 
     /// The bucket id.
     pub fn id(&self) -> &str {
         &self.id
+    }
+
+    /// [`Bucket::id`] as a header value, made once: the router names the bucket that served
+    /// each answer in a response header.
+    pub fn id_header(&self) -> &http::HeaderValue {
+        &self.id_header
     }
 
     /// The bucket's id, shared: a copy is a reference count, not a string.

@@ -91,12 +91,11 @@ pub(crate) async fn serve(
         drop(span);
         labels.set_bucket(selection.bucket);
         let verdict = selection.slo;
-        let bucket = model.bucket_header(selection.bucket.id());
         let dispatch = Dispatch {
             exchange,
             prepared,
             model: model.resolver.model(),
-            bucket: &bucket,
+            bucket: selection.bucket.id_header(),
             started,
         };
         // Kept for a retry to select around: one engine, or a pair's two.

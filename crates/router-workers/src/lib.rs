@@ -25,7 +25,7 @@ pub use registry::{ModelKind, RegistryEvent, WorkerRegistry};
 pub use status::EngineStatus;
 pub use worker::{
     ApiKey, DEFAULT_BLOCK_SIZE, DpRoute, KvEventsSpec, LoadPollSpec, ModelId, Stage, Worker,
-    WorkerId, WorkerSpec, validate_url,
+    WorkerId, WorkerSpec, id_header, validate_url,
 };
 
 #[cfg(test)]

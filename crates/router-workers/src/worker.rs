@@ -329,6 +329,12 @@ fn default_role() -> Stage {
 
 static NEXT_INCARNATION: AtomicU64 = AtomicU64::new(1);
 
+/// `id` (of an engine, a bucket) as the value of the response header that names it, made once
+/// by its owner; an id no header value may carry (a control character) is named `invalid`.
+pub fn id_header(id: &str) -> http::HeaderValue {
+    http::HeaderValue::from_str(id).unwrap_or_else(|_| http::HeaderValue::from_static("invalid"))
+}
+
 /// One engine. Shared as `Arc<Worker>`; everything but its live state (health, the
 /// operator's drain, the status its load reports state) is immutable, so a changed engine is a
 /// new `Worker` (with a new [`Worker::incarnation`]) that replaces the old one.
@@ -405,9 +411,7 @@ impl Worker {
                 let host = http::HeaderValue::from_str(uri.authority()?.as_str()).ok()?;
                 Some((uri, host))
             });
-        // An id no header value may carry (a control character) is named `invalid`.
-        let id_header = http::HeaderValue::from_str(id.as_str())
-            .unwrap_or_else(|_| http::HeaderValue::from_static("invalid"));
+        let id_header = id_header(id.as_str());
         Ok(Self {
             id,
             id_header,

@@ -66,25 +66,6 @@ pub struct ModelRuntime {
     pub session_header: http::HeaderName,
     /// `affinity.routing_key_header`, parsed once.
     pub routing_header: http::HeaderName,
-    /// Each bucket's id as the value of the header naming the bucket that served an answer,
-    /// made once, in the resolver's order.
-    bucket_headers: Vec<http::HeaderValue>,
-}
-
-impl ModelRuntime {
-    /// Bucket `id`'s header value (`invalid` for an id no header value may carry).
-    pub fn bucket_header(&self, id: &str) -> http::HeaderValue {
-        let buckets = self.resolver.buckets().iter();
-        buckets
-            .zip(&self.bucket_headers)
-            .find_map(|(bucket, header)| (bucket.id() == id).then(|| header.clone()))
-            .unwrap_or_else(|| bucket_header(id))
-    }
-}
-
-/// `id` as a header value; `invalid` when no header value may carry it.
-fn bucket_header(id: &str) -> http::HeaderValue {
-    http::HeaderValue::from_str(id).unwrap_or_else(|_| http::HeaderValue::from_static("invalid"))
 }
 
 impl fmt::Debug for ModelRuntime {
@@ -470,12 +451,9 @@ fn build_model(
     if problems.0.len() > before {
         return None;
     }
-    let resolver = resolver?;
-    let bucket_headers = resolver.buckets().iter().map(|b| bucket_header(b.id())).collect();
     Some(ModelRuntime {
         id: model_id,
-        resolver,
-        bucket_headers,
+        resolver: resolver?,
         tokenization,
         affinity: model.affinity.clone(),
         session_header: session_header?,

@@ -61,7 +61,7 @@ pub(crate) struct Dispatch<'a> {
     /// The served model.
     pub model: &'a ModelId,
     /// The bucket that chose the engines, as its header value
-    /// ([`crate::config::ModelRuntime::bucket_header`]).
+    /// ([`router_buckets::Bucket::id_header`]).
     pub bucket: &'a HeaderValue,
     /// When the router received the request.
     pub started: Instant,

@@ -199,9 +199,9 @@ const SLO_FIELDS: [HeaderName; 2] =
 /// Every request header field an inference request is read for under `ctx`'s configuration:
 /// its client key, request id, trace context, data-parallel rank, each model's affinity
 /// headers and the SLO targets (its body's framing comes apart, as [`IncomingBody`]: the
-/// front that parsed the head knows it). The router's own HTTP/1.1 loop keeps
-/// these of a request head and reads past the rest, so a field read on an inference
-/// request's way must be named here (the end-to-end tests send each through that loop).
+/// front that parsed the head knows it). The router's own HTTP/1.1 loop keeps these of a
+/// request head and reads past the rest, so a field read on an inference request's way must
+/// be named here (the end-to-end tests send each through that loop).
 pub(crate) fn request_fields(ctx: &AppContext) -> Arc<[HeaderName]> {
     let fixed = [AUTHORIZATION, DP_RANK, TRACEPARENT, TRACESTATE];
     let configured = ctx.request_id_headers().iter().cloned();

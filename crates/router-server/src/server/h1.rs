@@ -5,10 +5,11 @@
 //! Content-Length, is read here with httparse, handed to [`front::serve`], and its answer is
 //! written here: no task, channel or second buffer sits between the client's socket and the
 //! handler. Of its head, only the fields an inference request is read for are kept
-//! ([`Direct::fields`]); the others are read past. The first request of any other shape (another route or method, a chunked body,
-//! `Expect: 100-continue`, an upgrade, HTTP/1.0, a head that does not parse or is too large)
-//! hands the connection over to hyper with every byte read from it so far. Hyper then serves
-//! the connection as it serves every other, and answers the errors in its own words.
+//! ([`Direct::fields`]); the others are read past. The first request of any other shape
+//! (another route or method, a chunked body, `Expect: 100-continue`, an upgrade, HTTP/1.0, a
+//! head that does not parse or is too large) hands the connection over to hyper with every
+//! byte read from it so far. Hyper then serves the connection as it serves every other, and
+//! answers the errors in its own words.
 //!
 //! The loop keeps what hyper guarantees a connection:
 //! - the request head within `server.header_read_timeout_secs`, also while a kept-alive
