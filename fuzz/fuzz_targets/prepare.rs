@@ -4,10 +4,11 @@
 //! the passed-through ones), whether the model has a tokenizer (bit 3: router-sim's small
 //! tokenizer and chat template, so templating and tokenizing run too), and whether a session
 //! key and an `x-data-parallel-rank` header come with it (bits 4 and 5: the header's text
-//! follows up to the first newline); the rest is the body. Beyond "never panics": the
-//! prepared model is the body's `model`, the forwarded body is the client's bytes unless a
-//! router-owned field had to be removed (and then it is the same JSON without it), token
-//! counts agree with the ids, and the peak is at least the input.
+//! follows up to the first newline); the rest is the body. Beyond "never panics": the scan of
+//! a body's common shape reads what serde_json reads, the prepared model is the body's
+//! `model`, the forwarded body is the client's bytes unless a router-owned field had to be
+//! removed (and then it is the same JSON without it), token counts agree with the ids, and the
+//! peak is at least the input.
 #![no_main]
 
 use std::path::Path;
@@ -47,6 +48,7 @@ fuzz_target!(|data: &[u8]| {
     } else {
         None
     };
+    assert!(fuzzing::body_scan_agrees(body), "the body scan and serde_json read it differently");
     let Ok(prepared) =
         fuzzing::prepare(endpoint, body, MAX_BATCH, tokenizer, (session, None), rank_header)
     else {

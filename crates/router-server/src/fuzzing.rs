@@ -1,9 +1,10 @@
 //! The narrow entry the fuzz targets in `fuzz/` use to reach request preparation and the
 //! engine connections' HTTP/1.1 decoding, which are otherwise crate-private: parse and
 //! validate a client body for one endpoint, read the data-parallel rank header, and prepare it
-//! (estimate, or template and tokenize with a model's tokenizer); decode an engine's answer as
-//! its connection reads it. Hidden from the documentation and not an API: it exposes plain
-//! values only, so the crate's own types stay private.
+//! (estimate, or template and tokenize with a model's tokenizer); check that a body's two
+//! readings agree; decode an engine's answer as its connection reads it. Hidden from the
+//! documentation and not an API: it exposes plain values only, so the crate's own types stay
+//! private.
 
 use std::path::Path;
 
@@ -105,4 +106,10 @@ pub fn engine_answer(bytes: &[u8], piece: usize) -> Result<(u16, Vec<u8>), Strin
     crate::forward::decode_answer(bytes, piece)
         .map(|(status, body)| (status.as_u16(), body))
         .map_err(|err| err.to_string())
+}
+
+/// Whether the scan of a request body's common shape, when it reads `body`, reads the same
+/// fields as serde_json.
+pub fn body_scan_agrees(body: &[u8]) -> bool {
+    crate::prepare::body_scan_agrees(body)
 }

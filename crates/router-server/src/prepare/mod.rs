@@ -16,6 +16,7 @@ use router_policies::RequestTokens;
 use router_workers::{DpRoute, ModelId, WorkerId};
 use serde_json::Value;
 
+pub(crate) use fields::scan_agrees as body_scan_agrees;
 pub(crate) use router_chat_template::{ChatTemplate, TemplateError};
 pub(crate) use validate::{Endpoint, InferenceRequest, InvalidRequest, Prompt, parse_request};
 
