@@ -108,7 +108,7 @@ pub(crate) fn run(root: &Path, options: Options) -> Result<()> {
         return Ok(());
     }
     if wants(Only::Overhead) {
-        let (requests, repeats) = if quick { (1_000, 1) } else { (10_000, 3) };
+        let (requests, repeats) = if quick { (1_000, 1) } else { (10_000, 5) };
         eprintln!("xtask bench: router overhead ({requests} requests x {repeats} per case)");
         let overhead = overhead::measure(&bins, requests, repeats, case.as_deref())?;
         for case in &overhead.cases {
@@ -119,8 +119,12 @@ pub(crate) fn run(root: &Path, options: Options) -> Result<()> {
                 (Some(us), None) => format!("{us:.1} us/request"),
                 _ => "-".to_owned(),
             };
+            let ratio = case.cpu_ratio().map_or("-".to_owned(), |r| {
+                format!("{:.2}x ({:.2}x–{:.2}x)", r.median, r.min, r.max)
+            });
             eprintln!(
-                "  {}: direct {:.0} req/s; router {:.0} req/s, {}; nginx {:.0} req/s, {}",
+                "  {}: direct {:.0} req/s; router {:.0} req/s, {}; nginx {:.0} req/s, {}; \
+                 router ÷ nginx {ratio}",
                 case.name,
                 case.direct.rps(),
                 case.router.rps(),

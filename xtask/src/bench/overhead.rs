@@ -168,19 +168,77 @@ impl Run {
     }
 }
 
-/// One scenario's median run on each path.
+/// One scenario's median run on each path, and the ratios of each repetition's runs.
 #[derive(Debug)]
 pub(crate) struct Case {
     pub(crate) name: String,
     pub(crate) direct: Run,
     pub(crate) router: Run,
     pub(crate) nginx: Run,
+    /// One per repetition, from its three runs (made one after the other).
+    pub(crate) paired: Vec<Paired>,
+}
+
+/// The ratios of one repetition's runs of a case: run one after the other, seconds apart, they
+/// share the machine's load of the moment, which the medians of separate runs need not.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Paired {
+    /// Router CPU per request over nginx's.
+    pub(crate) cpu: f64,
+    /// Requests per second through the router over direct.
+    pub(crate) router_throughput: f64,
+    /// Requests per second through nginx over direct.
+    pub(crate) nginx_throughput: f64,
+}
+
+impl Paired {
+    fn of(direct: &Run, router: &Run, nginx: &Run) -> Option<Self> {
+        Some(Self {
+            cpu: router.proxy_cpu_us? / nginx.proxy_cpu_us?,
+            router_throughput: router.rps() / direct.rps(),
+            nginx_throughput: nginx.rps() / direct.rps(),
+        })
+    }
+}
+
+/// The median of `values` and their range, as the page shows them.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Spread {
+    pub(crate) median: f64,
+    pub(crate) min: f64,
+    pub(crate) max: f64,
+}
+
+impl Spread {
+    fn of(values: impl Iterator<Item = f64>) -> Option<Self> {
+        let mut values: Vec<f64> = values.collect();
+        values.sort_by(f64::total_cmp);
+        let (&min, &max) = (values.first()?, values.last()?);
+        let mid = values.len() / 2;
+        let median = if values.len().is_multiple_of(2) {
+            (values[mid - 1] + values[mid]) / 2.0
+        } else {
+            values[mid]
+        };
+        Some(Self { median, min, max })
+    }
+
+    /// `median (min–max)`, each through `show`.
+    fn render(&self, show: impl Fn(f64) -> String) -> String {
+        format!("{} ({}–{})", show(self.median), show(self.min), show(self.max))
+    }
 }
 
 impl Case {
-    /// Router CPU per request over nginx's.
-    pub(crate) fn cpu_ratio(&self) -> Option<f64> {
-        Some(self.router.proxy_cpu_us? / self.nginx.proxy_cpu_us?)
+    /// Router CPU per request over nginx's, over the repetitions.
+    pub(crate) fn cpu_ratio(&self) -> Option<Spread> {
+        Spread::of(self.paired.iter().map(|p| p.cpu))
+    }
+
+    /// Requests per second through the router, and through nginx, over direct.
+    pub(crate) fn throughput(&self) -> Option<(Spread, Spread)> {
+        let router = Spread::of(self.paired.iter().map(|p| p.router_throughput))?;
+        Some((router, Spread::of(self.paired.iter().map(|p| p.nginx_throughput))?))
     }
 }
 
@@ -191,8 +249,8 @@ pub(crate) struct Overhead {
 }
 
 /// Runs every scenario `repeats` times on each path, the paths' order rotating from one
-/// repetition to the next, and keeps the median run (by throughput) of each. With `only`, just
-/// the scenarios whose name contains it.
+/// repetition to the next, and keeps the median run (by throughput) of each and the ratios of
+/// each repetition. With `only`, just the scenarios whose name contains it.
 pub(crate) fn measure(
     bins: &Bins,
     requests: usize,
@@ -278,11 +336,17 @@ pub(crate) fn measure(
     let cases = scenarios
         .iter()
         .zip(runs)
-        .map(|(scenario, [direct, router, nginx])| Case {
-            name: scenario.name.to_owned(),
-            direct: median(direct),
-            router: median(router),
-            nginx: median(nginx),
+        .map(|(scenario, [direct, router, nginx])| {
+            let paired = (direct.iter().zip(&router).zip(&nginx))
+                .filter_map(|((direct, router), nginx)| Paired::of(direct, router, nginx))
+                .collect();
+            Case {
+                name: scenario.name.to_owned(),
+                direct: median(direct),
+                router: median(router),
+                nginx: median(nginx),
+                paired,
+            }
         })
         .collect();
     Ok(Overhead { cases })
@@ -388,6 +452,10 @@ pub(crate) fn render(overhead: &Overhead) -> String {
     }
     page.push_str(
         "\n### The router against nginx\n\n\
+         Each ratio is the median over the repetitions of the ratio within one repetition \
+         (whose runs follow each other, under the same load of this shared machine), with \
+         the lowest and highest in brackets; the CPU columns are those of the median runs \
+         above.\n\n\
          | case | router CPU/request | nginx CPU/request | router ÷ nginx | router user + kernel | nginx user + kernel | router req/s ÷ direct | nginx req/s ÷ direct |\n\
          |---|---|---|---|---|---|---|---|\n",
     );
@@ -395,18 +463,22 @@ pub(crate) fn render(overhead: &Overhead) -> String {
         run.proxy_user_system_us()
             .map_or("-".to_owned(), |(user, system)| format!("{user:.1} + {system:.1} us"))
     };
+    let times = |ratio: f64| format!("{ratio:.2}x");
+    let percent = |ratio: f64| format!("{:.0}%", ratio * 100.0);
     for case in &overhead.cases {
+        let (router_throughput, nginx_throughput) = case.throughput().map_or_else(
+            || ("-".to_owned(), "-".to_owned()),
+            |(router, nginx)| (router.render(percent), nginx.render(percent)),
+        );
         let _ = writeln!(
             page,
-            "| {} | {} | {} | {} | {} | {} | {:.0}% | {:.0}% |",
+            "| {} | {} | {} | {} | {} | {} | {router_throughput} | {nginx_throughput} |",
             case.name,
             us(case.router.proxy_cpu_us),
             us(case.nginx.proxy_cpu_us),
-            case.cpu_ratio().map_or("-".to_owned(), |ratio| format!("{ratio:.2}x")),
+            case.cpu_ratio().map_or("-".to_owned(), |ratio| ratio.render(times)),
             split(&case.router),
             split(&case.nginx),
-            case.router.rps() / case.direct.rps() * 100.0,
-            case.nginx.rps() / case.direct.rps() * 100.0,
         );
     }
     page.push_str(
@@ -420,4 +492,23 @@ pub(crate) fn render(overhead: &Overhead) -> String {
          direct at one event per token.\n\n![proxy CPU per request](bench-router-cpu.svg)\n",
     );
     page
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Spread;
+
+    #[test]
+    fn a_spread_is_the_median_and_the_range() {
+        let spread = |values: &[f64]| Spread::of(values.iter().copied());
+        assert_eq!(spread(&[]), None);
+        assert_eq!(spread(&[1.2]), Some(Spread { median: 1.2, min: 1.2, max: 1.2 }));
+        assert_eq!(spread(&[1.5, 1.0, 1.25]), Some(Spread { median: 1.25, min: 1.0, max: 1.5 }));
+        assert_eq!(
+            spread(&[2.0, 1.0, 1.5, 1.0]),
+            Some(Spread { median: 1.25, min: 1.0, max: 2.0 })
+        );
+        let shown = Spread { median: 1.234, min: 1.0, max: 1.5 }.render(|r| format!("{r:.2}x"));
+        assert_eq!(shown, "1.23x (1.00x–1.50x)");
+    }
 }
