@@ -55,12 +55,13 @@ pub(crate) async fn endpoint_request(
     let started = Instant::now();
     let mut labels = Labels::default();
     let trace = RequestTrace::start(&headers, endpoint.path(), &request_id);
-    let handled =
-        handle(endpoint, &ctx, charge, &headers, body, &request_id, started, &mut labels, &trace);
+    let handled = || {
+        handle(endpoint, &ctx, charge, &headers, body, &request_id, started, &mut labels, &trace)
+    };
     // Instrumented only when the span records: the wrapper would be one more copy of the
     // handler's future, and one more layer to poll, for nothing.
     let result =
-        if span.is_disabled() { handled.await } else { handled.instrument(span.clone()).await };
+        if span.is_disabled() { handled().await } else { handled().instrument(span.clone()).await };
     let mut response = match result {
         Ok(response) => response,
         Err(err) => {

@@ -36,7 +36,7 @@ use std::time::SystemTime;
 
 use axum::body::Body;
 use axum::response::Response;
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf as _, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use http_body::Body as _;
@@ -177,6 +177,16 @@ fn parse_head(buf: &mut BytesMut, max_bytes: usize, kept: &[HeaderName]) -> Pars
             named.push((name.clone(), at..at + value.len()));
         }
     }
+    if named.is_empty() {
+        buf.advance(length);
+        let headers = HeaderMap::new();
+        return Parsed::Ours(Request {
+            endpoint,
+            headers,
+            length: length_field.unwrap_or(0),
+            close,
+        });
+    }
     let head = buf.split_to(length).freeze();
     let mut headers = HeaderMap::with_capacity(named.len());
     for (name, range) in named {
@@ -251,7 +261,7 @@ impl Connection {
                 self.header_timer.as_mut().reset(Instant::now() + self.limits.header_read);
                 timing = true;
             }
-            self.buf.reserve(READ_BYTES);
+            self.make_room();
             tokio::select! {
                 biased;
                 read = self.io.read_buf(&mut self.buf) => match read {
@@ -395,9 +405,18 @@ impl Connection {
         self.buf.len() < self.limits.max_header_bytes
     }
 
+    /// Makes room in the buffer for a read when little is left. Requests split off the front
+    /// share the buffer's allocation: a read into the room behind them costs nothing, where
+    /// asking for a whole read's room each time would make a new buffer for every request.
+    fn make_room(&mut self) {
+        if self.buf.capacity() - self.buf.len() < READ_BYTES / 8 {
+            self.buf.reserve(READ_BYTES);
+        }
+    }
+
     /// Reads what the client sent; false once it has closed its side (or the read failed).
     async fn read(&mut self) -> bool {
-        self.buf.reserve(READ_BYTES);
+        self.make_room();
         matches!(self.io.read_buf(&mut self.buf).await, Ok(n) if n > 0)
     }
 
