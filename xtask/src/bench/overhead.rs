@@ -450,12 +450,14 @@ pub(crate) fn render(overhead: &Overhead) -> String {
             );
         }
     }
-    page.push_str(
+    let repeats = overhead.cases.first().map_or(0, |case| case.paired.len());
+    let _ = write!(
+        page,
         "\n### The router against nginx\n\n\
-         Each ratio is the median over the repetitions of the ratio within one repetition \
-         (whose runs follow each other, under the same load of this shared machine), with \
-         the lowest and highest in brackets; the CPU columns are those of the median runs \
-         above.\n\n\
+         Each ratio is the median over the {repeats} repetitions of the ratio within one \
+         repetition (whose runs follow each other, under the same load of this shared \
+         machine), with the lowest and highest in brackets; the CPU columns are those of the \
+         median runs above.\n\n\
          | case | router CPU/request | nginx CPU/request | router ÷ nginx | router user + kernel | nginx user + kernel | router req/s ÷ direct | nginx req/s ÷ direct |\n\
          |---|---|---|---|---|---|---|---|\n",
     );
