@@ -271,14 +271,15 @@ pub(crate) fn install() -> PrometheusHandle {
                     let _ = metrics::set_global_recorder(recorder);
                     describe_all();
                     let upkept = handle.clone();
-                    let upkeep = std::thread::Builder::new().name(UPKEEP_THREAD.into()).spawn(
-                        move || loop {
-                            std::thread::sleep(UPKEEP_INTERVAL);
-                            upkept.run_upkeep();
-                        },
-                    );
+                    let upkeep =
+                        std::thread::Builder::new().name(UPKEEP_THREAD.into()).spawn(move || {
+                            loop {
+                                std::thread::sleep(UPKEEP_INTERVAL);
+                                upkept.run_upkeep();
+                            }
+                        });
                     if let Err(err) = upkeep {
-                        tracing::warn!(%err, "no metrics upkeep: histogram samples pile up until scraped");
+                        tracing::warn!(%err, "no metrics upkeep: histograms grow until scraped");
                     }
                     handle
                 }

@@ -134,10 +134,11 @@ pub(crate) fn value_text(value: &Value) -> usize {
 /// Reads `body`: its fields when it is a JSON object, `None` when it is another JSON value.
 pub(crate) fn read(body: &[u8]) -> Result<Option<BodyFields>, serde_json::Error> {
     match std::str::from_utf8(body) {
+        // UTF-8 checked once, in one pass (read from bytes, serde_json checks each string on
+        // its own, keys included, which cost more than the rest of a small body's parse); then
+        // the common shape is scanned, anything else read by serde_json as text.
         Ok(text) => match scan::read(text) {
             Some(fields) => Ok(Some(fields)),
-            // UTF-8 checked once, in one pass: read from bytes, serde_json checks each string
-            // on its own, keys included, which cost more than the rest of a small body's parse.
             None => read_from(serde_json::Deserializer::from_str(text)),
         },
         // No JSON text: read from the bytes, serde_json's error says where it breaks.

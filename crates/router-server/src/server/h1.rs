@@ -177,28 +177,23 @@ fn parse_head(buf: &mut BytesMut, max_bytes: usize, kept: &[HeaderName]) -> Pars
             named.push((name.clone(), at..at + value.len()));
         }
     }
-    if named.is_empty() {
-        buf.advance(length);
-        let headers = HeaderMap::new();
-        return Parsed::Ours(Request {
-            endpoint,
-            headers,
-            length: length_field.unwrap_or(0),
-            close,
-        });
-    }
-    let head = buf.split_to(length).freeze();
     let mut headers = HeaderMap::with_capacity(named.len());
-    for (name, range) in named {
-        let Ok(value) = HeaderValue::from_maybe_shared(head.slice(range)) else {
-            // httparse checks the same bytes a header value may hold, so this does not
-            // happen; if it did, hyper would see the head as it came.
-            let mut whole = BytesMut::from(&head[..]);
-            whole.unsplit(std::mem::take(buf));
-            *buf = whole;
-            return Parsed::Theirs;
-        };
-        headers.append(name, value);
+    if named.is_empty() {
+        // Nothing of the head is needed once it is parsed: read past, not split off.
+        buf.advance(length);
+    } else {
+        let head = buf.split_to(length).freeze();
+        for (name, range) in named {
+            let Ok(value) = HeaderValue::from_maybe_shared(head.slice(range)) else {
+                // httparse checks the same bytes a header value may hold, so this does not
+                // happen; if it did, hyper would see the head as it came.
+                let mut whole = BytesMut::from(&head[..]);
+                whole.unsplit(std::mem::take(buf));
+                *buf = whole;
+                return Parsed::Theirs;
+            };
+            headers.append(name, value);
+        }
     }
     Parsed::Ours(Request { endpoint, headers, length: length_field.unwrap_or(0), close })
 }

@@ -7,8 +7,9 @@
 //! The values of the read fields that are more than a plain string, integer or literal are
 //! parsed by serde_json from their own text.
 //!
-//! serde_json's walk cost a fifth of a plain request's instructions: a generic visitor call
-//! per value, a string check per key. This scan moves through the text once.
+//! serde_json's generic walk (a visitor call per value, a check of every key) took some 2,800
+//! instructions for the benchmark's 75-byte chat body, and this scan 2,350 with the UTF-8
+//! check before it (`cargo xtask bench --case instructions`, a plain request then 34k).
 
 use serde_json::Value;
 
