@@ -357,6 +357,11 @@ pub mod tempfile_path {
         pub fn display(&self) -> String {
             self.0.display().to_string()
         }
+
+        /// The path of `name` beside this file, removed with it.
+        pub fn beside(&self, name: &str) -> PathBuf {
+            self.0.with_file_name(name)
+        }
     }
 
     impl Drop for TempPath {
@@ -510,7 +515,10 @@ pub fn chat_body(model: &str, text: &str, max_tokens: u64) -> serde_json::Value 
 /// whose ext_proc filter asks the pickers (FULL_DUPLEX_STREAMED both ways, trailers sent) and
 /// whose ORIGINAL_DST cluster dials the `x-gateway-destination-endpoint` they set.
 pub mod envoy {
+    use std::io::{Read as _, Write as _};
+    use std::net::TcpStream;
     use std::path::PathBuf;
+    use std::time::{Duration, Instant};
 
     use super::{Process, tempfile_path::TempPath};
 
@@ -532,12 +540,6 @@ pub mod envoy {
         path
     }
 
-    /// A loopback port free a moment ago.
-    pub fn free_port() -> u16 {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-        listener.local_addr().expect("address").port()
-    }
-
     /// A running Envoy, killed on drop.
     pub struct Envoy {
         /// `http://127.0.0.1:PORT` of its listener.
@@ -552,38 +554,103 @@ pub mod envoy {
     impl Envoy {
         /// Starts Envoy with the ext_proc filter asking `pickers` (gRPC `HOST:PORT`s, health
         /// checked every 200 ms on the ext_proc service name) with `failure_mode_allow`.
+        ///
+        /// Envoy binds its listener and its admin interface to ports of its own choosing, read
+        /// back from the admin interface: a port found free beforehand may be taken by another
+        /// test's process before Envoy binds it, and Envoy's requests would then go there.
         pub fn start(pickers: &[String], failure_mode_allow: bool) -> Self {
-            let (port, admin) = (free_port(), free_port());
-            let config =
-                TempPath::write("envoy.yaml", &config(port, admin, pickers, failure_mode_allow));
+            let config = TempPath::write("envoy.yaml", &config(pickers, failure_mode_allow));
+            let admin_file = config.beside("admin-address");
             let args = [
                 "-c".to_owned(),
                 config.display(),
                 "--log-level".to_owned(),
                 "warn".to_owned(),
-                "--base-id".to_owned(),
-                port.to_string(),
+                "--admin-address-path".to_owned(),
+                admin_file.display().to_string(),
                 "--disable-hot-restart".to_owned(),
             ];
             // Envoy logs to stderr; the harness waits for a stdout line, which Envoy never
-            // prints, so it is started through a shell that prints one once the admin answers.
+            // prints, so it is started through a shell that prints one once Envoy has written
+            // its admin address.
             let envoy = binary().display().to_string();
             let script = format!(
                 "{envoy} {} 1>&2 & pid=$!; trap 'kill $pid' EXIT TERM; \
                  for i in $(seq 1 200); do \
-                   if (exec 3<>/dev/tcp/127.0.0.1/{port}) 2>/dev/null; then echo envoy ready pid=$pid; break; fi; \
+                   if [ -s {} ]; then echo envoy ready pid=$pid; break; fi; \
                    sleep 0.05; done; wait $pid",
-                args.join(" ")
+                args.join(" "),
+                admin_file.display(),
             );
             let process = Process::spawn_command("bash", &["-c".to_owned(), script], "envoy ready");
             let pid = process.url_after("pid=");
-            Self {
-                url: format!("http://127.0.0.1:{port}"),
-                admin: format!("http://127.0.0.1:{admin}"),
+            let admin = std::fs::read_to_string(&admin_file).expect("Envoy's admin address");
+            let admin = admin.trim().to_owned();
+            // Made first, so that Envoy is killed if its listener cannot be found.
+            let mut envoy = Self {
+                url: String::new(),
+                admin: format!("http://{admin}"),
                 pid,
                 _process: process,
                 _config: config,
+            };
+            envoy.url = format!("http://127.0.0.1:{}", gateway_port(&admin));
+            envoy
+        }
+    }
+
+    /// The port Envoy bound its listener `gateway` to, by its admin interface at `admin`
+    /// (`HOST:PORT`), asked until it answers.
+    fn gateway_port(admin: &str) -> u16 {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let listeners = admin_get(admin, "/listeners?format=json");
+            let port = listeners.as_deref().and_then(|body| {
+                let listeners: serde_json::Value = serde_json::from_str(body).ok()?;
+                let gateway = listeners["listener_statuses"]
+                    .as_array()?
+                    .iter()
+                    .find(|listener| listener["name"] == "gateway")?;
+                let port = gateway["local_address"]["socket_address"]["port_value"].as_u64()?;
+                u16::try_from(port).ok().filter(|port| *port != 0)
+            });
+            if let Some(port) = port {
+                return port;
             }
+            assert!(Instant::now() < deadline, "Envoy's admin at {admin} names no gateway port");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The body of a GET of `path` from Envoy's admin interface at `admin` (`HOST:PORT`).
+    fn admin_get(admin: &str, path: &str) -> Option<String> {
+        let mut stream = TcpStream::connect(admin).ok()?;
+        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n").ok()?;
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).ok()?;
+        let (head, body) = answer.split_once("\r\n\r\n")?;
+        if !head.starts_with("HTTP/1.1 200") {
+            return None;
+        }
+        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+            dechunked(body)
+        } else {
+            Some(body.to_owned())
+        }
+    }
+
+    /// A chunked body's data.
+    fn dechunked(mut body: &str) -> Option<String> {
+        let mut data = String::new();
+        loop {
+            let (size, rest) = body.split_once("\r\n")?;
+            let size = usize::from_str_radix(size.trim(), 16).ok()?;
+            if size == 0 {
+                return Some(data);
+            }
+            data.push_str(rest.get(..size)?);
+            body = rest.get(size..)?.strip_prefix("\r\n")?;
         }
     }
 
@@ -599,7 +666,7 @@ pub mod envoy {
     const GATEWAY: &str = include_str!("../envoy/gateway.yaml");
     const EXT_PROC: &str = include_str!("../envoy/ext_proc.yaml");
 
-    fn config(port: u16, admin: u16, pickers: &[String], failure_mode_allow: bool) -> String {
+    fn config(pickers: &[String], failure_mode_allow: bool) -> String {
         let endpoints: String = pickers
             .iter()
             .map(|picker| {
@@ -639,9 +706,10 @@ pub mod envoy {
       - lb_endpoints:
 {endpoints}"#
         );
+        // Port 0: Envoy chooses (see `Envoy::start`).
         GATEWAY
-            .replace("{admin}", &admin.to_string())
-            .replace("{port}", &port.to_string())
+            .replace("{admin}", "0")
+            .replace("{port}", "0")
             .replace("{route_extra}", extra)
             .replace("{filters}", &filters)
             .replace("{clusters}", &clusters)
