@@ -41,6 +41,7 @@ pub mod server;
 pub mod telemetry;
 mod tls;
 mod usage;
+mod words;
 
 #[cfg(test)]
 mod tests;

@@ -10,6 +10,7 @@
 use memchr::memmem::Finder;
 
 use super::{META_KEY, USAGE_KEY, Usage};
+use crate::words;
 
 /// Containers nested deeper than this are refused, as serde_json refuses them.
 const MAX_DEPTH: u32 = 128;
@@ -305,32 +306,18 @@ impl<'t> Scan<'t> {
 fn special(text: &[u8]) -> Option<usize> {
     const BY_WORD: usize = 32;
     let head = &text[..text.len().min(BY_WORD)];
-    let mut words = head.chunks_exact(8);
-    for (i, word) in words.by_ref().enumerate() {
-        let word = u64::from_le_bytes(word.try_into().unwrap_or_default());
-        if let Some(at) = special_in_word(word) {
-            return Some(i * 8 + at);
-        }
-    }
-    let done = head.len() - words.remainder().len();
-    if let Some(at) = words.remainder().iter().position(|&b| b == b'"' || b == b'\\') {
+    let specials = |word| words::equal(word, b'"') | words::equal(word, b'\\');
+    let done = match words::first(head, specials) {
+        Ok(at) => return Some(at),
+        Err(done) => done,
+    };
+    if let Some(at) = head[done..].iter().position(|&b| b == b'"' || b == b'\\') {
         return Some(done + at);
     }
     if text.len() > BY_WORD {
         return memchr::memchr2(b'"', b'\\', &text[BY_WORD..]).map(|at| at + BY_WORD);
     }
     None
-}
-
-/// The first byte of `word` (little-endian: the lowest) that is a quote or a backslash.
-fn special_in_word(word: u64) -> Option<usize> {
-    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
-    // A byte of `x` is zero where `x - ONES` borrows into its high bit and `x` had none; a
-    // borrow can only mark bytes above a zero byte, so the lowest mark is exact.
-    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGHS;
-    let marks = zero(word ^ (ONES * u64::from(b'"'))) | zero(word ^ (ONES * u64::from(b'\\')));
-    (marks != 0).then(|| marks.trailing_zeros() as usize / 8)
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@
 use serde_json::Value;
 
 use super::{BodyFields, Kind, Messages, Walked, message_problem, read_field};
+use crate::words;
 
 /// Containers nested deeper than this are left to serde_json (whose cap is 128): within it,
 /// the depth never decides whether a body is JSON.
@@ -307,29 +308,15 @@ impl<'t> Scan<'t> {
 /// Where the first byte of `text` that ends a string's plain run is: a quote, a backslash or a
 /// control character (which no JSON string holds), looked at a word (8 bytes) at a time.
 fn string_stop(text: &[u8]) -> Option<usize> {
-    let mut words = text.chunks_exact(8);
-    for (i, word) in words.by_ref().enumerate() {
-        let word = u64::from_le_bytes(word.try_into().unwrap_or_default());
-        if let Some(at) = stop_in_word(word) {
-            return Some(i * 8 + at);
+    let stops =
+        |word| words::equal(word, b'"') | words::equal(word, b'\\') | words::below(word, 0x20);
+    match words::first(text, stops) {
+        Ok(at) => Some(at),
+        Err(done) => {
+            let stop = text[done..].iter().position(|&b| b == b'"' || b == b'\\' || b < 0x20);
+            stop.map(|at| done + at)
         }
     }
-    let done = text.len() - words.remainder().len();
-    words.remainder().iter().position(|&b| b == b'"' || b == b'\\' || b < 0x20).map(|at| done + at)
-}
-
-/// The first byte of `word` (little-endian: the lowest) that is a quote, a backslash or below
-/// 0x20.
-fn stop_in_word(word: u64) -> Option<usize> {
-    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
-    const HIGHS: u64 = u64::from_ne_bytes([0x80; 8]);
-    // A byte of `x` is below `n` (n <= 0x80) where `x - n` borrows into its high bit and `x`
-    // had none; a borrow can only mark bytes above a marked one, so the lowest mark is exact.
-    let below = |x: u64, n: u8| x.wrapping_sub(ONES * u64::from(n)) & !x & HIGHS;
-    let marks = below(word ^ (ONES * u64::from(b'"')), 1)
-        | below(word ^ (ONES * u64::from(b'\\')), 1)
-        | below(word, 0x20);
-    (marks != 0).then(|| marks.trailing_zeros() as usize / 8)
 }
 
 #[cfg(test)]
