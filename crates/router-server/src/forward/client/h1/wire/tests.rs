@@ -5,7 +5,9 @@ use bytes::BytesMut;
 use http::{HeaderName, HeaderValue, StatusCode};
 use proptest::prelude::*;
 
-use super::{Chunked, Decoded, Framing, MAX_HEAD_BYTES, RequestHead, WireError, parse_head};
+use super::{
+    Chunked, Decoded, Framing, MAX_HEAD_BYTES, RequestHead, WireError, chunk_size, parse_head,
+};
 
 #[test]
 fn a_request_head_has_its_line_its_fields_and_its_length() {
@@ -164,6 +166,17 @@ proptest! {
         let (data, rest) = decode_in_pieces(CHUNKED, &cuts).expect("valid");
         prop_assert_eq!(data, b"hello, world!");
         prop_assert_eq!(rest, b"NEXT");
+    }
+}
+
+proptest! {
+    #[test]
+    fn chunk_sizes_read_as_hexadecimal_numbers_in_either_case(
+        digits in "[0-9a-fA-F]{1,15}",
+        extension in "|;name=value| ;x|\t",
+    ) {
+        let size = u64::from_str_radix(&digits, 16).expect("hexadecimal");
+        prop_assert_eq!(chunk_size(format!("{digits}{extension}").as_bytes()).ok(), Some(size));
     }
 }
 
