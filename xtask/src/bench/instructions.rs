@@ -23,21 +23,44 @@ pub(crate) struct Counted {
     pub(crate) nginx_k: f64,
 }
 
-/// Set, the callgrind dumps are kept for a profile (`router.out.1` plain, `router.out.2`
-/// streamed; `nginx.out.N` alike) and their directory printed.
+/// Set, the callgrind dumps are kept for a profile and their directory printed: per engine
+/// `router-<engine>.out.N` and `nginx-<engine>.out.N`, one dump per kind of request in the
+/// order of [`ENGINES`].
 const KEEP_DUMPS: &str = "ROUTER_BENCH_KEEP_CALLGRIND";
 
 /// Requests counted per proxy and kind (valgrind runs a program some 50x slower).
 pub(crate) const REQUESTS: usize = 1_000;
 
+/// A router-sim engine (answering at once) that both proxies are counted in front of.
+struct Counting {
+    /// Names its dumps.
+    name: &'static str,
+    /// router-sim's options beyond answering at once.
+    options: &'static [&'static str],
+    /// The kinds of request counted through it: a name and a body.
+    kinds: &'static [(&'static str, &'static str)],
+}
+
+const ENGINES: [Counting; 2] = [
+    Counting {
+        name: "sim",
+        options: &[],
+        kinds: &[("plain", PLAIN), ("stream, 1 token per event", STREAM)],
+    },
+    Counting {
+        name: "sim16",
+        options: &["--stream-interval", "16"],
+        kinds: &[("stream, 16 events per write", STREAM)],
+    },
+];
+
 /// Counts the router (round_robin, one event-loop thread) and nginx per plain request and per
-/// streamed request of one event per token, on a router-sim engine that answers at once.
+/// streamed request of one event per token, on a router-sim engine that answers at once, and
+/// per streamed request on one that writes 16 events at a time.
 pub(crate) fn measure(bins: &Bins) -> Result<Vec<Counted>> {
     let valgrind = procs::debian_tool("valgrind", "valgrind")?;
     let control = valgrind.with_file_name("callgrind_control");
     let nginx_bin = nginx::binary()?;
-    let fast = ["--prefill-tokens-per-sec", "1e9", "--decode-tokens-per-sec", "1e9"];
-    let (_engine, url) = engine(bins, &fast)?;
     let dir = std::env::temp_dir().join(format!("xtask-callgrind-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -49,8 +72,10 @@ pub(crate) fn measure(bins: &Bins) -> Result<Vec<Counted>> {
         count(&runtime, &control, proxy, proxy_url, out, body)
     };
     let mut counted = Vec::new();
-    {
-        let out = dir.join("router.out");
+    for Counting { name: engine_name, options, kinds } in ENGINES {
+        let fast = ["--prefill-tokens-per-sec", "1e9", "--decode-tokens-per-sec", "1e9"];
+        let (_engine, url) = engine(bins, &[&fast[..], options].concat())?;
+        let out = dir.join(format!("router-{engine_name}.out"));
         let router_args: Vec<String> = [
             &callgrind_args(&out)[..],
             &[bins.server.display().to_string()],
@@ -60,11 +85,11 @@ pub(crate) fn measure(bins: &Bins) -> Result<Vec<Counted>> {
         .concat();
         let router = Proc::start(&valgrind, &router_args, "router listening on ")?;
         let router_url = router.after("router listening on ")?;
-        let out_nginx = dir.join("nginx.out");
+        let out_nginx = dir.join(format!("nginx-{engine_name}.out"));
         let nginx_args =
             [&callgrind_args(&out_nginx)[..], &[nginx_bin.display().to_string()]].concat();
         let nginx = Nginx::start_under(&valgrind, &nginx_args, &url)?;
-        for (name, body) in [("plain", PLAIN), ("stream, 1 token per event", STREAM)] {
+        for &(name, body) in kinds {
             let router_k = counting(&router, &router_url, &out, body)?;
             let nginx_k = counting(&nginx.process, &nginx.url, &out_nginx, body)?;
             counted.push(Counted { name, router_k, nginx_k });
@@ -182,8 +207,9 @@ pub(crate) fn render(counted: &[Counted]) -> String {
     let mut page = format!(
         "\n### Instructions per request (callgrind)\n\n\
          User-space instructions per request of each proxy, counted by valgrind's callgrind \
-         over {REQUESTS} requests after a warm-up, in front of one instant router-sim engine \
-         (the router: round_robin, `--worker-threads 1`). Unlike CPU time they do not move \
+         over {REQUESTS} requests after a warm-up, in front of an instant router-sim engine \
+         writing each event as it comes, or 16 at a time (the router: round_robin, \
+         `--worker-threads 1`). Unlike CPU time they do not move \
          between runs on a shared machine, so they show what a change to the data path did; \
          kernel work (the same system calls for both) is not in them.\n\n\
          | request | router | nginx | router ÷ nginx |\n|---|---:|---:|---:|\n"
