@@ -340,7 +340,7 @@ fn chunk_size(line: &[u8]) -> Result<u64, WireError> {
         return Err(WireError::Malformed("a chunk size that is not a hexadecimal number"));
     }
     // Folded by hand: a stream of one event per token has a size line per event, and going
-    // through `str` and `from_str_radix` was half of what decoding its body cost. Fifteen
+    // through `str` and `from_str_radix` was a third of what decoding its body cost. Fifteen
     // digits are 60 bits, so the fold cannot overflow.
     Ok(line[..digits].iter().fold(0, |size, &digit| size << 4 | u64::from(hex_value(digit))))
 }
