@@ -264,7 +264,7 @@ cargo xtask bench --only overhead          # direct, router and nginx side by si
 cargo xtask bench --only epp               # Envoy with and without the endpoint picker: under a minute\n\
 cargo xtask bench --only quality --quick   # one cell of the sweep (conversation, 64k, RHO 0.8)\n\
 cargo xtask bench --case streaming         # only the overhead cases naming it, nothing written (for perf/strace)\n\
-cargo xtask bench --case instructions      # only the callgrind count of router and nginx, nothing written: ~2 min; ROUTER_BENCH_KEEP_CALLGRIND=1 keeps the dumps\n\
+cargo xtask bench --case instructions      # only the callgrind count of router and nginx, nothing written: ~3 min; ROUTER_BENCH_KEEP_CALLGRIND=1 keeps the dumps\n\
 cargo xtask bench --only quality --case \"conversation 64k predicted_ttft\"   # those cells of the sweep, nothing written\n\
 ROUTER_BENCH_REQUESTS_DIR=/tmp/req cargo xtask bench --only quality --quick   # also one JSON line per request of each run (router-sim load --requests-out)\n\
 ```\n";
