@@ -13,6 +13,7 @@ use std::sync::LazyLock;
 
 use memchr::memmem::Finder;
 use serde::Deserialize;
+use smallvec::SmallVec;
 
 /// Tokens of one answer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -138,8 +139,26 @@ pub(crate) fn of_stream_tail(tail: &[&[u8]]) -> Option<Usage> {
 /// The counts of the last of the final [`TAIL_EVENTS`] events of `text` that carries any,
 /// and how many events were read.
 fn of_last_events(text: &[u8]) -> (Option<Usage>, usize) {
+    let events: Events<'_> = events_from_end(text).take(TAIL_EVENTS).collect();
+    // Most tails carry no counts. When each event is one line, each one's data is a piece of
+    // the span the events cover, so one search of that span answers for all of them (data
+    // joined from several lines could join a key split across them: those are read one by one).
+    if let Some(&(oldest, _)) = events.last()
+        && events.iter().all(|(_, event)| memchr::memchr(b'\n', event.trim_ascii()).is_none())
+        && !may_report(&text[oldest..])
+    {
+        return (None, events.len());
+    }
+    of_each(&events)
+}
+
+/// Events of a stream's tail, last first, each with where it starts.
+type Events<'t> = SmallVec<[(usize, &'t [u8]); TAIL_EVENTS]>;
+
+/// The counts of the first of `events` that carries any, and how many were read.
+fn of_each(events: &Events<'_>) -> (Option<Usage>, usize) {
     let mut read = 0;
-    let usage = events_from_end(text).take(TAIL_EVENTS).find_map(|event| {
+    let usage = events.iter().find_map(|(_, event)| {
         read += 1;
         let data = data_of(event);
         if data.is_empty() || *data == *b"[DONE]" || !may_report(&data) {
@@ -194,8 +213,9 @@ fn may_report(data: &[u8]) -> bool {
     })
 }
 
-/// The non-blank SSE events of `text` (separated by blank lines), last first.
-fn events_from_end(text: &[u8]) -> impl Iterator<Item = &[u8]> {
+/// The non-blank SSE events of `text` (separated by blank lines), last first, each with
+/// where it starts.
+fn events_from_end(text: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
     let mut end = text.len();
     std::iter::from_fn(move || {
         while end > 0 {
@@ -204,7 +224,7 @@ fn events_from_end(text: &[u8]) -> impl Iterator<Item = &[u8]> {
             end = start.saturating_sub(2);
             let event = &rest[start..];
             if !event.trim_ascii().is_empty() {
-                return Some(event);
+                return Some((start, event));
             }
         }
         None
@@ -377,7 +397,39 @@ data: [DONE]
         object
     }
 
+    /// Events a stream's tail may hold: content, counts (null, real, escaped, cut off), a key
+    /// split across two data lines, a key whose line is followed by a comment `: null`,
+    /// comments, other fields, the end.
+    const TAIL_PIECES: [&str; 12] = [
+        r#"data: {"choices":[{"delta":{"content":"a"}}]}"#,
+        r#"data: {"choices":[],"usage":null}"#,
+        r#"data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":4}}"#,
+        r#"data: {"text":"a","meta_info":{"prompt_tokens":3,"completion_tokens":1}}"#,
+        r#"data: {"\u0075sage":{"prompt_tokens":1}}"#,
+        "data: {\"us\ndata: age\":{\"prompt_tokens\":5}}",
+        "data: {\"usage\"\n: null",
+        r#"data: {"usage""#,
+        ": keep-alive",
+        "event: error\ndata: {\"error\":\"x\"}",
+        "data: [DONE]",
+        "data: {\"meta_info\" :\n data: null}",
+    ];
+
     proptest::proptest! {
+        /// Searching the span of one-line events at once finds counts wherever reading the
+        /// events one by one does.
+        #[test]
+        fn one_search_of_a_tail_reads_as_its_events_one_by_one(
+            pieces in proptest::collection::vec(
+                (proptest::sample::select(&TAIL_PIECES[..]), "\n\n|\n\n\n"), 0..12),
+            cut: proptest::sample::Index,
+        ) {
+            let text: String = pieces.iter().map(|(event, blank)| format!("{event}{blank}")).collect();
+            let text = &text.as_bytes()[cut.index(text.len() + 1).min(text.len())..];
+            let events: Events<'_> = events_from_end(text).take(TAIL_EVENTS).collect();
+            proptest::prop_assert_eq!(of_last_events(text), of_each(&events));
+        }
+
         /// An event's data is what joining its `data:` lines, split at each newline, makes:
         /// lines of data, of other fields and comments, blank, with carriage returns.
         #[test]
