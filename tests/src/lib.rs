@@ -515,12 +515,11 @@ pub fn chat_body(model: &str, text: &str, max_tokens: u64) -> serde_json::Value 
 /// whose ext_proc filter asks the pickers (FULL_DUPLEX_STREAMED both ways, trailers sent) and
 /// whose ORIGINAL_DST cluster dials the `x-gateway-destination-endpoint` they set.
 pub mod envoy {
-    use std::io::{Read as _, Write as _};
-    use std::net::TcpStream;
     use std::path::PathBuf;
-    use std::time::{Duration, Instant};
 
-    use super::{Process, tempfile_path::TempPath};
+    use router_test_support::eventually;
+
+    use super::{Http, Process, tempfile_path::TempPath};
 
     /// The Envoy binary: `$ROUTER_E2E_ENVOY`, else where `.ci/run` installs it
     /// (`$HOME/.cache/router-ci/envoy-1.40.0/bin/envoy`). Panics, naming both, when it is
@@ -558,7 +557,7 @@ pub mod envoy {
         /// Envoy binds its listener and its admin interface to ports of its own choosing, read
         /// back from the admin interface: a port found free beforehand may be taken by another
         /// test's process before Envoy binds it, and Envoy's requests would then go there.
-        pub fn start(pickers: &[String], failure_mode_allow: bool) -> Self {
+        pub async fn start(pickers: &[String], failure_mode_allow: bool) -> Self {
             let config = TempPath::write("envoy.yaml", &config(pickers, failure_mode_allow));
             let admin_file = config.beside("admin-address");
             let args = [
@@ -594,64 +593,29 @@ pub mod envoy {
                 _process: process,
                 _config: config,
             };
-            envoy.url = format!("http://127.0.0.1:{}", gateway_port(&admin));
+            envoy.url = format!("http://127.0.0.1:{}", gateway_port(&envoy.admin).await);
             envoy
         }
     }
 
-    /// The port Envoy bound its listener `gateway` to, by its admin interface at `admin`
-    /// (`HOST:PORT`), asked until it answers.
-    fn gateway_port(admin: &str) -> u16 {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let listeners = admin_get(admin, "/listeners?format=json");
-            let port = listeners.as_deref().and_then(|body| {
-                let listeners: serde_json::Value = serde_json::from_str(body).ok()?;
-                let gateway = listeners["listener_statuses"]
-                    .as_array()?
-                    .iter()
-                    .find(|listener| listener["name"] == "gateway")?;
+    /// The port Envoy bound its listener `gateway` to, asked of its admin interface
+    /// (`http://HOST:PORT`) until it names one.
+    async fn gateway_port(admin: &str) -> u16 {
+        let http = Http::default();
+        let mut port = None;
+        eventually("Envoy's admin interface naming its gateway port", async || {
+            let reply = http.get(admin, "/listeners?format=json", &[]).await;
+            let listeners: serde_json::Value =
+                serde_json::from_str(&reply.body).unwrap_or_default();
+            port = listeners["listener_statuses"].as_array().and_then(|listeners| {
+                let gateway = listeners.iter().find(|listener| listener["name"] == "gateway")?;
                 let port = gateway["local_address"]["socket_address"]["port_value"].as_u64()?;
                 u16::try_from(port).ok().filter(|port| *port != 0)
             });
-            if let Some(port) = port {
-                return port;
-            }
-            assert!(Instant::now() < deadline, "Envoy's admin at {admin} names no gateway port");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// The body of a GET of `path` from Envoy's admin interface at `admin` (`HOST:PORT`).
-    fn admin_get(admin: &str, path: &str) -> Option<String> {
-        let mut stream = TcpStream::connect(admin).ok()?;
-        stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-        write!(stream, "GET {path} HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n").ok()?;
-        let mut answer = String::new();
-        stream.read_to_string(&mut answer).ok()?;
-        let (head, body) = answer.split_once("\r\n\r\n")?;
-        if !head.starts_with("HTTP/1.1 200") {
-            return None;
-        }
-        if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-            dechunked(body)
-        } else {
-            Some(body.to_owned())
-        }
-    }
-
-    /// A chunked body's data.
-    fn dechunked(mut body: &str) -> Option<String> {
-        let mut data = String::new();
-        loop {
-            let (size, rest) = body.split_once("\r\n")?;
-            let size = usize::from_str_radix(size.trim(), 16).ok()?;
-            if size == 0 {
-                return Some(data);
-            }
-            data.push_str(rest.get(..size)?);
-            body = rest.get(size..)?.strip_prefix("\r\n")?;
-        }
+            port.is_some()
+        })
+        .await;
+        port.expect("a port, once the wait ended")
     }
 
     impl Drop for Envoy {

@@ -109,7 +109,7 @@ async fn envoy_routes_through_the_picker_to_the_engine_it_chose() {
     ));
     let http = Http::default();
     picker.ready(&http).await;
-    let envoy = Envoy::start(std::slice::from_ref(&picker.grpc), false);
+    let envoy = Envoy::start(std::slice::from_ref(&picker.grpc), false).await;
     eventually("Envoy serving through the picker", async || {
         chat(&http, &envoy, &chat_body("m", "hello", 1)).await.status == 200
     })
@@ -212,7 +212,7 @@ async fn a_killed_picker_fails_closed_and_a_second_replica_keeps_serving() {
     let mut first = Picker::start(&yaml);
     let mut second = Picker::start(&yaml);
     let http = Http::default();
-    let envoy = Envoy::start(&[first.grpc.clone(), second.grpc.clone()], false);
+    let envoy = Envoy::start(&[first.grpc.clone(), second.grpc.clone()], false).await;
     let mut clusters = String::new();
     let healthy = eventually_bool(async || {
         clusters = http.get(&envoy.admin, "/clusters", &[]).await.body;
