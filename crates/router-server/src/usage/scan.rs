@@ -307,12 +307,8 @@ fn special(text: &[u8]) -> Option<usize> {
     const BY_WORD: usize = 32;
     let head = &text[..text.len().min(BY_WORD)];
     let specials = |word| words::equal(word, b'"') | words::equal(word, b'\\');
-    let done = match words::first(head, specials) {
-        Ok(at) => return Some(at),
-        Err(done) => done,
-    };
-    if let Some(at) = head[done..].iter().position(|&b| b == b'"' || b == b'\\') {
-        return Some(done + at);
+    if let Some(at) = words::first(head, specials) {
+        return Some(at);
     }
     if text.len() > BY_WORD {
         return memchr::memchr2(b'"', b'\\', &text[BY_WORD..]).map(|at| at + BY_WORD);

@@ -310,13 +310,7 @@ impl<'t> Scan<'t> {
 fn string_stop(text: &[u8]) -> Option<usize> {
     let stops =
         |word| words::equal(word, b'"') | words::equal(word, b'\\') | words::below(word, 0x20);
-    match words::first(text, stops) {
-        Ok(at) => Some(at),
-        Err(done) => {
-            let stop = text[done..].iter().position(|&b| b == b'"' || b == b'\\' || b < 0x20);
-            stop.map(|at| done + at)
-        }
-    }
+    words::first(text, stops)
 }
 
 #[cfg(test)]
