@@ -43,15 +43,19 @@
 mod conversation;
 mod env;
 mod error;
+mod facts;
 mod json;
 mod load;
 mod python;
+mod request;
 mod special;
 mod strftime;
 mod template;
 
 pub use conversation::Conversation;
 pub use error::{ConfigProblem, TemplateError};
+pub use facts::ContentFormat;
+pub use request::{EngineRules, RenderedPrompt, Unrenderable};
 pub use special::SpecialTokens;
 pub use strftime::strftime;
 pub use template::ChatTemplate;

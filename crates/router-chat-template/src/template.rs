@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use crate::env;
 use crate::error::TemplateError;
+use crate::facts::TemplateFacts;
 use crate::{Conversation, DEFAULT, SpecialTokens, TOOL_USE, load};
 
 /// A model's compiled chat template (or named templates) and the special tokens it sees.
@@ -17,6 +18,8 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     /// The template names, in the order given.
     names: Vec<String>,
+    /// What each template's source tells the engines, in the order of `names`.
+    facts: Vec<TemplateFacts>,
     /// Several named templates: the choice follows `tools`.
     named: bool,
     special_tokens: SpecialTokens,
@@ -119,7 +122,7 @@ impl ChatTemplate {
         &self,
         conversation: &Conversation,
     ) -> Result<String, TemplateError> {
-        let name = self.choose(conversation.has_tools())?;
+        let name = self.choose(conversation.has_tools())?.0;
         let template = self
             .env
             .get_template(name)
@@ -148,16 +151,18 @@ impl ChatTemplate {
         })
     }
 
-    /// The template transformers' `get_chat_template` would pick.
-    fn choose(&self, has_tools: bool) -> Result<&str, TemplateError> {
-        if !self.named {
-            return Ok(&self.names[0]);
-        }
-        let has = |wanted: &str| self.names.iter().any(|n| n == wanted);
-        if has_tools && has(TOOL_USE) {
-            Ok(TOOL_USE)
-        } else if has(DEFAULT) {
-            Ok(DEFAULT)
+    /// The template transformers' `get_chat_template` would pick, with its facts.
+    pub(crate) fn choose(&self, has_tools: bool) -> Result<(&str, &TemplateFacts), TemplateError> {
+        let at = |wanted: &str| self.names.iter().position(|n| n == wanted);
+        let chosen = if !self.named {
+            Some(0)
+        } else if let Some(tool_use) = at(TOOL_USE).filter(|_| has_tools) {
+            Some(tool_use)
+        } else {
+            at(DEFAULT)
+        };
+        if let Some(i) = chosen {
+            Ok((&self.names[i], &self.facts[i]))
         } else {
             let mut names = self.names.clone();
             names.sort();
@@ -175,16 +180,20 @@ impl ChatTemplate {
         // escape by file extension.
         env.set_auto_escape_callback(|_| AutoEscape::None);
         let mut names = Vec::with_capacity(templates.len());
+        let mut facts = Vec::with_capacity(templates.len());
         for (name, source) in templates {
-            let source = env::rewrite_generation_tags(&source).into_owned();
-            env.add_template_owned(name.clone(), source)
-                .map_err(|source| TemplateError::Compile { name: name.clone(), source })?;
+            let rewritten = env::rewrite_generation_tags(&source).into_owned();
+            let compile_error = |source| TemplateError::Compile { name: name.clone(), source };
+            env.add_template_owned(name.clone(), rewritten).map_err(compile_error)?;
+            let variables =
+                env.get_template(&name).map_err(compile_error)?.undeclared_variables(false);
+            facts.push(TemplateFacts::of(&source, variables));
             names.push(name);
         }
         if names.is_empty() {
             return Err(TemplateError::NoDefault { names });
         }
-        Ok(Self { env, names, named, special_tokens })
+        Ok(Self { env, names, facts, named, special_tokens })
     }
 }
 

@@ -323,3 +323,41 @@ async fn bound_sub_sockets_per_rank_and_worker_replacement() {
     timeout(Duration::from_secs(10), task).await.expect("run stops").expect("no panic");
     p.quit().await;
 }
+
+/// A router started after its engine: the blocks the engine announced to nobody are learned
+/// from its replay buffer as soon as the router subscribes, before anything new is published;
+/// and what the engine publishes next is applied after them, not taken for lost history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_started_after_its_engine_learns_what_the_engine_holds_at_once() {
+    let mut p = Publisher::start(&["--topic", "kv@w1"]).await;
+    p.batch(0, json!({"events": [stored(&[1001, 1002], None, 0..8)]})).await;
+    p.batch(0, json!({"events": [stored(&[1003], Some(1002), 8..12)]})).await;
+
+    let registry = Arc::new(WorkerRegistry::new());
+    let index = Arc::new(KvIndex::default());
+    let replay = format!("tcp://127.0.0.1:{}", p.replay_port);
+    let endpoint = format!("tcp://127.0.0.1:{}", p.pub_port);
+    registry.add(worker("w1", endpoint, Some(replay), 1, false)).expect("add worker");
+    let subscriptions = KvSubscriptions::new(Arc::clone(&index), Arc::clone(&registry), config());
+    let stats = subscriptions.stats();
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn(subscriptions.run(cancel.clone()));
+
+    // No heartbeat: nothing live arrives that could reveal a gap.
+    let mut changes = stats.changes();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while held(&index, "w1", 0..12) < 3 {
+        assert!(Instant::now() < deadline, "history not replayed: {:#?}", stats.ranks());
+        let _ = timeout(Duration::from_millis(200), changes.changed()).await;
+    }
+    let w1 = WorkerId::new("w1").expect("id");
+    wait_subscribed(&stats, "w1", 1).await;
+    p.batch(0, json!({"events": [stored(&[1004], Some(1003), 12..16)]})).await;
+    settle(&mut p, &stats, &[0], "the next live batch", || held(&index, "w1", 0..16) == 4).await;
+    let rank = &stats.worker(&w1)[0];
+    assert_eq!((rank.lost_batches, rank.clears), (0, 0), "{rank:#?}");
+
+    cancel.cancel();
+    timeout(Duration::from_secs(10), task).await.expect("run stops").expect("no panic");
+    p.quit().await;
+}

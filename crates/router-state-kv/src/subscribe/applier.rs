@@ -1,10 +1,18 @@
 //! The apply side of one subscription: sequence tracking, replay, decoding, index updates.
 //!
 //! Rules, per (worker, rank):
-//! - `seq == last + 1` (or `0` on a fresh subscription): apply.
-//! - `seq > last + 1`, or a first batch after `0`: a gap. With a replay endpoint, replay from
-//!   `last + 1` and apply what comes back in order; whatever replay cannot supply is lost
-//!   history: clear this worker-rank's blocks, count the lost batches, continue.
+//! - A fresh subscription with a replay endpoint first replays the publisher's buffer from
+//!   sequence 0, so that blocks cached before the router subscribed are known (vLLM keeps 10000
+//!   batches and never re-announces a block). Whatever comes first, replayed or live, starts
+//!   the sequence: a publisher that was running before the subscription sent its earlier
+//!   batches to nobody, which is no lost history. The one exception: a first live batch past
+//!   0 when the catch-up found nothing is a gap from 0 (the publisher came up after the
+//!   catch-up, and its first batches fell into ZeroMQ's slow-joiner window), replayed as any
+//!   other; without a replay endpoint it is simply applied.
+//! - `seq == last + 1`: apply.
+//! - `seq > last + 1`: a gap. With a replay endpoint, replay from `last + 1` and apply what
+//!   comes back in order; whatever replay cannot supply is lost history: clear this
+//!   worker-rank's blocks, count the lost batches, continue.
 //! - `seq <= last`: batches already applied through a replay are skipped as duplicates;
 //!   anything else means the publisher restarted: clear, then treat the batch as the first of
 //!   a fresh subscription.
@@ -34,12 +42,19 @@ pub(crate) enum Verdict {
 /// Sequence state of one subscription.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Sequencer {
+    /// A replay endpoint can fill a fresh subscription's gap from 0.
+    replayable: bool,
     last: Option<u64>,
     /// Live batches in this range were already applied through a replay.
     replayed: Option<(u64, u64)>,
 }
 
 impl Sequencer {
+    /// A sequencer for a subscription with (`replayable`) or without a replay endpoint.
+    pub(crate) fn new(replayable: bool) -> Self {
+        Self { replayable, ..Self::default() }
+    }
+
     pub(crate) fn last(&self) -> Option<u64> {
         self.last
     }
@@ -50,7 +65,7 @@ impl Sequencer {
 
     pub(crate) fn classify(&self, seq: u64) -> Verdict {
         let expected = self.expected();
-        if seq == expected {
+        if seq == expected || (self.last.is_none() && !self.replayable) {
             Verdict::Apply
         } else if seq > expected {
             Verdict::Gap { expected }
@@ -73,7 +88,7 @@ impl Sequencer {
     }
 
     pub(crate) fn reset(&mut self) {
-        *self = Self::default();
+        *self = Self::new(self.replayable);
     }
 }
 
@@ -87,8 +102,12 @@ pub(crate) struct Applier {
 }
 
 impl Applier {
-    /// Applies queued batches until cancelled or the receiver is gone.
+    /// Replays what the publisher still holds (with a replay endpoint), then applies queued
+    /// batches until cancelled or the receiver is gone.
     pub(crate) async fn run(mut self, mut queue: mpsc::Receiver<Frame>, cancel: CancellationToken) {
+        if let Some(endpoint) = self.target.replay.clone() {
+            self.catch_up(&endpoint, &cancel).await;
+        }
         loop {
             let frame = tokio::select! {
                 () = cancel.cancelled() => return,
@@ -121,6 +140,27 @@ impl Applier {
         }
     }
 
+    /// A fresh subscription's replay from sequence 0: the publisher's whole buffer, applied
+    /// before the live batches queued meanwhile (those it covered become duplicates). A
+    /// publisher that is not up yet is no failure: its first live batch starts the sequence.
+    async fn catch_up(&mut self, endpoint: &str, cancel: &CancellationToken) {
+        self.stats.replay_started();
+        match self.replay(endpoint, 0, cancel).await {
+            Ok(()) => {
+                tracing::info!(worker = %self.stats.worker, rank = self.stats.rank,
+                    last = ?self.sequence.last(), "kv event history replayed at subscription");
+            }
+            Err(error) => {
+                self.stats.replay_failed();
+                tracing::debug!(worker = %self.stats.worker, rank = self.stats.rank, %error,
+                    "kv event replay at subscription failed; following live batches");
+            }
+        }
+        self.sequence.mark_replayed(0);
+        self.stats.set_last_seq(self.sequence.last());
+        self.stats.tick();
+    }
+
     async fn fill_gap(&mut self, expected: u64, frame: Frame, cancel: &CancellationToken) {
         self.stats.gap();
         if let Some(endpoint) = self.target.replay.clone() {
@@ -137,7 +177,8 @@ impl Applier {
             self.stats.duplicate();
             return;
         }
-        if frame.seq > expected {
+        // Nothing known yet: what the replay could not bring was sent before we listened.
+        if frame.seq > expected && self.sequence.last().is_some() {
             self.lose(frame.seq - expected);
         }
         self.apply(&frame);
@@ -179,10 +220,11 @@ impl Applier {
 
     fn on_replayed(&mut self, frame: &Frame) {
         let expected = self.sequence.expected();
-        if frame.seq < expected {
+        let fresh = self.sequence.last().is_none();
+        if frame.seq < expected && !fresh {
             return;
         }
-        if frame.seq > expected {
+        if frame.seq > expected && !fresh {
             self.lose(frame.seq - expected);
         }
         let topic = frame.topic.as_deref().unwrap_or(self.target.topic.as_bytes());
@@ -312,11 +354,27 @@ mod tests {
         assert_eq!(applier.sequence.last(), Some(0));
     }
 
+    /// A router that subscribes to a running engine: its first batch is the engine's 4242nd.
+    #[tokio::test]
+    async fn a_fresh_subscriptions_first_batch_is_applied_not_taken_for_lost_history() {
+        let index = KvIndex::default();
+        let stats = KvStats::default();
+        let mut applier = applier(&index, &stats);
+        let cancel = CancellationToken::new();
+        applier.on_live(frame(4242, payload(1, &[1, 1])), &cancel).await;
+        applier.on_live(frame(4243, payload(2, &[2, 2])), &cancel).await;
+        assert_eq!((held(&index, &[1, 1]), held(&index, &[2, 2])), (1, 1));
+        let snapshot = &stats.ranks()[0];
+        assert_eq!((snapshot.gaps, snapshot.lost_batches, snapshot.clears), (0, 0, 0));
+    }
+
     #[test]
     fn sequence_verdicts() {
+        let replayable = Sequencer::new(true);
+        assert_eq!(replayable.classify(5), Verdict::Gap { expected: 0 }, "replayed from 0");
         let mut s = Sequencer::default();
         assert_eq!(s.classify(0), Verdict::Apply);
-        assert_eq!(s.classify(5), Verdict::Gap { expected: 0 });
+        assert_eq!(s.classify(5), Verdict::Apply, "a fresh subscription starts anywhere");
         s.consumed(0);
         assert_eq!(s.classify(1), Verdict::Apply);
         assert_eq!(s.classify(3), Verdict::Gap { expected: 1 });

@@ -215,7 +215,7 @@ impl KvSubscriptions {
                 stats: Arc::clone(&stats),
                 target: target.clone(),
                 config: Arc::clone(&self.config),
-                sequence: Sequencer::default(),
+                sequence: Sequencer::new(target.replay.is_some()),
             };
             tracker.spawn(applier.run(rx, token.clone()));
             tracker.spawn(socket::receive(
