@@ -188,6 +188,12 @@ impl AppContext {
         for warning in crate::config::pairing_warnings(self.models(), &self.registry) {
             tracing::warn!("{warning}");
         }
+        // A restarted engine's cache is empty: forget what it held before it is picked again.
+        if let Some(index) = self.kv_index.clone() {
+            self.health.on_restart(Box::new(move |worker| {
+                index.clear_worker(worker.id());
+            }));
+        }
         let mut tasks = self.tasks.lock();
         let cancel = self.cancel.child_token();
         tasks.spawn(Arc::clone(&self.health).run(self.forwarder.clone(), cancel));

@@ -11,6 +11,11 @@
 //!
 //! An engine that declines a request with `Retry-After` is held off (no candidate) for that long,
 //! capped by `server.retry.max_retry_after_secs`; the run loop wakes when the hold ends.
+//!
+//! An engine whose probes (or a dispatch) could not connect and then could has restarted: its
+//! cache is empty whatever the router remembers. The book tells its restart hook (the KV index
+//! forgets the engine's blocks) as soon as it answers again, which is before probes make it a
+//! candidate again. A breaker opening on slow or failing answers is no restart.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,7 +28,19 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::forward::{Forwarder, Outcome, OutcomeSink};
+use crate::forward::{Forwarder, Outcome, OutcomeSink, Probe};
+
+/// What the book calls when an engine restarted.
+pub(crate) type RestartHook = Box<dyn Fn(&Worker) + Send + Sync>;
+
+/// The hook, for the book's `Debug`.
+struct Hook(RestartHook);
+
+impl std::fmt::Debug for Hook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RestartHook")
+    }
+}
 
 /// Health checking and circuit-breaker settings.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,6 +106,9 @@ struct EngineHealth {
     incarnation: u64,
     probe_healthy: bool,
     probe_streak: i64,
+    /// The last attempt to reach the engine could not connect: it is down, and when it
+    /// answers again it has restarted.
+    refused: bool,
     breaker: Breaker,
     /// Until when the engine asked to be left alone (`Retry-After`).
     held_until: Option<Instant>,
@@ -100,6 +120,7 @@ impl EngineHealth {
             incarnation,
             probe_healthy: true,
             probe_streak: 0,
+            refused: false,
             breaker: Breaker::Closed { failures: 0 },
             held_until: None,
         }
@@ -136,6 +157,8 @@ pub struct HealthBook {
     /// Engines whose breaker is half-open now, so that a dispatch to a closed breaker (all of
     /// them, nearly always) costs nothing here.
     half_open: AtomicUsize,
+    /// Told of every restart.
+    restart_hook: std::sync::OnceLock<Hook>,
 }
 
 /// The breaker state of one engine, for `/admin/state`.
@@ -178,7 +201,13 @@ impl HealthBook {
             engines: Mutex::new(hashbrown::HashMap::new()),
             opened: Notify::new(),
             half_open: AtomicUsize::new(0),
+            restart_hook: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Calls `hook` for every engine that restarted (the first hook set stays).
+    pub(crate) fn on_restart(&self, hook: RestartHook) {
+        let _ = self.restart_hook.set(Hook(hook));
     }
 
     /// The configuration.
@@ -240,23 +269,42 @@ impl HealthBook {
         }
     }
 
-    /// Records one probe result.
+    /// Records one probe result: the engine answered (`ok` with a 2xx) or not; a probe that
+    /// could not connect is [`HealthBook::record_refused`].
     pub fn record_probe(&self, worker: &Worker, ok: bool) {
+        let mut restarted = false;
         self.update(worker, |engine, config| {
-            engine.probe_streak = match (ok, engine.probe_streak) {
-                (true, s) if s > 0 => s + 1,
-                (true, _) => 1,
-                (false, s) if s < 0 => s - 1,
-                (false, _) => -1,
-            };
-            if engine.probe_healthy && -engine.probe_streak >= i64::from(config.unhealthy_after) {
-                engine.probe_healthy = false;
-            } else if !engine.probe_healthy
-                && engine.probe_streak >= i64::from(config.healthy_after)
-            {
-                engine.probe_healthy = true;
-            }
+            restarted = std::mem::take(&mut engine.refused);
+            Self::count_probe(engine, config, ok);
         });
+        if restarted {
+            tracing::info!(worker = %worker.id(), "engine answers again after refusing connections: restarted, forgetting its cache");
+            if let Some(Hook(hook)) = self.restart_hook.get() {
+                hook(worker);
+            }
+        }
+    }
+
+    /// Records a probe that could not connect.
+    pub fn record_refused(&self, worker: &Worker) {
+        self.update(worker, |engine, config| {
+            engine.refused = true;
+            Self::count_probe(engine, config, false);
+        });
+    }
+
+    fn count_probe(engine: &mut EngineHealth, config: &HealthSection, ok: bool) {
+        engine.probe_streak = match (ok, engine.probe_streak) {
+            (true, s) if s > 0 => s + 1,
+            (true, _) => 1,
+            (false, s) if s < 0 => s - 1,
+            (false, _) => -1,
+        };
+        if engine.probe_healthy && -engine.probe_streak >= i64::from(config.unhealthy_after) {
+            engine.probe_healthy = false;
+        } else if !engine.probe_healthy && engine.probe_streak >= i64::from(config.healthy_after) {
+            engine.probe_healthy = true;
+        }
     }
 
     /// A request is being sent to `worker`: while its breaker is half-open it is a trial,
@@ -350,11 +398,14 @@ impl HealthBook {
         let timeout = Duration::from_secs(self.config.timeout_secs);
         let workers = self.registry.workers();
         let probes = workers.iter().map(|worker| async move {
-            let status = forwarder.probe(worker, &self.config.endpoint, timeout).await;
-            (worker, status.is_some_and(|s| s.is_success()))
+            (worker, forwarder.probe(worker, &self.config.endpoint, timeout).await)
         });
-        for (worker, ok) in futures::future::join_all(probes).await {
-            self.record_probe(worker, ok);
+        for (worker, probe) in futures::future::join_all(probes).await {
+            match probe {
+                Probe::Answered(status) => self.record_probe(worker, status.is_success()),
+                Probe::Refused => self.record_refused(worker),
+                Probe::NoAnswer => self.record_probe(worker, false),
+            }
         }
         self.tick(Instant::now());
         self.retain_registered();
@@ -411,6 +462,7 @@ impl OutcomeSink for HealthBook {
             (Outcome::Unreachable, breaker) => {
                 // A refused connection is definitive: stop sending until probes say otherwise.
                 engine.probe_healthy = false;
+                engine.refused = true;
                 engine.probe_streak = -i64::from(config.unhealthy_after);
                 if matches!(breaker, Breaker::HalfOpen { .. }) {
                     engine.open(Instant::now(), config);
@@ -447,6 +499,35 @@ mod tests {
         assert!(!worker.is_healthy(), "one success is not enough");
         book.record_probe(&worker, true);
         assert!(worker.is_healthy(), "two successes make it healthy");
+    }
+
+    #[test]
+    fn an_engine_that_could_not_be_reached_and_then_answers_has_restarted() {
+        let (_, worker, book) = setup();
+        let restarts = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&restarts);
+        book.on_restart(Box::new(move |_| {
+            counted.fetch_add(1, Ordering::Relaxed);
+        }));
+        let restarts = || restarts.load(Ordering::Relaxed);
+        // Failing answers, and a breaker opening on them, are no restart.
+        for _ in 0..12 {
+            book.record_probe(&worker, false);
+            book.record(&worker, Outcome::Failure);
+        }
+        book.record_probe(&worker, true);
+        assert_eq!(restarts(), 0);
+        // Refused, then an answer (even an unhealthy one): restarted, told once.
+        book.record_refused(&worker);
+        book.record_refused(&worker);
+        book.record_probe(&worker, false);
+        book.record_probe(&worker, true);
+        assert_eq!(restarts(), 1);
+        // A refused dispatch counts as a refused probe.
+        book.record(&worker, Outcome::Unreachable);
+        assert!(!worker.is_healthy());
+        book.record_probe(&worker, true);
+        assert_eq!(restarts(), 2);
     }
 
     #[tokio::test(start_paused = true)]

@@ -123,6 +123,11 @@ const DESCRIPTIONS: &[(&str, Kind, &str)] = &[
         "Buckets that could not supply a complete selection, so the next was tried.",
     ),
     (
+        "router_prefix_unmatchable_total",
+        Kind::Counter,
+        "Chat requests routed without a prefix lookup because they have no exact rendering, by reason (non_text_part, template_error).",
+    ),
+    (
         "router_cache_lookups_total",
         Kind::Counter,
         "Prefix lookups of cache_aware and predicted_ttft, by source (local, remote) and outcome.",
@@ -630,6 +635,12 @@ pub(crate) fn predicted_blocks(blocks: u64) {
     gauge!("router_kv_predicted_blocks").set(blocks as f64);
 }
 
+/// A chat request routed without a prefix lookup although its model has a tokenizer: it has
+/// no exact rendering (`non_text_part`, `template_error`), so the engine renders it.
+pub(crate) fn prefix_unmatchable(reason: &'static str) {
+    counter!("router_prefix_unmatchable_total", "reason" => reason).increment(1);
+}
+
 /// A client request refused before it reached an inference handler: `queue_full` or
 /// `queue_timeout` (the concurrency bound and its queue) or `unauthorized` (no valid client
 /// key).
@@ -909,6 +920,7 @@ mod tests {
         queue_wait(secs(0.01), true);
         retry("help-m", "unreachable");
         retry_budget_exhausted("help-m");
+        prefix_unmatchable("non_text_part");
         epp_stream("none");
         epp_stream_end("closed");
         epp_stream_open(0.0);

@@ -103,9 +103,15 @@ pub(crate) async fn serve(
             selection.pick.workers().map(|w| w.id().clone()).collect();
         match dispatch.run(selection.pick).await {
             Ok(mut response) => {
+                let headers = response.headers_mut();
                 if retries > 0 {
-                    response.headers_mut().insert(RETRIES_HEADER, HeaderValue::from(retries));
+                    headers.insert(RETRIES_HEADER, HeaderValue::from(retries));
                 }
+                headers.insert(PROMPT_TOKENS_HEADER, HeaderValue::from(prepared.input_tokens));
+                headers.insert(
+                    PROMPT_TOKENS_SOURCE_HEADER,
+                    HeaderValue::from_static(prepared.token_source.as_str()),
+                );
                 report_slo(&mut response, labels.model(), verdict);
                 return Ok(response);
             }
@@ -184,6 +190,12 @@ fn report_slo(response: &mut Response, model_label: &str, verdict: SloVerdict) {
 
 /// How many times the request was selected again after an engine failed it.
 const RETRIES_HEADER: HeaderName = HeaderName::from_static("x-router-retries");
+
+/// The prompt tokens the router routed with (a batch's summed), before the engine counted.
+const PROMPT_TOKENS_HEADER: HeaderName = HeaderName::from_static("x-router-prompt-tokens");
+/// Whether [`PROMPT_TOKENS_HEADER`] is `exact` (token ids) or `estimated` (from the size).
+const PROMPT_TOKENS_SOURCE_HEADER: HeaderName =
+    HeaderName::from_static("x-router-prompt-tokens-source");
 
 /// Whether the serving bucket met the request's time-to-first-token target.
 const SLO_TTFT_HEADER: HeaderName = HeaderName::from_static("x-router-slo-ttft");

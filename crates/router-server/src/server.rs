@@ -98,6 +98,7 @@ fn admin_routes(ctx: &Arc<AppContext>) -> Router<Arc<AppContext>> {
         .route("/admin/workers/{id}/drain", post(admin::drain_worker))
         .route("/admin/workers/{id}/resume", post(admin::resume_worker))
         .route("/admin/state", get(admin::state))
+        .route("/admin/tokenize", post(admin::tokenize))
         .route("/flush_cache", post(fleet::flush_cache))
         .route_layer(from_fn_with_state(Arc::clone(ctx.credentials()), auth::require_admin_token))
 }

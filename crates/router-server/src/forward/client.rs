@@ -251,13 +251,28 @@ impl Forwarder {
     }
 
     /// GETs `path` on `worker` with a timeout, returning the status (health checks).
-    pub(crate) async fn probe(
-        &self,
-        worker: &Worker,
-        path: &str,
-        timeout: Duration,
-    ) -> Option<StatusCode> {
-        self.get(worker, path, timeout).await.map(|(status, _)| status)
+    pub(crate) async fn probe(&self, worker: &Worker, path: &str, timeout: Duration) -> Probe {
+        let mut request = Request::new(Full::new(Bytes::new()));
+        *request.uri_mut() = match worker.uri_for(path) {
+            Ok(uri) => uri,
+            Err(_) => return Probe::NoAnswer,
+        };
+        authorize(&mut request, worker);
+        let exchange = async {
+            let response = match self.request(request).await {
+                Ok(response) => response,
+                Err(error) if error.is_connect() => return Probe::Refused,
+                Err(_) => return Probe::NoAnswer,
+            };
+            let status = response.status();
+            // Read to the end, so the connection returns to the pool.
+            let body = http_body_util::Limited::new(response.into_body(), 1 << 20);
+            match body.collect().await {
+                Ok(_) => Probe::Answered(status),
+                Err(_) => Probe::NoAnswer,
+            }
+        };
+        tokio::time::timeout(timeout, exchange).await.unwrap_or(Probe::NoAnswer)
     }
 
     /// GETs `path` on `worker`, head and body within `timeout` (at most 1 MiB of body): the
@@ -303,6 +318,17 @@ impl Forwarder {
         };
         tokio::time::timeout(timeout, exchange).await.ok()?
     }
+}
+
+/// What a health probe found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Probe {
+    /// The engine answered with this status.
+    Answered(StatusCode),
+    /// Nothing listens: the connection was refused (or could not be made).
+    Refused,
+    /// Connected, but no whole answer in time.
+    NoAnswer,
 }
 
 /// The HTTP/1.1 head of a request of `length` bytes to `path` on `worker` (the path alone on

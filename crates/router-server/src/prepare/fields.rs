@@ -61,6 +61,7 @@ read_fields![
     "bootstrap_host",
     "bootstrap_port",
     "bootstrap_room",
+    "add_special_tokens",
 ];
 
 /// A request body's top-level members, as the router reads them.

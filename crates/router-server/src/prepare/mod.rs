@@ -17,17 +17,20 @@ use router_workers::{DpRoute, ModelId, WorkerId};
 use serde_json::Value;
 
 pub(crate) use fields::scan_agrees as body_scan_agrees;
-pub(crate) use router_chat_template::{ChatTemplate, TemplateError};
+pub(crate) use router_chat_template::{ChatTemplate, EngineRules, TemplateError, Unrenderable};
 pub(crate) use validate::{Endpoint, InferenceRequest, InvalidRequest, Prompt, parse_request};
 
 /// Fields that only the router may set; a client's values are removed before forwarding.
 pub(crate) const ROUTER_OWNED_FIELDS: [&str; 3] =
     ["bootstrap_host", "bootstrap_port", "bootstrap_room"];
 
-/// A model's tokenizer and chat template, loaded once at startup.
+/// A model's tokenizer and chat template, loaded once at startup, and whose rules turn a chat
+/// request into the template's input (the engines' differ: `router_chat_template`'s request
+/// module).
 pub struct Tokenization {
     tokenizer: tokenizers::Tokenizer,
     template: ChatTemplate,
+    rules: EngineRules,
 }
 
 impl std::fmt::Debug for Tokenization {
@@ -68,26 +71,61 @@ impl Tokenization {
             Some(path) => ChatTemplate::from_file(path, config.exists().then_some(&*config))?,
             None => ChatTemplate::from_tokenizer_config(&config)?,
         };
-        Ok(Self { tokenizer: loaded, template })
+        Ok(Self { tokenizer: loaded, template, rules: EngineRules::default() })
+    }
+
+    /// The same, rendering chat requests by `rules`.
+    pub fn with_rules(self, rules: EngineRules) -> Self {
+        Self { rules, ..self }
     }
 
     /// Renders and tokenizes the messages of `body`, a chat request [`parse_request`]
-    /// accepted (the template holds the special tokens, so none are added).
-    pub(crate) fn encode_messages(&self, body: &[u8]) -> Result<Vec<u32>, PrepareError> {
+    /// accepted, as the model's engines do; `Ok(Err(_))` when no exact rendering exists.
+    pub(crate) fn encode_messages(
+        &self,
+        body: &[u8],
+    ) -> Result<Result<Vec<u32>, Unrenderable>, PrepareError> {
         let body = reparse(body)?;
-        let messages =
-            body.get("messages").and_then(Value::as_array).map_or(&[][..], Vec::as_slice);
-        let text =
-            self.template.render(messages, body.get("tools")).map_err(TokenizeError::from)?;
-        let encoding = self.tokenizer.encode_fast(text, false).map_err(TokenizeError::Encode)?;
-        Ok(encoding.get_ids().to_vec())
+        let rendered = match self.template.render_request(&body, self.rules) {
+            Ok(rendered) => rendered,
+            Err(unrenderable) => return Ok(Err(unrenderable)),
+        };
+        let encoding = self
+            .tokenizer
+            .encode_fast(rendered.text, rendered.add_special_tokens)
+            .map_err(TokenizeError::Encode)?;
+        Ok(Ok(encoding.get_ids().to_vec()))
     }
 
-    /// Tokenizes a raw text prompt with the tokenizer's special tokens, as the engines do for
-    /// completions and `/generate` text.
-    pub(crate) fn encode_text(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
-        let encoding = self.tokenizer.encode_fast(text, true).map_err(TokenizeError::Encode)?;
+    /// Tokenizes a raw text prompt as the engines do for completions and `/generate` text:
+    /// with the tokenizer's special tokens unless the request says `add_special_tokens: false`.
+    pub(crate) fn encode_text(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, TokenizeError> {
+        let encoding =
+            self.tokenizer.encode_fast(text, add_special_tokens).map_err(TokenizeError::Encode)?;
         Ok(encoding.get_ids().to_vec())
+    }
+}
+
+/// Where a request's prompt token count came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum TokenSource {
+    /// Token ids: the client's, or the model's tokenizer's.
+    Exact,
+    /// The size estimate: no tokenizer, or a request with no exact rendering.
+    Estimated,
+}
+
+impl TokenSource {
+    /// As `x-router-prompt-tokens-source` says it.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            TokenSource::Exact => "exact",
+            TokenSource::Estimated => "estimated",
+        }
     }
 }
 
@@ -102,6 +140,11 @@ pub(crate) struct PreparedRequest {
     pub body: Bytes,
     /// Prompt tokens, exact when tokenized.
     pub input_tokens: u64,
+    /// Whether `input_tokens` is exact.
+    pub token_source: TokenSource,
+    /// Why a chat request routes without a prefix lookup although its model has a tokenizer
+    /// (`non_text_part`, `template_error`): it has no exact rendering.
+    pub unmatchable: Option<&'static str>,
     /// Input plus requested output, when the output is bounded.
     pub expected_peak_tokens: Option<u64>,
     /// The (first) prompt's token ids: given by the client, or from the model's tokenizer.
@@ -209,19 +252,35 @@ pub(crate) fn prepare(
         let total = ids.iter().map(|ids| ids.len() as u64).sum::<u64>();
         (total, ids.into_iter().next().map(|first| Arc::new(RequestTokens::new(first))))
     };
-    let (input_tokens, tokens) = match (&request.prompt, tokenization) {
+    let mut unmatchable = None;
+    let exact = match (&request.prompt, tokenization) {
         (Prompt::Ids(ids), _) => {
             let total = ids.iter().map(|ids| ids.len() as u64).sum::<u64>();
-            (total, ids.first().map(|first| Arc::new(RequestTokens::new(first.clone()))))
+            Some((total, ids.first().map(|first| Arc::new(RequestTokens::new(first.clone())))))
         }
-        (Prompt::Messages, Some(tokenization)) => {
-            lengths_and_first(vec![tokenization.encode_messages(&raw)?])
+        (Prompt::Messages, Some(tokenization)) => match tokenization.encode_messages(&raw)? {
+            Ok(ids) => Some(lengths_and_first(vec![ids])),
+            // The engine renders it (or refuses it); the router routes on its size alone.
+            Err(unrenderable) => {
+                unmatchable = Some(unrenderable.reason());
+                None
+            }
+        },
+        (Prompt::Texts(texts), Some(tokenization)) => {
+            let specials = request.body.get("add_special_tokens").and_then(Value::as_bool);
+            Some(lengths_and_first(
+                texts
+                    .iter()
+                    .map(|text| tokenization.encode_text(text, specials.unwrap_or(true)))
+                    .collect::<Result<_, _>>()?,
+            ))
         }
-        (Prompt::Texts(texts), Some(tokenization)) => lengths_and_first(
-            texts.iter().map(|text| tokenization.encode_text(text)).collect::<Result<_, _>>()?,
-        ),
-        // Text without a tokenizer, or a passed-through body: estimated.
-        _ => (estimate_tokens(&request), None),
+        // Text without a tokenizer, or a passed-through body.
+        _ => None,
+    };
+    let (input_tokens, tokens, token_source) = match exact {
+        Some((total, tokens)) => (total, tokens, TokenSource::Exact),
+        None => (estimate_tokens(&request), None, TokenSource::Estimated),
     };
     let expected_peak_tokens = match request.max_output_tokens {
         Some(output) => Some(
@@ -248,6 +307,8 @@ pub(crate) fn prepare(
     Ok(PreparedRequest {
         body,
         input_tokens,
+        token_source,
+        unmatchable,
         expected_peak_tokens,
         tokens,
         session_key: non_empty(session_key),
@@ -455,19 +516,24 @@ mod tests {
         let ids = prepared.tokens.as_ref().expect("token ids").ids().to_vec();
         assert_eq!(ids, "hello".bytes().map(u32::from).collect::<Vec<_>>());
 
-        // A template that refuses the request makes it the client's error, naming messages.
+        // A template that refuses the request leaves it to the engine, which renders (and
+        // refuses) it itself: the router routes on the size estimate and says why.
         let refusing = dir.join("refusing.jinja");
         std::fs::write(&refusing, "{{ raise_exception('no user messages here') }}")
             .expect("written");
         let refusing = Tokenization::load(&tokenizer, Some(&refusing)).expect("loaded");
         let (raw, request) = chat(body);
-        let err = prepare(raw, request, Some(&refusing), None, None).expect_err("refused");
-        let err = crate::error::ApiError::from(err);
-        let crate::error::ApiError::InvalidRequest { message, param } = &err else {
-            panic!("{err:?}")
-        };
-        assert_eq!(param.as_deref(), Some("messages"));
-        assert!(message.contains("no user messages here"), "{message}");
+        let prepared = prepare(raw, request, Some(&refusing), None, None).expect("prepared");
+        assert_eq!(prepared.unmatchable, Some("template_error"));
+        assert_eq!(prepared.token_source, TokenSource::Estimated);
+        assert!(prepared.tokens.is_none(), "no ids: no prefix lookup");
+
+        // So does a part no text-only rendering holds.
+        let image = r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"what is it"},{"type":"image_url","image_url":{"url":"data:,"}}]}]}"#;
+        let (raw, request) = chat(image);
+        let prepared = prepare(raw, request, Some(&chatml), None, None).expect("prepared");
+        assert_eq!(prepared.unmatchable, Some("non_text_part"));
+        assert_eq!(prepared.token_source, TokenSource::Estimated);
         let _ = std::fs::remove_dir_all(dir);
     }
 

@@ -2,7 +2,8 @@
 //! configured token the routes answer 404, as if absent.
 //!
 //! Workers are listed, added, removed, drained and resumed here; `/admin/state` shows the
-//! buckets with their current candidates and every worker's live state.
+//! buckets with their current candidates and every worker's live state; `/admin/tokenize`
+//! shows the token ids the router routes an inference body with.
 
 use std::sync::Arc;
 
@@ -16,6 +17,7 @@ use serde_json::{Value, json};
 use crate::app::AppContext;
 use crate::config::with_engine_key;
 use crate::error::ApiError;
+use crate::prepare::{Endpoint, parse_request, prepare, reparse};
 
 fn worker_json(ctx: &AppContext, worker: &Worker) -> Value {
     json!({
@@ -281,3 +283,47 @@ pub(crate) async fn state(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
 
 #[cfg(test)]
 mod tests;
+
+/// `POST /admin/tokenize`: the token ids the router computes for an inference body, as it
+/// routes it: `{"token_ids": [...], "prompt_tokens": n, "source": "exact" | "estimated",
+/// "unmatchable": reason | null}`. The body is a chat, completions or `/generate` body, named
+/// by its `"endpoint"` (`chat` when absent; the field is not part of the request). A batch
+/// shows its first prompt's ids (what the prefix lookup reads) and counts every prompt;
+/// `token_ids` is null when the count is an estimate.
+pub(crate) async fn tokenize(
+    State(ctx): State<Arc<AppContext>>,
+    body: axum::body::Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let mut fields = reparse(&body)?;
+    let endpoint = match fields.remove("endpoint") {
+        None => Endpoint::Chat,
+        Some(Value::String(name)) => match name.as_str() {
+            "chat" => Endpoint::Chat,
+            "completions" => Endpoint::Completions,
+            "generate" => Endpoint::Generate,
+            other => {
+                return Err(ApiError::InvalidRequest {
+                    message: format!("endpoint {other:?} is none of chat, completions, generate"),
+                    param: Some("endpoint".into()),
+                });
+            }
+        },
+        Some(_) => {
+            return Err(ApiError::InvalidRequest {
+                message: "endpoint must be a string".into(),
+                param: Some("endpoint".into()),
+            });
+        }
+    };
+    let body = bytes::Bytes::from(serde_json::to_vec(&fields).expect("a JSON map serialises"));
+    let request = parse_request(endpoint, &body, ctx.server().max_batch_size)?;
+    let model = ctx.requested_model(request.model.as_deref())?;
+    let prepared = prepare(body, request, model.tokenization.as_deref(), None, None)?;
+    Ok(Json(json!({
+        "model": model.id.as_str(),
+        "token_ids": prepared.tokens.as_ref().map(|tokens| tokens.ids()),
+        "prompt_tokens": prepared.input_tokens,
+        "source": prepared.token_source.as_str(),
+        "unmatchable": prepared.unmatchable,
+    })))
+}

@@ -127,15 +127,21 @@ pub(crate) async fn loads(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
     Json(json!({"workers": entries}))
 }
 
-/// `POST /flush_cache`: every engine flushes its prefix cache. 200 only when every engine
-/// answered 2xx; otherwise 502 naming each that did not. The router forgets what the engines
+/// `POST /flush_cache`: every engine flushes its prefix cache, by SGLang's `POST /flush_cache`
+/// or, where that is a 404, vLLM's `POST /reset_prefix_cache` (served when the engine runs
+/// with `VLLM_SERVER_DEV_MODE=1`). 200 only when every engine answered 2xx; otherwise 502
+/// naming each that did not, with its status and message. The router forgets what the engines
 /// that flushed held, so cache-aware routing does not chase blocks that are gone.
 pub(crate) async fn flush_cache(State(ctx): State<Arc<AppContext>>) -> Response {
     let workers = ctx.registry().workers();
     let flushes = workers.iter().map(|worker| {
         let ctx = &ctx;
         async move {
-            let answer = ctx.forwarder().post_empty(worker, "/flush_cache", ENGINE_TIMEOUT).await;
+            let forwarder = ctx.forwarder();
+            let mut answer = forwarder.post_empty(worker, "/flush_cache", ENGINE_TIMEOUT).await;
+            if answer.as_ref().is_some_and(|(status, _)| *status == StatusCode::NOT_FOUND) {
+                answer = forwarder.post_empty(worker, "/reset_prefix_cache", ENGINE_TIMEOUT).await;
+            }
             (worker, answer)
         }
     });

@@ -155,6 +155,9 @@ pub(crate) async fn prepare_request<'c>(
     } else {
         prepare(body, request, model.tokenization.as_deref(), session, routing)?
     };
+    if let Some(reason) = prepared.unmatchable {
+        metrics::prefix_unmatchable(reason);
+    }
     Ok((model, PreparedRequest { slo, client_rank, ..prepared }))
 }
 

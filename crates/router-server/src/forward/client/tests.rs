@@ -12,7 +12,7 @@ use http::HeaderValue;
 use parking_lot::Mutex;
 use router_workers::{ApiKey, ModelId, Stage, Worker, WorkerSpec};
 
-use super::{ForwardConfig, Forwarder};
+use super::{ForwardConfig, Forwarder, Probe};
 use crate::error::SendError;
 use crate::telemetry::{RequestTrace, TraceHeaders};
 use crate::tests::{nothing_listens, serve};
@@ -168,9 +168,9 @@ async fn a_probe_answers_the_status_or_nothing() {
         let client = client.clone();
         async move { client.probe(&worker(&url, None), path, Duration::from_secs(5)).await }
     };
-    assert_eq!(probe(up.clone(), "/health").await, Some(http::StatusCode::OK));
-    assert_eq!(probe(up, "/sick").await, Some(http::StatusCode::SERVICE_UNAVAILABLE));
-    assert_eq!(probe(nothing_listens(), "/health").await, None);
+    assert_eq!(probe(up.clone(), "/health").await, Probe::Answered(http::StatusCode::OK));
+    assert_eq!(probe(up, "/sick").await, Probe::Answered(http::StatusCode::SERVICE_UNAVAILABLE));
+    assert_eq!(probe(nothing_listens(), "/health").await, Probe::Refused);
 }
 
 /// An HTTP/1.1 engine on raw sockets that answers `{}` to every request and closes each

@@ -67,6 +67,8 @@ struct Part {
 }
 
 impl RawMessage {
+    /// The message as vLLM hands it to a template that reads content as a string: text parts
+    /// joined with newlines, no content as empty text.
     fn normalise(self) -> ChatMessage {
         let content = match self.content {
             None => String::new(),
@@ -76,7 +78,7 @@ impl RawMessage {
                 .filter(|p| p.kind == "text")
                 .filter_map(|p| p.text)
                 .collect::<Vec<_>>()
-                .concat(),
+                .join("\n"),
         };
         ChatMessage { role: self.role, content }
     }
