@@ -330,6 +330,8 @@ impl Router {
     }
 }
 
+pub mod vllm;
+
 /// Temporary files removed on drop.
 pub mod tempfile_path {
     use std::path::PathBuf;
