@@ -1,12 +1,16 @@
 //! Fuzz target `load_reports`: the engines' load-report decoders and the table they feed.
 //!
-//! The first byte chooses the decoder. Odd: the rest is SGLang's `/v1/loads` JSON body
-//! (`parse_v1_loads`). Even: the rest is a stream of length-delimited protobuf `LoadReport`s
-//! (`router.load.v1`, as the gRPC subscription receives them), each decoded, turned into a
-//! [`Report`] and applied to an [`EngineReportedLoadTable`] under a manual clock for one
-//! engine of `1 + (first byte >> 1) % 4` ranks. Beyond "never panics": within one engine
-//! instance accepted sequences strictly increase (while the table remembers the instance), a usable load has every rank, and clamped
-//! values are in range.
+//! The first byte chooses the decoder. `1` modulo 4: the rest is SGLang's `/v1/loads` JSON
+//! body (`parse_v1_loads`). `3` modulo 4: the rest is a vLLM Prometheus `/metrics` body
+//! (`parse_vllm_metrics`), whose reading, when it has one, is applied as a BASIC report to a
+//! table for one engine of `1 + (first byte >> 2) % 4` ranks. Even: the rest is a stream of
+//! length-delimited protobuf `LoadReport`s (`router.load.v1`, as the gRPC subscription
+//! receives them), each decoded, turned into a [`Report`] and applied to an
+//! [`EngineReportedLoadTable`] under a manual clock for one engine of
+//! `1 + (first byte >> 1) % 4` ranks. Beyond "never panics": within one engine instance
+//! accepted sequences strictly increase (while the table remembers the instance), a usable
+//! load has every rank, and clamped values are in range; a vLLM reading has one rank per
+//! engine, in ascending engine order, none using more KV than it has.
 #![no_main]
 
 use std::collections::{HashMap, VecDeque};
@@ -17,7 +21,8 @@ use libfuzzer_sys::fuzz_target;
 use prost::Message;
 use router_proto::router::load::v1 as pb;
 use router_state_load::{
-    EngineReportedLoadTable, ManualClock, RejectReason, Report, TableConfig, parse_v1_loads,
+    EngineReportedLoadTable, ManualClock, RejectReason, Report, ReportKind, TableConfig,
+    parse_v1_loads, parse_vllm_metrics,
 };
 use router_workers::{ModelId, Stage, Worker, WorkerId, WorkerSpec};
 
@@ -30,6 +35,10 @@ const RETIRED_INSTANCES: usize = 8;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else { return };
+    if mode & 3 == 3 {
+        vllm_metrics(1 + u32::from(mode >> 2) % 4, rest);
+        return;
+    }
     if mode & 1 == 1 {
         if let Ok(ranks) = parse_v1_loads(rest) {
             for rank in &ranks {
@@ -42,14 +51,71 @@ fuzz_target!(|data: &[u8]| {
     reports(1 + u32::from(mode >> 1) % 4, rest);
 });
 
-fn reports(dp_size: u32, mut stream: &[u8]) {
-    let clock = Arc::new(ManualClock::new());
-    let table = EngineReportedLoadTable::new(TableConfig::default(), clock.clone());
+/// One engine of `dp_size` ranks.
+fn engine(dp_size: u32) -> Worker {
     let spec =
         WorkerSpec { dp_size, ..WorkerSpec::new("engine-0", "http://127.0.0.1:1", Stage::Plain) };
     let Ok(worker) = Worker::from_spec(&spec, vec![ModelId::new("m")]) else {
         panic!("the fixture worker is invalid");
     };
+    worker
+}
+
+fn vllm_metrics(dp_size: u32, body: &[u8]) {
+    let metrics = match parse_vllm_metrics(body) {
+        Ok(metrics) => metrics,
+        Err(error) => {
+            let reason = error.reject_reason();
+            assert!(
+                matches!(reason, RejectReason::Malformed | RejectReason::AbsurdValue),
+                "{error} counted as {reason}"
+            );
+            return;
+        }
+    };
+    assert_eq!(metrics.ranks.len(), metrics.engines.len(), "a rank per engine");
+    assert!(metrics.engines.windows(2).all(|w| w[0] < w[1]), "engines not ascending");
+    for (rank, sample) in metrics.ranks.iter().enumerate() {
+        assert_eq!(sample.dp_rank as usize, rank, "ranks are positions");
+        assert!(sample.kv_used_tokens <= sample.kv_capacity_tokens, "{sample:?}");
+        assert!(!sample.has_native_gauges(), "vLLM states no native gauge");
+    }
+    assert_ne!(metrics.instance_id, Some(0), "instance 0 means none");
+    let clock = Arc::new(ManualClock::new());
+    let table = EngineReportedLoadTable::new(TableConfig::default(), clock);
+    let worker = engine(dp_size);
+    table.register(&worker);
+    let engines = metrics.ranks.len();
+    let report = Report {
+        dp_size,
+        ..Report::new(
+            worker.id().as_str(),
+            metrics.instance_id.unwrap_or(0),
+            1,
+            ReportKind::Basic,
+            metrics.ranks,
+        )
+    };
+    let result = table.apply(worker.id(), worker.incarnation(), report);
+    let snapshot = table.snapshot();
+    match result {
+        Ok(kind) => {
+            assert_eq!(kind, ReportKind::Basic);
+            assert_eq!(engines, dp_size as usize, "a usable load of other ranks than dp_size");
+            assert!(snapshot.get(worker.id()).is_some_and(|load| load.native.is_none()));
+        }
+        Err(RejectReason::RankIncomplete) => assert_ne!(engines, dp_size as usize),
+        Err(reason) => {
+            assert_eq!(reason, RejectReason::AbsurdValue, "only values beyond any engine");
+            assert!(snapshot.get(worker.id()).is_none());
+        }
+    }
+}
+
+fn reports(dp_size: u32, mut stream: &[u8]) {
+    let clock = Arc::new(ManualClock::new());
+    let table = EngineReportedLoadTable::new(TableConfig::default(), clock.clone());
+    let worker = engine(dp_size);
     let id: WorkerId = worker.id().clone();
     table.register(&worker);
     // The last accepted sequence of each instance the table still remembers, and the

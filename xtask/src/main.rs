@@ -22,7 +22,7 @@ commands:
   deps                check internal dependency edges against ARCHITECTURE.md
   lint                cargo fmt --check (fuzz/ too), clippy -D warnings, rustdoc -D warnings
   tidy                //! headers, module cycles, references to documents outside the repository
-  bench [--quick] [--only overhead|epp|policies|quality|replicas] [--no-build] [--case TEXT]
+  bench [--quick] [--only overhead|epp|policies|quality|replicas|real] [--no-build] [--case TEXT]
         [--set POLICY.KEY=VALUE]...
                       end-to-end benchmark against the simulated fleet; writes docs/benchmarks.md
                       (--only: run one section and replace only it on the page; --case: only the
@@ -33,7 +33,8 @@ commands:
                       build the libFuzzer targets of fuzz/ (stable, instrumented) and run each
                       for N seconds (default 60); fails on a crash, saving the input under
                       fuzz/artifacts/ (--reproduce: run that one input once)
-  ci                  lint, deps, tidy, codegen --check, every test, then 10 s of each fuzz target";
+  ci                  lint, deps, tidy, codegen --check, every test, the real-engine tests
+                      (vLLM, tests/vllm/setup.sh), then 10 s of each fuzz target";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -73,9 +74,12 @@ fn run(args: &[&str]) -> Result<()> {
                 Some(&"policies") => bench::Only::Policies,
                 Some(&"quality") => bench::Only::Quality,
                 Some(&"replicas") => bench::Only::Replicas,
+                Some(&"real") => bench::Only::Real,
                 Some(&"trace") => bail!("--only trace: the trace replay is now --only quality"),
                 Some(other) => {
-                    bail!("--only {other}: expected overhead, epp, policies, quality or replicas")
+                    bail!(
+                        "--only {other}: expected overhead, epp, policies, quality, replicas or real"
+                    )
                 }
             };
             let case = match rest.iter().position(|a| *a == "--case") {
@@ -122,9 +126,12 @@ fn ci(root: &std::path::Path) -> Result<()> {
     let all =
         cargo_test(root, &["test", "--workspace", "--all-targets", "--no-fail-fast"], &mut totals);
     let doc = cargo_test(root, &["test", "--workspace", "--doc", "--no-fail-fast"], &mut totals);
+    // Real vLLM engines, after everything else and one test at a time: each test starts
+    // engines of about 2-4 GB and a core each (tests/vllm/setup.sh installs them).
+    let real = cargo_test(root, &REAL_ENGINE_TESTS, &mut totals);
     // One closing line for the whole suite, whatever the last test binary printed.
     // A short fuzzing run of every target: a crash fails CI.
-    let fuzz = if all.is_ok() && doc.is_ok() {
+    let fuzz = if all.is_ok() && doc.is_ok() && real.is_ok() {
         let options = fuzz::Options {
             seconds: CI_FUZZ_SECONDS,
             target: None,
@@ -136,8 +143,21 @@ fn ci(root: &std::path::Path) -> Result<()> {
         Ok(())
     };
     println!("ci: {} passed, {} failed", totals.passed, totals.failed);
-    all.and(doc).and(fuzz)
+    all.and(doc).and(real).and(fuzz)
 }
+
+/// The real-engine test step of `ci`.
+const REAL_ENGINE_TESTS: [&str; 9] = [
+    "test",
+    "-p",
+    "router-e2e",
+    "--features",
+    "real-engines",
+    "--test",
+    "real_vllm",
+    "--",
+    "--test-threads=1",
+];
 
 /// Seconds each fuzz target runs in `cargo xtask ci`.
 const CI_FUZZ_SECONDS: u64 = 10;

@@ -94,7 +94,7 @@ pub struct WorkerTemplate {
     pub kv_events: Option<KvEventsTemplate>,
     /// The gRPC load reporter's port, when the engines have one.
     pub load_reporter_port: Option<PodPort>,
-    /// `/v1/loads` polling instead.
+    /// Load polling instead (`format`: SGLang's `/v1/loads` or vLLM's `/metrics`).
     pub load_poll: Option<LoadPollSpec>,
     /// Data-parallel ranks per engine.
     pub dp_size: u32,

@@ -141,6 +141,10 @@ pub struct Pick {
     /// The time to first token the policy predicted on this engine, in milliseconds
     /// (`predicted_ttft`), for comparison with the observed one.
     pub predicted_ttft_ms: Option<f64>,
+    /// The prefill work that prediction put before the first token (queued there plus this
+    /// request's uncached tokens): with the observed first token, a sample of the engine's
+    /// prefill rate (`router_state_load::PrefillRates`).
+    pub predicted_work_tokens: Option<u64>,
     /// The request's prefix as the policy found it on this engine: the data-parallel rank
     /// holding it and its length in tokens, when the policy looked it up and the engine holds
     /// some of it. The rank choice inside the engine reads it ([`crate::choose_rank`]).
@@ -159,7 +163,14 @@ pub struct HeldPrefix {
 impl Pick {
     /// A pick of `worker` for `reason`.
     pub fn new(worker: Arc<Worker>, reason: PickReason) -> Self {
-        Self { worker, reason, uncached_tokens: None, predicted_ttft_ms: None, cached_prefix: None }
+        Self {
+            worker,
+            reason,
+            uncached_tokens: None,
+            predicted_ttft_ms: None,
+            predicted_work_tokens: None,
+            cached_prefix: None,
+        }
     }
 
     /// This pick, expecting `tokens` of uncached prefill work on its engine.
@@ -177,6 +188,12 @@ impl Pick {
     /// This pick, with the predicted time to first token on its engine.
     pub fn with_predicted_ttft_ms(mut self, ms: f64) -> Self {
         self.predicted_ttft_ms = Some(ms);
+        self
+    }
+
+    /// This pick, predicting `tokens` of prefill work before its first token.
+    pub fn with_predicted_work(mut self, tokens: u64) -> Self {
+        self.predicted_work_tokens = Some(tokens);
         self
     }
 }

@@ -8,23 +8,27 @@ use std::sync::Arc;
 
 use router_affinity::{AffinityConfig, AffinityStore};
 use router_state_kv::{KvIndex, Predictions};
-use router_state_load::{EngineReportedLoadTable, Inflight};
+use router_state_load::{EngineReportedLoadTable, Inflight, PrefillRates};
 
 use crate::CacheSources;
 
-/// The load state: the engine-reported load table and the router-local in-flight accounting.
+/// The load state: the engine-reported load table, the router-local in-flight accounting and
+/// the prefill rates learned from observed first tokens.
 #[derive(Clone)]
 pub struct LoadHandles {
     /// Engine reports, read through a snapshot once per pick.
     pub table: Arc<EngineReportedLoadTable>,
     /// Router-local in-flight requests and the recent-dispatch ledger.
     pub inflight: Arc<Inflight>,
+    /// Prefill rates learned per engine (the dispatcher feeds them).
+    pub rates: Arc<PrefillRates>,
 }
 
 impl LoadHandles {
-    /// Bundles the application's shared load table and in-flight accounting.
+    /// Bundles the application's shared load table and in-flight accounting, with no rates
+    /// learned yet.
     pub fn new(table: Arc<EngineReportedLoadTable>, inflight: Arc<Inflight>) -> Self {
-        Self { table, inflight }
+        Self { table, inflight, rates: Arc::new(PrefillRates::new()) }
     }
 }
 

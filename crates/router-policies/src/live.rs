@@ -43,7 +43,8 @@ impl LiveEstimator {
         let settings =
             PredictedTtftSettings { default_prefill_tokens_per_sec, ..Default::default() };
         settings.validate()?;
-        Ok(Self { model: TtftModel { load, default_prefill_tokens_per_sec }, source })
+        let model = TtftModel { load, default_prefill_tokens_per_sec, learn_rates: true };
+        Ok(Self { model, source })
     }
 
     /// The estimator of a bucket whose first group (plain, or prefill) runs `policy`: it sees

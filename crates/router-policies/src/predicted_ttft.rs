@@ -91,6 +91,7 @@ impl PredictedTtftPolicy {
         let model = TtftModel {
             load,
             default_prefill_tokens_per_sec: settings.default_prefill_tokens_per_sec,
+            learn_rates: settings.learn_rates,
         };
         let sampler = Sampler::for_tie_break(settings.tie_break);
         Ok(Self { source, model, settings, admission: None, sampler })
@@ -157,6 +158,7 @@ impl PredictedTtftPolicy {
             return Ok(Pick::new(Arc::clone(engine), reason)
                 .with_uncached_tokens(estimate.uncached)
                 .with_predicted_ttft_ms(estimate.ms)
+                .with_predicted_work(estimate.queued.saturating_add(estimate.uncached))
                 .with_cached_prefix(prefixes.held(engine)));
         }
         Err(PickError::NoAdmissibleEngine { rejections })

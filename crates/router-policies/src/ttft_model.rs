@@ -46,8 +46,13 @@ pub(crate) struct Predictions {
 #[derive(Clone, Debug)]
 pub(crate) struct TtftModel {
     pub(crate) load: LoadHandles,
-    /// The prefill rate assumed for an engine before its reports give one.
+    /// The prefill rate assumed for an engine before its reports (or, when learning, its
+    /// observed first tokens) give one.
     pub(crate) default_prefill_tokens_per_sec: f64,
+    /// Whether rates learned from observed first tokens count ([`PrefillRates`]).
+    ///
+    /// [`PrefillRates`]: router_state_load::PrefillRates
+    pub(crate) learn_rates: bool,
 }
 
 impl TtftModel {
@@ -60,15 +65,17 @@ impl TtftModel {
     ///   least this router's own prefill work still to do there (`Inflight::prefill_queue`):
     ///   a report's waiting tokens leave out the prefill pass the engine is running, which
     ///   this router's requests without a first token still cover, less the work the engine
-    ///   can have done of that pass at `rate` since it began. When any candidate lacks a
-    ///   fresh, complete native report, every candidate is judged by that router-local work
-    ///   alone, [`Basis::Local`];
+    ///   can have done of that pass at `rate` since it began. A fresh basic report (vLLM's
+    ///   metrics: no waiting tokens) contributes the recent-dispatch correction alone. When
+    ///   any candidate lacks a fresh, complete report, every candidate is judged by that
+    ///   router-local work alone, [`Basis::Local`];
     /// - **uncached** is the input minus the leading tokens the candidate holds, looked up in
     ///   `source` through the request's memo (every token without a source, token ids, a
     ///   block size or an answering backend);
-    /// - **rate** is the candidate's prefill rate derived from its reports; before its first
-    ///   estimate, the median of the other candidates' ([`Self::unrated_rate`]), or the
-    ///   configured default while none has one (a negative, NaN or zero estimate is ignored).
+    /// - **rate** is the candidate's prefill rate derived from its reports; else the one learned
+    ///   from its observed first tokens (when learning); else the median of the other
+    ///   candidates' ([`Self::unrated_rate`]), or the configured default while none has one
+    ///   (a negative, NaN or zero estimate is ignored).
     ///
     /// Fails only when the source refuses the lookup as an invalid query.
     pub(crate) async fn predict(
@@ -84,12 +91,10 @@ impl TtftModel {
         let snapshot = self.load.table.snapshot();
         let loads: Vec<Option<EngineLoad>> =
             engines.iter().map(|e| snapshot.get(e.id()).copied()).collect();
-        let basis = if loads.iter().all(|l| l.is_some_and(|l| l.native.is_some())) {
-            Basis::Reported
-        } else {
-            Basis::Local
-        };
-        let unrated = self.unrated_rate(&loads);
+        let basis = if loads.iter().all(Option::is_some) { Basis::Reported } else { Basis::Local };
+        let rates: Vec<Option<f64>> =
+            engines.iter().zip(&loads).map(|(e, l)| self.known_rate(e, l.as_ref())).collect();
+        let unrated = self.unrated_rate(&rates);
         let estimates = engines
             .iter()
             .zip(&loads)
@@ -109,9 +114,9 @@ impl TtftModel {
     /// with the default at half the engines' real rate, four requests of the opening burst
     /// went to the one engine whose estimate was known); the configured default while no
     /// candidate has one. Nothing is sorted when every candidate has its own.
-    fn unrated_rate(&self, loads: &[Option<EngineLoad>]) -> f64 {
-        let rated = || loads.iter().filter_map(|l| reported_rate(l.as_ref()));
-        if rated().count() == loads.len() {
+    fn unrated_rate(&self, known: &[Option<f64>]) -> f64 {
+        let rated = || known.iter().flatten().copied();
+        if rated().count() == known.len() {
             // Every candidate has its own: the value is never read.
             return self.default_prefill_tokens_per_sec;
         }
@@ -138,16 +143,16 @@ impl TtftModel {
         matched: u64,
     ) -> Estimate {
         let inflight = &self.load.inflight;
-        let rate = reported_rate(load).unwrap_or(unrated);
-        let native = load.and_then(|l| l.native.as_ref().map(|n| (l, n)));
+        let rate = self.known_rate(engine, load).unwrap_or(unrated);
         let local = inflight.prefill_queue(engine.id(), rate);
-        let queued = match (basis, native) {
-            (Basis::Reported, Some((load, native))) => {
+        let queued = match (basis, load) {
+            (Basis::Reported, Some(load)) => {
                 // What the report cannot know yet, but only what is still here to do: work
                 // that already finished is in neither the report nor the queue.
                 let pending = inflight.inflight_tokens(engine.id());
                 let since = inflight.dispatched_tokens_since(engine.id(), load.captured_at);
-                let reported = native.waiting_uncached_tokens.saturating_add(since.min(pending));
+                let waiting = load.native.as_ref().map_or(0, |n| n.waiting_uncached_tokens);
+                let reported = waiting.saturating_add(since.min(pending));
                 // A report counts waiting requests only, not the prefill pass running now;
                 // what this router sent and has not seen a first token of covers that pass.
                 reported.max(local.tokens)
@@ -157,6 +162,14 @@ impl TtftModel {
         let uncached = input - matched.min(input);
         let ms = queued.saturating_add(uncached) as f64 / rate * 1000.0;
         Estimate { queued, uncached, waiting: local.waiting, rate, ms }
+    }
+}
+
+impl TtftModel {
+    /// The candidate's own rate: reported, else learned (when learning).
+    fn known_rate(&self, engine: &Worker, load: Option<&EngineLoad>) -> Option<f64> {
+        reported_rate(load)
+            .or_else(|| self.learn_rates.then(|| self.load.rates.rate(engine.id())).flatten())
     }
 }
 

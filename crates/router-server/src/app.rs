@@ -96,8 +96,9 @@ impl AppContext {
             }
             Arc::new(kv_index)
         });
-        let mut handles =
-            PolicyHandles::new(LoadHandles::new(Arc::clone(&load_table), Arc::clone(&inflight)));
+        // One load state for the policies and the dispatcher that feeds it (in flight, rates).
+        let load = LoadHandles::new(load_table, inflight);
+        let mut handles = PolicyHandles::new(load.clone());
         if let Some(kv_index) = &kv_index {
             handles = handles.with_kv(Arc::clone(kv_index));
         }
@@ -151,7 +152,7 @@ impl AppContext {
             load_report_interval: Duration::from_millis(config.load.report_interval_ms),
             health: Arc::new(HealthBook::new(Arc::clone(&registry), config.health.clone())),
             registry,
-            load: LoadHandles::new(load_table, inflight),
+            load,
             kv_counters: kv.as_ref().map(KvSubscriptions::stats).unwrap_or_default(),
             kv_subscriptions: Mutex::new(kv),
             cache_sources: handles.cache,
@@ -188,13 +189,26 @@ impl AppContext {
         for warning in crate::config::pairing_warnings(self.models(), &self.registry) {
             tracing::warn!("{warning}");
         }
-        // A restarted engine's cache is empty: forget what it held before it is picked again.
-        if let Some(index) = self.kv_index.clone() {
-            self.health.on_restart(Box::new(move |worker| {
-                index.clear_worker(worker.id());
-            }));
-        }
+        // A restarted engine's cache is empty, and its speed may have changed: forget what it
+        // held before it is picked again, and what it taught. Health probes tell of a restart
+        // (refused, then answered), and so do load reports from a new instance.
+        let forget = {
+            let (index, rates) = (self.kv_index.clone(), Arc::clone(&self.load.rates));
+            move |worker: &router_workers::WorkerId| {
+                if let Some(index) = &index {
+                    index.clear_worker(worker);
+                }
+                rates.forget(worker);
+            }
+        };
+        let on_probe = forget.clone();
+        self.health.on_restart(Box::new(move |worker| on_probe(worker.id())));
         let mut tasks = self.tasks.lock();
+        tasks.spawn(forget_restarted(
+            self.load.table.restarts(),
+            forget,
+            self.cancel.child_token(),
+        ));
         let cancel = self.cancel.child_token();
         tasks.spawn(Arc::clone(&self.health).run(self.forwarder.clone(), cancel));
         let subscriptions = LoadSubscriptions::new(
@@ -237,7 +251,7 @@ impl AppContext {
         ));
         tasks.spawn(forget_removed(
             Arc::clone(&self.registry),
-            Arc::clone(&self.load.inflight),
+            self.load.clone(),
             self.cancel.child_token(),
         ));
     }
@@ -355,11 +369,31 @@ impl AppContext {
                     None => predictions.record(model, worker.id(), &hashes, now),
                 }
             }
+            self.expect_kv_events(worker, input_tokens);
             pick.uncached_tokens.unwrap_or(input_tokens)
         };
         match rank {
             Some(rank) => inflight.acquire_on_rank(worker.id(), stage, rank, work),
             None => inflight.acquire_work(worker.id(), stage, work),
+        }
+    }
+
+    /// A prompt of `input_tokens` goes to `worker`: when that fills two KV blocks, the engine
+    /// publishes what it cached, and a subscription that hears nothing over many such prompts
+    /// is reported (the bind/connect trap of vLLM's `tcp://*:PORT`, a firewall, a wrong port).
+    fn expect_kv_events(&self, worker: &router_workers::Worker, input_tokens: u64) {
+        let Some(block) = worker.block_size() else { return };
+        if worker.kv_events().is_none() || input_tokens < 2 * u64::from(block) {
+            return;
+        }
+        if self.kv_counters.expect_events(worker.id(), std::time::Instant::now()) {
+            tracing::warn!(
+                worker = %worker.id(),
+                endpoint = worker.kv_events().map(|spec| spec.endpoint.as_str()),
+                "KV events silent: the engine is prefilling but its subscription hears nothing; \
+                 check the endpoint, and that exactly one side binds (vLLM binds only tcp://*:PORT)"
+            );
+            crate::metrics::kv_events_silent(worker.id().as_str());
         }
     }
 
@@ -447,15 +481,44 @@ fn load_settings(config: &ConfigFile) -> router_state_load::TableConfig {
     }
 }
 
-/// Forgets the in-flight counters of engines that leave the registry, so an engine added later
-/// under the same id starts from zero (guards still held count into the forgotten counters).
-/// Behind the feed (a burst of changes, say a thousand pods), it forgets every engine no longer
-/// registered.
-async fn forget_removed(
-    registry: Arc<WorkerRegistry>,
-    inflight: Arc<Inflight>,
+/// Calls `forget` for every engine whose load reports came from a new instance: a restart
+/// the health probes may have missed (the engine came back between two probes).
+async fn forget_restarted(
+    mut restarts: tokio::sync::broadcast::Receiver<router_workers::WorkerId>,
+    forget: impl Fn(&router_workers::WorkerId),
     cancel: CancellationToken,
 ) {
+    loop {
+        let restarted = tokio::select! {
+            () = cancel.cancelled() => return,
+            restarted = restarts.recv() => restarted,
+        };
+        match restarted {
+            Ok(worker) => {
+                tracing::info!(worker = %worker, "engine reports from a new instance: restarted, forgetting its cache");
+                forget(&worker);
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                tracing::warn!(
+                    missed,
+                    "engine restarts missed; their caches clear on their next KV events"
+                );
+            }
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}
+
+/// Forgets the in-flight counters and learned rates of engines that leave the registry, so an
+/// engine added later under the same id starts from zero (guards still held count into the
+/// forgotten counters). Behind the feed (a burst of changes, say a thousand pods), it forgets
+/// the counters of every engine no longer registered.
+async fn forget_removed(
+    registry: Arc<WorkerRegistry>,
+    load: LoadHandles,
+    cancel: CancellationToken,
+) {
+    let inflight = &load.inflight;
     let (_, mut feed) = registry.follow();
     loop {
         let event = tokio::select! {
@@ -463,7 +526,10 @@ async fn forget_removed(
             event = feed.recv() => event,
         };
         match event {
-            Ok(RegistryEvent::Removed(worker)) => inflight.remove(worker.id()),
+            Ok(RegistryEvent::Removed(worker)) => {
+                inflight.remove(worker.id());
+                load.rates.forget(worker.id());
+            }
             Ok(_) => {}
             Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
                 let (current, resumed) = registry.follow();

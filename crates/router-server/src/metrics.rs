@@ -22,6 +22,16 @@ static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 const LATENCY_BUCKETS: &[f64] =
     &[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
 
+/// Buckets of observed minus predicted time to first token, in seconds: 0 is a perfect
+/// prediction, negative an overestimate.
+const ERROR_BUCKETS: &[f64] = &[
+    -5.0, -2.0, -1.0, -0.5, -0.25, -0.1, -0.05, -0.025, -0.01, 0.0, 0.01, 0.025, 0.05, 0.1, 0.25,
+    0.5, 1.0, 2.0, 5.0,
+];
+
+/// The one metric measured in [`ERROR_BUCKETS`] (a full name wins over the `_seconds` suffix).
+const ERROR_METRIC: &str = "router_predicted_ttft_error_seconds";
+
 /// Buckets of observed over predicted time to first token: 1 is a perfect prediction.
 const RATIO_BUCKETS: &[f64] = &[0.25, 0.5, 0.67, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5, 2.0, 4.0, 8.0];
 
@@ -103,6 +113,11 @@ const DESCRIPTIONS: &[(&str, Kind, &str)] = &[
         "Streamed requests picked by predicted_ttft: time from dispatch to the first byte the client received.",
     ),
     (
+        "router_predicted_ttft_error_seconds",
+        Kind::Histogram,
+        "Observed minus predicted time to first token per engine, in seconds: 0 is a perfect prediction.",
+    ),
+    (
         "router_ttft_observed_over_predicted_ratio",
         Kind::Histogram,
         "Observed over predicted time to first token; 1 is a perfect prediction.",
@@ -121,6 +136,11 @@ const DESCRIPTIONS: &[(&str, Kind, &str)] = &[
         "router_bucket_fallbacks_total",
         Kind::Counter,
         "Buckets that could not supply a complete selection, so the next was tried.",
+    ),
+    (
+        "router_kv_events_silent_total",
+        Kind::Counter,
+        "Times a worker's KV-event subscription heard nothing over many prefill-bearing requests.",
     ),
     (
         "router_prefix_unmatchable_total",
@@ -267,6 +287,9 @@ pub(crate) fn install() -> PrometheusHandle {
                 .and_then(|b| {
                     b.set_buckets_for_metric(Matcher::Suffix("_ratio".into()), RATIO_BUCKETS)
                 })
+                .and_then(|b| {
+                    b.set_buckets_for_metric(Matcher::Full(ERROR_METRIC.into()), ERROR_BUCKETS)
+                })
                 .map(PrometheusBuilder::build_recorder);
             match recorder {
                 Ok(recorder) => {
@@ -389,10 +412,13 @@ fn record_model_histogram(
     });
 }
 
-/// A streamed request whose policy predicted its time to first token (`predicted_ttft`):
-/// the prediction, what the client saw from dispatch to the first byte, and their ratio.
-pub(crate) fn ttft_prediction(model: &str, predicted_ms: f64, observed: Duration) {
+/// A request whose policy predicted its time to first token on `worker` (`predicted_ttft`),
+/// observed at a stream's first byte or a one-token answer's end: the prediction, the time
+/// from dispatch, their ratio and their difference.
+pub(crate) fn ttft_prediction(model: &str, worker: &str, predicted_ms: f64, observed: Duration) {
     let observed_s = observed.as_secs_f64();
+    histogram!(ERROR_METRIC, "model" => model.to_owned(), "worker" => worker.to_owned())
+        .record(observed_s - predicted_ms / 1000.0);
     histogram!("router_predicted_ttft_seconds", "model" => model.to_owned())
         .record(predicted_ms / 1000.0);
     histogram!("router_observed_ttft_seconds", "model" => model.to_owned()).record(observed_s);
@@ -588,6 +614,11 @@ pub(crate) fn kv_worker(worker: &str, counters: &[(&'static str, u64)]) {
         gauge!("router_kv_events", "worker" => worker.to_owned(), "counter" => *name)
             .set(*value as f64);
     }
+}
+
+/// A worker's KV-event subscription heard nothing while the engine prefilled.
+pub(crate) fn kv_events_silent(worker: &str) {
+    counter!("router_kv_events_silent_total", "worker" => worker.to_owned()).increment(1);
 }
 
 /// Size of the prefix index (set at scrape time).
@@ -812,7 +843,7 @@ mod tests {
     #[test]
     fn ttft_predictions_compare_with_what_the_client_saw() {
         install();
-        ttft_prediction("metrics-ttft", 200.0, Duration::from_millis(300));
+        ttft_prediction("metrics-ttft", "e1", 200.0, Duration::from_millis(300));
         let model = [("model", "metrics-ttft")];
         assert_eq!(value("router_predicted_ttft_seconds_sum", &model), Some(0.2));
         assert_eq!(value("router_observed_ttft_seconds_sum", &model), Some(0.3));
@@ -823,7 +854,7 @@ mod tests {
         assert_eq!(value(&format!("{ratio}_bucket"), &below), Some(0.0), "ratio buckets");
         assert_eq!(value(&format!("{ratio}_bucket"), &at), Some(1.0));
         // A prediction of zero has no ratio.
-        ttft_prediction("metrics-ttft-zero", 0.0, Duration::from_millis(5));
+        ttft_prediction("metrics-ttft-zero", "e1", 0.0, Duration::from_millis(5));
         let zero = [("model", "metrics-ttft-zero")];
         assert_eq!(value("router_predicted_ttft_seconds_count", &zero), Some(1.0));
         assert_eq!(value(&format!("{ratio}_count"), &zero), None);
@@ -896,7 +927,7 @@ mod tests {
         request("help-m", "b", 200, secs(0.1));
         time_to_response_head("help-m", secs(0.1));
         selection("help-m", secs(0.001));
-        ttft_prediction("help-m", 100.0, secs(0.1));
+        ttft_prediction("help-m", "e1", 100.0, secs(0.1));
         slo_request("help-m", "ttft", true);
         pick("help-policy", "plain", "random");
         rank_choice("help-w", 0, "only_rank");
@@ -921,6 +952,7 @@ mod tests {
         retry("help-m", "unreachable");
         retry_budget_exhausted("help-m");
         prefix_unmatchable("non_text_part");
+        kv_events_silent("help-w");
         epp_stream("none");
         epp_stream_end("closed");
         epp_stream_open(0.0);

@@ -1,10 +1,12 @@
 //! Engine load state: reports streamed by engines and router-local accounting.
 //!
 //! Owns the load-report subscriptions ([`LoadSubscriptions`]: gRPC to each engine's reporter,
-//! or SGLang `/v1/loads` polling), the [`EngineReportedLoadTable`] (freshness, ordering, rank
+//! SGLang `/v1/loads` polling, or polling of vLLM's Prometheus `/metrics`, configured or found
+//! by probing), the [`EngineReportedLoadTable`] (freshness, ordering, rank
 //! aggregation, basic versus native reports, derived prefill queue time) read through cheap
 //! [`LoadSnapshot`]s, router-local in-flight accounting ([`Inflight`], RAII
-//! [`InflightGuard`]s and the recent-dispatch ledger), and the engine side of the protocol
+//! [`InflightGuard`]s and the recent-dispatch ledger), prefill rates learned from observed
+//! first tokens ([`PrefillRates`]), and the engine side of the protocol
 //! ([`reporter`]) that engines, sidecars and the simulator serve.
 //!
 //! Rules everyone can rely on: a missing, stale or rank-incomplete report reads as `None`,
@@ -18,6 +20,7 @@
 mod clock;
 mod inflight;
 mod load;
+mod rates;
 mod report;
 pub mod reporter;
 mod subscribe;
@@ -26,8 +29,12 @@ mod table;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use inflight::{Inflight, InflightGuard, LEDGER_LEN, PrefillQueue, RankWork};
 pub use load::{EngineLoad, NativeLoad, RankLoad};
+pub use rates::PrefillRates;
 pub use report::{EngineStatus, RankSample, Report, ReportKind};
-pub use subscribe::{LoadSubscriptions, ReportIntervalControl, SubscriptionConfig, parse_v1_loads};
+pub use subscribe::{
+    LoadSubscriptions, PrometheusError, ReportIntervalControl, SubscriptionConfig, VllmMetrics,
+    VllmMetricsError, parse_v1_loads, parse_vllm_metrics,
+};
 pub use table::{
     EngineLoadStatus, EngineReportedLoadTable, Freshness, LoadSnapshot, MissingReason,
     RejectReason, RejectionCounts, ReportTotals, TableConfig,

@@ -154,6 +154,47 @@ fn the_constructors_read_like_an_entry_naming_only_their_arguments() {
 }
 
 #[test]
+fn load_poll_reads_its_format_defaulting_to_sglang() {
+    let cases: [(&str, Result<LoadPollSpec, &str>); 7] = [
+        (r#"{}"#, Ok(LoadPollSpec::new(500, LoadPollFormat::Sglang))),
+        (r#"{"interval_ms": 250}"#, Ok(LoadPollSpec::new(250, LoadPollFormat::Sglang))),
+        (r#"{"format": "sglang"}"#, Ok(LoadPollSpec::new(500, LoadPollFormat::Sglang))),
+        (
+            r#"{"format": "vllm_metrics", "interval_ms": 100}"#,
+            Ok(LoadPollSpec::new(100, LoadPollFormat::VllmMetrics)),
+        ),
+        (r#"{"format": "vllm"}"#, Err("unknown variant `vllm`")),
+        (r#"{"format": "VllmMetrics"}"#, Err("unknown variant `VllmMetrics`")),
+        (r#"{"interval": 100}"#, Err("unknown field `interval`")),
+    ];
+    for (load_poll, expect) in cases {
+        let json = format!(r#"{{"id": "w", "url": "http://h:1", "load_poll": {load_poll}}}"#);
+        let got = serde_json::from_str::<WorkerSpec>(&json).map(|spec| spec.load_poll);
+        match (got, expect) {
+            (Ok(got), Ok(want)) => assert_eq!(got, Some(want), "{load_poll}"),
+            (Err(err), Err(want)) => assert!(err.to_string().contains(want), "{load_poll}: {err}"),
+            (got, want) => panic!("{load_poll}: got {got:?}, want {want:?}"),
+        }
+    }
+}
+
+#[test]
+fn load_poll_format_round_trips_and_reaches_the_worker() {
+    for format in [LoadPollFormat::Sglang, LoadPollFormat::VllmMetrics] {
+        let spec = WorkerSpec {
+            load_poll: Some(LoadPollSpec::new(50, format)),
+            ..WorkerSpec::new("w", "http://h:1", Stage::Plain)
+        };
+        let json = serde_json::to_string(&spec).expect("serialize");
+        assert!(json.contains(&format!(r#""format":"{format}""#)), "{json}");
+        let read: WorkerSpec = serde_json::from_str(&json).expect("read back");
+        assert_eq!(read, spec);
+        let worker = Worker::from_spec(&spec, vec![model()]).expect("worker");
+        assert_eq!(worker.load_poll().map(|p| p.format), Some(format));
+    }
+}
+
+#[test]
 fn spec_rejects_unknown_fields() {
     let err = serde_json::from_str::<WorkerSpec>(r#"{"id": "w", "url": "http://h", "colour": 1}"#)
         .expect_err("unknown field");

@@ -155,17 +155,55 @@ impl KvEventsSpec {
     }
 }
 
-/// How the router learns an engine's load, when not from a gRPC load reporter.
+/// How the router learns an engine's load by polling it, when not from a gRPC load reporter.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LoadPollSpec {
-    /// Poll SGLang's `GET /v1/loads` at this interval, in milliseconds.
+    /// Poll at this interval, in milliseconds.
     #[serde(default = "default_poll_interval_ms")]
     pub interval_ms: u64,
+    /// What to poll: SGLang's `GET /v1/loads` (the default) or vLLM's Prometheus `GET /metrics`.
+    #[serde(default)]
+    pub format: LoadPollFormat,
+}
+
+impl LoadPollSpec {
+    /// Polling of `format` every `interval_ms` milliseconds.
+    pub fn new(interval_ms: u64, format: LoadPollFormat) -> Self {
+        Self { interval_ms, format }
+    }
 }
 
 fn default_poll_interval_ms() -> u64 {
     500
+}
+
+/// Which endpoint and body format a polled engine serves its load in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadPollFormat {
+    /// SGLang's `GET /v1/loads` JSON, one entry per data-parallel rank.
+    #[default]
+    Sglang,
+    /// vLLM's Prometheus text at `GET /metrics` (`vllm:num_requests_running`, ...), one
+    /// `engine` label value per data-parallel rank.
+    VllmMetrics,
+}
+
+impl LoadPollFormat {
+    /// The configuration name: `sglang` or `vllm_metrics`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LoadPollFormat::Sglang => "sglang",
+            LoadPollFormat::VllmMetrics => "vllm_metrics",
+        }
+    }
+}
+
+impl fmt::Display for LoadPollFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 fn default_dp_size() -> u32 {
@@ -235,7 +273,8 @@ pub struct WorkerSpec {
     /// gRPC load-reporter endpoint (`host:port`) the router dials.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_reporter: Option<String>,
-    /// Poll SGLang's `/v1/loads` instead of (or without) a gRPC reporter.
+    /// Poll the engine's load (SGLang's `/v1/loads` or vLLM's `/metrics`) instead of (or
+    /// without) a gRPC reporter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub load_poll: Option<LoadPollSpec>,
     /// The operator's string labels (`rack: r1`, `transfer: mooncake`); a PD bucket's
@@ -552,7 +591,7 @@ impl Worker {
         self.load_reporter.as_deref()
     }
 
-    /// `/v1/loads` polling settings, when configured.
+    /// Load polling settings (`/v1/loads` or vLLM's `/metrics`), when configured.
     pub fn load_poll(&self) -> Option<&LoadPollSpec> {
         self.load_poll.as_ref()
     }

@@ -14,7 +14,10 @@
 //!    offered loads through the policies, beside the traces' own bounds (about 45 minutes);
 //! 5. `replicas`: three router replicas over one fleet, sessions sprayed over them, against
 //!    one router (session engine agreement, hit rate, TTFT; a replica restarted; a shared
-//!    `kv-indexer`).
+//!    `kv-indexer`);
+//! 6. `real` (only with `--only real`: it needs the vLLM of `tests/vllm/setup.sh`): the
+//!    policies in front of two real vLLM engines, router-sim fitted to them, and whether the
+//!    two rank the policies alike.
 //!
 //! Each section lives between markers in `docs/benchmarks.md` (see `page`), and a run
 //! replaces only the sections it measured, with their SVG plots beside the page. `--quick`
@@ -29,6 +32,7 @@ mod page;
 mod policies;
 mod procs;
 mod quality;
+mod real;
 mod replicas;
 mod svg;
 
@@ -49,6 +53,7 @@ pub(crate) enum Only {
     Policies,
     Quality,
     Replicas,
+    Real,
 }
 
 /// What `cargo xtask bench` was asked for.
@@ -244,6 +249,12 @@ pub(crate) fn run(root: &Path, options: Options) -> Result<()> {
         sections.push(("replicas", provenance(&rendered, &command("replicas"), &machine)));
     }
 
+    // Real engines only when asked for: minutes of vLLM start-up and gigabytes of memory.
+    if only == Only::Real {
+        let measured = real::measure(root, &bins, quick)?;
+        sections.push(("real", provenance(&real::render(&measured), &command("real"), &machine)));
+    }
+
     sections.push(("reproduce", REPRODUCE.to_owned()));
     let path = docs.join("benchmarks.md");
     let old = std::fs::read_to_string(&path).unwrap_or_default();
@@ -262,6 +273,7 @@ cargo xtask bench --quick                  # every section, small: a few minutes
 cargo xtask bench --only quality           # or overhead, epp, policies or replicas: replaces only that section\n\
 cargo xtask bench --only overhead          # direct, router and nginx side by side (installs nginx): 6-14 min\n\
 cargo xtask bench --only epp               # Envoy with and without the endpoint picker: under a minute\n\
+cargo xtask bench --only real              # two real vLLM engines (bash tests/vllm/setup.sh first), router-sim fitted to them\n\
 cargo xtask bench --only quality --quick   # one cell of the sweep (conversation, 64k, RHO 0.8)\n\
 cargo xtask bench --case streaming         # only the overhead cases naming it, nothing written (for perf/strace)\n\
 cargo xtask bench --case instructions      # only the callgrind count of router and nginx, nothing written: ~3 min; ROUTER_BENCH_KEEP_CALLGRIND=1 keeps the dumps\n\

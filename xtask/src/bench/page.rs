@@ -4,7 +4,7 @@
 
 /// Known sections, in page order; a missing section is inserted at its place in this order.
 pub(crate) const ORDER: &[&str] =
-    &["overhead", "epp", "policies", "quality", "replicas", "reproduce"];
+    &["overhead", "epp", "policies", "quality", "replicas", "real", "reproduce"];
 
 /// The page's opening, written when the page is new or had no markers yet.
 pub(crate) const HEADER: &str = "# Benchmarks\n\nWritten by `cargo xtask bench`. Each section is \

@@ -539,6 +539,9 @@ pub struct PredictedTtftSettings {
     /// second (meanwhile an engine without an estimate of its own assumes the median of the
     /// other candidates').
     pub default_prefill_tokens_per_sec: f64,
+    /// Whether an engine that reports no prefill rate gets the rate learned from its observed
+    /// first tokens (before the median of the others' and the default).
+    pub learn_rates: bool,
     /// Candidates ranked above the best by at most this fraction of the best's predicted TTFT
     /// (plus `near_tie_ms`) are near ties: the one with the least uncached work wins, equal
     /// ones by sampling.
@@ -566,6 +569,7 @@ impl Default for PredictedTtftSettings {
             kv_indexer_query_timeout_ms: cache.kv_indexer_query_timeout_ms,
             kv_indexer_query_max_inflight: cache.kv_indexer_query_max_inflight,
             default_prefill_tokens_per_sec: 10_000.0,
+            learn_rates: true,
             near_tie_ratio: 0.05,
             near_tie_ms: 1.0,
             recompute_weight: 6.0,

@@ -35,6 +35,7 @@ const TUNING: &[(&str, PolicyType)] = &[
     ("kv_indexer_query_timeout_ms", PolicyType::PredictedTtft),
     ("kv_indexer_query_max_inflight", PolicyType::PredictedTtft),
     ("default_prefill_tokens_per_sec", PolicyType::PredictedTtft),
+    ("learn_rates", PolicyType::PredictedTtft),
     ("near_tie_ratio", PolicyType::PredictedTtft),
     ("near_tie_ms", PolicyType::PredictedTtft),
     ("recompute_weight", PolicyType::PredictedTtft),
@@ -121,6 +122,7 @@ impl Raw {
             "default_prefill_tokens_per_sec" => {
                 self.predicted.default_prefill_tokens_per_sec = value(map)?;
             }
+            "learn_rates" => self.predicted.learn_rates = value(map)?,
             "near_tie_ratio" => self.predicted.near_tie_ratio = value(map)?,
             "near_tie_ms" => self.predicted.near_tie_ms = value(map)?,
             "recompute_weight" => self.predicted.recompute_weight = value(map)?,

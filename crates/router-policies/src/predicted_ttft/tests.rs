@@ -127,13 +127,15 @@ fn the_lowest_predicted_ttft_wins() {
             uncached: 512,
         },
         Case {
-            name: "a basic report is no report of queued tokens",
+            // vLLM's metrics: running and waiting requests, no waiting tokens. The pick is still
+            // on reports (fresh ones from every candidate), with the router's own work on top.
+            name: "a basic report adds the router's own work and is a reported basis",
             engines: vec![eng("a", 0).basic(0, 0), eng("b", 0)],
             dispatched: vec![("a", 100)],
             finished: vec![],
             input: 512,
             winner: "b",
-            reason: PickReason::PredictedTtftLocal,
+            reason: PickReason::PredictedTtft,
             ms: 512.0,
             uncached: 512,
         },
@@ -458,4 +460,33 @@ fn settings_are_validated_with_their_names() {
         let error = settings.validate().expect_err(field).to_string();
         assert!(error.contains(&format!("policy.{field}")), "{error}");
     }
+}
+
+/// No engine reports a rate (vLLM does not): a rate learned from observed first tokens stands
+/// in for it, and `learn_rates: false` turns that off.
+#[test]
+fn a_learned_rate_stands_in_for_a_reported_one() {
+    // a has 1000 tokens of this router's work in flight; b none; neither reports a rate.
+    let world = World::new(Stage::Plain, &[eng("a", 0).missing(), eng("b", 0).missing()]);
+    let _busy = world.inflight.acquire_work(&wid("a"), Stage::Plain, 1_000);
+    let load = world.load();
+    // a prefills 100k tokens a second, b 2k, as their first tokens showed.
+    for i in 0..16u64 {
+        let work = 500 + i * 200;
+        let at = |rate: f64| Duration::from_secs_f64(0.01 + work as f64 / rate);
+        load.rates.observe(&wid("a"), work, at(100_000.0));
+        load.rates.observe(&wid("b"), work, at(2_000.0));
+    }
+    let pick = |learn_rates: bool| {
+        let settings = PredictedTtftSettings { learn_rates, ..settings() };
+        let policy = PredictedTtftPolicy::new(Arc::clone(&world.source), load.clone(), settings)
+            .expect("valid")
+            .with_seed(1);
+        world.pick(&policy, 1_000).expect("pick")
+    };
+    let learned = pick(true);
+    assert_eq!(learned.worker.id().as_str(), "a", "2000 tokens at 100k/s beat 1000 at 2k/s");
+    let ms = learned.predicted_ttft_ms.expect("a prediction");
+    assert!((ms - 20.0).abs() < 1.0, "{ms}");
+    assert_eq!(pick(false).worker.id().as_str(), "b", "the default rate alike for both");
 }

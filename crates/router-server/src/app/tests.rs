@@ -78,7 +78,7 @@ async fn an_engine_that_leaves_is_forgotten_and_returns_from_zero() {
     let cancel = CancellationToken::new();
     let forgetting = tokio::spawn(forget_removed(
         Arc::clone(ctx.registry()),
-        Arc::clone(ctx.inflight()),
+        ctx.load().clone(),
         cancel.clone(),
     ));
     // Let it start following the registry.

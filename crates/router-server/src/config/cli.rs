@@ -529,6 +529,7 @@ impl ServeArgs {
             id: self.model.clone().unwrap_or_else(|| "*".to_owned()),
             tokenizer: self.tokenizer.clone(),
             chat_template: None,
+            engine: Default::default(),
             affinity: Default::default(),
             ttft_slo: Default::default(),
             tps_slo: Default::default(),

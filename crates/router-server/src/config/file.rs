@@ -299,6 +299,10 @@ pub struct ModelConfig {
     /// tokenizer.
     #[serde(default)]
     pub chat_template: Option<PathBuf>,
+    /// Whose rules turn a chat request into the template's input (`vllm`, the default, or
+    /// `sglang`): the engine the model's workers run.
+    #[serde(default)]
+    pub engine: router_chat_template::EngineRules,
     /// Session and routing-key headers and binding expiry.
     #[serde(default)]
     pub affinity: AffinitySection,

@@ -441,7 +441,7 @@ fn build_model(
             None
         }
         Some(tokenizer) => match Tokenization::load(tokenizer, model.chat_template.as_deref()) {
-            Ok(t) => Some(Arc::new(t)),
+            Ok(t) => Some(Arc::new(t.with_rules(model.engine))),
             Err(err) => {
                 problems.push(format!("{path}.tokenizer"), crate::error::Chain(&err));
                 None

@@ -1,7 +1,9 @@
 //! A plain dispatch: one engine (at the rank chosen for it, named in `x-router-rank`) serves
 //! the whole request. Its in-flight guard is held until the answer is read or the stream ends;
-//! a streamed pick with a TTFT prediction reports the observed first byte beside it.
+//! a pick with a TTFT prediction reports the observed first token beside it (a stream's first
+//! byte, a one-token answer's end), which also teaches the engine's prefill rate.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use axum::response::Response;
@@ -29,14 +31,16 @@ pub(super) async fn dispatch(
     let upstream = x.send(worker, request).await.map_err(ApiError::Engine)?;
     metrics::time_to_response_head(d.model.as_str(), d.started.elapsed());
     let (parts, body) = x.checked(worker, upstream).await.map_err(ApiError::Engine)?;
+    let prediction = pick.predicted_ttft_ms.map(|predicted_ms| TtftPrediction {
+        predicted_ms,
+        work_tokens: pick.predicted_work_tokens,
+        dispatched_at,
+        rates: Arc::clone(&x.ctx.load().rates),
+    });
+    let answer_metrics = AnswerMetrics { prediction, ..d.answer_metrics() };
     let mut response = if x.streams(&parts) {
-        let prediction = pick
-            .predicted_ttft_ms
-            .map(|predicted_ms| TtftPrediction { predicted_ms, dispatched_at });
-        let measured = AnswerMetrics { prediction, ..d.answer_metrics() };
-        x.stream(parts, body, vec![guard], worker, None, measured)
+        x.stream(parts, body, vec![guard], worker, None, answer_metrics)
     } else {
-        let answer_metrics = d.answer_metrics();
         let response = x.whole(parts, body, worker, &answer_metrics).await;
         let response = response.map_err(ApiError::Engine)?;
         drop(guard);

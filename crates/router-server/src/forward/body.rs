@@ -34,7 +34,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, header};
 use http_body::{Body, Frame, SizeHint};
-use router_state_load::InflightGuard;
+use router_state_load::{InflightGuard, PrefillRates};
 use router_workers::{ModelId, Worker};
 use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
@@ -97,13 +97,28 @@ pub(crate) struct AnswerMetrics {
     pub prediction: Option<TtftPrediction>,
 }
 
-/// A pick's predicted time to first token and when its request was dispatched: a stream
-/// reports the prediction and the time from dispatch to its first byte as that first byte
-/// goes to the client (`metrics::ttft_prediction`).
-#[derive(Clone, Copy, Debug)]
+/// A pick's predicted time to first token, the prefill work it predicted before that token,
+/// and when its request was dispatched. The first token is observed as a stream's first byte
+/// goes to the client, or as a whole answer of at most one generated token ends: then the
+/// prediction and the observation go to the metrics (`metrics::ttft_prediction`) and the
+/// work and the time to the engine's learned prefill rate.
+#[derive(Clone, Debug)]
 pub(crate) struct TtftPrediction {
     pub predicted_ms: f64,
+    pub work_tokens: Option<u64>,
     pub dispatched_at: std::time::Instant,
+    pub rates: Arc<PrefillRates>,
+}
+
+impl TtftPrediction {
+    /// The first token of `worker`'s answer came now.
+    fn observed(self, model: &str, worker: &Worker) {
+        let observed = self.dispatched_at.elapsed();
+        metrics::ttft_prediction(model, worker.id().as_str(), self.predicted_ms, observed);
+        if let Some(work) = self.work_tokens {
+            self.rates.observe(worker.id(), work, observed);
+        }
+    }
 }
 
 impl AnswerMetrics {
@@ -111,6 +126,12 @@ impl AnswerMetrics {
     pub(crate) fn whole(&self, worker: &Worker, answer: &[u8]) {
         let e2e = self.started.elapsed();
         let usage = crate::usage::of_answer(answer);
+        // One generated token: the answer's end is its first token.
+        if let Some(prediction) = &self.prediction
+            && usage.is_some_and(|usage| usage.completion <= 1)
+        {
+            prediction.clone().observed(self.model.as_str(), worker);
+        }
         metrics::answer(self.model.as_str(), worker.id().as_str(), None, None, e2e, usage);
     }
 }
@@ -126,13 +147,11 @@ struct StreamTiming {
 impl StreamTiming {
     /// Data passed on, its first frame having arrived `first` and its last `last`. The first
     /// data passed is the client's first byte, which a prediction is compared with.
-    fn passed(&mut self, data: &Bytes, first: Instant, last: Instant) {
+    fn passed(&mut self, data: &Bytes, first: Instant, last: Instant, worker: &Worker) {
         if self.first.is_none()
-            && let Some(TtftPrediction { predicted_ms, dispatched_at }) =
-                self.labels.prediction.take()
+            && let Some(prediction) = self.labels.prediction.take()
         {
-            let model = self.labels.model.as_str();
-            metrics::ttft_prediction(model, predicted_ms, dispatched_at.elapsed());
+            prediction.observed(self.labels.model.as_str(), worker);
         }
         self.first.get_or_insert(first);
         self.last = Some(last);
@@ -346,7 +365,7 @@ where
         this.quiet = 0;
         let data = batch.into_bytes();
         if let Some(timing) = &mut this.timing {
-            timing.passed(&data, first_arrived, this.idle.last_progress);
+            timing.passed(&data, first_arrived, this.idle.last_progress, &this.worker);
         }
         Poll::Ready(Some(Ok(Frame::data(data))))
     }

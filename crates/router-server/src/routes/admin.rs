@@ -239,13 +239,14 @@ pub(crate) async fn state(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
                     "subscribed": kv.subscribed,
                     "last_seq": kv.last_seq,
                     "blocks": kv.blocks,
+                    "removed_blocks": kv.removed_blocks,
                     "gaps": kv.gaps,
                     "replays": kv.replays,
                     "clears": kv.clears,
                     "skipped": kv.skipped,
                 }),
                 None => json!({
-                    "subscribed": false, "last_seq": null, "blocks": 0, "gaps": 0,
+                    "subscribed": false, "last_seq": null, "blocks": 0, "removed_blocks": 0, "gaps": 0,
                     "replays": 0, "clears": 0, "skipped": 0,
                 }),
             };

@@ -114,6 +114,7 @@ impl Applier {
                 frame = queue.recv() => frame,
             };
             let Some(frame) = frame else { return };
+            self.stats.heard();
             self.on_live(frame, &cancel).await;
             self.stats.set_last_seq(self.sequence.last());
             self.stats.tick();
@@ -207,6 +208,7 @@ impl Applier {
             match item {
                 None => return Ok(()),
                 Some(ReplayItem::Batch(frame)) => {
+                    self.stats.heard();
                     self.stats.replayed();
                     self.on_replayed(&frame);
                 }

@@ -4,9 +4,10 @@
 //! snapshot. A `watch` channel ticks on every change so tests and exporters can wait for
 //! progress instead of polling on a timer.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
 use router_workers::WorkerId;
@@ -41,6 +42,8 @@ pub(crate) struct RankStats {
     restarts: AtomicU64,
     duplicates: AtomicU64,
     rank_mismatches: AtomicU64,
+    /// Messages taken from the publisher, live or replayed, whatever became of them.
+    heard: AtomicU64,
     skipped: [AtomicU64; SkipReason::ALL.len()],
     holders: Mutex<Vec<HolderView>>,
     tick: Arc<watch::Sender<u64>>,
@@ -82,6 +85,7 @@ impl RankStats {
             restarts: AtomicU64::new(0),
             duplicates: AtomicU64::new(0),
             rank_mismatches: AtomicU64::new(0),
+            heard: AtomicU64::new(0),
             skipped: std::array::from_fn(|_| AtomicU64::new(0)),
             holders: Mutex::new(Vec::new()),
             tick,
@@ -123,6 +127,11 @@ impl RankStats {
         for (reason, n) in report.skipped.iter() {
             add(&self.skipped[reason as usize], n);
         }
+    }
+
+    /// A message came from the publisher (live or replayed).
+    pub(crate) fn heard(&self) {
+        add(&self.heard, 1);
     }
 
     pub(crate) fn gap(&self) {
@@ -259,6 +268,8 @@ pub struct WorkerSummary {
     pub last_seq: Option<u64>,
     /// Blocks held, summed over ranks.
     pub blocks: u64,
+    /// `BlockRemoved` blocks applied (evictions), summed over ranks.
+    pub removed_blocks: u64,
     /// Gaps, summed over ranks.
     pub gaps: u64,
     /// Replays, summed over ranks.
@@ -273,7 +284,26 @@ pub struct WorkerSummary {
 struct StatsInner {
     ranks: RwLock<BTreeMap<(WorkerId, u32), Arc<RankStats>>>,
     tick: Arc<watch::Sender<u64>>,
+    silence: Mutex<HashMap<WorkerId, Silence>>,
 }
+
+/// Prefill-bearing requests sent to a worker while its subscriptions heard nothing.
+#[derive(Debug, Default)]
+struct Silence {
+    /// Messages its subscriptions had heard at the last look.
+    heard: u64,
+    /// Requests sent since then that should have made it publish.
+    unanswered: u32,
+    /// When the first of them was sent.
+    since: Option<Instant>,
+    /// This silence was reported already.
+    reported: bool,
+}
+
+/// Requests without a word from the publisher before its subscription counts as silent.
+pub const SILENT_AFTER_REQUESTS: u32 = 8;
+/// How long those requests must have had to make the engine publish.
+pub const SILENT_AFTER: Duration = Duration::from_secs(10);
 
 /// The subscription counters of every (worker, rank); cheap to clone and share.
 #[derive(Clone, Debug)]
@@ -287,6 +317,7 @@ impl Default for KvStats {
             inner: Arc::new(StatsInner {
                 ranks: RwLock::new(BTreeMap::new()),
                 tick: Arc::new(watch::channel(0).0),
+                silence: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -318,6 +349,7 @@ impl KvStats {
             .ranks
             .write()
             .retain(|(w, _), stats| w != worker || stats.incarnation != incarnation);
+        self.inner.silence.lock().remove(worker);
         self.inner.tick.send_modify(|v| *v = v.wrapping_add(1));
     }
 
@@ -348,6 +380,7 @@ impl KvStats {
             subscribed: ranks.iter().all(|r| r.subscribed),
             last_seq: ranks.iter().filter_map(|r| r.last_seq).max(),
             blocks: ranks.iter().map(|r| r.blocks).sum(),
+            removed_blocks: ranks.iter().map(|r| r.removed_blocks).sum(),
             gaps: ranks.iter().map(|r| r.gaps).sum(),
             replays: ranks.iter().map(|r| r.replays).sum(),
             clears: ranks.iter().map(|r| r.clears).sum(),
@@ -355,8 +388,73 @@ impl KvStats {
         })
     }
 
+    /// A request that makes an engine cache at least one full block was sent to `worker`
+    /// at `now`. Returns true exactly when this makes its subscription silent: it has heard
+    /// nothing from the publisher over the last [`SILENT_AFTER_REQUESTS`] such requests and
+    /// [`SILENT_AFTER`] (an engine that binds its socket where the router connects, or the
+    /// other way round, publishes into the void). The next message heard ends the silence.
+    /// A worker without a subscription is never silent.
+    pub fn expect_events(&self, worker: &WorkerId, now: Instant) -> bool {
+        let heard: u64 = {
+            let ranks = self.inner.ranks.read();
+            let mut heard = None;
+            for ((_, _), stats) in ranks.range((worker.clone(), 0)..=(worker.clone(), u32::MAX)) {
+                *heard.get_or_insert(0) += stats.heard.load(Ordering::Relaxed);
+            }
+            match heard {
+                Some(heard) => heard,
+                None => return false,
+            }
+        };
+        let mut silences = self.inner.silence.lock();
+        if !silences.contains_key(worker) {
+            silences.insert(worker.clone(), Silence::default());
+        }
+        let Some(silence) = silences.get_mut(worker) else { return false };
+        if heard != silence.heard {
+            *silence = Silence { heard, ..Silence::default() };
+        }
+        silence.unanswered = silence.unanswered.saturating_add(1);
+        let since = *silence.since.get_or_insert(now);
+        let silent = silence.unanswered >= SILENT_AFTER_REQUESTS
+            && now.saturating_duration_since(since) >= SILENT_AFTER;
+        if silent && !silence.reported {
+            silence.reported = true;
+            return true;
+        }
+        false
+    }
+
     /// A receiver that changes whenever any counter may have changed.
     pub fn changes(&self) -> watch::Receiver<u64> {
         self.inner.tick.subscribe()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_subscription_that_hears_nothing_while_its_engine_prefills_is_silent_once() {
+        let stats = KvStats::default();
+        let worker = WorkerId::new("e1").expect("id");
+        let t0 = Instant::now();
+        let at = |secs: u64| t0 + Duration::from_secs(secs);
+        assert!(!stats.expect_events(&worker, t0), "no subscription: never silent");
+        let rank = stats.register(&worker, 1, 0, "tcp://127.0.0.1:1".into());
+        let silent: Vec<bool> = (0..10).map(|i| stats.expect_events(&worker, at(i * 2))).collect();
+        // Eight requests, and the ten seconds reached by the sixth after the first.
+        assert_eq!(silent.iter().filter(|s| **s).count(), 1, "{silent:?}");
+        assert!(silent[7], "{silent:?}");
+        // A message ends the silence; a later one is reported again.
+        rank.heard();
+        assert!(!stats.expect_events(&worker, at(30)));
+        let again = (0..9).any(|i| stats.expect_events(&worker, at(40 + i * 2)));
+        assert!(again);
+        // Many requests in a short time are not yet a silence: the engine had no time.
+        let other = WorkerId::new("e2").expect("id");
+        let _ = stats.register(&other, 1, 0, "tcp://127.0.0.1:2".into());
+        assert!(!(0..50).any(|_| stats.expect_events(&other, t0)));
     }
 }

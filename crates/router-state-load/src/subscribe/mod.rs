@@ -1,26 +1,33 @@
 //! Subscriptions that follow the worker registry and feed the load table.
 //!
-//! For every worker: a gRPC subscription to its `load_reporter` endpoint, or polling of its
-//! `GET {url}/v1/loads` when `load_poll` is configured (polling wins when both are set, as the
-//! configuration reads "poll instead of a reporter"; plain `http` URLs only), or nothing (the worker reads as missing,
-//! `not_configured`). One task per worker, so there is never more than one stream per engine
-//! and a dead engine never delays the others. Removed workers are dropped from the table and
-//! their task stopped; a replaced worker starts over with its new incarnation, and whatever the
-//! old task still delivers is ignored by the table.
+//! For every worker, one source: a gRPC subscription to its `load_reporter` endpoint; or
+//! polling when `load_poll` is configured (polling wins when both are set, as the
+//! configuration reads "poll instead of a reporter"), of SGLang's `GET {url}/v1/loads`
+//! (`format: sglang`, the default) or of vLLM's Prometheus `GET {url}/metrics`
+//! (`format: vllm_metrics`); or, with neither, probing of `GET {url}/metrics` that starts
+//! polling it once it serves vLLM's load series (the worker reads as missing,
+//! `not_configured`, until then). One task per worker, so there is never more than one
+//! stream per engine and a dead engine never delays the others. Removed workers are dropped
+//! from the table and their task stopped; a replaced worker starts over with its new
+//! incarnation, and whatever the old task still delivers is ignored by the table.
 //!
 //! The status an accepted report states is recorded on the worker in the registry
 //! ([`WorkerRegistry::set_reported_status`]), where engine groups read it: a report the table
 //! refuses (out of order, another engine's, rate-limited, rank-incomplete) changes no status.
 
 mod backoff;
+mod engine_http;
 mod grpc;
 mod poll;
+mod prometheus;
+mod vllm_metrics;
+mod vllm_poll;
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use router_workers::{RegistryEvent, Worker, WorkerId, WorkerRegistry};
+use router_workers::{LoadPollFormat, RegistryEvent, Worker, WorkerId, WorkerRegistry};
 use tokio::sync::broadcast::error::RecvError;
 use tokio::sync::watch;
 use tokio::task::JoinSet;
@@ -29,6 +36,8 @@ use tokio_util::sync::CancellationToken;
 use crate::{EngineReportedLoadTable, MissingReason, RejectReason, Report, ReportKind};
 
 pub use poll::parse_v1_loads;
+pub use prometheus::PrometheusError;
+pub use vllm_metrics::{VllmMetrics, VllmMetricsError, parse_vllm_metrics};
 
 /// Settings of the subscriptions.
 #[derive(Clone, Debug)]
@@ -46,8 +55,16 @@ pub struct SubscriptionConfig {
     pub backoff_max: Duration,
     /// Largest report message or `/v1/loads` body accepted, in bytes.
     pub max_report_bytes: usize,
-    /// Timeout of one `/v1/loads` request (never longer than the poll interval).
+    /// Largest `/metrics` body accepted, in bytes: vLLM's is 50-150 KB, mostly histograms.
+    pub max_metrics_bytes: usize,
+    /// Timeout of one polling request (never longer than the poll interval), and of one
+    /// probe of `/metrics`.
     pub poll_timeout: Duration,
+    /// First wait (jittered) between probes of `/metrics` on a worker with no load source
+    /// configured, doubling up to `probe_backoff_max`.
+    pub probe_backoff_min: Duration,
+    /// Longest wait between such probes.
+    pub probe_backoff_max: Duration,
     /// Name sent to engines in `Register.subscriber`, for their logs.
     pub subscriber_name: String,
     /// TLS for polling `https://` engines; `None` = such polls fail (reported as missing).
@@ -63,7 +80,10 @@ impl Default for SubscriptionConfig {
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
             max_report_bytes: 256 * 1024,
+            max_metrics_bytes: 4 * 1024 * 1024,
             poll_timeout: Duration::from_secs(2),
+            probe_backoff_min: Duration::from_secs(5),
+            probe_backoff_max: Duration::from_secs(30),
             subscriber_name: "router".to_owned(),
             tls: None,
         }
@@ -71,7 +91,8 @@ impl Default for SubscriptionConfig {
 }
 
 /// Changes the interval requested from every gRPC reporter, live: each open subscription sends
-/// `SetInterval`, and new ones register with the new value.
+/// `SetInterval`, and new ones register with the new value. vLLM engines found by probing are
+/// polled at the interval requested when they are found.
 #[derive(Clone, Debug)]
 pub struct ReportIntervalControl(watch::Sender<Duration>);
 
@@ -123,10 +144,10 @@ pub struct LoadSubscriptions {
     interval: watch::Sender<Duration>,
 }
 
-/// A worker being followed: its incarnation and the token stopping its task, if it has one.
+/// A worker being followed: its incarnation and the token stopping its task.
 struct Followed {
     incarnation: u64,
-    stop: Option<CancellationToken>,
+    stop: CancellationToken,
 }
 
 impl LoadSubscriptions {
@@ -186,9 +207,7 @@ impl LoadSubscriptions {
             }
         }
         for followed in followed.values() {
-            if let Some(stop) = &followed.stop {
-                stop.cancel();
-            }
+            followed.stop.cancel();
         }
         while tasks.join_next().await.is_some() {}
     }
@@ -214,20 +233,22 @@ impl LoadSubscriptions {
             worker: Arc::clone(&worker),
             config: Arc::clone(&self.config),
         };
-        let stop = if let Some(spec) = worker.load_poll() {
-            let stop = cancel.child_token();
+        let stop = cancel.child_token();
+        if let Some(spec) = worker.load_poll() {
             let interval = Duration::from_millis(spec.interval_ms.max(1));
-            tasks.spawn(poll::run(ctx, interval, stop.clone()));
-            Some(stop)
+            match spec.format {
+                LoadPollFormat::Sglang => tasks.spawn(poll::run(ctx, interval, stop.clone())),
+                LoadPollFormat::VllmMetrics => {
+                    tasks.spawn(vllm_poll::run_configured(ctx, interval, stop.clone()))
+                }
+            };
         } else if let Some(endpoint) = worker.load_reporter() {
-            let stop = cancel.child_token();
             let endpoint = endpoint.to_owned();
             tasks.spawn(grpc::run(ctx, endpoint, self.interval.subscribe(), stop.clone()));
-            Some(stop)
         } else {
             ctx.mark_missing(MissingReason::NotConfigured);
-            None
-        };
+            tasks.spawn(vllm_poll::run_detecting(ctx, self.interval.subscribe(), stop.clone()));
+        }
         followed.insert(worker.id().clone(), Followed { incarnation: worker.incarnation(), stop });
     }
 
@@ -235,8 +256,8 @@ impl LoadSubscriptions {
         if followed.get(id).is_none_or(|f| f.incarnation != incarnation) {
             return;
         }
-        if let Some(stop) = followed.remove(id).and_then(|f| f.stop) {
-            stop.cancel();
+        if let Some(followed) = followed.remove(id) {
+            followed.stop.cancel();
         }
         self.table.unregister(id, incarnation);
     }

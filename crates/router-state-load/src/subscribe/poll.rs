@@ -10,56 +10,34 @@
 //! Other fields are ignored. Polled reports have instance id 0 and a local sequence; the
 //! engine's timestamps are not used (the numbers count as captured on receipt).
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
 
 use super::TaskContext;
+use super::engine_http::{self, Get, PollError};
 use crate::{EngineStatus, MissingReason, RankSample, RejectReason, Report, ReportKind};
-
-type HttpClient = Client<HttpsConnector<HttpConnector>, Empty<Bytes>>;
-
-/// Why one poll produced no report.
-#[derive(Debug, thiserror::Error)]
-enum PollError {
-    #[error("invalid url {0:?}")]
-    Url(String, #[source] http::uri::InvalidUri),
-    #[error("request failed")]
-    Request(#[source] hyper_util::client::legacy::Error),
-    #[error("engine answered {0}")]
-    Status(http::StatusCode),
-    #[error("reading the body failed")]
-    Body(#[source] Box<dyn std::error::Error + Send + Sync>),
-    #[error("body larger than {0} bytes")]
-    TooLarge(usize),
-    #[error("timed out after {0:?}")]
-    Timeout(Duration),
-}
 
 /// The polling task of one worker; returns when `cancel` fires.
 pub(crate) async fn run(ctx: TaskContext, interval: Duration, cancel: CancellationToken) {
-    let url = format!("{}/v1/loads?include=core", ctx.worker.url());
-    let uri: http::Uri = match url.parse() {
+    let uri = match engine_http::uri(ctx.worker.url(), "/v1/loads?include=core") {
         Ok(uri) => uri,
-        Err(source) => {
-            let error = PollError::Url(url, source);
+        Err(error) => {
             tracing::error!(worker = %ctx.worker.id(), error = &error as &dyn std::error::Error, "load polling disabled");
             ctx.mark_missing(MissingReason::PollFailed);
             cancel.cancelled().await;
             return;
         }
     };
-    let client = http_client(ctx.config.tls.as_deref());
+    let client = engine_http::http_client(ctx.config.tls.as_deref());
     let authorization = ctx.worker.api_key().map(|key| key.authorization().clone());
-    let timeout = ctx.config.poll_timeout.min(interval).max(Duration::from_millis(1));
+    let get = Get {
+        accept: "application/json",
+        authorization: authorization.as_ref(),
+        max_bytes: ctx.config.max_report_bytes,
+        timeout: ctx.config.poll_timeout.min(interval).max(Duration::from_millis(1)),
+    };
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let (worker, incarnation) = (ctx.worker.id(), ctx.worker.incarnation());
@@ -72,9 +50,7 @@ pub(crate) async fn run(ctx: TaskContext, interval: Duration, cancel: Cancellati
         }
         let fetched = tokio::select! {
             () = cancel.cancelled() => return,
-            fetched = tokio::time::timeout(timeout, fetch(&client, uri.clone(), authorization.as_ref(), ctx.config.max_report_bytes)) => {
-                fetched.unwrap_or(Err(PollError::Timeout(timeout)))
-            }
+            fetched = engine_http::fetch(&client, uri.clone(), get) => fetched,
         };
         match fetched {
             Ok(body) => {
@@ -108,53 +84,6 @@ pub(crate) async fn run(ctx: TaskContext, interval: Duration, cancel: Cancellati
                 }
             }
         }
-    }
-}
-
-/// A client for `http://` engines, and for `https://` ones when `tls` is given.
-fn http_client(tls: Option<&rustls::ClientConfig>) -> HttpClient {
-    let mut tcp = HttpConnector::new();
-    tcp.enforce_http(false);
-    let https = match tls {
-        Some(tls) => HttpsConnectorBuilder::new().with_tls_config(tls.clone()).https_or_http(),
-        // No TLS configured: https polls fail at the handshake, visibly.
-        None => HttpsConnectorBuilder::new()
-            .with_tls_config(
-                rustls::ClientConfig::builder_with_provider(Arc::new(
-                    rustls::crypto::ring::default_provider(),
-                ))
-                .with_safe_default_protocol_versions()
-                .expect("ring supports the default protocol versions")
-                .with_root_certificates(rustls::RootCertStore::empty())
-                .with_no_client_auth(),
-            )
-            .https_or_http(),
-    };
-    Client::builder(TokioExecutor::new()).build(https.enable_http1().wrap_connector(tcp))
-}
-
-/// GETs `uri`, with the engine's `authorization` when it has an API key.
-async fn fetch(
-    client: &HttpClient,
-    uri: http::Uri,
-    authorization: Option<&http::HeaderValue>,
-    max_bytes: usize,
-) -> Result<Bytes, PollError> {
-    let mut request = http::Request::get(uri)
-        .header(http::header::ACCEPT, "application/json")
-        .body(Empty::new())
-        .map_err(|e| PollError::Body(Box::new(e)))?;
-    if let Some(value) = authorization {
-        request.headers_mut().insert(http::header::AUTHORIZATION, value.clone());
-    }
-    let response = client.request(request).await.map_err(PollError::Request)?;
-    if response.status() != http::StatusCode::OK {
-        return Err(PollError::Status(response.status()));
-    }
-    match Limited::new(response.into_body(), max_bytes).collect().await {
-        Ok(body) => Ok(body.to_bytes()),
-        Err(error) if error.is::<LengthLimitError>() => Err(PollError::TooLarge(max_bytes)),
-        Err(error) => Err(PollError::Body(error)),
     }
 }
 

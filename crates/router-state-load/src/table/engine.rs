@@ -57,6 +57,8 @@ pub(crate) struct EngineState {
     accepted: u64,
     clamped: u64,
     rejected: RejectionCounts,
+    /// A report of a new instance superseded the current one since the table last looked.
+    pub(crate) restarted: bool,
 }
 
 impl EngineState {
@@ -76,6 +78,7 @@ impl EngineState {
             accepted: 0,
             clamped: 0,
             rejected: RejectionCounts::default(),
+            restarted: false,
         }
     }
 
@@ -157,6 +160,7 @@ impl EngineState {
                 }
                 self.counters.iter_mut().for_each(|c| *c = RankCounters::default());
                 self.decode.iter_mut().for_each(|d| *d = RankDecode::default());
+                self.restarted = true;
             }
             None => {}
         }

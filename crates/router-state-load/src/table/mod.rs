@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use router_workers::{Worker, WorkerId};
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 
 pub use snapshot::LoadSnapshot;
 pub use status::{
@@ -101,6 +101,7 @@ pub struct EngineReportedLoadTable {
     published: ArcSwap<Published>,
     inner: Mutex<Inner>,
     changes: watch::Sender<u64>,
+    restarts: broadcast::Sender<WorkerId>,
 }
 
 impl EngineReportedLoadTable {
@@ -112,7 +113,15 @@ impl EngineReportedLoadTable {
             published: ArcSwap::from_pointee(Published::default()),
             inner: Mutex::new(Inner::default()),
             changes: watch::channel(0).0,
+            restarts: broadcast::channel(64).0,
         }
+    }
+
+    /// The engines whose reports came from a new instance (a restarted process: its caches
+    /// are empty, its speed may differ), as they are accepted. A receiver that falls behind
+    /// misses some ([`broadcast`]'s `Lagged`); the table holds no other record of them.
+    pub fn restarts(&self) -> broadcast::Receiver<WorkerId> {
+        self.restarts.subscribe()
     }
 
     /// The table's configuration.
@@ -184,6 +193,10 @@ impl EngineReportedLoadTable {
                     Ok((kind, clamped)) => {
                         totals.accepted += 1;
                         totals.clamped += u64::from(clamped);
+                        if std::mem::take(&mut state.restarted) {
+                            // Nobody listening is fine: the restart only clears caches.
+                            let _ = self.restarts.send(worker.clone());
+                        }
                         self.publish(worker, state.current.clone());
                         Ok(kind)
                     }

@@ -163,14 +163,18 @@ fn sequence_must_increase_within_an_instance() {
 fn new_instance_resets_baselines_and_old_instances_stay_retired() {
     let f = Fixture::new();
     let w = f.add("a", 1);
+    let mut restarts = f.table.restarts();
     let counters = |tokens, busy| native(0, 1).with_prefill_counters(tokens, busy);
     f.apply(&w, report(&w, 1, 50, vec![counters(0, 0)])).expect("first");
     f.apply(&w, report(&w, 1, 51, vec![counters(5_000, 1_000_000)])).expect("second");
     let rate = f.load(&w).and_then(|l| l.native).and_then(|n| n.prefill_tokens_per_sec);
     assert_eq!(rate, Some(5_000.0));
 
+    assert!(restarts.try_recv().is_err(), "a first instance is no restart");
     // A restart: sequence starts over, counters are small again.
     f.apply(&w, report(&w, 2, 1, vec![counters(9_000, 2_000_000)])).expect("restart");
+    assert_eq!(restarts.try_recv().ok().as_ref(), Some(w.id()), "the restart is told");
+    assert!(restarts.try_recv().is_err(), "once");
     let native_load = f.load(&w).and_then(|l| l.native).expect("native");
     assert_eq!(native_load.prefill_tokens_per_sec, None, "no rate across instances");
     assert_eq!(native_load.prefill_queue_ms, None);

@@ -17,7 +17,9 @@ use router_state_load::{
     RankSample, ReportIntervalControl, SubscriptionConfig, TableConfig,
 };
 use router_test_support::on_change;
-use router_workers::{LoadPollSpec, ModelId, Stage, Worker, WorkerRegistry, WorkerSpec};
+use router_workers::{
+    LoadPollFormat, LoadPollSpec, ModelId, Stage, Worker, WorkerRegistry, WorkerSpec,
+};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -208,7 +210,7 @@ pub fn reporter_worker(id: &str, dp_size: u32, addr: SocketAddr) -> Worker {
 pub fn polled_worker(id: &str, dp_size: u32, addr: SocketAddr, interval_ms: u64) -> Worker {
     let spec = WorkerSpec {
         url: format!("http://{addr}"),
-        load_poll: Some(LoadPollSpec { interval_ms }),
+        load_poll: Some(LoadPollSpec::new(interval_ms, LoadPollFormat::Sglang)),
         ..spec(id, dp_size)
     };
     Worker::from_spec(&spec, vec![ModelId::new("m")]).expect("worker")
