@@ -196,6 +196,10 @@ impl Exchange<'_> {
         metrics: AnswerMetrics,
     ) -> Response {
         let by_a_task = body.handed_over_by_a_task();
+        let sse = parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
         let body = GuardedBody::new(
             body,
             guards,
@@ -206,6 +210,7 @@ impl Exchange<'_> {
             Some(metrics),
         );
         let body = if by_a_task { body.handed_over_by_a_task() } else { body };
+        let body = if sse { body.sse_events() } else { body };
         response(parts, Body::new(body))
     }
 

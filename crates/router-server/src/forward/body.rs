@@ -55,6 +55,10 @@ const COALESCE_ROUNDS: u8 = 32;
 /// comes after the engine connection's task had its turn.
 const QUIET_POLLS: u8 = 2;
 
+/// Most bytes of one unfinished SSE event held back ([`GuardedBody::sse_events`]); a longer
+/// event passes on as it comes.
+const MAX_HELD_EVENT: usize = 8 << 20;
+
 /// An engine's streamed (SSE) response body on its way to the client.
 pub(crate) struct GuardedBody<B: Body = crate::forward::EngineBody> {
     inner: B,
@@ -83,6 +87,10 @@ pub(crate) struct GuardedBody<B: Body = crate::forward::EngineBody> {
     prefilled: bool,
     /// What the end of the stream reports to the metrics.
     timing: Option<StreamTiming>,
+    /// Only whole SSE events are passed on ([`GuardedBody::sse_events`]).
+    sse: bool,
+    /// The start of an event whose end has not arrived yet.
+    held: BytesMut,
 }
 
 /// What an answer's metrics are labelled with and measured from.
@@ -134,6 +142,20 @@ impl AnswerMetrics {
         }
         metrics::answer(self.model.as_str(), worker.id().as_str(), None, None, e2e, usage);
     }
+}
+
+/// Whether `data` ends with the blank line that ends an SSE event.
+fn ends_an_event(data: &[u8]) -> bool {
+    data.ends_with(b"\n\n") || data.ends_with(b"\r\n\r\n") || data.ends_with(b"\r\r")
+}
+
+/// The length of `data` up to the end of its last whole SSE event (its blank line included),
+/// `None` when it holds none.
+fn events_end(data: &[u8]) -> Option<usize> {
+    let lf = memchr::memmem::rfind(data, b"\n\n").map(|at| at + 2);
+    let crlf = memchr::memmem::rfind(data, b"\n\r\n").map(|at| at + 3);
+    let cr = memchr::memmem::rfind(data, b"\r\r").map(|at| at + 2);
+    lf.max(crlf).max(cr)
 }
 
 /// A stream's timing so far: the first and the last data frame, and the last two frames.
@@ -209,7 +231,32 @@ impl<B: Body> GuardedBody<B> {
             finished: false,
             prefilled: false,
             timing,
+            sse: false,
+            held: BytesMut::new(),
         }
+    }
+
+    /// Passes on only whole SSE events: an event the engine split over several writes waits
+    /// for its end (up to [`MAX_HELD_EVENT`] bytes), so that a failure mid-event ends the stream
+    /// with an error event of its own instead of one glued to half an event, which no client
+    /// could parse. Engines write whole events, so nothing waits in practice.
+    pub(crate) fn sse_events(mut self) -> Self {
+        self.sse = true;
+        self
+    }
+
+    /// The whole events of `data` and what was held before it; `None` while no event is
+    /// complete.
+    fn whole_events(&mut self, data: Bytes) -> Option<Bytes> {
+        if self.held.is_empty() && ends_an_event(&data) {
+            return Some(data);
+        }
+        self.held.extend_from_slice(&data);
+        if self.held.len() > MAX_HELD_EVENT {
+            return Some(self.held.split().freeze());
+        }
+        let end = events_end(&self.held)?;
+        Some(self.held.split_to(end).freeze())
     }
 
     /// The engine's frames are handed over by a connection task of its own, one at a time:
@@ -240,6 +287,8 @@ impl<B: Body> GuardedBody<B> {
         if let ApiError::Engine(failure) = error {
             metrics::engine_failure(failure.worker().as_str(), failure.kind());
         }
+        // The unfinished event is dropped: the error event stands alone.
+        self.held.clear();
         self.finish(outcome);
         Poll::Ready(Some(Ok(Frame::data(Bytes::from(format!("data: {}\n\n", error.body()))))))
     }
@@ -257,6 +306,10 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         match polled {
             Poll::Pending => Poll::Pending,
+            // The engine ended without closing its last event: what it sent goes on as sent.
+            Poll::Ready(None) if !self.held.is_empty() => {
+                Poll::Ready(Some(Ok(Frame::data(self.held.split().freeze()))))
+            }
             Poll::Ready(None) => {
                 if !self.finished
                     && let Some(timing) = self.timing.take()
@@ -363,7 +416,17 @@ where
         };
         this.rounds = 0;
         this.quiet = 0;
-        let data = batch.into_bytes();
+        let mut data = batch.into_bytes();
+        if this.sse {
+            match this.whole_events(data) {
+                Some(whole) => data = whole,
+                None => {
+                    // Half an event: poll again for the rest.
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+            }
+        }
         if let Some(timing) = &mut this.timing {
             timing.passed(&data, first_arrived, this.idle.last_progress, &this.worker);
         }

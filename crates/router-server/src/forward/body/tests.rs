@@ -245,6 +245,36 @@ async fn a_mid_stream_failure_is_an_error_event_and_the_engines_failure() {
     assert_eq!(fixture.held(), 0);
 }
 
+/// Found attacking the router: an engine dying mid-event had the error event glued onto half
+/// an event (`data: {"partialdata: {"error":...}}`), which no client can parse. Only whole
+/// events pass now, so every `data:` line the client gets is JSON.
+#[tokio::test]
+async fn an_engine_dying_mid_event_leaves_only_whole_events_and_the_error_event() {
+    let fixture = Fixture::new();
+    let engine = Scripted::new([
+        Step::Data("data: {\"a\":1}\n\ndata: {\"b\""),
+        Step::Pending,
+        Step::Data(":2}\n\ndata: {\"partial"),
+        Step::Pending,
+        Step::Fail,
+    ]);
+    let got = frames(fixture.body(engine, None).sse_events()).await;
+    let text = got.concat();
+    assert!(!text.contains("partial"), "the cut event is dropped: {text:?}");
+    for line in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        serde_json::from_str::<serde_json::Value>(line)
+            .unwrap_or_else(|err| panic!("{line:?} is no JSON ({err}) in {text:?}"));
+    }
+    assert!(text.starts_with("data: {\"a\":1}\n\ndata: {\"b\":2}\n\n"), "{text:?}");
+    assert_eq!(error_event(got.last().expect("frames"))["error"]["code"], "engine_failed");
+
+    // CRLF events and an unterminated last event at a normal end pass on as they are.
+    let engine =
+        Scripted::new([Step::Data("data: 1\r\n\r\ndata: "), Step::Pending, Step::Data("2")]);
+    let got = frames(Fixture::new().body(engine, None).sse_events()).await;
+    assert_eq!(got.concat(), "data: 1\r\n\r\ndata: 2");
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_engine_silent_past_its_idle_limit_ends_the_stream_as_a_timeout() {
     let fixture = Fixture::new();

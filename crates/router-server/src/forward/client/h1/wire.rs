@@ -147,9 +147,7 @@ pub(super) fn parse_head(buf: &mut BytesMut) -> Result<Option<AnswerHead>, WireE
     for field in answer.headers.iter() {
         let (name, value) = (field.name.as_bytes(), field.value);
         if name.eq_ignore_ascii_case(CONTENT_LENGTH.as_str().as_bytes()) {
-            let parsed = std::str::from_utf8(value)
-                .ok()
-                .and_then(|text| text.trim().parse::<u64>().ok())
+            let parsed = content_length(value)
                 .ok_or(WireError::Malformed("a Content-Length that is not a number"))?;
             if length_field.is_some_and(|earlier| earlier != parsed) {
                 return Err(WireError::Malformed("two different Content-Length fields"));
@@ -190,10 +188,29 @@ pub(super) fn parse_head(buf: &mut BytesMut) -> Result<Option<AnswerHead>, WireE
     } else {
         length_field.map_or(Framing::UntilClose, Framing::Length)
     };
-    if framing == Framing::UntilClose {
+    // Both framings at once is how requests are smuggled: answered, but never reused.
+    if framing == Framing::UntilClose || (coded && length_field.is_some()) {
         reusable = false;
     }
     Ok(Some(AnswerHead { status, headers, framing, reusable }))
+}
+
+/// A Content-Length value as hyper reads it: decimal digits only (no sign, no space inside),
+/// or a list of equal such values; `None` otherwise.
+fn content_length(value: &[u8]) -> Option<u64> {
+    let mut length = None;
+    for item in value.split(|b| *b == b',') {
+        let digits = item.trim_ascii();
+        if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+            return None;
+        }
+        let parsed = digits.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        if length.is_some_and(|earlier| earlier != parsed) {
+            return None;
+        }
+        length = Some(parsed);
+    }
+    length
 }
 
 /// What the decoder made of the bytes at hand.
@@ -233,7 +250,10 @@ impl Chunked {
                     let Some(line) = line_end(buf, "a chunk size line")? else {
                         break Decoded::More;
                     };
-                    let size = chunk_size(trim_cr(&buf[..line]))?;
+                    let Some(sized) = buf[..line].strip_suffix(b"\r") else {
+                        return Err(WireError::Malformed("a chunk size line without its CR"));
+                    };
+                    let size = chunk_size(sized)?;
                     buf.advance(line + 1);
                     *self = if size == 0 { Chunked::Trailers(0) } else { Chunked::Data(size) };
                 }
@@ -332,11 +352,12 @@ fn trim_cr(line: &[u8]) -> &[u8] {
     line.strip_suffix(b"\r").unwrap_or(line)
 }
 
-/// The size of a chunk-size line, its extensions ignored.
+/// The size of a chunk-size line, its extensions (`;name=value`, after optional blanks)
+/// ignored; anything else after the digits is refused, as hyper refuses it.
 fn chunk_size(line: &[u8]) -> Result<u64, WireError> {
     let digits = line.iter().take_while(|byte| byte.is_ascii_hexdigit()).count();
-    let rest = &line[digits..];
-    if digits == 0 || digits > 15 || !matches!(rest.first(), None | Some(b';' | b' ' | b'\t')) {
+    let rest = line[digits..].trim_ascii_start();
+    if digits == 0 || digits > 15 || !matches!(rest.first(), None | Some(b';')) {
         return Err(WireError::Malformed("a chunk size that is not a hexadecimal number"));
     }
     // Folded by hand: a stream of one event per token has a size line per event, and going

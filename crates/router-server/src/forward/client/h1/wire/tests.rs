@@ -69,11 +69,11 @@ fn framing_follows_rfc_9112() {
     let cases = [
         ("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", Framing::Chunked, true),
         ("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, Chunked\r\n\r\n", Framing::Chunked, true),
-        // Transfer-Encoding wins over Content-Length.
+        // Transfer-Encoding wins over Content-Length, and the connection is not reused.
         (
             "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
             Framing::Chunked,
-            true,
+            false,
         ),
         ("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\n", Framing::UntilClose, false),
         ("HTTP/1.1 200 OK\r\n\r\n", Framing::UntilClose, false),
@@ -104,6 +104,10 @@ fn a_malformed_head_is_refused_with_its_reason() {
         ("HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\n", "two different"),
         ("HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", "not a number"),
         ("HTTP/1.1 200 OK\r\nContent-Length: 1e3\r\n\r\n", "not a number"),
+        // Found attacking the router: accepted where hyper refuses.
+        ("HTTP/1.1 200 OK\r\nContent-Length: +5\r\n\r\n", "not a number"),
+        ("HTTP/1.1 200 OK\r\nContent-Length: 5, 6\r\n\r\n", "not a number"),
+        ("HTTP/1.1 200 OK\r\nContent-Length: 5 5\r\n\r\n", "not a number"),
         ("SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.1"),
         ("HTTP/1.1 200 OK\r\nBad Name: x\r\n\r\n", "not an HTTP/1.1"),
     ];
@@ -151,6 +155,17 @@ fn decode_in_pieces(wire: &[u8], cuts: &[usize]) -> Result<(Vec<u8>, Vec<u8>), W
 const CHUNKED: &[u8] =
     b"5\r\nhello\r\n7;ext=1\r\n, world\r\n1 \r\n!\r\n0\r\nX-Trailer: t\r\n\r\nNEXT";
 
+/// An answer framed both ways is read by its Transfer-Encoding and its connection never reused
+/// (the ambiguity request smuggling lives on); a list of equal lengths is one length.
+#[test]
+fn an_answer_with_both_framings_closes_its_connection() {
+    let both = head("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 5\r\n\r\n");
+    assert_eq!(both.framing, Framing::Chunked);
+    assert!(!both.reusable);
+    let listed = head("HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\n");
+    assert_eq!((listed.framing, listed.reusable), (Framing::Length(5), true));
+}
+
 #[test]
 fn a_chunked_body_decodes_to_its_data_and_leaves_what_follows() {
     let (data, rest) = decode_in_pieces(CHUNKED, &[]).expect("valid");
@@ -183,8 +198,11 @@ proptest! {
 #[test]
 fn a_malformed_chunked_body_is_refused_with_its_reason() {
     let long_line = format!("5;{}\r\nhello\r\n0\r\n\r\n", "x".repeat(5000));
-    let cases: [(&[u8], &str); 5] = [
+    let cases: [(&[u8], &str); 7] = [
         (b"zz\r\nhello\r\n0\r\n\r\n", "not a hexadecimal number"),
+        // Found attacking the router: accepted where hyper refuses.
+        (b"5\nhello\r\n0\r\n\r\n", "without its CR"),
+        (b"5 junk\r\nhello\r\n0\r\n\r\n", "not a hexadecimal number"),
         (b"5\r\nhello!!\r\n0\r\n\r\n", "longer than its size"),
         (b"10000000000000000\r\n", "not a hexadecimal number"),
         (b"5x\r\nhello\r\n0\r\n\r\n", "not a hexadecimal number"),
