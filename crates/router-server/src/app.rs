@@ -10,9 +10,7 @@ use http::HeaderName;
 use metrics_exporter_prometheus::PrometheusHandle;
 use parking_lot::Mutex;
 use router_policies::{BlockSize, CacheSources, LoadHandles, Pick, PolicyHandles, RequestTokens};
-use router_state_kv::{
-    KvIndex, KvStats, KvSubscriptions, Predictions, SubscriptionConfig as KvSubscriptionConfig,
-};
+use router_state_kv::{KvIndex, KvStats, KvSubscriptions, Predictions};
 use router_state_load::{
     Clock, EngineReportedLoadTable, Inflight, InflightGuard, LoadSubscriptions, SubscriptionConfig,
     SystemClock,
@@ -109,7 +107,7 @@ impl AppContext {
             KvSubscriptions::new(
                 Arc::clone(kv_index),
                 Arc::clone(&registry),
-                KvSubscriptionConfig::default(),
+                config.kv.subscriptions(),
             )
         });
         let credentials = Credentials::resolve(&config.server).map_err(|err| {

@@ -196,6 +196,15 @@ pub(crate) enum EngineError {
         /// How long it was silent.
         silence: Duration,
     },
+    /// A whole (non-streamed) answer not finished within `server.answer_timeout_secs` of its
+    /// dispatch.
+    #[error("engine {worker} did not finish its answer within {} s", limit.as_secs())]
+    Overdue {
+        /// The engine.
+        worker: WorkerId,
+        /// The deadline's length.
+        limit: Duration,
+    },
     /// A whole (non-streamed) answer larger than the router buffers.
     #[error("engine {worker} answered more than {limit} bytes")]
     AnswerTooLarge {
@@ -282,6 +291,7 @@ impl EngineError {
             | EngineError::Refused { worker, .. }
             | EngineError::MidResponse { worker, .. }
             | EngineError::Stalled { worker, .. }
+            | EngineError::Overdue { worker, .. }
             | EngineError::AnswerTooLarge { worker, .. } => worker,
         }
     }
@@ -296,12 +306,18 @@ impl EngineError {
             EngineError::Refused { .. } => "refused",
             EngineError::MidResponse { .. } => "transport",
             EngineError::Stalled { .. } => "stalled",
+            EngineError::Overdue { .. } => "overdue",
             EngineError::AnswerTooLarge { .. } => "too_large",
         }
     }
 
     fn is_timeout(&self) -> bool {
-        matches!(self, EngineError::Send(SendError::Timeout { .. }) | EngineError::Stalled { .. })
+        matches!(
+            self,
+            EngineError::Send(SendError::Timeout { .. })
+                | EngineError::Stalled { .. }
+                | EngineError::Overdue { .. }
+        )
     }
 
     fn code(&self) -> &'static str {

@@ -242,7 +242,7 @@ async fn kv_indexer(file: &std::path::Path, listen: &str) -> Result<ExitCode> {
     let subscriptions = router_state_kv::KvSubscriptions::new(
         Arc::clone(&index),
         Arc::clone(&registry),
-        router_state_kv::SubscriptionConfig::default(),
+        config.kv.subscriptions(),
     );
     let listener =
         tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;

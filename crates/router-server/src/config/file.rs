@@ -99,6 +99,14 @@ pub struct ServerSection {
     /// arrived; beyond it a stream ends with an error event and a whole answer is a 504. Long
     /// prefills send their head early, so this is generous.
     pub engine_idle_timeout_secs: u64,
+    /// Longest time from dispatch to the last byte of a non-streamed answer, head and body
+    /// together, in seconds (per attempt, and per exchange of a PD pair); beyond it a 504
+    /// `engine_timeout`. An engine trickling a byte now and then cannot hold a request past it.
+    pub answer_timeout_secs: u64,
+    /// Longest time from dispatch to the first byte of a streamed answer's body, in seconds;
+    /// beyond it the stream ends with an error event (after that, `engine_idle_timeout_secs`
+    /// bounds each silence).
+    pub first_byte_timeout_secs: u64,
     /// How long shutdown waits for in-flight requests, in seconds.
     pub shutdown_drain_secs: u64,
     /// A client must send a request's whole head within this many seconds of starting it (or
@@ -162,6 +170,8 @@ impl Default for ServerSection {
             queue_timeout_secs: 60,
             request_timeout_secs: 1800,
             engine_idle_timeout_secs: 300,
+            answer_timeout_secs: 1800,
+            first_byte_timeout_secs: 1800,
             shutdown_drain_secs: 30,
             header_read_timeout_secs: 30,
             body_read_timeout_secs: 60,
@@ -261,19 +271,35 @@ pub struct KvSection {
     pub predicted_ttl_ms: u64,
     /// Most predicted blocks remembered per (model, engine), oldest dropped first.
     pub predicted_max_blocks_per_worker: usize,
+    /// Largest KV-event message (and so frame) an engine may send, in bytes; one past it is
+    /// refused at its frame header and its connection dropped. The payload limit too.
+    pub max_message_bytes: usize,
+    /// Most frames in one KV-event message; a message past it is refused likewise.
+    pub max_frames_per_message: usize,
 }
 
 impl Default for KvSection {
     fn default() -> Self {
+        let subscriptions = router_state_kv::SubscriptionConfig::default();
         Self {
             max_index_nodes: 4_000_000,
             predicted_ttl_ms: 5_000,
             predicted_max_blocks_per_worker: 1 << 16,
+            max_message_bytes: subscriptions.max_message_bytes,
+            max_frames_per_message: subscriptions.max_frames_per_message,
         }
     }
 }
 
 impl KvSection {
+    /// The KV-event subscriptions' settings: the message limits of this section.
+    pub fn subscriptions(&self) -> router_state_kv::SubscriptionConfig {
+        router_state_kv::SubscriptionConfig::with_message_limits(
+            self.max_message_bytes,
+            self.max_frames_per_message,
+        )
+    }
+
     /// The predicted-entry settings, `None` when they are off.
     pub fn predictions(&self) -> Option<router_state_kv::PredictionConfig> {
         (self.predicted_ttl_ms > 0 && self.predicted_max_blocks_per_worker > 0).then(|| {

@@ -223,9 +223,31 @@ pub fn build_models(
 /// The largest tree the prefix index can address (two node ids are sentinels).
 const MAX_TREE_NODES: usize = (u32::MAX - 2) as usize;
 
+/// The smallest `kv.max_message_bytes`: an engine's handshake and a small batch must fit.
+const MIN_KV_MESSAGE_BYTES: usize = 1024;
+/// The fewest `kv.max_frames_per_message`: a replay reply has 4 frames.
+const MIN_KV_FRAMES: usize = 4;
+
 /// `kv.max_index_nodes` must give every configured model a tree of at least one node and at
-/// most [`MAX_TREE_NODES`], since the bound is split evenly between them.
+/// most [`MAX_TREE_NODES`], since the bound is split evenly between them; the KV-event message
+/// limits must let an engine's messages through.
 fn kv_problems(config: &ConfigFile, problems: &mut Problems) {
+    let kv = &config.kv;
+    if kv.max_message_bytes < MIN_KV_MESSAGE_BYTES {
+        problems.push(
+            "kv.max_message_bytes",
+            format!("{} is below the minimum of {MIN_KV_MESSAGE_BYTES}", kv.max_message_bytes),
+        );
+    }
+    if kv.max_frames_per_message < MIN_KV_FRAMES {
+        problems.push(
+            "kv.max_frames_per_message",
+            format!(
+                "{} is below {MIN_KV_FRAMES}, the frames of a replay reply",
+                kv.max_frames_per_message
+            ),
+        );
+    }
     let models = config.models.len().max(1);
     let nodes = config.kv.max_index_nodes;
     if nodes < models {

@@ -152,6 +152,18 @@ fn settings_out_of_range_name_their_key() {
             "exceeds 4294967293 nodes per model",
         ),
         (
+            "a kv message limit too small for any batch",
+            one_model("kv: {max_message_bytes: 100}", "", workers, groups),
+            "kv.max_message_bytes",
+            "100 is below the minimum of 1024",
+        ),
+        (
+            "fewer kv frames than a replay reply has",
+            one_model("kv: {max_frames_per_message: 3}", "", workers, groups),
+            "kv.max_frames_per_message",
+            "3 is below 4",
+        ),
+        (
             "a zero session idle timeout",
             one_model("", "affinity: {session_idle_timeout_secs: 0}", workers, groups),
             "models[0].affinity.session_idle_timeout_secs",

@@ -183,9 +183,11 @@ impl Exchange<'_> {
         self.streamed && parts.status.is_success()
     }
 
-    /// The client's response streaming the engine's body, holding `guards` until it ends.
-    /// A message on `partner_failure` ends the stream with that error. A stream that ends
-    /// normally is measured for `metrics`.
+    /// The client's response streaming the engine's body, holding `guards` until it ends; its
+    /// first byte must come within `server.first_byte_timeout_secs` of `dispatched`. A message
+    /// on `partner_failure` ends the stream with that error. A stream that ends normally is
+    /// measured for `metrics`.
+    #[expect(clippy::too_many_arguments, reason = "one stream's parts, each used once")]
     fn stream(
         &self,
         parts: Parts,
@@ -194,6 +196,7 @@ impl Exchange<'_> {
         worker: &Arc<Worker>,
         partner_failure: Option<oneshot::Receiver<ApiError>>,
         metrics: AnswerMetrics,
+        dispatched: std::time::Instant,
     ) -> Response {
         let by_a_task = body.handed_over_by_a_task();
         let sse = parts
@@ -211,35 +214,50 @@ impl Exchange<'_> {
         );
         let body = if by_a_task { body.handed_over_by_a_task() } else { body };
         let body = if sse { body.sse_events() } else { body };
+        let first_byte = Duration::from_secs(self.ctx.server().first_byte_timeout_secs);
+        let body = body.first_frame_by(dispatched + first_byte);
         response(parts, Body::new(body))
     }
 
-    /// The client's response carrying the engine's whole answer, measured for `metrics`.
+    /// The client's response carrying the engine's whole answer, measured for `metrics`; the
+    /// answer must end within `server.answer_timeout_secs` of `dispatched`.
     async fn whole(
         &self,
         parts: Parts,
         body: EngineBody,
         worker: &Worker,
         metrics: &AnswerMetrics,
+        dispatched: std::time::Instant,
     ) -> Result<Response, EngineError> {
-        let answer = self.read_answer(worker, body).await?;
+        let answer = self.read_answer(worker, body, dispatched).await?;
         metrics.whole(worker, &answer);
         Ok(response(parts, Body::from(answer)))
     }
 
     /// Reads an engine's whole body, at most [`WHOLE_ANSWER_LIMIT`] bytes with at most the
-    /// idle limit between two frames, and records the outcome.
+    /// idle limit between two frames, all of it within `server.answer_timeout_secs` of
+    /// `dispatched`, and records the outcome.
     async fn read_answer(
         &self,
         worker: &Worker,
         mut body: EngineBody,
+        dispatched: std::time::Instant,
     ) -> Result<Bytes, EngineError> {
         let limit = self.idle_limit();
+        let answer_limit = self.answer_limit();
+        let deadline = tokio::time::Instant::from_std(dispatched) + answer_limit;
         // The usual answer is one frame: kept inline, no vector allocated.
         let mut chunks: SmallVec<[Bytes; 1]> = SmallVec::new();
         let mut total = 0;
         let failed = loop {
-            let frame = match tokio::time::timeout(limit, body.frame()).await {
+            let idle_ends = tokio::time::Instant::now() + limit;
+            let frame = match tokio::time::timeout_at(idle_ends.min(deadline), body.frame()).await {
+                Err(_) if idle_ends >= deadline => {
+                    break EngineError::Overdue {
+                        worker: worker.id().clone(),
+                        limit: answer_limit,
+                    };
+                }
                 Err(_) => {
                     break EngineError::Stalled { worker: worker.id().clone(), silence: limit };
                 }
@@ -272,6 +290,11 @@ impl Exchange<'_> {
 
     fn idle_limit(&self) -> Duration {
         Duration::from_secs(self.ctx.server().engine_idle_timeout_secs)
+    }
+
+    /// `server.answer_timeout_secs`.
+    fn answer_limit(&self) -> Duration {
+        Duration::from_secs(self.ctx.server().answer_timeout_secs)
     }
 }
 

@@ -114,6 +114,7 @@ pub(super) async fn dispatch(
     let abort_prefill = AbortOnDrop(Some(prefill_task));
 
     let decode_worker = &decode.worker;
+    let decode_dispatched = std::time::Instant::now();
     let decode_send = x.send(decode_worker, decode_request);
     tokio::pin!(decode_send);
     let mut prefill_succeeded = false;
@@ -136,10 +137,19 @@ pub(super) async fn dispatch(
     let (parts, body) = x.checked(decode_worker, upstream).await.map_err(ApiError::Decode)?;
     let mut response = if x.streams(&parts) {
         let partner = (!prefill_succeeded).then_some(failed_rx);
-        x.stream(parts, body, vec![decode_guard], decode_worker, partner, d.answer_metrics())
+        let answer_metrics = d.answer_metrics();
+        x.stream(
+            parts,
+            body,
+            vec![decode_guard],
+            decode_worker,
+            partner,
+            answer_metrics,
+            decode_dispatched,
+        )
     } else {
         let answer_metrics = d.answer_metrics();
-        let answer = x.whole(parts, body, decode_worker, &answer_metrics);
+        let answer = x.whole(parts, body, decode_worker, &answer_metrics, decode_dispatched);
         let response = if prefill_succeeded {
             answer.await.map_err(ApiError::Decode)?
         } else {
@@ -171,6 +181,7 @@ async fn run_prefill(
     worker: &Worker,
     request: EngineRequest,
 ) -> Result<(), EngineError> {
+    let dispatched = std::time::Instant::now();
     let upstream = x.send(worker, request).await?;
     let (parts, body) = x.checked(worker, upstream).await?;
     if !parts.status.is_success() {
@@ -178,7 +189,7 @@ async fn run_prefill(
         let status = parts.status;
         return Err(counted(EngineError::Refused { worker: worker.id().clone(), status, text }));
     }
-    x.read_answer(worker, body).await.map(drop)
+    x.read_answer(worker, body, dispatched).await.map(drop)
 }
 
 /// The prefill partner's failure, if it fails; pending forever once it succeeded.

@@ -10,8 +10,8 @@ use axum::response::Response;
 use router_policies::Pick;
 use router_workers::Stage;
 
-use super::{Dispatch, ENGINE_HEADER, RANK_HEADER};
-use crate::error::ApiError;
+use super::{Dispatch, ENGINE_HEADER, RANK_HEADER, counted};
+use crate::error::{ApiError, EngineError};
 use crate::forward::{AnswerMetrics, TtftPrediction};
 use crate::metrics;
 
@@ -28,9 +28,23 @@ pub(super) async fn dispatch(
     let request = d.engine_request(worker, rank, &[]);
     let guard = d.dispatched(&pick, stage, rank);
     let dispatched_at = Instant::now();
-    let upstream = x.send(worker, request).await.map_err(ApiError::Engine)?;
-    metrics::time_to_response_head(d.model.as_str(), d.started.elapsed());
-    let (parts, body) = x.checked(worker, upstream).await.map_err(ApiError::Engine)?;
+    let head = async {
+        let upstream = x.send(worker, request).await?;
+        metrics::time_to_response_head(d.model.as_str(), d.started.elapsed());
+        x.checked(worker, upstream).await
+    };
+    // A whole answer's deadline covers its head too; a stream's head waits as long as
+    // `request_timeout_secs` lets it.
+    let (parts, body) = if x.streamed {
+        head.await
+    } else {
+        let deadline = tokio::time::Instant::from_std(dispatched_at) + x.answer_limit();
+        tokio::time::timeout_at(deadline, head).await.unwrap_or_else(|_| {
+            let (worker, limit) = (worker.id().clone(), x.answer_limit());
+            Err(counted(EngineError::Overdue { worker, limit }))
+        })
+    }
+    .map_err(ApiError::Engine)?;
     let prediction = pick.predicted_ttft_ms.map(|predicted_ms| TtftPrediction {
         predicted_ms,
         work_tokens: pick.predicted_work_tokens,
@@ -39,9 +53,9 @@ pub(super) async fn dispatch(
     });
     let answer_metrics = AnswerMetrics { prediction, ..d.answer_metrics() };
     let mut response = if x.streams(&parts) {
-        x.stream(parts, body, vec![guard], worker, None, answer_metrics)
+        x.stream(parts, body, vec![guard], worker, None, answer_metrics, dispatched_at)
     } else {
-        let response = x.whole(parts, body, worker, &answer_metrics).await;
+        let response = x.whole(parts, body, worker, &answer_metrics, dispatched_at).await;
         let response = response.map_err(ApiError::Engine)?;
         drop(guard);
         response

@@ -40,6 +40,8 @@ enum Script {
     Huge,
     /// This status, then a body that never comes.
     Stalls(u16),
+    /// 200, then one byte a second, forever.
+    Trickles,
     /// Nothing listens.
     Down,
 }
@@ -72,6 +74,13 @@ async fn respond(script: Script) -> Response {
             let status = StatusCode::from_u16(status).expect("status");
             let never = futures::stream::pending::<Result<Bytes, std::io::Error>>();
             (status, Body::from_stream(never)).into_response()
+        }
+        Script::Trickles => {
+            let bytes = futures::stream::unfold((), |()| async {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                Some((Ok::<_, std::io::Error>(Bytes::from_static(b" ")), ()))
+            });
+            (StatusCode::OK, Body::from_stream(bytes)).into_response()
         }
         Script::Down | Script::Breaks => unreachable!("not an axum engine"),
     }
@@ -125,7 +134,7 @@ async fn engine(model: &str, id: &str, script: Script) -> (Arc<AppContext>, Arc<
         }
     };
     let yaml = one_model(
-        "server: {engine_idle_timeout_secs: 5}\nhealth: {breaker_failures: 2}",
+        "server: {engine_idle_timeout_secs: 5, answer_timeout_secs: 8}\nhealth: {breaker_failures: 2}",
         model,
         &format!("[{{id: {id}, url: \"{url}\"}}]"),
         "{type: round_robin}",
@@ -274,7 +283,7 @@ async fn an_engine_silent_after_its_head_is_a_timeout_and_its_failure() {
     let (_, body) = x.checked(&worker, upstream).await.expect("a 200");
     tokio::time::pause();
     let started = tokio::time::Instant::now();
-    let err = x.read_answer(&worker, body).await.expect_err("the engine stalls");
+    let err = x.read_answer(&worker, body, std::time::Instant::now()).await.expect_err("stalls");
     assert!(started.elapsed() >= Duration::from_secs(5), "{:?}", started.elapsed());
     assert!(
         matches!(&err, EngineError::Stalled { silence, .. } if *silence == Duration::from_secs(5)),
@@ -286,6 +295,24 @@ async fn an_engine_silent_after_its_head_is_a_timeout_and_its_failure() {
     assert_eq!(heard(&ctx, &worker), Some(Outcome::Failure));
     let stalled = [("worker", "stalls-1"), ("kind", "stalled")];
     assert_eq!(metric("router_engine_failures_total", &stalled), Some(1.0));
+}
+
+/// Found attacking the router: an engine trickling a byte a second held a whole answer
+/// forever (only the silence between bytes was bounded).
+#[tokio::test]
+async fn an_engine_trickling_its_answer_is_cut_off_at_the_answer_deadline() {
+    let (ctx, worker) = engine("trickle", "trickles-1", Script::Trickles).await;
+    let pick = Pick::new(Arc::clone(&worker), PickReason::OnlyCandidate);
+    let started = std::time::Instant::now();
+    let err = dispatch(&ctx, "trickle", pick, false).await.expect_err("overdue");
+    let elapsed = started.elapsed();
+    assert!(
+        matches!(&err, ApiError::Engine(EngineError::Overdue { limit, .. }) if *limit == Duration::from_secs(8)),
+        "{err:?} after {elapsed:?}"
+    );
+    assert_eq!((err.status().as_u16(), err.kind().1), (504, "engine_timeout"));
+    let overdue = [("worker", "trickles-1"), ("kind", "overdue")];
+    assert_eq!(metric("router_engine_failures_total", &overdue), Some(1.0));
 }
 
 #[tokio::test]

@@ -236,6 +236,13 @@ impl<B: Body> GuardedBody<B> {
         }
     }
 
+    /// Ends the stream with a timeout unless its first frame comes by `deadline` (the idle
+    /// limit bounds each silence after that).
+    pub(crate) fn first_frame_by(mut self, deadline: std::time::Instant) -> Self {
+        self.idle.first_by = Some(Instant::from_std(deadline));
+        self
+    }
+
     /// Passes on only whole SSE events: an event the engine split over several writes waits
     /// for its end (up to [`MAX_HELD_EVENT`] bytes), so that a failure mid-event ends the stream
     /// with an error event of its own instead of one glued to half an event, which no client
@@ -401,7 +408,7 @@ where
                 Poll::Pending => {
                     if this.idle.poll_expired(cx).is_ready() {
                         let worker = this.worker.id().clone();
-                        let silence = this.idle.limit;
+                        let silence = this.idle.silence().max(Duration::from_secs(1));
                         let error = ApiError::Engine(EngineError::Stalled { worker, silence });
                         return this.fail(Outcome::Failure, &error);
                     }
@@ -490,20 +497,30 @@ struct Idle {
     limit: Duration,
     last_progress: Instant,
     timer: Option<Pin<Box<Sleep>>>,
+    /// Until the first frame: when it must have come at the latest.
+    first_by: Option<Instant>,
 }
 
 impl Idle {
     fn new(limit: Duration) -> Self {
-        Self { limit, last_progress: Instant::now(), timer: None }
+        Self { limit, last_progress: Instant::now(), timer: None, first_by: None }
     }
 
     fn progressed(&mut self) {
         self.last_progress = Instant::now();
+        self.first_by = None;
     }
 
-    /// Ready once the engine has been silent for the whole limit; else registers a wake-up.
+    /// How long the engine has been silent: since the last frame, or since the head.
+    fn silence(&self) -> Duration {
+        self.last_progress.elapsed()
+    }
+
+    /// Ready once the engine has been silent for the whole limit, or sent no first frame by
+    /// its deadline; else registers a wake-up.
     fn poll_expired(&mut self, cx: &mut Context<'_>) -> Poll<()> {
-        let deadline = self.last_progress + self.limit;
+        let idle = self.last_progress + self.limit;
+        let deadline = self.first_by.map_or(idle, |first| first.min(idle));
         let timer = self.timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
         loop {
             if timer.as_mut().poll(cx).is_pending() {

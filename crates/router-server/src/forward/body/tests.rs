@@ -289,6 +289,28 @@ async fn an_engine_silent_past_its_idle_limit_ends_the_stream_as_a_timeout() {
     assert_eq!(fixture.held(), 0);
 }
 
+/// A stream whose first byte does not come by its deadline ends there, well before the idle
+/// limit; once the first byte came, only the idle limit counts.
+#[tokio::test(start_paused = true)]
+async fn a_stream_without_its_first_byte_by_the_deadline_ends_as_a_timeout() {
+    let fixture = Fixture::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let body = fixture.body(Scripted::stalling([]), None).first_frame_by(deadline);
+    let started = tokio::time::Instant::now();
+    let got = frames(body).await;
+    let waited = started.elapsed();
+    assert!(waited >= Duration::from_secs(20) && waited < Duration::from_secs(300), "{waited:?}");
+    assert_eq!(error_event(&got[0])["error"]["code"], "engine_timeout", "{got:?}");
+
+    let fixture = Fixture::new();
+    let engine = Scripted::stalling([Step::Data("data: 1\n\n")]);
+    let body = fixture.body(engine, None).first_frame_by(std::time::Instant::now());
+    let started = tokio::time::Instant::now();
+    let got = frames(body).await;
+    assert!(started.elapsed() >= Duration::from_secs(300), "the idle limit after the first byte");
+    assert_eq!(got[0], "data: 1\n\n");
+}
+
 #[tokio::test]
 async fn a_failed_prefill_partner_ends_the_decode_stream_without_blaming_decode() {
     let fixture = Fixture::new();
