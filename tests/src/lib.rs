@@ -136,6 +136,23 @@ impl Process {
         None
     }
 
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Resident memory now, in bytes (`VmRSS` of `/proc/<pid>/status`).
+    pub fn rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("the process's status");
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS");
+        kib * 1024
+    }
+
     /// Kills the process now.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

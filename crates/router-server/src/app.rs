@@ -60,6 +60,8 @@ pub struct AppContext {
     retry_budget: RetryBudget,
     draining: AtomicBool,
     admission: Arc<Admission>,
+    /// The bounds on request bodies arriving and in memory.
+    bodies: Arc<crate::limit::BodyBudget>,
     rate_limits: Arc<RateLimits>,
     model_cards: Arc<ModelCards>,
     /// How often and how patiently the model cards are refreshed (the health checker's).
@@ -164,6 +166,12 @@ impl AppContext {
             credentials: Arc::new(credentials),
             retry_budget: RetryBudget::new(&config.server.retry),
             draining: AtomicBool::new(false),
+            bodies: Arc::new(crate::limit::BodyBudget::new(
+                config.server.max_pending_bodies,
+                config.server.max_inflight_body_bytes,
+                config.server.max_body_bytes,
+                config.server.body_read_timeout_secs,
+            )),
             admission: Arc::new(Admission::new(
                 config.server.max_concurrent_requests,
                 config.server.queue_size,
@@ -454,6 +462,11 @@ impl AppContext {
     /// The rate limits of the client keys.
     pub(crate) fn rate_limits(&self) -> &Arc<RateLimits> {
         &self.rate_limits
+    }
+
+    /// The bounds on request bodies arriving and in memory.
+    pub(crate) fn bodies(&self) -> &Arc<crate::limit::BodyBudget> {
+        &self.bodies
     }
 
     /// The concurrency bound of inference requests and its queue.

@@ -79,6 +79,9 @@ pub(crate) enum ApiError {
     /// Every concurrency slot is taken and the admission queue is full.
     #[error("the router is at its concurrent request limit and its queue is full; retry shortly")]
     QueueFull,
+    /// The router holds as many request bodies as it may (arriving, or bytes in memory).
+    #[error("the router is receiving as many request bodies as it may; retry shortly")]
+    BodiesFull,
     /// The request waited its longest in the admission queue without a slot freeing.
     #[error("no concurrency slot freed within {secs} s in the admission queue; retry shortly")]
     QueueTimeout {
@@ -365,6 +368,7 @@ impl ApiError {
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             ApiError::Select(err) => select_status(err),
             ApiError::QueueFull
+            | ApiError::BodiesFull
             | ApiError::QueueTimeout { .. }
             | ApiError::RateLimited(Refusal::Limited { .. }) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::ShuttingDown | ApiError::NoEngineAnswered { .. } => {
@@ -406,6 +410,7 @@ impl ApiError {
             ApiError::Select(err) => select_kind(err),
             ApiError::ShuttingDown => ("service_unavailable", "shutting_down"),
             ApiError::QueueFull => ("rate_limit_exceeded", "queue_full"),
+            ApiError::BodiesFull => ("rate_limit_exceeded", "bodies_full"),
             ApiError::QueueTimeout { .. } => ("rate_limit_exceeded", "queue_timeout"),
             ApiError::RateLimited(Refusal::Limited { .. }) => {
                 ("rate_limit_exceeded", "rate_limited")

@@ -3,8 +3,10 @@
 //! `server.queue_timeout_secs`). A request beyond the bound waits in the queue for a slot; a full
 //! queue or an expired wait is a 429 with `Retry-After`, as the routers this one replaces answer.
 //! A client that goes away while queued leaves the queue (its wait is dropped). The queue holds
-//! only request heads: bodies are read once a slot is granted, so a flood cannot grow memory
-//! without bound. A request holds its slot until its response body ends or is dropped.
+//! requests whose bodies have arrived, within the bounds of [`BodyBudget`] (`bodies`): a
+//! request enters the queue, and its `queue_timeout_secs` starts, once its body is in memory;
+//! a slow upload holds no slot. A request holds its slot until its response body ends or is
+//! dropped.
 //!
 //! In front of the queue, each client key's rate limits ([`rate`]) refuse what is over them,
 //! so a limited request never takes a queue place.
@@ -28,8 +30,11 @@ use crate::config::ServerSection;
 use crate::error::ApiError;
 use crate::metrics;
 
+mod bodies;
 mod bucket;
 pub(crate) mod rate;
+
+pub(crate) use bodies::{BodyBudget, HeldBody};
 
 /// The concurrency bound and its queue, shared by every inference route.
 #[derive(Debug)]
@@ -157,16 +162,47 @@ pub(crate) fn rate_limited(
     Ok(limiter.limits_tokens().then(|| rate::TokenCharge(Arc::clone(limiter))))
 }
 
-/// Admits a request through `admission`, or answers why not.
+/// What [`concurrency`] reads: the body budget, the admission queue and the request-id headers.
+pub(crate) type AdmissionState = (Arc<BodyBudget>, Arc<Admission>, Arc<[http::HeaderName]>);
+
+/// Reads a request's body within the body budget, then admits it through the admission queue,
+/// or answers why not: the inference routes' layer (the router's own front does the same in
+/// `server/front.rs`).
 pub(crate) async fn concurrency(
-    State(admission): State<Arc<Admission>>,
+    State((bodies, admission, ids)): State<AdmissionState>,
     request: Request,
     next: Next,
 ) -> Response {
+    let (mut parts, body) = request.into_parts();
+    let incoming = crate::routes::body::IncomingBody::framed_by(&parts.headers, body);
+    let (bytes, held) = match bodies.receive(incoming).await {
+        Ok(received) => received,
+        Err(refusal) => return refused_body(refusal, &parts.headers, &ids),
+    };
+    // The body is whole now: nobody waits for a `100 Continue`.
+    parts.headers.remove(http::header::EXPECT);
+    let request = Request::from_parts(parts, Body::from(bytes));
     match admit(&admission).await {
-        Ok(permit) => holding(next.run(request).await, permit),
+        Ok(permit) => holding(next.run(request).await, (permit, held)),
         Err(refusal) => refusal.into_response(),
     }
+}
+
+/// The answer to a body refused before its request reached its handler (too large, too slow,
+/// no room), with the request id the handler would have given it (from `names`, else fresh),
+/// counted with the requests.
+pub(crate) fn refused_body(
+    refusal: ApiError,
+    headers: &http::HeaderMap,
+    names: &[http::HeaderName],
+) -> Response {
+    tracing::info!(error = %refusal, "request body refused");
+    let status = refusal.status().as_u16();
+    let mut response = refusal.into_response();
+    let id = crate::routes::body::request_id(headers, names);
+    response.headers_mut().insert(crate::routes::body::REQUEST_ID_HEADER, id);
+    metrics::request("", "", status, std::time::Duration::ZERO);
+    response
 }
 
 /// A slot of `admission`, or the refusal (429, counted by reason). What
@@ -181,14 +217,15 @@ pub(crate) async fn admit(admission: &Admission) -> Result<OwnedSemaphorePermit,
     })
 }
 
-/// `response`, its body holding `permit` until it ends or is dropped.
-pub(crate) fn holding(response: Response, permit: OwnedSemaphorePermit) -> Response {
-    response.map(|body| Body::new(PermitBody { inner: body, _permit: permit }))
+/// `response`, its body holding the request's slot and its body's bytes until it ends or is
+/// dropped.
+pub(crate) fn holding(response: Response, held: (OwnedSemaphorePermit, HeldBody)) -> Response {
+    response.map(|body| Body::new(PermitBody { inner: body, _held: held }))
 }
 
 struct PermitBody {
     inner: Body,
-    _permit: OwnedSemaphorePermit,
+    _held: (OwnedSemaphorePermit, HeldBody),
 }
 
 impl http_body::Body for PermitBody {

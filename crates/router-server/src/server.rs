@@ -28,7 +28,11 @@ use front::Front;
 pub fn routes(ctx: Arc<AppContext>) -> Router {
     let admin_routes = admin_routes(&ctx);
     // One bound on concurrent inference requests (and its queue), whichever endpoint they use.
-    let slot = || from_fn_with_state(Arc::clone(ctx.admission()), limit::concurrency);
+    let slot = || {
+        let ids: Arc<[http::HeaderName]> = ctx.request_id_headers().into();
+        let state = (Arc::clone(ctx.bodies()), Arc::clone(ctx.admission()), ids);
+        from_fn_with_state(state, limit::concurrency)
+    };
     // In front of it, each client key's rate limits: a limited request takes no queue place.
     let rate = || from_fn_with_state(Arc::clone(ctx.rate_limits()), limit::per_key);
     // A layer with nothing to do (no rate limit, no client key) is left out: each layer costs

@@ -99,6 +99,11 @@ pub struct ServerSection {
     /// arrived; beyond it a stream ends with an error event and a whole answer is a 504. Long
     /// prefills send their head early, so this is generous.
     pub engine_idle_timeout_secs: u64,
+    /// Most request bodies arriving at once; one more is a 429 `bodies_full` at its head.
+    pub max_pending_bodies: usize,
+    /// Most bytes of request bodies in memory at once (arriving, queued or being served); a
+    /// body that would pass it is a 429 `bodies_full`.
+    pub max_inflight_body_bytes: usize,
     /// Longest time from dispatch to the last byte of a non-streamed answer, head and body
     /// together, in seconds (per attempt, and per exchange of a PD pair); beyond it a 504
     /// `engine_timeout`. An engine trickling a byte now and then cannot hold a request past it.
@@ -170,6 +175,8 @@ impl Default for ServerSection {
             queue_timeout_secs: 60,
             request_timeout_secs: 1800,
             engine_idle_timeout_secs: 300,
+            max_pending_bodies: 1024,
+            max_inflight_body_bytes: 1 << 30,
             answer_timeout_secs: 1800,
             first_byte_timeout_secs: 1800,
             shutdown_drain_secs: 30,

@@ -91,6 +91,7 @@ async fn every_error_has_one_status_type_and_code() {
         (ApiError::Decode(timeout()), 504, "upstream_error", "engine_timeout"),
         (ApiError::Unauthorized("missing key"), 401, "authentication_error", "unauthorized"),
         (ApiError::QueueFull, 429, "rate_limit_exceeded", "queue_full"),
+        (ApiError::BodiesFull, 429, "rate_limit_exceeded", "bodies_full"),
         (ApiError::QueueTimeout { secs: 3 }, 429, "rate_limit_exceeded", "queue_timeout"),
         (
             ApiError::RateLimited(Refusal::Limited { client: Client::Anonymous, limit: RateLimit::Requests, retry_after_secs: 1 }),

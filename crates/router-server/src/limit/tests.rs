@@ -14,7 +14,7 @@ use http_body_util::BodyExt;
 use tokio::sync::mpsc;
 use tower::ServiceExt as _;
 
-use super::{Admission, concurrency};
+use super::{Admission, BodyBudget, concurrency};
 use crate::tests::{metric, text};
 
 /// A route whose answers stream what the test sends them, behind `admission`; the sender of
@@ -34,10 +34,15 @@ fn bounded(
             Body::from_stream(stream)
         }
     };
-    let app = axum::Router::new()
-        .route("/", axum::routing::get(handler))
-        .layer(from_fn_with_state(Arc::clone(admission), concurrency));
+    let app = axum::Router::new().route("/", axum::routing::get(handler)).layer(
+        from_fn_with_state((bodies_budget(), Arc::clone(admission), Arc::from([])), concurrency),
+    );
     (app, bodies)
+}
+
+/// Room for every test's bodies.
+fn bodies_budget() -> Arc<BodyBudget> {
+    Arc::new(BodyBudget::new(64, 1 << 20, 1 << 20, 5))
 }
 
 fn get() -> Request<Body> {

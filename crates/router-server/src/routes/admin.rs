@@ -273,6 +273,8 @@ pub(crate) async fn state(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
             "free_slots": ctx.admission().available(),
             "queued": ctx.admission().queued(),
             "queue_size": ctx.server().queue_size,
+            "bodies_arriving_room": ctx.bodies().arriving_room(),
+            "body_bytes_room": ctx.bodies().bytes_room(),
         },
         // The settings in effect (file, then flags), secrets left out.
         "settings": {

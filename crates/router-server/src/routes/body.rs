@@ -119,7 +119,7 @@ pub(crate) async fn read_body(
 /// Reads and drops the rest of a refused body for a few seconds, so that a client still
 /// sending it gets to read the 413 instead of a connection reset (NGINX's lingering close).
 /// Nothing is kept: memory stays bounded whatever the client sends.
-fn discard_in_background(mut body: Body) {
+pub(crate) fn discard_in_background(mut body: Body) {
     const LINGER: Duration = Duration::from_secs(5);
     tokio::spawn(async move {
         let drain = async { while let Some(Ok(_)) = body.frame().await {} };

@@ -22,7 +22,7 @@ use hyper_util::service::TowerToHyperService;
 
 use crate::app::AppContext;
 use crate::prepare::Endpoint;
-use crate::routes::body::IncomingBody;
+use crate::routes::body::{BodyFraming, IncomingBody};
 use crate::routes::inference;
 use crate::{auth, limit};
 
@@ -106,10 +106,17 @@ pub(super) async fn serve(
         Ok(charge) => charge,
         Err(refusal) => return refusal.into_response(),
     };
+    // The body first, within its own bounds; then a slot (the queue holds whole requests).
+    let (bytes, held) = match ctx.bodies().receive(body).await {
+        Ok(received) => received,
+        Err(refusal) => return limit::refused_body(refusal, &headers, ctx.request_id_headers()),
+    };
     let permit = match limit::admit(ctx.admission()).await {
         Ok(permit) => permit,
         Err(refusal) => return refusal.into_response(),
     };
+    let framing = BodyFraming { declared: Some(bytes.len() as u64), waits_for_continue: false };
+    let body = IncomingBody { body: Body::from(bytes), framing };
     let response = inference::endpoint_request(endpoint, ctx, charge, headers, body);
-    limit::holding(response.await, permit)
+    limit::holding(response.await, (permit, held))
 }

@@ -17,7 +17,8 @@
 //! - every write under the socket's write timeout (`server.client_write_timeout_secs`);
 //! - a client that closes its side cancels its request, as dropping it does everywhere;
 //! - pipelined requests answered in order, a body that arrives after its head fed to the
-//!   handler as it comes, and a body the handler refused read to its end (or closed on);
+//!   handler as fast as it takes it (the socket is not read while it is behind), and a body
+//!   the handler refused read to its end (or closed on);
 //! - a stop lets the request in progress finish, answers it with `connection: close`, and
 //!   closes idle connections at once.
 //!
@@ -46,7 +47,7 @@ use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, Sleep};
 use tokio_io_timeout::TimeoutStream;
-use tokio_stream::wrappers::UnboundedReceiverStream;
+use tokio_stream::wrappers::ReceiverStream;
 
 use super::ConnectionLimits;
 use super::front::{self, Direct};
@@ -225,11 +226,24 @@ struct Connection {
     limits: ConnectionLimits,
 }
 
-/// A request body still arriving, fed to its handler as it comes.
+/// A request body still arriving, fed to its handler as it takes it: through a channel of
+/// [`FEED_CHUNKS`] reads, and while that is full the bytes wait in the connection's buffer,
+/// which is not read past a head's worth. A body waits in no unbounded buffer.
 struct Feed {
-    to_handler: mpsc::UnboundedSender<Result<Bytes, std::io::Error>>,
+    to_handler: mpsc::Sender<Result<Bytes, std::io::Error>>,
     /// Bytes of the body not yet read.
     remaining: u64,
+}
+
+/// Reads of a body that may wait for its handler.
+const FEED_CHUNKS: usize = 2;
+
+/// Resolves once `feed`'s handler can take more (at once without a feed).
+async fn room(feed: &Option<Feed>) {
+    if let Some(Feed { to_handler, .. }) = feed {
+        // The permit is given back at once: the next feed takes it again.
+        let _ = to_handler.reserve().await;
+    }
 }
 
 impl Connection {
@@ -287,19 +301,21 @@ impl Connection {
             let length = usize::try_from(length).unwrap_or(usize::MAX);
             (Body::from(self.buf.split_to(length).freeze()), None)
         } else {
-            let (to_handler, from_client) = mpsc::unbounded_channel();
+            let (to_handler, from_client) = mpsc::channel(FEED_CHUNKS);
             let mut feed = Some(Feed { to_handler, remaining: length });
             self.feed(&mut feed);
-            (Body::from_stream(UnboundedReceiverStream::new(from_client)), feed)
+            (Body::from_stream(ReceiverStream::new(from_client)), feed)
         };
         // The loop serves no `Expect` (hyper does), and knows the length it read.
         let framing = BodyFraming { declared: Some(length), waits_for_continue: false };
         let body = IncomingBody { body, framing };
         let mut answer = std::pin::pin!(front::serve(endpoint, Arc::clone(ctx), headers, body));
         let response = loop {
+            let waiting = self.waits_for_room(&feed);
             tokio::select! {
                 biased;
                 response = &mut answer => break response,
+                () = room(&feed), if waiting => self.feed(&mut feed),
                 read = self.read(), if self.wants_read() => {
                     if !read {
                         // The client is gone: dropping its request cancels it.
@@ -316,8 +332,10 @@ impl Connection {
         // A body still arriving for a handler that holds it (a refused body drained in the
         // background) is read to its end before the next request.
         while let Some(Feed { to_handler, .. }) = &feed {
+            let waiting = self.waits_for_room(&feed);
             let read = tokio::select! {
-                read = self.read() => read,
+                () = room(&feed), if waiting => true,
+                read = self.read(), if !waiting => read,
                 () = to_handler.closed() => false,
             };
             if !read {
@@ -336,9 +354,14 @@ impl Connection {
         let mut head_pending = true;
         let mut written = 0u64;
         loop {
+            let waiting = self.waits_for_room(feed);
             let step = tokio::select! {
                 biased;
                 step = next_step(&mut body, head_pending) => step,
+                () = room(feed), if waiting => {
+                    self.feed(feed);
+                    continue;
+                }
                 read = self.read(), if self.wants_read() => {
                     if !read {
                         return false;
@@ -415,13 +438,25 @@ impl Connection {
         matches!(self.io.read_buf(&mut self.buf).await, Ok(n) if n > 0)
     }
 
-    /// Passes what has arrived of a request body to its handler; the feed ends with the body.
+    /// Whether body bytes wait in the buffer for the handler to take more.
+    fn waits_for_room(&self, feed: &Option<Feed>) -> bool {
+        feed.as_ref().is_some_and(|f| f.to_handler.capacity() == 0 && !f.to_handler.is_closed())
+            && !self.buf.is_empty()
+    }
+
+    /// Passes what has arrived of a request body to its handler while it has room; the feed
+    /// ends with the body.
     fn feed(&mut self, feed: &mut Option<Feed>) {
         let Some(Feed { to_handler, remaining }) = feed else { return };
         let n = usize::try_from(*remaining).unwrap_or(usize::MAX).min(self.buf.len());
         if n > 0 {
-            // A handler that stopped reading drops the bytes; the feed still counts them.
-            let _ = to_handler.send(Ok(self.buf.split_to(n).freeze()));
+            match to_handler.try_reserve() {
+                Ok(permit) => permit.send(Ok(self.buf.split_to(n).freeze())),
+                // The handler is behind: the bytes wait in the buffer.
+                Err(mpsc::error::TrySendError::Full(())) => return,
+                // A handler that stopped reading: the bytes are dropped, still counted.
+                Err(mpsc::error::TrySendError::Closed(())) => self.buf.advance(n),
+            }
             *remaining -= n as u64;
         }
         if *remaining == 0 {
