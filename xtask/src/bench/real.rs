@@ -33,7 +33,7 @@ use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 
 use super::policies::load_json;
-use super::procs::{Bins, Proc, engine, router_with_config};
+use super::procs::{Bins, Proc, router_with_config};
 use super::quality::Numbers;
 
 /// KV blocks of 32 tokens per engine: 32k tokens, a few dozen of the scaled conversations.
@@ -424,29 +424,34 @@ pub(crate) fn measure(root: &Path, bins: &Bins, quick: bool) -> Result<Measured>
             let mut procs: Vec<Proc> = Vec::new();
             let mut workers = Vec::new();
             for _ in 0..ENGINES {
-                let (proc, url) = engine(
-                    bins,
-                    &[
-                        "--model",
-                        "tiny",
-                        "--tokenizer",
-                        &tokenizer,
-                        "--block-size",
-                        &BLOCK_SIZE.to_string(),
-                        "--kv-capacity-tokens",
-                        &(ENGINE_BLOCKS * BLOCK_SIZE).to_string(),
-                        "--prefill-tokens-per-sec",
-                        &format!("{rate:.0}"),
-                        "--decode-tokens-per-sec",
-                        &format!("{:.0}", calibration.decode_four),
-                        "--kv-events",
-                        "tcp://127.0.0.1:0",
-                        "--kv-replay",
-                        "tcp://127.0.0.1:0",
-                        "--load-reporter",
-                        "127.0.0.1:0",
-                    ],
-                )?;
+                let args: Vec<String> = [
+                    "engine",
+                    "--port",
+                    "0",
+                    "--model",
+                    "tiny",
+                    "--tokenizer",
+                    &tokenizer,
+                    "--block-size",
+                    &BLOCK_SIZE.to_string(),
+                    "--kv-capacity-tokens",
+                    &(ENGINE_BLOCKS * BLOCK_SIZE).to_string(),
+                    "--prefill-tokens-per-sec",
+                    &format!("{rate:.0}"),
+                    "--decode-tokens-per-sec",
+                    &format!("{:.0}", calibration.decode_four),
+                    "--kv-events",
+                    "tcp://127.0.0.1:0",
+                    "--kv-replay",
+                    "tcp://127.0.0.1:0",
+                    "--load-reporter",
+                    "127.0.0.1:0",
+                ]
+                .iter()
+                .map(|s| (*s).to_owned())
+                .collect();
+                let proc = Proc::start(&bins.sim, &args, "listening on ")?;
+                let url = proc.after("listening on ")?;
                 workers.push((
                     url,
                     proc.after("kv events on ")?,

@@ -227,6 +227,32 @@ async fn a_body_that_comes_after_its_head_is_read_as_it_arrives() {
     serving.stop(Duration::from_secs(5)).await;
 }
 
+/// A head sent in pieces, one split inside its final blank line, is served once whole; bare
+/// LF line ends too (httparse reads them).
+#[tokio::test]
+async fn a_head_that_arrives_in_pieces_is_served_once_it_ends() {
+    use super::head_ends;
+    assert!(!head_ends(b"POST / HTTP/1.1\r\nA: b\r\n", 0));
+    assert!(head_ends(b"POST / HTTP/1.1\r\nA: b\r\n\r\n", 20), "the end straddles the seen part");
+    assert!(head_ends(b"POST / HTTP/1.1\nA: b\n\n", 19));
+    let serving = router().await;
+    let mut socket = connect(serving.addr).await;
+    let request = chat("");
+    let blank = request.find("\r\n\r\n").expect("a head") + 2;
+    for piece in
+        [&request[..10], &request[10..blank], &request[blank..blank + 1], &request[blank + 1..]]
+    {
+        socket.write_all(piece.as_bytes()).await.expect("write");
+        socket.flush().await.expect("flush");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut buf = Vec::new();
+    let (head, body) = answer(&mut socket, &mut buf).await;
+    assert!(head.starts_with("HTTP/1.1 200 OK\r\n"), "{head}");
+    assert_eq!(body, ANSWER);
+    serving.stop(Duration::from_secs(5)).await;
+}
+
 #[tokio::test]
 async fn connection_close_is_answered_and_honoured() {
     let serving = router().await;
