@@ -497,7 +497,7 @@ fn ranks(
         .filter(|(_, v)| v.is_finite())
         .collect();
     scored.sort_by(|a, b| if lower_better { a.1.total_cmp(&b.1) } else { b.1.total_cmp(&a.1) });
-    scored.iter().map(|(p, _)| *p).collect::<Vec<_>>().join(" < ")
+    scored.iter().map(|(p, _)| format!("`{p}`")).collect::<Vec<_>>().join(", ")
 }
 
 /// The page section.
@@ -585,7 +585,7 @@ pub(crate) fn render(m: &Measured) -> String {
     }
     let _ = writeln!(
         page,
-        "Order by p99 TTFT (best first): vLLM {}; router-sim {}. By hit rate (answers): vLLM {}; \
+        "Best first, by p99 TTFT: vLLM {}; router-sim {}. By hit rate (answers): vLLM {}; \
          router-sim {}.\n",
         ranks(&m.real, |n| n.ttft_p99, true),
         ranks(&m.sim, |n| n.ttft_p99, true),
