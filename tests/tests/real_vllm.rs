@@ -4,11 +4,11 @@
 //! One scenario, in order, since every engine start costs half a minute on the 2-core machine:
 //! 1. conversations whose messages are all content parts land where their prefix is cached,
 //!    and vLLM's own `cached_tokens` confirms the hit;
-//! 2. the engines' load is read from their Prometheus `/metrics` without any load source
+//! 2. a router started after the engines learns what they already hold from their replay
+//!    buffers, before anything new is published, and routes the next turn there;
+//! 3. the engines' load is read from their Prometheus `/metrics` without any load source
 //!    configured, so `predicted_ttft` picks on reports (reason `predicted_ttft`), with a
 //!    prefill rate learned from the first tokens it observed;
-//! 3. a router started after the engines learns what they already hold from their replay
-//!    buffers, before anything new is published, and routes the next turn there;
 //! 4. evictions (`BlockRemoved`) are followed: the index never holds more than an engine's
 //!    small cache;
 //! 5. a restarted engine is not credited with its old blocks;
@@ -133,7 +133,19 @@ async fn real_vllm_engines_behind_the_router() {
         }
     }
 
-    // 2. Load polled from vLLM's /metrics: picks on reports, with learned rates.
+    // 2. A router started now learns what the engines hold, before they publish anything.
+    let late = Router::with_config(&router_yaml(&[&v1, &v2]));
+    late.wait_until_ready(&http, ADMIN_TOKEN).await;
+    eventually("the late router's index replayed", async || {
+        kv_blocks(&http, &late, ADMIN_TOKEN, "v1").await
+            + kv_blocks(&http, &late, ADMIN_TOKEN, "v2").await
+            > 0
+    })
+    .await;
+    let tides = chat(&http, &late, &conversation("tides", 4)).await;
+    assert!(cached_tokens(&tides) >= 384, "the late router missed the prefix: {}", tides.body);
+
+    // 3. Load polled from vLLM's /metrics: picks on reports, with learned rates.
     eventually("vLLM's metrics polled for load", async || {
         let state = router.admin_state(&http, ADMIN_TOKEN).await;
         router_e2e::worker_state(&state, "v1")["load"]["freshness"] == "fresh"
@@ -146,18 +158,6 @@ async fn real_vllm_engines_behind_the_router() {
     let reported =
         "router_picks_total{policy=\"predicted_ttft\",stage=\"plain\",reason=\"predicted_ttft\"}";
     assert!(metric(&http, &router, reported).await >= 1.0, "no pick on reports");
-
-    // 3. A router started now learns what the engines hold, before they publish anything.
-    let late = Router::with_config(&router_yaml(&[&v1, &v2]));
-    late.wait_until_ready(&http, ADMIN_TOKEN).await;
-    eventually("the late router's index replayed", async || {
-        kv_blocks(&http, &late, ADMIN_TOKEN, "v1").await
-            + kv_blocks(&http, &late, ADMIN_TOKEN, "v2").await
-            > 0
-    })
-    .await;
-    let tides = chat(&http, &late, &conversation("tides", 4)).await;
-    assert!(cached_tokens(&tides) >= 384, "the late router missed the prefix: {}", tides.body);
 
     // 4. Evictions are followed: new conversations push the old ones out of the small caches,
     //    and the index never counts more blocks than an engine holds.

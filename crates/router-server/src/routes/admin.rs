@@ -234,6 +234,7 @@ pub(crate) async fn state(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
                 None => json!({"freshness": "missing", "age_ms": null, "kind": null}),
             };
             entry["load"] = load;
+            entry["learned_prefill_tokens_per_sec"] = json!(ctx.load().rates.rate(worker.id()));
             entry["kv"] = match ctx.kv_stats().summary(worker.id()) {
                 Some(kv) => json!({
                     "subscribed": kv.subscribed,
