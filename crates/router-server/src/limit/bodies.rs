@@ -16,13 +16,11 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http_body_util::BodyExt as _;
-use smallvec::SmallVec;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
 use crate::error::ApiError;
 use crate::metrics;
-use crate::routes::body::{IncomingBody, discard_in_background};
+use crate::routes::body::{IncomingBody, read_body_with};
 
 /// The bounds on bodies arriving and in memory.
 #[derive(Debug)]
@@ -76,15 +74,12 @@ impl BodyBudget {
         &self,
         incoming: IncomingBody,
     ) -> Result<(Bytes, HeldBody), ApiError> {
-        let IncomingBody { mut body, framing } = incoming;
         let limit = self.max_body;
-        if framing.declared.is_some_and(|length| length > limit as u64) {
-            // A client waiting for `100 Continue` has not sent the body: dropping it unread
-            // means it never will. Reading it would invite the upload.
-            if !framing.waits_for_continue {
-                discard_in_background(body);
-            }
-            return Err(ApiError::BodyTooLarge { limit });
+        let declared = incoming.framing.declared;
+        if declared.is_some_and(|length| length > limit as u64) {
+            // Refused unread, without taking a place (`read_body_with` answers it).
+            let unread = read_body_with(incoming, limit, self.read_secs, |_| Ok(())).await;
+            return unread.map(|bytes| (bytes, HeldBody { _bytes: None }));
         }
         let Ok(_arriving) = Arc::clone(&self.arriving).try_acquire_owned() else {
             return Err(refused());
@@ -106,45 +101,20 @@ impl BodyBudget {
             Ok(())
         };
         // A declared length is reserved whole at the head: a flood of large uploads is refused
-        // before any of it is read.
-        let declared = framing.declared.map(|length| length as usize);
+        // before any of it is read. A chunked body is held as its pieces arrive.
         if let Some(length) = declared {
-            hold(length)?;
+            hold(usize::try_from(length).unwrap_or(usize::MAX))?;
         }
-        let read = async {
-            // The usual body is one frame: kept inline, no vector allocated.
-            let mut chunks: SmallVec<[Bytes; 1]> = SmallVec::new();
-            let mut total = 0usize;
-            while let Some(frame) = body.frame().await {
-                let frame = frame.map_err(|err| ApiError::InvalidRequest {
-                    message: format!("reading the request body failed: {err}"),
-                    param: None,
-                })?;
-                if let Ok(data) = frame.into_data() {
-                    total += data.len();
-                    if total > limit {
-                        return Err(ApiError::BodyTooLarge { limit });
-                    }
-                    if declared.is_none() {
-                        hold(data.len())?;
-                    }
-                    chunks.push(data);
-                }
-            }
-            Ok(match chunks.len() {
-                // The usual case, one frame: no copy.
-                1 => chunks.pop().unwrap_or_default(),
-                _ => chunks.concat().into(),
-            })
-        };
-        let secs = self.read_secs;
-        let read = tokio::time::timeout(std::time::Duration::from_secs(secs), read)
-            .await
-            .map_err(|_| ApiError::BodyTimeout { secs })?;
-        if matches!(read, Err(ApiError::BodyTooLarge { .. })) {
-            discard_in_background(body);
-        }
-        Ok((read?, HeldBody { _bytes: held }))
+        let chunked = declared.is_none();
+        let bytes =
+            read_body_with(
+                incoming,
+                limit,
+                self.read_secs,
+                |n| if chunked { hold(n) } else { Ok(()) },
+            )
+            .await?;
+        Ok((bytes, HeldBody { _bytes: held }))
     }
 }
 

@@ -75,6 +75,17 @@ pub(crate) async fn read_body(
     limit: usize,
     secs: u64,
 ) -> Result<Bytes, ApiError> {
+    read_body_with(incoming, limit, secs, |_| Ok(())).await
+}
+
+/// [`read_body`], telling `chunk` the length of every piece as it arrives; an error from it
+/// ends the reading with that error.
+pub(crate) async fn read_body_with(
+    incoming: IncomingBody,
+    limit: usize,
+    secs: u64,
+    mut chunk: impl FnMut(usize) -> Result<(), ApiError>,
+) -> Result<Bytes, ApiError> {
     let IncomingBody { mut body, framing } = incoming;
     if framing.declared.is_some_and(|length| length > limit as u64) {
         // A client waiting for `100 Continue` has not sent the body: dropping it unread means
@@ -98,6 +109,7 @@ pub(crate) async fn read_body(
                 if total > limit {
                     return Err(ApiError::BodyTooLarge { limit });
                 }
+                chunk(data.len())?;
                 chunks.push(data);
             }
         }
@@ -119,7 +131,7 @@ pub(crate) async fn read_body(
 /// Reads and drops the rest of a refused body for a few seconds, so that a client still
 /// sending it gets to read the 413 instead of a connection reset (NGINX's lingering close).
 /// Nothing is kept: memory stays bounded whatever the client sends.
-pub(crate) fn discard_in_background(mut body: Body) {
+fn discard_in_background(mut body: Body) {
     const LINGER: Duration = Duration::from_secs(5);
     tokio::spawn(async move {
         let drain = async { while let Some(Ok(_)) = body.frame().await {} };
