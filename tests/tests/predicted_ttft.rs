@@ -112,3 +112,43 @@ async fn a_streamed_pick_reports_predicted_against_observed_ttft() {
         );
     }
 }
+
+/// No engine reports a prefill rate (`--no-prefill-counters`, as vLLM and SGLang): the router
+/// learns each one's from the first tokens it observes, and the two engines' rates, ten times
+/// apart, come out near what they are.
+#[tokio::test]
+async fn each_engines_prefill_rate_is_learned_from_what_the_router_observes() {
+    let tokenizer = router_sim::assets::tokenizer_path().display().to_string();
+    let slow =
+        kv_engines(1, &tokenizer, &["--prefill-tokens-per-sec", "4000", "--no-prefill-counters"]);
+    let fast =
+        kv_engines(1, &tokenizer, &["--prefill-tokens-per-sec", "40000", "--no-prefill-counters"]);
+    let fleet: Vec<_> = slow.into_iter().chain(fast).collect();
+    let router = Router::with_config(&kv_router_yaml(&fleet, &tokenizer, "{type: predicted_ttft}"));
+    let http = Http::default();
+    router.wait_until_ready(&http, ADMIN_TOKEN).await;
+
+    let rates = async || {
+        let state = router.admin_state(&http, ADMIN_TOKEN).await;
+        ["e1", "e2"].map(|id| worker_state(&state, id)["learned_prefill_tokens_per_sec"].as_f64())
+    };
+    // Prompts of many lengths, one at a time, until both engines have taught their rate; each
+    // reported load is fresh, so the picks are on reports, not the router-local fallback.
+    for i in 0..200 {
+        if let [Some(_), Some(_)] = rates().await {
+            break;
+        }
+        let text = format!("{i} ").repeat(100 + (i * 337) % 1400);
+        let reply = http.chat(&router.url, &chat_body("m", &text, 1), &[]).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+    }
+    let [Some(slow), Some(fast)] = rates().await else {
+        panic!("no rate learned for both engines: {:?}", rates().await)
+    };
+    assert!((3_000.0..5_000.0).contains(&slow), "the 4000 tokens/s engine learned as {slow}");
+    assert!((25_000.0..60_000.0).contains(&fast), "the 40000 tokens/s engine learned as {fast}");
+    let reported =
+        "router_picks_total{policy=\"predicted_ttft\",stage=\"plain\",reason=\"predicted_ttft\"}";
+    let metrics = http.get(&router.url, "/metrics", &[]).await.body;
+    assert!(metrics.lines().any(|l| l.starts_with(reported)), "{metrics}");
+}

@@ -215,12 +215,18 @@ impl PredictedTtftPolicy {
             // Shuffled from (cost, id) order, so a request-seeded draw depends on the candidates
             // and their costs only, never on the slice order a replica holds.
             self.sampler.with_request(request, |rng| near.shuffle(rng));
-            // Stable: the least uncached work first, then the fewest requests in flight (a
-            // real engine decodes what it has prefilled on the same cores, which slows its next
-            // prefill: measured on two vLLM engines, sampling among equal ties doubled the p50
-            // time to first token of a trace with few cache hits), then the sampled order.
+            // Stable: an engine whose rate is not known yet first (its prediction borrowed the
+            // others' rate; without a request now and then it would never have its own, and a
+            // faster engine would never be found), then the least uncached work, then the
+            // fewest requests in flight (a real engine decodes what it has prefilled on the same
+            // cores, which slows its next prefill: measured on two vLLM engines, sampling among
+            // equal ties doubled the p50 time to first token of a trace with few cache hits),
+            // then the sampled order.
             let inflight = &self.model.load.inflight;
-            near.sort_by_key(|&i| (estimates[i].uncached, inflight.count(engines[i].id())));
+            near.sort_by_key(|&i| {
+                let e = &estimates[i];
+                (e.rated, e.uncached, inflight.count(engines[i].id()))
+            });
         }
         order
     }

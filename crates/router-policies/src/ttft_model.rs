@@ -25,6 +25,8 @@ pub(crate) struct Estimate {
     pub(crate) waiting: u64,
     /// The rate used, in tokens per second.
     pub(crate) rate: f64,
+    /// The rate is the candidate's own (reported, or learned), not assumed from the others.
+    pub(crate) rated: bool,
     /// `(queued + uncached) / rate`, in milliseconds.
     pub(crate) ms: f64,
 }
@@ -143,7 +145,8 @@ impl TtftModel {
         matched: u64,
     ) -> Estimate {
         let inflight = &self.load.inflight;
-        let rate = self.known_rate(engine, load).unwrap_or(unrated);
+        let own = self.known_rate(engine, load);
+        let rate = own.unwrap_or(unrated);
         let local = inflight.prefill_queue(engine.id(), rate);
         let queued = match (basis, load) {
             (Basis::Reported, Some(load)) => {
@@ -161,7 +164,7 @@ impl TtftModel {
         };
         let uncached = input - matched.min(input);
         let ms = queued.saturating_add(uncached) as f64 / rate * 1000.0;
-        Estimate { queued, uncached, waiting: local.waiting, rate, ms }
+        Estimate { queued, uncached, waiting: local.waiting, rate, rated: own.is_some(), ms }
     }
 }
 

@@ -128,6 +128,10 @@ struct EngineArgs {
     /// Bind the KV-event sockets but publish nothing.
     #[arg(long)]
     no_kv_events: bool,
+    /// Report zeros for the cumulative prefill counters, as no released engine reports them:
+    /// the router gets no prefill rate from this engine's reports.
+    #[arg(long)]
+    no_prefill_counters: bool,
     /// Seed of the fault draws.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -178,6 +182,7 @@ impl EngineArgs {
             stall_body: Duration::from_millis(self.stall_body_ms),
             die_after: self.die_after,
             no_kv_events: self.no_kv_events,
+            no_prefill_counters: self.no_prefill_counters,
         };
         config.seed = self.seed;
         config.api_key = self.api_key;

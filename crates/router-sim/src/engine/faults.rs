@@ -30,6 +30,9 @@ pub struct Faults {
     pub die_after: Option<u64>,
     /// Bind the KV-event sockets but never publish (nor retain for replay).
     pub no_kv_events: bool,
+    /// Report no cumulative prefill counters (zeros), as no released engine does: the router
+    /// then has no reported prefill rate and must learn one.
+    pub no_prefill_counters: bool,
 }
 
 /// Live fault state of a running engine.
@@ -50,6 +53,11 @@ impl FaultState {
             answered: AtomicU64::new(0),
             dying: CancellationToken::new(),
         }
+    }
+
+    /// Whether load reports leave the prefill counters out.
+    pub(crate) fn hides_prefill_counters(&self) -> bool {
+        self.faults.no_prefill_counters
     }
 
     /// Draws whether this request fails.

@@ -324,7 +324,8 @@ pub async fn serve(
         tracker.clone(),
     ));
 
-    let loads = LoadSource::new(ranks);
+    let loads =
+        LoadSource::new(ranks).hiding_prefill_counters(engine.faults.hides_prefill_counters());
     let load_reporter_addr = reporter_listener.map(|(listener, addr)| {
         let dying = engine.faults.dying().clone();
         reporter::start(listener, addr, loads.clone(), dying, draining, stop.clone(), &tracker);

@@ -78,7 +78,9 @@ pub(crate) async fn model_info(State(engine): State<Arc<Engine>>) -> Json<serde_
 }
 
 pub(crate) async fn loads(State(engine): State<Arc<Engine>>) -> Json<serde_json::Value> {
-    Json(LoadSource::new(Arc::clone(&engine.ranks)).snapshot().to_sglang_json())
+    let source = LoadSource::new(Arc::clone(&engine.ranks));
+    let source = source.hiding_prefill_counters(engine.faults.hides_prefill_counters());
+    Json(source.snapshot().to_sglang_json())
 }
 
 /// The deprecated `GET /get_load` shape: a bare array per rank.

@@ -247,16 +247,36 @@ impl Ranks {
 #[derive(Clone, Debug)]
 pub struct LoadSource {
     ranks: Arc<Ranks>,
+    /// Report the cumulative prefill counters (zeros otherwise).
+    prefill_counters: bool,
 }
 
 impl LoadSource {
     pub(crate) fn new(ranks: Arc<Ranks>) -> Self {
-        Self { ranks }
+        Self { ranks, prefill_counters: true }
+    }
+
+    /// This source reporting zeros for the cumulative prefill counters (`--no-prefill-counters`).
+    pub(crate) fn hiding_prefill_counters(mut self, hide: bool) -> Self {
+        self.prefill_counters = !hide;
+        self
     }
 
     /// The engine's load now: every rank, consistent within a rank.
     pub fn snapshot(&self) -> LoadSnapshot {
-        let ranks = self.ranks.all().iter().map(|scheduler| scheduler.load()).collect();
+        let ranks = self
+            .ranks
+            .all()
+            .iter()
+            .map(|scheduler| {
+                let mut load = scheduler.load();
+                if !self.prefill_counters {
+                    load.total_prefill_uncached_tokens = 0;
+                    load.total_prefill_busy_us = 0;
+                }
+                load
+            })
+            .collect();
         LoadSnapshot { captured_at: SystemTime::now(), ranks }
     }
 }
