@@ -44,11 +44,18 @@ pub enum SkipReason {
     IndexFull,
     /// Events for a worker incarnation that was removed or replaced.
     StaleHolder,
+    /// A message (live or replayed) whose frame header would have taken it past
+    /// `max_message_bytes`: refused at that header, before anything was reserved for the
+    /// frame, and the connection it came on dropped.
+    TooLarge,
+    /// A message with more frames than `max_frames_per_message`: refused at the first frame
+    /// past it, and the connection it came on dropped.
+    TooManyFrames,
 }
 
 impl SkipReason {
     /// Every reason, in declaration order.
-    pub const ALL: [SkipReason; 18] = [
+    pub const ALL: [SkipReason; 20] = [
         SkipReason::FrameCount,
         SkipReason::SeqLength,
         SkipReason::TopicMismatch,
@@ -67,6 +74,8 @@ impl SkipReason {
         SkipReason::HashConflict,
         SkipReason::IndexFull,
         SkipReason::StaleHolder,
+        SkipReason::TooLarge,
+        SkipReason::TooManyFrames,
     ];
 
     /// A snake_case label for metrics.
@@ -90,6 +99,8 @@ impl SkipReason {
             SkipReason::HashConflict => "hash_conflict",
             SkipReason::IndexFull => "index_full",
             SkipReason::StaleHolder => "stale_holder",
+            SkipReason::TooLarge => "too_large",
+            SkipReason::TooManyFrames => "too_many_frames",
         }
     }
 }

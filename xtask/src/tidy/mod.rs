@@ -11,6 +11,9 @@
 //!   there. Data sets in that folder's `data/` may be named (they are large and optional: the
 //!   benchmark falls back to the slices the repository carries).
 //!
+//! Third-party crates patched in under `patches/` are kept as their authors wrote them and are
+//! not checked.
+//!
 //! Each problem names its file and line. The checks read the working tree; nothing is built.
 
 mod lex;
@@ -40,6 +43,12 @@ const SHARED_DATA: &str = concat!("..", "/shared/data/");
 /// Copies of documents written elsewhere, kept as written: their first line may name where
 /// they came from, so their references are not checked.
 const VENDORED: &str = "docs/design/";
+
+/// Third-party crates patched in through `[patch.crates-io]`, kept as published apart from the
+/// changes their `PATCH.md` lists (so that the diff stays minimal and could go upstream): their
+/// files follow their authors' conventions, not ours, so neither headers nor references are
+/// checked. They stay in the tree, so that a document may name their `PATCH.md`.
+const PATCHED_CRATES: &str = "patches/";
 
 /// The working tree as the checks see it: repository-relative paths (with `/`) and their text.
 pub(crate) type Tree = BTreeMap<String, String>;
@@ -135,7 +144,7 @@ pub(crate) fn check(tree: &Tree, targets: &[Target]) -> Vec<Problem> {
 
 fn headers(tree: &Tree) -> Vec<Problem> {
     tree.iter()
-        .filter(|(path, _)| path.ends_with(".rs"))
+        .filter(|(path, _)| path.ends_with(".rs") && !path.starts_with(PATCHED_CRATES))
         .filter(|(_, text)| {
             let first = text.lines().next().unwrap_or_default();
             let generated = first.starts_with("//") && first.contains("@generated");
@@ -147,7 +156,8 @@ fn headers(tree: &Tree) -> Vec<Problem> {
 
 fn references(tree: &Tree) -> Vec<Problem> {
     let mut problems = Vec::new();
-    for (file, text) in tree.iter().filter(|(file, _)| !file.starts_with(VENDORED)) {
+    let checked = |file: &String| !file.starts_with(VENDORED) && !file.starts_with(PATCHED_CRATES);
+    for (file, text) in tree.iter().filter(|(file, _)| checked(file)) {
         for (index, line) in text.lines().enumerate() {
             let line_no = index + 1;
             let line = without_urls(line);

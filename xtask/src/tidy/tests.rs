@@ -154,6 +154,16 @@ fn a_dangling_reference_is_found() {
     );
 }
 
+#[test]
+fn a_patched_crate_is_kept_as_published() {
+    let tree = tree(&[
+        ("patches/z/src/lib.rs", concat!("use std::fmt;\n// see GONE", ".md\n")),
+        (concat!("patches/z/PATCH", ".md"), "# what changed\n"),
+        ("crates/k/src/lib.rs", concat!("//! k, patched: patches/z/PATCH", ".md\n")),
+    ]);
+    assert_eq!(check(&tree, &[]), []);
+}
+
 /// The real working tree is tidy, but for the known cycles, each of which must still exist
 /// (a fixed one is removed from the list).
 #[test]

@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::SubscriptionConfig;
 use super::replay::{ReplayItem, ReplaySession};
-use super::socket::Target;
+use super::socket::{QueuedBytes, Target};
 use super::stats::RankStats;
 use crate::wire::decode_batch;
 use crate::wire::frames::Frame;
@@ -99,6 +99,8 @@ pub(crate) struct Applier {
     pub(crate) target: Target,
     pub(crate) config: Arc<SubscriptionConfig>,
     pub(crate) sequence: Sequencer,
+    /// The payload bytes of the queue, given back as each batch is done with.
+    pub(crate) queued: Arc<QueuedBytes>,
 }
 
 impl Applier {
@@ -115,7 +117,9 @@ impl Applier {
             };
             let Some(frame) = frame else { return };
             self.stats.heard();
+            let size = frame.payload.len();
             self.on_live(frame, &cancel).await;
+            self.queued.release(size);
             self.stats.set_last_seq(self.sequence.last());
             self.stats.tick();
         }
@@ -192,18 +196,13 @@ impl Applier {
         cancel: &CancellationToken,
     ) -> Result<(), crate::ReplayError> {
         let config = Arc::clone(&self.config);
-        let mut session = ReplaySession::open(
-            endpoint,
-            start,
-            config.connect_timeout,
-            config.replay_timeout,
-            config.replay_max_batches,
-        )
-        .await?;
+        let mut session = ReplaySession::open(endpoint, start, &config)
+            .await
+            .inspect_err(|error| self.refused(error))?;
         loop {
             let item = tokio::select! {
                 () = cancel.cancelled() => return Ok(()),
-                item = session.next() => item?,
+                item = session.next() => item.inspect_err(|error| self.refused(error))?,
             };
             match item {
                 None => return Ok(()),
@@ -217,6 +216,17 @@ impl Applier {
                 }
                 Some(ReplayItem::Bad(_)) => self.stats.skip(SkipReason::FrameCount),
             }
+        }
+    }
+
+    /// Counts a replay whose reply was refused for its size, and says so once per connection
+    /// (the refusal closed it; the replay counts as failed).
+    fn refused(&self, error: &crate::ReplayError) {
+        if let Some(reason) = error.refusal() {
+            self.stats.skip(reason);
+            tracing::warn!(worker = %self.stats.worker, rank = self.stats.rank, %error,
+                reason = %reason, "kv event replay reply over the configured limit \
+                (kv.max_message_bytes, kv.max_frames_per_message); connection dropped");
         }
     }
 
@@ -322,6 +332,7 @@ mod tests {
             },
             config: Arc::new(SubscriptionConfig::default()),
             sequence: Sequencer::default(),
+            queued: Arc::new(QueuedBytes::new(usize::MAX)),
         }
     }
 

@@ -23,7 +23,7 @@ use tokio_util::task::TaskTracker;
 pub use self::stats::{KvStats, RankSnapshot, WorkerSummary};
 
 use self::applier::{Applier, Sequencer};
-use self::socket::{Target, rank_endpoint};
+use self::socket::{QueuedBytes, Target, rank_endpoint};
 use crate::KvIndex;
 use crate::wire::DecodeLimits;
 
@@ -43,8 +43,39 @@ pub struct SubscriptionConfig {
     pub replay_timeout: Duration,
     /// Most batches one replay may deliver.
     pub replay_max_batches: usize,
+    /// Largest message a publisher (SUB) or replay (DEALER) connection may send, in bytes:
+    /// every frame header is checked before anything is reserved for the frame, and one that
+    /// would take its message past this bound drops the connection (counted as
+    /// [`SkipReason::TooLarge`](crate::SkipReason::TooLarge)). It bounds each frame too.
+    /// Keep [`DecodeLimits::max_payload_bytes`] at it ([`SubscriptionConfig::with_message_limits`]).
+    pub max_message_bytes: usize,
+    /// Most frames in one message; a frame header past it drops the connection (counted as
+    /// [`SkipReason::TooManyFrames`](crate::SkipReason::TooManyFrames)). Live messages have
+    /// 3 frames and replay replies 3 or 4.
+    pub max_frames_per_message: usize,
     /// Decoder bounds.
     pub limits: DecodeLimits,
+}
+
+impl SubscriptionConfig {
+    /// The defaults with `max_message_bytes` (which the decoder's payload limit follows) and
+    /// `max_frames_per_message`.
+    pub fn with_message_limits(max_message_bytes: usize, max_frames_per_message: usize) -> Self {
+        let defaults = Self::default();
+        Self {
+            max_message_bytes,
+            max_frames_per_message,
+            limits: DecodeLimits { max_payload_bytes: max_message_bytes, ..defaults.limits },
+            ..defaults
+        }
+    }
+
+    /// Payload bytes that may wait between a socket and its applier: twice the largest
+    /// message, so that a publisher outrunning the applier with large messages holds a
+    /// bounded amount of memory (the rest is dropped, counted as a queue overflow).
+    pub(crate) fn queue_max_bytes(&self) -> usize {
+        self.max_message_bytes.saturating_mul(2)
+    }
 }
 
 impl Default for SubscriptionConfig {
@@ -56,6 +87,8 @@ impl Default for SubscriptionConfig {
             reconnect_backoff_max: Duration::from_secs(2),
             replay_timeout: Duration::from_secs(2),
             replay_max_batches: 20_000,
+            max_message_bytes: DecodeLimits::default().max_payload_bytes,
+            max_frames_per_message: 16,
             limits: DecodeLimits::default(),
         }
     }
@@ -210,17 +243,19 @@ impl KvSubscriptions {
             stats.set_holders(holders.iter().map(crate::Holder::view).collect());
             let target = Target { endpoint, replay, topic: spec.topic.clone(), bind: spec.bind };
             let (tx, rx) = mpsc::channel(self.config.queue_capacity.max(1));
+            let queued = Arc::new(QueuedBytes::new(self.config.queue_max_bytes()));
             let applier = Applier {
                 holders,
                 stats: Arc::clone(&stats),
                 target: target.clone(),
                 config: Arc::clone(&self.config),
                 sequence: Sequencer::new(target.replay.is_some()),
+                queued: Arc::clone(&queued),
             };
             tracker.spawn(applier.run(rx, token.clone()));
             tracker.spawn(socket::receive(
                 target,
-                tx,
+                socket::Queue { frames: tx, bytes: queued },
                 stats,
                 Arc::clone(&self.config),
                 token.clone(),

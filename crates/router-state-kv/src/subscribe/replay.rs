@@ -1,14 +1,17 @@
 //! Replay: a fresh DEALER per request to the engine's ROUTER, read until the end marker.
 //!
 //! A DEALER does not notice a restarted ROUTER (the request would vanish), so every replay
-//! opens its own socket, bounded by a connect timeout and a per-reply timeout.
+//! opens its own socket, bounded by a connect timeout and a per-reply timeout, and by the
+//! subscription's inbound message limits: a reply over them ends the replay.
 
 use std::time::Duration;
 
-use zeromq::{DealerSocket, Socket, SocketOptions, SocketRecv, SocketSend, ZmqMessage};
+use zeromq::{DealerSocket, Socket, SocketRecv, SocketSend, ZmqMessage};
 
+use super::SubscriptionConfig;
+use super::socket::{refusal, socket_options};
 use crate::wire::frames::{Frame, ReplayReply, parse_replay, replay_request};
-use crate::{FrameError, ReplayError};
+use crate::{FrameError, ReplayError, SkipReason};
 
 /// One reply of a replay session.
 #[derive(Debug)]
@@ -33,13 +36,10 @@ impl ReplaySession {
     pub(crate) async fn open(
         endpoint: &str,
         start: u64,
-        connect_timeout: Duration,
-        timeout: Duration,
-        limit: usize,
+        config: &SubscriptionConfig,
     ) -> Result<Self, ReplayError> {
-        let mut options = SocketOptions::default();
-        options.connect_timeout(connect_timeout);
-        let mut socket = DealerSocket::with_options(options);
+        let (timeout, limit) = (config.replay_timeout, config.replay_max_batches);
+        let mut socket = DealerSocket::with_options(socket_options(config));
         socket
             .connect(endpoint)
             .await
@@ -79,6 +79,19 @@ impl ReplaySession {
                 Ok(Some(ReplayItem::Batch(frame)))
             }
             Err(error) => Ok(Some(ReplayItem::Bad(error))),
+        }
+    }
+}
+
+impl ReplayError {
+    /// The skip reason when the replay ended because the engine's reply was over a message
+    /// limit (the connection is closed).
+    pub(crate) fn refusal(&self) -> Option<SkipReason> {
+        match self {
+            ReplayError::Connect { source, .. } | ReplayError::Transport { source, .. } => {
+                refusal(source)
+            }
+            ReplayError::Timeout { .. } | ReplayError::TooLong { .. } => None,
         }
     }
 }

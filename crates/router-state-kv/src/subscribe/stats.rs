@@ -301,9 +301,9 @@ struct Silence {
 }
 
 /// Requests without a word from the publisher before its subscription counts as silent.
-pub const SILENT_AFTER_REQUESTS: u32 = 8;
+pub(crate) const SILENT_AFTER_REQUESTS: u32 = 8;
 /// How long those requests must have had to make the engine publish.
-pub const SILENT_AFTER: Duration = Duration::from_secs(10);
+pub(crate) const SILENT_AFTER: Duration = Duration::from_secs(10);
 
 /// The subscription counters of every (worker, rank); cheap to clone and share.
 #[derive(Clone, Debug)]
@@ -390,8 +390,7 @@ impl KvStats {
 
     /// A request that makes an engine cache at least one full block was sent to `worker`
     /// at `now`. Returns true exactly when this makes its subscription silent: it has heard
-    /// nothing from the publisher over the last [`SILENT_AFTER_REQUESTS`] such requests and
-    /// [`SILENT_AFTER`] (an engine that binds its socket where the router connects, or the
+    /// nothing from the publisher over the last 8 such requests and 10 s (an engine that binds its socket where the router connects, or the
     /// other way round, publishes into the void). The next message heard ends the silence.
     /// A worker without a subscription is never silent.
     pub fn expect_events(&self, worker: &WorkerId, now: Instant) -> bool {
