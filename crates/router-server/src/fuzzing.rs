@@ -2,7 +2,8 @@
 //! engine connections' HTTP/1.1 decoding, which are otherwise crate-private: parse and
 //! validate a client body for one endpoint, read the data-parallel rank header, and prepare it
 //! (estimate, or template and tokenize with a model's tokenizer); check that a body's two
-//! readings agree; decode an engine's answer as its connection reads it. Hidden from the
+//! readings agree; decode an engine's answer as its connection reads it; read a client's
+//! request head as the router's own HTTP/1.1 loop reads it. Hidden from the
 //! documentation and not an API: it exposes plain values only, so the crate's own types stay
 //! private.
 
@@ -106,6 +107,14 @@ pub fn engine_answer(bytes: &[u8], piece: usize) -> Result<(u16, Vec<u8>), Strin
     crate::forward::decode_answer(bytes, piece)
         .map(|(status, body)| (status.as_u16(), body))
         .map_err(|err| err.to_string())
+}
+
+/// The request the router's own HTTP/1.1 loop serves itself from the start of a client
+/// connection that sent `bytes` (heads of at most `max_bytes`): its endpoint's path and its
+/// Content-Length; `None` when the loop leaves the connection to hyper or the head is not
+/// whole. Whatever it serves, hyper must read as the same request.
+pub fn client_head(bytes: &[u8], max_bytes: usize) -> Option<(String, u64)> {
+    crate::server::served_here(bytes, max_bytes)
 }
 
 /// Whether the scan of a request body's common shape, when it reads `body`, reads the same

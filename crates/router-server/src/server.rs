@@ -435,5 +435,7 @@ fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener
 
 mod front;
 mod h1;
+
+pub(crate) use h1::served_here;
 #[cfg(test)]
 mod tests;
