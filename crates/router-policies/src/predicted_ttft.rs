@@ -219,9 +219,8 @@ impl PredictedTtftPolicy {
             // others' rate; without a request now and then it would never have its own, and a
             // faster engine would never be found), then the least uncached work, then the
             // fewest requests in flight (a real engine decodes what it has prefilled on the same
-            // cores, which slows its next prefill: measured on two vLLM engines, sampling among
-            // equal ties doubled the p50 time to first token of a trace with few cache hits),
-            // then the sampled order.
+            // cores, which slows its next prefill; `cargo xtask bench --only real`), then the
+            // sampled order.
             let inflight = &self.model.load.inflight;
             near.sort_by_key(|&i| {
                 let e = &estimates[i];
