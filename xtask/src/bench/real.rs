@@ -84,6 +84,51 @@ pub(crate) struct Measured {
     pub(crate) requests: usize,
     pub(crate) real: Vec<Result<Run, (String, String)>>,
     pub(crate) sim: Vec<Result<Run, (String, String)>>,
+    /// The multi-turn chat workload on the real engines.
+    pub(crate) sessions: Vec<Result<Run, (String, String)>>,
+}
+
+/// The multi-turn chat workload: `router-sim load`'s sessions, open loop at this many
+/// requests a second for [`SESSIONS_SECS`] seconds.
+const SESSIONS_RATE: f64 = 6.0;
+/// How long the multi-turn workload runs.
+const SESSIONS_SECS: u64 = 40;
+
+/// `router-sim load` sessions through `url`: 32 sessions of 6 turns over 4 shared system prompts
+/// of 1024 tokens, 128 new tokens a turn, 16 generated, open loop.
+fn sessions(bins: &Bins, url: &str, secs: u64) -> Result<Value> {
+    let args: Vec<String> = [
+        "load",
+        "--target",
+        url,
+        "--model",
+        "tiny",
+        "--sessions",
+        "32",
+        "--turns",
+        "6",
+        "--system-prompts",
+        "4",
+        "--system-prompt-tokens",
+        "1024",
+        "--turn-tokens",
+        "128",
+        "--output-tokens",
+        "16",
+        "--rate",
+        &SESSIONS_RATE.to_string(),
+        "--duration",
+        &secs.to_string(),
+        "--session-header",
+        "x-session-id",
+        "--seed",
+        "7",
+        "--json",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect();
+    load_json(bins, &args, Duration::from_secs(secs * 3 + 120))
 }
 
 /// A `vllm serve` process group started by `tests/vllm/serve.sh`, killed on drop.
@@ -416,6 +461,38 @@ pub(crate) fn measure(root: &Path, bins: &Bins, quick: bool) -> Result<Measured>
             eprintln!("  failed: {err}");
         }
     }
+    let mut sessions_runs = Vec::new();
+    for policy in POLICIES {
+        eprintln!("xtask bench: real: {policy} on vLLM, multi-turn sessions");
+        let run = || -> Result<Run> {
+            runtime.block_on(async {
+                for engine in &engines {
+                    engine.reset().await?;
+                }
+                anyhow::Ok(())
+            })?;
+            let workers: Vec<_> = engines
+                .iter()
+                .map(|e| (e.url.clone(), e.events.clone(), e.replay.clone(), None))
+                .collect();
+            let (_router, url) =
+                router_with_config(bins, &router_yaml(policy, &workers, &tokenizer))?;
+            std::thread::sleep(Duration::from_secs(3));
+            let before = runtime.block_on(counters(&engines))?;
+            let report = sessions(bins, &url, if quick { 10 } else { SESSIONS_SECS })?;
+            let after = runtime.block_on(counters(&engines))?;
+            let (queries, hits) = (after.0 - before.0, after.1 - before.1);
+            Ok(Run {
+                policy,
+                numbers: Numbers::from_report(&report),
+                engine_hit_rate: (queries > 0.0).then(|| hits / queries),
+            })
+        };
+        sessions_runs.push(run().map_err(|err| (policy.to_owned(), format!("{err:#}"))));
+        if let Err((_, err)) = sessions_runs.last().expect("pushed") {
+            eprintln!("  failed: {err}");
+        }
+    }
     drop(engines);
     let mut sim = Vec::new();
     for policy in POLICIES {
@@ -471,7 +548,7 @@ pub(crate) fn measure(root: &Path, bins: &Bins, quick: bool) -> Result<Measured>
             eprintln!("  failed: {err}");
         }
     }
-    Ok(Measured { calibration, requests, real, sim })
+    Ok(Measured { calibration, requests, real, sim, sessions: sessions_runs })
 }
 
 /// Both engines' prefix-cache counters summed.
@@ -547,7 +624,16 @@ pub(crate) fn render(m: &Measured) -> String {
         let _ = writeln!(page, "| {size} | {} |", times.join(", "));
     }
     page.push('\n');
-    for (title, runs) in [("vLLM", &m.real), ("router-sim fitted to vLLM", &m.sim)] {
+    let sessions_title = format!(
+        "vLLM, multi-turn sessions (32 sessions of 6 turns over 4 shared system prompts of 1024 \
+         tokens, 128 new tokens a turn, 16 generated; open loop at {SESSIONS_RATE} requests/s)"
+    );
+    let tables = [
+        ("vLLM, Mooncake slice".to_owned(), &m.real),
+        ("router-sim fitted to vLLM, Mooncake slice".to_owned(), &m.sim),
+        (sessions_title, &m.sessions),
+    ];
+    for (title, runs) in tables {
         let _ = writeln!(page, "### {title}\n");
         let _ = writeln!(
             page,
@@ -558,18 +644,22 @@ pub(crate) fn render(m: &Measured) -> String {
                 Ok(run) => {
                     let n = &run.numbers;
                     let engine = run.engine_hit_rate.map_or("-".to_owned(), |h| format!("{h:.3}"));
+                    // Numbers a workload has none of (an oracle, an offered load) read as a dash.
+                    let or_dash = |v: f64, digits: usize| {
+                        if v.is_finite() { format!("{v:.digits$}") } else { "-".to_owned() }
+                    };
                     let _ = writeln!(
                         page,
-                        "| `{}` | {:.0} | {:.0} | {engine} | {:.3} | {:.3} | {:.0} ms | {:.0} ms | {:.0} ms | {:.2} |",
+                        "| `{}` | {:.0} | {:.0} | {engine} | {:.3} | {} | {:.0} ms | {:.0} ms | {:.0} ms | {} |",
                         run.policy,
                         n.requests,
                         n.errors,
                         n.hit_rate,
-                        n.fleet_lru,
+                        or_dash(n.fleet_lru, 3),
                         n.ttft_p50,
                         n.ttft_p99,
                         n.ttft_mean,
-                        n.offered_load
+                        or_dash(n.offered_load, 2)
                     );
                 }
                 Err((policy, err)) => {
