@@ -406,10 +406,7 @@ impl KvStats {
             }
         };
         let mut silences = self.inner.silence.lock();
-        if !silences.contains_key(worker) {
-            silences.insert(worker.clone(), Silence::default());
-        }
-        let Some(silence) = silences.get_mut(worker) else { return false };
+        let silence = silences.entry(worker.clone()).or_default();
         if heard != silence.heard {
             *silence = Silence { heard, ..Silence::default() };
         }

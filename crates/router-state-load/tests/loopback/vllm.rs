@@ -287,7 +287,7 @@ async fn other_engines_stay_not_configured_and_are_probed_with_backoff() {
     let cancel = CancellationToken::new();
     let sglang = "# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{engine_type=\"unified\"} 3.0\n";
     let (addr, metrics) = engine(StatusCode::OK, sglang.to_owned(), cancel.clone()).await;
-    // Polling would ask every 10 ms; probes are 20-40, then 40-80 ms apart.
+    // Probes back off well past the poll interval: a non-vLLM engine is asked far less often.
     let config = SubscriptionConfig {
         report_interval: Duration::from_millis(10),
         probe_backoff_min: Duration::from_millis(40),
@@ -319,7 +319,7 @@ async fn other_engines_stay_not_configured_and_are_probed_with_backoff() {
 async fn a_found_engine_going_down_and_coming_back_is_probed_and_found_again() {
     let cancel = CancellationToken::new();
     let (addr, metrics) = engine(StatusCode::OK, real(1, 0, "0.0"), cancel.clone()).await;
-    // Polled every 20 ms; probed 75-150, then 150-300 ms apart.
+    // Polling faster than the probes back off, so a lost engine is seen to be probed, not polled.
     let config = SubscriptionConfig {
         report_interval: Duration::from_millis(20),
         probe_backoff_min: Duration::from_millis(150),
