@@ -143,13 +143,23 @@ impl Process {
 
     /// Resident memory now, in bytes (`VmRSS` of `/proc/<pid>/status`).
     pub fn rss_bytes(&self) -> u64 {
+        self.status_bytes("VmRSS")
+    }
+
+    /// The most resident memory the process has held, in bytes (`VmHWM`).
+    pub fn peak_rss_bytes(&self) -> u64 {
+        self.status_bytes("VmHWM")
+    }
+
+    /// A size field of `/proc/<pid>/status`, in bytes.
+    fn status_bytes(&self, field: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
             .expect("the process's status");
         let kib: u64 = status
             .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .expect("VmRSS");
+            .unwrap_or_else(|| panic!("{field} in the process's status"));
         kib * 1024
     }
 

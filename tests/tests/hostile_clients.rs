@@ -85,3 +85,127 @@ async fn bodies_behind_a_busy_slot_hold_bounded_memory_and_a_huge_head_is_refuse
     let state = http.get(&router.url, "/health", &[]).await;
     assert_eq!(state.status, 200, "the router lives");
 }
+
+/// `n` copies of `item` joined by commas, inside `before` and `after`.
+fn repeated(before: &str, item: &str, n: usize, after: &str) -> String {
+    let mut body = String::with_capacity(before.len() + (item.len() + 1) * n + after.len());
+    body.push_str(before);
+    for i in 0..n {
+        if i > 0 {
+            body.push(',');
+        }
+        body.push_str(item);
+    }
+    body.push_str(after);
+    body
+}
+
+/// Found attacking the router: one 32 MiB `/generate` body of 16M `input_ids` took it up by
+/// 1.47 GB. Each body here is about 24 MiB and goes to a fresh router with a tokenizer, whose
+/// peak resident memory may grow by at most six times the body: the body itself, what is
+/// read of it, and the copy an engine is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_costs_a_small_multiple_of_its_size_whatever_its_shape() {
+    const MIB: usize = 1 << 20;
+    let n = 12 * MIB;
+    let text = "word ".repeat(24 * MIB / 5);
+    let cases = [
+        // Valid: 12M token ids (the engine refuses a prompt past its cache).
+        (
+            "/generate",
+            repeated(r#"{"input_ids":["#, "1", n, r#"],"sampling_params":{"max_new_tokens":1}}"#),
+        ),
+        // Too many prompts, past the batch limit: refused as they are read.
+        ("/generate", repeated(r#"{"input_ids":["#, "[1]", n / 2, "]}")),
+        ("/v1/completions", repeated(r#"{"model":"m","prompt":["#, r#""""#, n * 2 / 3, "]}")),
+        // Fields the router reads as values, sent as long lists of tiny items.
+        (
+            "/v1/completions",
+            repeated(r#"{"model":"m","prompt":"x","stop":["#, r#""""#, n * 2 / 3, "]}"),
+        ),
+        ("/v1/completions", repeated(r#"{"model":["#, "0", n, r#"],"prompt":"x"}"#)),
+        // Valid: members the router only walks.
+        (
+            "/generate",
+            repeated(
+                r#"{"text":"x","sampling_params":{"max_new_tokens":1,"stop_token_ids":["#,
+                "1",
+                n,
+                "]}}",
+            ),
+        ),
+        (
+            "/v1/chat/completions",
+            repeated(
+                r#"{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"x"}],"logit_bias":{"#,
+                r#""1":0"#,
+                n / 3,
+                "}}",
+            ),
+        ),
+        // Valid: prompts longer than the router tokenizes, one long text and many messages.
+        ("/v1/completions", format!(r#"{{"model":"m","max_tokens":1,"prompt":"{text}"}}"#)),
+        (
+            "/v1/chat/completions",
+            format!(
+                r#"{{"model":"m","max_tokens":1,"messages":[{{"role":"user","content":"{text}"}}]}}"#
+            ),
+        ),
+        (
+            "/v1/chat/completions",
+            repeated(
+                r#"{"model":"m","max_tokens":1,"messages":["#,
+                r#"{"role":"user","content":"hi"}"#,
+                3 * n / 50,
+                "]}",
+            ),
+        ),
+        // Valid: messages whose text is short and whose rendering is long.
+        (
+            "/v1/chat/completions",
+            repeated(
+                r#"{"model":"m","max_tokens":1,"messages":["#,
+                r#"{"role":"user","content":""}"#,
+                3 * n / 50,
+                "]}",
+            ),
+        ),
+    ];
+    let tokenizer = router_sim::assets::tokenizer_path().display().to_string();
+    let engine = Engine::start("m", &["--prefill-tokens-per-sec", "1000000000"]);
+    let config = format!(
+        "server: {{port: 0}}\nmodels:\n  - id: m\n    tokenizer: \"{tokenizer}\"\n    workers:\n      \
+         - {{id: e1, url: \"{}\"}}\n    buckets:\n      - id: all\n        groups: {{plain: {{policy: \
+         {{type: round_robin}}}}}}\n",
+        engine.url
+    );
+    let http = Http::default();
+    for (path, body) in cases {
+        let router = Router::with_config(&config);
+        let size = body.len() as u64;
+        let start = router.process.peak_rss_bytes();
+        let reply = http
+            .send(
+                "POST",
+                &format!("{}{path}", router.url),
+                &[("content-type", "application/json")],
+                body,
+            )
+            .await;
+        assert!(reply.status < 500, "{path}: {} {}", reply.status, reply.body);
+        let grown = router.process.peak_rss_bytes().saturating_sub(start);
+        eprintln!(
+            "{path} {} MiB: {} {} -> peak grown by {} MiB",
+            size >> 20,
+            reply.status,
+            reply.body.chars().take(160).collect::<String>(),
+            grown >> 20
+        );
+        assert!(
+            grown < 6 * size,
+            "{path}: a {} MiB body grew the peak by {} MiB",
+            size >> 20,
+            grown >> 20
+        );
+    }
+}

@@ -55,7 +55,7 @@ mod template;
 pub use conversation::Conversation;
 pub use error::{ConfigProblem, TemplateError};
 pub use facts::ContentFormat;
-pub use request::{EngineRules, RenderedPrompt, Unrenderable};
+pub use request::{EngineRules, REQUEST_FIELDS, RenderedPrompt, Unrenderable};
 pub use special::SpecialTokens;
 pub use strftime::strftime;
 pub use template::ChatTemplate;

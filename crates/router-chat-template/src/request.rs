@@ -98,9 +98,24 @@ const CONTINUE_TAG: &str = "CONTINUE_FINAL_MESSAGE_TAG ";
 /// The line Claude Code starts its system prompt with; vLLM drops it (it changes every request).
 const BILLING_HEADER: &str = "x-anthropic-billing-header";
 
+/// The members of a chat body [`ChatTemplate::render_request`] reads; the others make no
+/// difference to what it renders, so a caller may leave them out of the map it passes.
+pub const REQUEST_FIELDS: [&str; 9] = [
+    "messages",
+    "tools",
+    "documents",
+    "chat_template_kwargs",
+    "reasoning_effort",
+    "add_generation_prompt",
+    "continue_final_message",
+    "add_special_tokens",
+    "tool_choice",
+];
+
 impl ChatTemplate {
     /// Renders a `/v1/chat/completions` body (an object whose `messages` is a list of objects)
-    /// as an engine following `rules` would before tokenizing it.
+    /// as an engine following `rules` would before tokenizing it. Only the members of
+    /// [`REQUEST_FIELDS`] are read.
     pub fn render_request(
         &self,
         body: &Map<String, Json>,

@@ -145,7 +145,7 @@ const DESCRIPTIONS: &[(&str, Kind, &str)] = &[
     (
         "router_prefix_unmatchable_total",
         Kind::Counter,
-        "Chat requests routed without a prefix lookup because they have no exact rendering, by reason (non_text_part, template_error).",
+        "Requests routed without a prefix lookup because they have no exact token ids, by reason (non_text_part, template_error, too_long).",
     ),
     (
         "router_cache_lookups_total",

@@ -29,8 +29,19 @@ fn body(value: Json) -> Map<String, Json> {
     value.as_object().expect("an object").clone()
 }
 
+/// Renders `value`, and checks that its members outside [`REQUEST_FIELDS`] change nothing.
 fn render(source: &str, value: Json, rules: EngineRules) -> Result<RenderedPrompt, Unrenderable> {
-    template(source).render_request(&body(value), rules)
+    let template = template(source);
+    let mut read = body(value.clone());
+    read.retain(|key, _| REQUEST_FIELDS.contains(&key.as_str()));
+    let rendered = template.render_request(&body(value), rules);
+    let without = template.render_request(&read, rules);
+    assert_eq!(
+        rendered.as_ref().map_err(Unrenderable::reason),
+        without.as_ref().map_err(Unrenderable::reason),
+        "only the request fields count"
+    );
+    rendered
 }
 
 fn text(source: &str, value: Json, rules: EngineRules) -> String {

@@ -83,6 +83,10 @@ pub struct ServerSection {
     pub max_body_bytes: usize,
     /// Most prompts in one batched completions or `/generate` request; beyond it 400.
     pub max_batch_size: usize,
+    /// Longest prompt text the router tokenizes, in bytes (a rendered chat prompt, or one
+    /// prompt string); a longer one is routed on its size estimate, without a prefix lookup
+    /// (tokenizing costs tens of bytes of memory per byte of text).
+    pub max_tokenized_prompt_bytes: usize,
     /// Largest accepted request head (request line and headers), in bytes; beyond it 431.
     pub max_header_bytes: usize,
     /// Inference requests in flight at once; more wait in the admission queue.
@@ -169,6 +173,7 @@ impl Default for ServerSection {
             worker_threads: None,
             max_body_bytes: 32 * 1024 * 1024,
             max_batch_size: 256,
+            max_tokenized_prompt_bytes: 4 << 20,
             max_header_bytes: 64 * 1024,
             max_concurrent_requests: 16_384,
             queue_size: 1024,

@@ -205,15 +205,9 @@ pub fn build_models(
             problems.push(format!("{path}.id"), format!("duplicate model id {:?}", model.id));
             continue;
         }
-        if let Some(runtime) = build_model(
-            &path,
-            model,
-            discovered(config, model),
-            registry,
-            handles,
-            engine_key,
-            &mut problems,
-        ) {
+        if let Some(runtime) =
+            build_model(&path, model, config, registry, handles, engine_key, &mut problems)
+        {
             runtimes.push(runtime);
         }
     }
@@ -357,12 +351,14 @@ fn discovered<'a>(config: &'a ConfigFile, model: &ModelConfig) -> Option<&'a Dis
 fn build_model(
     path: &str,
     model: &ModelConfig,
-    discovery: Option<&DiscoverySection>,
+    config: &ConfigFile,
     registry: &WorkerRegistry,
     handles: &PolicyHandles,
     engine_key: Option<&ApiKey>,
     problems: &mut Problems,
 ) -> Option<ModelRuntime> {
+    let discovery = discovered(config, model);
+    let max_tokenized_bytes = config.server.max_tokenized_prompt_bytes;
     let model_id = ModelId::new(&model.id);
     let before = problems.0.len();
     let roles = register_workers(path, model, registry, engine_key, problems);
@@ -463,7 +459,9 @@ fn build_model(
             None
         }
         Some(tokenizer) => match Tokenization::load(tokenizer, model.chat_template.as_deref()) {
-            Ok(t) => Some(Arc::new(t.with_rules(model.engine))),
+            Ok(t) => Some(Arc::new(
+                t.with_rules(model.engine).with_max_tokenized_bytes(max_tokenized_bytes),
+            )),
             Err(err) => {
                 problems.push(format!("{path}.tokenizer"), crate::error::Chain(&err));
                 None

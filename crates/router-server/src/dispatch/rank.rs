@@ -12,7 +12,7 @@ use bytes::Bytes;
 use router_policies::{Pick, RankChoice, RankReason, choose_rank};
 use router_state_load::InflightGuard;
 use router_workers::{DpRoute, Stage, Worker};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use super::Dispatch;
 use crate::error::ApiError;
@@ -143,22 +143,13 @@ impl Dispatch<'_> {
 
     /// The client's body without router-owned fields, with `fields` and `edit` applied.
     fn edited_body(&self, edit: BodyEdit, fields: &[(&str, Value)]) -> Bytes {
-        // The body to forward is one `parse_request` accepted (or the same map re-serialised
-        // without the router-owned fields): it parses again.
-        let mut body: Map<String, Value> =
-            prepare::reparse(&self.prepared.body).expect("an accepted body parses again");
-        for field in ROUTER_OWNED_FIELDS {
-            body.remove(field);
-        }
-        if edit.drops_clients_rank {
-            body.remove(DP_RANK_FIELD);
-        }
-        for (field, value) in fields {
-            body.insert((*field).to_owned(), value.clone());
-        }
-        if let Some(rank) = edit.rank {
-            body.insert(DP_RANK_FIELD.to_owned(), rank.into());
-        }
-        Bytes::from(serde_json::to_vec(&body).expect("a JSON map serialises"))
+        let rank = edit.rank.map(|rank| (DP_RANK_FIELD, Value::from(rank)));
+        let set: Vec<(&str, Value)> = fields.iter().cloned().chain(rank).collect();
+        let dp_rank = edit.drops_clients_rank.then_some(DP_RANK_FIELD);
+        let remove: Vec<&str> = ROUTER_OWNED_FIELDS.into_iter().chain(dp_rank).collect();
+        // The body to forward is one `parse_request` accepted (or the same without the
+        // router-owned fields): an object.
+        prepare::edit_members(&self.prepared.body, &remove, &set)
+            .expect("an accepted body is an object")
     }
 }

@@ -1,21 +1,28 @@
-//! A request body read in one pass, as far as the router reads it: the top-level fields that
-//! validation looks at are parsed into JSON values, `messages` is checked and measured as it
-//! is read without being built, and every other member is only walked, its text measured for
-//! the size estimate.
+//! A request body read in one pass, as far as the router reads it: the prompt fields are read
+//! straight into strings and token ids ([`prompt`]), the other top-level fields that
+//! validation looks at into JSON values within a budget ([`values`]), `messages` is checked
+//! and measured as it is read without being built, and every other member is only walked, its
+//! text measured for the size estimate. What is built costs at most a small multiple of the
+//! body: nothing in it grows per item by more than a few times the item's own bytes.
 //!
 //! A body is read here exactly when it parses as a JSON value: the common shape by a scan of
 //! a subset of JSON that serde_json always reads ([`scan`]), everything else through
-//! serde_json's parser, nesting cap included. Building the whole body as a `serde_json::Value`
-//! (an ordered, hashed map per object, a string per key) cost more than a tenth of a plain
-//! request's instructions; the rare paths that need it, the chat template and a body the
-//! router rewrites, parse it again ([`super::reparse`]).
+//! serde_json's parser, nesting cap included. The whole body is never built as a
+//! `serde_json::Value` (an ordered, hashed map per object, a string per key): the chat
+//! template reads the members it renders ([`members`], within the same budget), and a body
+//! the router rewrites keeps its other members as text (`super::edit`).
 
+use std::cell::Cell;
 use std::fmt;
 
 use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
+mod prompt;
 mod scan;
+mod values;
+
+pub(crate) use prompt::{PromptField, PromptProblem};
 
 /// Declares the top-level fields parsed into values: [`READ`] lists them, [`read_field`]
 /// finds a key among them.
@@ -64,15 +71,23 @@ read_fields![
     "add_special_tokens",
 ];
 
+/// The read fields whose value is a prompt, read by [`prompt`].
+const PROMPT_FIELDS: [&str; 3] = ["prompt", "text", "input_ids"];
+
 /// A request body's top-level members, as the router reads them.
 #[derive(Debug, Default, PartialEq)]
 pub(crate) struct BodyFields {
-    /// The [`READ`] fields present, in the order sent; a repeated one's last value counts.
+    /// The [`READ`] fields present but the prompts, in the order sent; a repeated one's last
+    /// value counts.
     values: Vec<(&'static str, Value)>,
+    /// The prompt fields present, in the order sent; a repeated one's last value counts.
+    prompts: Vec<(&'static str, PromptField)>,
     /// `messages`, when present (the last, if repeated).
     messages: Option<Messages>,
-    /// The length of the text (string values, at any depth) of every other member.
-    other_text: usize,
+    /// The first read field too large to build within the body's budget.
+    oversized: Option<&'static str>,
+    /// The length of the text (string values, at any depth) of every member but `messages`.
+    text: usize,
 }
 
 /// `messages` as read: a list's length and its text, and the first message that is not one.
@@ -99,15 +114,33 @@ pub(crate) enum MessageProblem {
 }
 
 impl BodyFields {
-    /// The value of the [`READ`] field `name`.
+    /// The value of the [`READ`] field `name` (not a prompt field).
     pub(crate) fn get(&self, name: &str) -> Option<&Value> {
         debug_assert!(READ.contains(&name), "`{name}` is not among the fields read");
+        debug_assert!(!PROMPT_FIELDS.contains(&name), "`{name}` is read by `prompt`");
         self.values.iter().rev().find_map(|(field, value)| (*field == name).then_some(value))
     }
 
     /// Whether the [`READ`] field `name` is present.
     pub(crate) fn has(&self, name: &str) -> bool {
-        self.get(name).is_some()
+        if PROMPT_FIELDS.contains(&name) {
+            self.prompt(name).is_some()
+        } else {
+            self.get(name).is_some()
+        }
+    }
+
+    /// The prompt field `name` (`prompt`, `text` or `input_ids`), when present.
+    pub(crate) fn prompt(&self, name: &str) -> Option<&PromptField> {
+        debug_assert!(PROMPT_FIELDS.contains(&name), "`{name}` is no prompt field");
+        self.prompts.iter().rev().find_map(|(field, value)| (*field == name).then_some(value))
+    }
+
+    /// Takes the prompt field `name` out, for a request to own what it holds; its text still
+    /// counts in [`BodyFields::text_len`].
+    pub(crate) fn take_prompt(&mut self, name: &str) -> Option<PromptField> {
+        let at = self.prompts.iter().rposition(|(field, _)| *field == name)?;
+        Some(std::mem::replace(&mut self.prompts[at].1, PromptField::Null))
     }
 
     /// `messages`, when present.
@@ -115,51 +148,134 @@ impl BodyFields {
         self.messages.as_ref()
     }
 
+    /// The first read field too large for the router to build (its values hold more nodes than
+    /// a body of this size may), when there is one.
+    pub(crate) fn oversized(&self) -> Option<&'static str> {
+        self.oversized
+    }
+
     /// The length of the body's text: its string values at any depth, keys aside.
     pub(crate) fn text_len(&self) -> usize {
-        let read: usize = self.values.iter().map(|(_, value)| value_text(value)).sum();
-        read + self.messages.as_ref().map_or(0, |m| m.text) + self.other_text
+        self.text + self.messages.as_ref().map_or(0, |m| m.text)
     }
 }
 
-/// The length of `value`'s string values, at any depth.
-pub(crate) fn value_text(value: &Value) -> usize {
-    match value {
-        Value::String(s) => s.len(),
-        Value::Array(items) => items.iter().map(value_text).sum(),
-        Value::Object(map) => map.values().map(value_text).sum(),
-        _ => 0,
+/// The reading of one body: the fields so far, the nodes its values may still build, and how
+/// many prompts a batch may hold.
+struct Reading {
+    fields: BodyFields,
+    left: Cell<usize>,
+    max_batch: usize,
+}
+
+impl Reading {
+    fn new(body_len: usize, max_batch: usize) -> Self {
+        Reading {
+            fields: BodyFields { values: Vec::with_capacity(8), ..BodyFields::default() },
+            left: Cell::new(values::budget(body_len)),
+            max_batch,
+        }
+    }
+
+    /// Keeps `prompt`, the value of the prompt field `name`.
+    fn prompt(&mut self, name: &'static str, prompt: PromptField) {
+        self.fields.text += prompt.text_len();
+        self.fields.prompts.push((name, prompt));
+    }
+
+    /// Keeps `built`, the value of the read field `name`.
+    fn value(&mut self, name: &'static str, built: values::Built) {
+        self.fields.text += built.text;
+        match built.value {
+            Some(value) => self.fields.values.push((name, value)),
+            None => {
+                self.fields.oversized.get_or_insert(name);
+            }
+        }
+    }
+
+    fn bounded(&self, name: &str) -> values::Bounded<'_> {
+        let keep = (name == "sampling_params").then_some(values::SAMPLING_READ);
+        values::Bounded { left: &self.left, keep }
     }
 }
 
-/// Reads `body`: its fields when it is a JSON object, `None` when it is another JSON value.
-pub(crate) fn read(body: &[u8]) -> Result<Option<BodyFields>, serde_json::Error> {
+/// Reads the value of the read field `name` into a [`Reading`].
+struct Member<'r> {
+    name: &'static str,
+    reading: &'r mut Reading,
+}
+
+impl<'de> DeserializeSeed<'de> for Member<'_> {
+    type Value = ();
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+        let Member { name, reading } = self;
+        if PROMPT_FIELDS.contains(&name) {
+            let prompt =
+                prompt::ReadPrompt { max_batch: reading.max_batch }.deserialize(deserializer)?;
+            reading.prompt(name, prompt);
+        } else {
+            let built = reading.bounded(name).deserialize(deserializer)?;
+            reading.value(name, built);
+        }
+        Ok(())
+    }
+}
+
+/// Reads `body`: its fields when it is a JSON object, `None` when it is another JSON value. A
+/// batch prompt may hold at most `max_batch` prompts (past them it is read as invalid).
+pub(crate) fn read(body: &[u8], max_batch: usize) -> Result<Option<BodyFields>, serde_json::Error> {
     match std::str::from_utf8(body) {
         // UTF-8 checked once, in one pass (read from bytes, serde_json checks each string on
         // its own, keys included, which cost more than the rest of a small body's parse); then
         // the common shape is scanned, anything else read by serde_json as text.
-        Ok(text) => match scan::read(text) {
+        Ok(text) => match scan::read(text, max_batch) {
             Some(fields) => Ok(Some(fields)),
-            None => read_from(serde_json::Deserializer::from_str(text)),
+            None => read_from(serde_json::Deserializer::from_str(text), text.len(), max_batch),
         },
         // No JSON text: read from the bytes, serde_json's error says where it breaks.
-        Err(_) => read_from(serde_json::Deserializer::from_slice(body)),
+        Err(_) => read_from(serde_json::Deserializer::from_slice(body), body.len(), max_batch),
     }
+}
+
+/// The members of `body` (a JSON object) named in `names`, as a map built within the node
+/// budget of a body of its size (the rest is skipped, not built); `Ok(None)` past the budget.
+pub(crate) fn members(
+    body: &[u8],
+    names: &'static [&'static str],
+) -> Result<Option<serde_json::Map<String, Value>>, serde_json::Error> {
+    let left = Cell::new(values::budget(body.len()));
+    let mut deserializer = serde_json::Deserializer::from_slice(body);
+    let built =
+        values::Bounded { left: &left, keep: Some(names) }.deserialize(&mut deserializer)?;
+    deserializer.end()?;
+    Ok(match built.value {
+        Some(Value::Object(map)) => Some(map),
+        _ => None,
+    })
 }
 
 /// Whether `body`'s two readings agree: when the scan reads it, serde_json reads the same
 /// fields (for the `prepare` fuzz target, which meets far more shapes than the tests do).
+/// Batches are limited to [`AGREEING_BATCH`] prompts, so that the limit is met too.
 pub(crate) fn scan_agrees(body: &[u8]) -> bool {
     let Ok(text) = std::str::from_utf8(body) else { return true };
-    scan::read(text).is_none_or(|scanned| {
-        read_from(serde_json::Deserializer::from_str(text)).is_ok_and(|read| read == Some(scanned))
+    scan::read(text, AGREEING_BATCH).is_none_or(|scanned| {
+        read_from(serde_json::Deserializer::from_str(text), text.len(), AGREEING_BATCH)
+            .is_ok_and(|read| read == Some(scanned))
     })
 }
 
+/// The batch limit of [`scan_agrees`].
+const AGREEING_BATCH: usize = 4;
+
 fn read_from<'de, R: serde_json::de::Read<'de>>(
     mut deserializer: serde_json::Deserializer<R>,
+    body_len: usize,
+    max_batch: usize,
 ) -> Result<Option<BodyFields>, serde_json::Error> {
-    let fields = deserializer.deserialize_any(Body)?;
+    let fields = deserializer.deserialize_any(Body { body_len, max_batch })?;
     deserializer.end()?;
     Ok(fields)
 }
@@ -364,8 +480,11 @@ fn message_problem(message: &Walked) -> Option<MessageProblem> {
     }
 }
 
-/// Reads a body: its members when it is an object.
-struct Body;
+/// Reads a body of `body_len` bytes: its members when it is an object.
+struct Body {
+    body_len: usize,
+    max_batch: usize,
+}
 
 impl<'de> Visitor<'de> for Body {
     type Value = Option<BodyFields>;
@@ -383,17 +502,19 @@ impl<'de> Visitor<'de> for Body {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut members: A) -> Result<Self::Value, A::Error> {
-        let mut fields = BodyFields { values: Vec::with_capacity(8), ..BodyFields::default() };
+        let mut reading = Reading::new(self.body_len, self.max_batch);
         while let Some(key) = members.next_key_seed(TopKey)? {
             match key {
-                TopField::Read(name) => fields.values.push((name, members.next_value()?)),
-                TopField::Messages => {
-                    fields.messages = Some(members.next_value_seed(ReadMessages)?)
+                TopField::Read(name) => {
+                    members.next_value_seed(Member { name, reading: &mut reading })?
                 }
-                TopField::Other => fields.other_text += members.next_value_seed(Walk::ANY)?.text,
+                TopField::Messages => {
+                    reading.fields.messages = Some(members.next_value_seed(ReadMessages)?)
+                }
+                TopField::Other => reading.fields.text += members.next_value_seed(Walk::ANY)?.text,
             }
         }
-        Ok(Some(fields))
+        Ok(Some(reading.fields))
     }
 }
 
@@ -436,7 +557,7 @@ mod tests {
     use super::*;
 
     fn fields(body: &str) -> BodyFields {
-        read(body.as_bytes()).expect("JSON").expect("an object")
+        read(body.as_bytes(), AGREEING_BATCH).expect("JSON").expect("an object")
     }
 
     #[test]
@@ -476,7 +597,7 @@ mod tests {
             [b"{\"a\":\"\xff\"}", b"{\"a\":\"\xc3\"}", b"{\"a\":1}\xff", b"\xef\xbb\xbf{}"];
         for body in cases.iter().map(|body| body.as_bytes()).chain(bytes) {
             let as_value = serde_json::from_slice::<Value>(body);
-            let fields = read(body);
+            let fields = read(body, AGREEING_BATCH);
             let body = String::from_utf8_lossy(body);
             assert_eq!(fields.is_ok(), as_value.is_ok(), "{body}: {:?}", as_value.err());
             if let (Ok(fields), Ok(value)) = (fields, as_value) {
@@ -525,7 +646,7 @@ mod tests {
 
     /// serde_json's reading of `text`, the scan aside.
     fn by_serde(text: &str) -> Option<Option<BodyFields>> {
-        read_from(serde_json::Deserializer::from_str(text)).ok()
+        read_from(serde_json::Deserializer::from_str(text), text.len(), AGREEING_BATCH).ok()
     }
 
     #[test]
@@ -548,7 +669,7 @@ mod tests {
             r#"{"messages":[{"role":1,"role":"user","content":"a","content":{}}]}"#,
         ];
         for body in bodies {
-            let scanned = scan::read(body);
+            let scanned = scan::read(body, AGREEING_BATCH);
             assert!(scanned.is_some(), "{body} is in the scanned subset");
             assert_eq!(scanned, by_serde(body).expect("JSON"), "{body}");
         }
@@ -583,7 +704,7 @@ mod tests {
             &deep,
         ];
         for body in bodies {
-            assert_eq!(scan::read(body), None, "{body}");
+            assert_eq!(scan::read(body, AGREEING_BATCH), None, "{body}");
         }
     }
 
@@ -602,8 +723,7 @@ mod tests {
             string,
             number,
         ];
-        let key =
-            r#""(model|messages|max_tokens|stop|role|content|stream_options|x|ro\\u006ce|a\\nb)""#;
+        let key = r#""(model|messages|max_tokens|stop|role|content|stream_options|prompt|input_ids|sampling_params|x|ro\\u006ce|a\\nb)""#;
         let blank = r"[ \n]?|";
         let value = leaf.prop_recursive(5, 40, 5, move |inner| {
             prop_oneof![
@@ -632,7 +752,7 @@ mod tests {
         /// Whatever the scan reads, serde_json reads alike.
         #[test]
         fn the_scan_agrees_with_serde(body in body_text()) {
-            let scanned = scan::read(&body);
+            let scanned = scan::read(&body, AGREEING_BATCH);
             if scanned.is_some() {
                 proptest::prop_assert_eq!(scanned, by_serde(&body).expect("JSON"), "{}", body);
             }

@@ -4,6 +4,7 @@
 //! keys and the data-parallel rank a client asked for. Token ids a client sends are used for
 //! routing as they are, tokenizer or not.
 
+mod edit;
 mod fields;
 mod validate;
 
@@ -16,7 +17,8 @@ use router_policies::RequestTokens;
 use router_workers::{DpRoute, ModelId, WorkerId};
 use serde_json::Value;
 
-pub(crate) use fields::scan_agrees as body_scan_agrees;
+pub(crate) use edit::edit_members;
+pub(crate) use fields::{members as body_members, scan_agrees as body_scan_agrees};
 pub(crate) use router_chat_template::{ChatTemplate, EngineRules, TemplateError, Unrenderable};
 pub(crate) use validate::{Endpoint, InferenceRequest, InvalidRequest, Prompt, parse_request};
 
@@ -26,11 +28,35 @@ pub(crate) const ROUTER_OWNED_FIELDS: [&str; 3] =
 
 /// A model's tokenizer and chat template, loaded once at startup, and whose rules turn a chat
 /// request into the template's input (the engines' differ: `router_chat_template`'s request
-/// module).
+/// module). Prompt text longer than `max_bytes` is not tokenized: the tokenizers crate holds
+/// tens of bytes per byte of text while it encodes, and no context window takes such a prompt.
 pub struct Tokenization {
     tokenizer: tokenizers::Tokenizer,
     template: ChatTemplate,
     rules: EngineRules,
+    max_bytes: usize,
+}
+
+/// Why a prompt has no exact token ids: it cannot be rendered exactly, or it is longer than
+/// the router tokenizes.
+#[derive(Debug)]
+pub(crate) enum Inexact {
+    /// The chat template cannot render it exactly.
+    Unrenderable(Unrenderable),
+    /// Its text is longer than `server.max_tokenized_prompt_bytes`, or its messages hold more
+    /// values than the router builds for a body of its size.
+    TooLong,
+}
+
+impl Inexact {
+    /// The reason as a `router_prefix_unmatchable_total` label: `non_text_part`,
+    /// `template_error` or `too_long`.
+    pub(crate) fn reason(&self) -> &'static str {
+        match self {
+            Inexact::Unrenderable(unrenderable) => unrenderable.reason(),
+            Inexact::TooLong => "too_long",
+        }
+    }
 }
 
 impl std::fmt::Debug for Tokenization {
@@ -71,7 +97,7 @@ impl Tokenization {
             Some(path) => ChatTemplate::from_file(path, config.exists().then_some(&*config))?,
             None => ChatTemplate::from_tokenizer_config(&config)?,
         };
-        Ok(Self { tokenizer: loaded, template, rules: EngineRules::default() })
+        Ok(Self { tokenizer: loaded, template, rules: EngineRules::default(), max_bytes: 4 << 20 })
     }
 
     /// The same, rendering chat requests by `rules`.
@@ -79,17 +105,35 @@ impl Tokenization {
         Self { rules, ..self }
     }
 
+    /// The same, tokenizing prompt text of at most `max_bytes` bytes.
+    pub fn with_max_tokenized_bytes(self, max_bytes: usize) -> Self {
+        Self { max_bytes, ..self }
+    }
+
     /// Renders and tokenizes the messages of `body`, a chat request [`parse_request`]
-    /// accepted, as the model's engines do; `Ok(Err(_))` when no exact rendering exists.
+    /// accepted, as the model's engines do; `Ok(Err(_))` when no exact rendering exists or
+    /// its text is too long. Messages whose text alone is too long, or whose values would
+    /// take more than the node budget of the body's size (`fields`), are not rendered.
     pub(crate) fn encode_messages(
         &self,
         body: &[u8],
-    ) -> Result<Result<Vec<u32>, Unrenderable>, PrepareError> {
-        let body = reparse(body)?;
+        messages_text: usize,
+    ) -> Result<Result<Vec<u32>, Inexact>, PrepareError> {
+        if messages_text > self.max_bytes {
+            return Ok(Err(Inexact::TooLong));
+        }
+        let fields = fields::members(body, &router_chat_template::REQUEST_FIELDS);
+        let Some(body) = fields.map_err(InvalidRequest::not_json)? else {
+            return Ok(Err(Inexact::TooLong));
+        };
         let rendered = match self.template.render_request(&body, self.rules) {
             Ok(rendered) => rendered,
-            Err(unrenderable) => return Ok(Err(unrenderable)),
+            Err(unrenderable) => return Ok(Err(Inexact::Unrenderable(unrenderable))),
         };
+        drop(body);
+        if rendered.text.len() > self.max_bytes {
+            return Ok(Err(Inexact::TooLong));
+        }
         let encoding = self
             .tokenizer
             .encode_fast(rendered.text, rendered.add_special_tokens)
@@ -98,15 +142,19 @@ impl Tokenization {
     }
 
     /// Tokenizes a raw text prompt as the engines do for completions and `/generate` text:
-    /// with the tokenizer's special tokens unless the request says `add_special_tokens: false`.
+    /// with the tokenizer's special tokens unless the request says `add_special_tokens: false`;
+    /// `Ok(None)` when it is too long to tokenize.
     pub(crate) fn encode_text(
         &self,
         text: &str,
         add_special_tokens: bool,
-    ) -> Result<Vec<u32>, TokenizeError> {
+    ) -> Result<Option<Vec<u32>>, TokenizeError> {
+        if text.len() > self.max_bytes {
+            return Ok(None);
+        }
         let encoding =
             self.tokenizer.encode_fast(text, add_special_tokens).map_err(TokenizeError::Encode)?;
-        Ok(encoding.get_ids().to_vec())
+        Ok(Some(encoding.get_ids().to_vec()))
     }
 }
 
@@ -142,8 +190,9 @@ pub(crate) struct PreparedRequest {
     pub input_tokens: u64,
     /// Whether `input_tokens` is exact.
     pub token_source: TokenSource,
-    /// Why a chat request routes without a prefix lookup although its model has a tokenizer
-    /// (`non_text_part`, `template_error`): it has no exact rendering.
+    /// Why a request routes without a prefix lookup although its model has a tokenizer
+    /// (`non_text_part`, `template_error`: no exact rendering; `too_long`: longer than the
+    /// router tokenizes).
     pub unmatchable: Option<&'static str>,
     /// Input plus requested output, when the output is bounded.
     pub expected_peak_tokens: Option<u64>,
@@ -243,7 +292,7 @@ pub(crate) enum PrepareError {
 /// A batch counts the tokens of all its prompts; prefix lookups use the first one's.
 pub(crate) fn prepare(
     raw: Bytes,
-    request: InferenceRequest,
+    mut request: InferenceRequest,
     tokenization: Option<&Tokenization>,
     session_key: Option<&str>,
     routing_key: Option<&str>,
@@ -253,27 +302,30 @@ pub(crate) fn prepare(
         (total, ids.into_iter().next().map(|first| Arc::new(RequestTokens::new(first))))
     };
     let mut unmatchable = None;
-    let exact = match (&request.prompt, tokenization) {
-        (Prompt::Ids(ids), _) => {
-            let total = ids.iter().map(|ids| ids.len() as u64).sum::<u64>();
-            Some((total, ids.first().map(|first| Arc::new(RequestTokens::new(first.clone())))))
-        }
-        (Prompt::Messages, Some(tokenization)) => match tokenization.encode_messages(&raw)? {
-            Ok(ids) => Some(lengths_and_first(vec![ids])),
-            // The engine renders it (or refuses it); the router routes on its size alone.
-            Err(unrenderable) => {
-                unmatchable = Some(unrenderable.reason());
-                None
+    let exact = match (&mut request.prompt, tokenization) {
+        // The ids move to the routing tokens: a long prompt is held once.
+        (Prompt::Ids(ids), _) => Some(lengths_and_first(std::mem::take(ids))),
+        (Prompt::Messages, Some(tokenization)) => {
+            let text = request.messages().map_or(0, |messages| messages.text);
+            match tokenization.encode_messages(&raw, text)? {
+                Ok(ids) => Some(lengths_and_first(vec![ids])),
+                // The engine renders it (or refuses it); the router routes on its size alone.
+                Err(inexact) => {
+                    unmatchable = Some(inexact.reason());
+                    None
+                }
             }
-        },
+        }
         (Prompt::Texts(texts), Some(tokenization)) => {
             let specials = request.body.get("add_special_tokens").and_then(Value::as_bool);
-            Some(lengths_and_first(
-                texts
-                    .iter()
-                    .map(|text| tokenization.encode_text(text, specials.unwrap_or(true)))
-                    .collect::<Result<_, _>>()?,
-            ))
+            let ids = texts
+                .iter()
+                .map(|text| tokenization.encode_text(text, specials.unwrap_or(true)))
+                .collect::<Result<Option<Vec<_>>, _>>()?;
+            if ids.is_none() {
+                unmatchable = Some(Inexact::TooLong.reason());
+            }
+            ids.map(lengths_and_first)
         }
         // Text without a tokenizer, or a passed-through body.
         _ => None,
@@ -295,11 +347,7 @@ pub(crate) fn prepare(
         None => None,
     };
     let body = if ROUTER_OWNED_FIELDS.iter().any(|f| request.body.has(f)) {
-        let mut cleaned = reparse(&raw)?;
-        for field in ROUTER_OWNED_FIELDS {
-            cleaned.remove(field);
-        }
-        Bytes::from(serde_json::to_vec(&cleaned).expect("a JSON map serialises"))
+        edit_members(&raw, &ROUTER_OWNED_FIELDS, &[]).map_err(InvalidRequest::not_json)?
     } else {
         raw
     };
@@ -317,12 +365,6 @@ pub(crate) fn prepare(
         slo: SloTargets::NONE,
         request,
     })
-}
-
-/// A body [`parse_request`] accepted, as a map: for the chat template and the bodies the
-/// router rewrites (the data path reads it without building it).
-pub(crate) fn reparse(body: &[u8]) -> Result<serde_json::Map<String, Value>, InvalidRequest> {
-    serde_json::from_slice(body).map_err(InvalidRequest::not_json)
 }
 
 /// A size estimate without a tokenizer: about four bytes of text per token, plus a few tokens

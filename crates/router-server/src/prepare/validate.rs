@@ -8,7 +8,7 @@
 
 use serde_json::{Map, Value};
 
-use super::fields::{self, BodyFields, MessageProblem, Messages};
+use super::fields::{self, BodyFields, MessageProblem, Messages, PromptField, PromptProblem};
 
 /// A request that failed validation: a 400 naming what is wrong.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -179,13 +179,16 @@ pub(crate) fn parse_request(
     body: &[u8],
     max_batch: usize,
 ) -> Result<InferenceRequest, InvalidRequest> {
-    let read = fields::read(body).map_err(InvalidRequest::not_json)?;
-    let Some(body) = read else {
+    let read = fields::read(body, max_batch).map_err(InvalidRequest::not_json)?;
+    let Some(mut body) = read else {
         return Err(InvalidRequest {
             message: "request body must be a JSON object".to_owned(),
             param: None,
         });
     };
+    if let Some(field) = body.oversized() {
+        return Err(InvalidRequest::field(field, "holds more values than the router reads"));
+    }
     let model = match (body.field("model"), endpoint) {
         (Some(Value::String(model)), _) if !model.is_empty() => Some(model.clone()),
         (Some(Value::String(_)), _) => {
@@ -211,8 +214,8 @@ pub(crate) fn parse_request(
             (Prompt::Messages, None, max_output_tokens, n)
         }
         Endpoint::Completions => {
-            let (prompt, batch) = match body.field("prompt") {
-                None | Some(Value::Null) => {
+            let (prompt, batch) = match body.take_prompt("prompt") {
+                None | Some(PromptField::Null) => {
                     return Err(InvalidRequest::field("prompt", "is required"));
                 }
                 Some(prompt) => prompts("prompt", prompt, Shapes::Any, max_batch)?,
@@ -222,7 +225,7 @@ pub(crate) fn parse_request(
             (prompt, batch, max_output_tokens, n)
         }
         Endpoint::Generate => {
-            let present = |field| body.field(field).filter(|v| !v.is_null());
+            let mut present = |field| body.take_prompt(field).filter(|p| *p != PromptField::Null);
             let (prompt, batch) = match (present("text"), present("input_ids")) {
                 (Some(text), None) => prompts("text", text, Shapes::Text, max_batch)?,
                 (None, Some(ids)) => prompts("input_ids", ids, Shapes::Ids, max_batch)?,
@@ -415,70 +418,50 @@ impl Shapes {
 }
 
 /// A prompt field in one of its accepted `shapes`; the batch size when it is a list of
-/// prompts.
+/// prompts. The body was read with the batch limit `max_batch`: a batch kept is within it.
 fn prompts(
     field: &str,
-    value: &Value,
+    prompt: PromptField,
     shapes: Shapes,
     max_batch: usize,
 ) -> Result<(Prompt, Option<usize>), InvalidRequest> {
-    let shape_error = || InvalidRequest::field(field, shapes.describe());
     let (text, ids) = (shapes != Shapes::Ids, shapes != Shapes::Text);
-    let items = match value {
-        Value::String(one) if text => return Ok((Prompt::Texts(vec![one.clone()]), None)),
-        Value::Array(items) if items.is_empty() => {
-            return Err(InvalidRequest::field(field, "must not be empty"));
-        }
-        Value::Array(items) => items,
-        _ => return Err(shape_error()),
+    let spans = |ends: &[usize]| {
+        let starts = std::iter::once(0).chain(ends.iter().copied());
+        starts.zip(ends.iter().copied()).collect::<Vec<_>>()
     };
-    let batch = |len: usize| {
-        if len > max_batch {
-            Err(InvalidRequest::field(
+    match prompt {
+        PromptField::Text(one) if text => Ok((Prompt::Texts(vec![one]), None)),
+        PromptField::Empty => Err(InvalidRequest::field(field, "must not be empty")),
+        PromptField::Texts { text: all, ends } if text => {
+            let texts = spans(&ends).into_iter().map(|(start, end)| all[start..end].to_owned());
+            Ok((Prompt::Texts(texts.collect()), Some(ends.len())))
+        }
+        PromptField::Ids(one) if ids => Ok((Prompt::Ids(vec![one]), None)),
+        PromptField::IdLists { ids: all, ends } if ids => {
+            let lists = spans(&ends).into_iter().map(|(start, end)| all[start..end].to_vec());
+            Ok((Prompt::Ids(lists.collect()), Some(ends.len())))
+        }
+        PromptField::Invalid { problem, .. } => Err(match problem {
+            PromptProblem::NotAnId if ids => InvalidRequest::field(
                 field,
-                format!("holds {len} prompts, more than the batch limit of {max_batch}"),
-            ))
-        } else {
-            Ok(Some(len))
-        }
-    };
-    match &items[0] {
-        Value::String(_) if text => {
-            let texts: Option<Vec<String>> =
-                items.iter().map(|item| item.as_str().map(str::to_owned)).collect();
-            let texts = texts.ok_or_else(shape_error)?;
-            let batch = batch(texts.len())?;
-            Ok((Prompt::Texts(texts), batch))
-        }
-        Value::Number(_) if ids => Ok((Prompt::Ids(vec![token_ids(field, items)?]), None)),
-        Value::Array(_) if ids => {
-            let batch = batch(items.len())?;
-            let ids = items
-                .iter()
-                .enumerate()
-                .map(|(i, item)| match item {
-                    Value::Array(ids) if !ids.is_empty() => token_ids(field, ids),
-                    Value::Array(_) => {
-                        Err(InvalidRequest::field(&format!("{field}[{i}]"), "must not be empty"))
-                    }
-                    _ => Err(shape_error()),
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            Ok((Prompt::Ids(ids), batch))
-        }
-        _ => Err(shape_error()),
+                "must hold token ids: non-negative integers below 2^32",
+            ),
+            PromptProblem::EmptyList(i) if ids => {
+                InvalidRequest::field(&format!("{field}[{i}]"), "must not be empty")
+            }
+            PromptProblem::TooMany { prompts, ids: of_ids }
+                if (of_ids && ids) || (!of_ids && text) =>
+            {
+                InvalidRequest::field(
+                    field,
+                    format!("holds {prompts} prompts, more than the batch limit of {max_batch}"),
+                )
+            }
+            _ => InvalidRequest::field(field, shapes.describe()),
+        }),
+        _ => Err(InvalidRequest::field(field, shapes.describe())),
     }
-}
-
-/// A list of token ids (each fitting in 32 bits).
-fn token_ids(field: &str, items: &[Value]) -> Result<Vec<u32>, InvalidRequest> {
-    items
-        .iter()
-        .map(|id| id.as_u64().and_then(|id| u32::try_from(id).ok()))
-        .collect::<Option<Vec<u32>>>()
-        .ok_or_else(|| {
-            InvalidRequest::field(field, "must hold token ids: non-negative integers below 2^32")
-        })
 }
 
 /// A per-item field of `/generate` (`rid`, `return_logprob`): a scalar, or for a batch a list

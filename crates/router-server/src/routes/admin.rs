@@ -17,7 +17,9 @@ use serde_json::{Value, json};
 use crate::app::AppContext;
 use crate::config::with_engine_key;
 use crate::error::ApiError;
-use crate::prepare::{Endpoint, parse_request, prepare, reparse};
+use crate::prepare::{
+    Endpoint, InvalidRequest, body_members, edit_members, parse_request, prepare,
+};
 
 fn worker_json(ctx: &AppContext, worker: &Worker) -> Value {
     json!({
@@ -298,8 +300,8 @@ pub(crate) async fn tokenize(
     State(ctx): State<Arc<AppContext>>,
     body: axum::body::Bytes,
 ) -> Result<Json<Value>, ApiError> {
-    let mut fields = reparse(&body)?;
-    let endpoint = match fields.remove("endpoint") {
+    let named = body_members(&body, &["endpoint"]).map_err(InvalidRequest::not_json)?;
+    let endpoint = match named.and_then(|mut named| named.remove("endpoint")) {
         None => Endpoint::Chat,
         Some(Value::String(name)) => match name.as_str() {
             "chat" => Endpoint::Chat,
@@ -319,7 +321,7 @@ pub(crate) async fn tokenize(
             });
         }
     };
-    let body = bytes::Bytes::from(serde_json::to_vec(&fields).expect("a JSON map serialises"));
+    let body = edit_members(&body, &["endpoint"], &[]).map_err(InvalidRequest::not_json)?;
     let request = parse_request(endpoint, &body, ctx.server().max_batch_size)?;
     let model = ctx.requested_model(request.model.as_deref())?;
     let prepared = prepare(body, request, model.tokenization.as_deref(), None, None)?;

@@ -5,15 +5,19 @@
 //! makes the same [`BodyFields`] of it; anything else (another value at the top, an escape,
 //! an exponent, text that is no JSON) is left to serde_json, which decides and says why.
 //! The values of the read fields that are more than a plain string, integer or literal are
-//! parsed by serde_json from their own text.
+//! read by the same seeds as serde_json's path, from their own text.
 //!
 //! serde_json's generic walk (a visitor call per value, a check of every key) took some 2,800
 //! instructions for the benchmark's 75-byte chat body, and this scan 2,350 with the UTF-8
 //! check before it (`cargo xtask bench --case instructions`, a plain request then 34k).
 
+use serde::de::DeserializeSeed;
 use serde_json::Value;
 
-use super::{BodyFields, Kind, Messages, Walked, message_problem, read_field};
+use super::{
+    BodyFields, Kind, Member, Messages, PROMPT_FIELDS, PromptField, Reading, Walked,
+    message_problem, read_field,
+};
 use crate::words;
 
 /// Containers nested deeper than this are left to serde_json (whose cap is 128): within it,
@@ -26,23 +30,20 @@ const MAX_NUMBER: usize = 20;
 
 /// `text`'s fields when it is a JSON object in the scanned subset; `None` otherwise, for
 /// serde_json to read.
-pub(super) fn read(text: &str) -> Option<BodyFields> {
+pub(super) fn read(text: &str, max_batch: usize) -> Option<BodyFields> {
     let mut scan = Scan { text, at: 0, depth: 0 };
     if scan.next()? != b'{' {
         return None;
     }
     scan.enter()?;
-    let mut fields = BodyFields { values: Vec::with_capacity(8), ..BodyFields::default() };
+    let mut reading = Reading::new(text.len(), max_batch);
     if !scan.closes(b'}')? {
         loop {
             let key = scan.key()?;
             match read_field(key) {
-                Some(name) => {
-                    let value = scan.read_value()?;
-                    fields.values.push((name, value));
-                }
-                None if key == "messages" => fields.messages = Some(scan.messages()?),
-                None => fields.other_text += scan.walk(false)?.text,
+                Some(name) => scan.read_member(name, &mut reading)?,
+                None if key == "messages" => reading.fields.messages = Some(scan.messages()?),
+                None => reading.fields.text += scan.walk(false)?.text,
             }
             if scan.closes_after_member(b'}')? {
                 break;
@@ -50,7 +51,7 @@ pub(super) fn read(text: &str) -> Option<BodyFields> {
         }
     }
     scan.blank();
-    (scan.at == text.len()).then_some(fields)
+    (scan.at == text.len()).then_some(reading.fields)
 }
 
 /// A cursor over JSON text. Every method returns `None` where the text leaves the subset.
@@ -247,36 +248,61 @@ impl<'t> Scan<'t> {
         Some(())
     }
 
-    /// A read field's value: a plain string, a non-negative integer or a literal made here,
-    /// anything else parsed by serde_json from its own text (which the walk found to be JSON).
-    fn read_value(&mut self) -> Option<Value> {
+    /// A read field's value: a plain string, a non-negative integer or a literal kept here,
+    /// anything else read from its own text (which the walk found to be JSON) by the seeds of
+    /// serde_json's path.
+    fn read_member(&mut self, name: &'static str, reading: &mut Reading) -> Option<()> {
         let start = {
             self.next()?;
             self.at
         };
+        let prompt = PROMPT_FIELDS.contains(&name);
         match self.bytes()[start] {
             b'"' => {
                 let string = self.string()?;
                 if !string.escaped() {
-                    return Some(Value::String(string.raw.to_owned()));
+                    let text = string.raw.to_owned();
+                    if prompt {
+                        reading.prompt(name, PromptField::Text(text));
+                    } else {
+                        let built = reading.bounded(name).scalar(Value::String(text), string.len);
+                        reading.value(name, built);
+                    }
+                    return Some(());
                 }
             }
             b'0'..=b'9' => {
                 self.number()?;
-                if let Ok(n) = self.text[start..self.at].parse::<u64>() {
-                    return Some(Value::from(n));
+                if let (false, Ok(n)) = (prompt, self.text[start..self.at].parse::<u64>()) {
+                    reading.value(name, reading.bounded(name).scalar(Value::from(n), 0));
+                    return Some(());
                 }
             }
             _ => {
                 let walked = self.walk(false)?;
-                match walked.kind {
-                    Kind::Bool => return Some(Value::Bool(self.bytes()[start] == b't')),
-                    Kind::Null => return Some(Value::Null),
-                    _ => {}
+                let literal = match walked.kind {
+                    Kind::Bool => Value::Bool(self.bytes()[start] == b't'),
+                    Kind::Null => Value::Null,
+                    _ => return self.read_span(name, start, reading),
+                };
+                match (prompt, literal) {
+                    (true, Value::Null) => reading.prompt(name, PromptField::Null),
+                    (true, _) => return self.read_span(name, start, reading),
+                    (false, literal) => {
+                        reading.value(name, reading.bounded(name).scalar(literal, 0))
+                    }
                 }
+                return Some(());
             }
         }
-        serde_json::from_str(&self.text[start..self.at]).ok()
+        self.read_span(name, start, reading)
+    }
+
+    /// Reads the value of `name` from `start` to the cursor with serde_json's seeds.
+    fn read_span(&self, name: &'static str, start: usize, reading: &mut Reading) -> Option<()> {
+        let mut deserializer = serde_json::Deserializer::from_str(&self.text[start..self.at]);
+        Member { name, reading }.deserialize(&mut deserializer).ok()?;
+        deserializer.end().ok()
     }
 
     /// `messages`: a list's length, text and first item that is no message, or the text of
