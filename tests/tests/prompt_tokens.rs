@@ -115,3 +115,41 @@ async fn every_answer_says_the_prompt_tokens_it_was_routed_with() {
         "{metrics}"
     );
 }
+
+/// A body whose rendering differs between the engines' rules: SGLang turns a final assistant
+/// message into a user message, vLLM continues after it with a generation prompt.
+fn ends_with_an_assistant() -> Value {
+    json!({"model": "m", "max_tokens": 1, "messages": [
+        {"role": "user", "content": "Say hello."},
+        {"role": "assistant", "content": "Hello"}]})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_requests_render_by_the_rules_of_the_engine_the_workers_run() {
+    let tokenizer = tokenizer();
+    let engines = kv_engines(1, &tokenizer, &[]);
+    let http = Http::default();
+    let admin = format!("Bearer {ADMIN_TOKEN}");
+    // router-sim names itself in /get_server_info and serves no /version: no engine is
+    // learned, and the model renders by vLLM's rules.
+    let unnamed = Router::with_config(&kv_router_yaml(&engines, &tokenizer, "{type: round_robin}"));
+    unnamed.wait_until_ready(&http, ADMIN_TOKEN).await;
+    let named = Router::with_config(
+        &kv_router_yaml(&engines, &tokenizer, "{type: round_robin}")
+            .replace("{id: e1,", "{id: e1, engine: sglang,"),
+    );
+    named.wait_until_ready(&http, ADMIN_TOKEN).await;
+
+    for (router, engine, rules) in
+        [(&unnamed, Value::Null, "vllm"), (&named, json!("sglang"), "sglang")]
+    {
+        let workers = http.get(&router.url, "/admin/workers", &[("authorization", &admin)]).await;
+        assert_eq!(workers.json()["workers"][0]["engine"], engine, "{}", workers.body);
+        let state = router.admin_state(&http, ADMIN_TOKEN).await;
+        assert_eq!(state["models"][0]["chat_rules"], rules, "{state}");
+    }
+    let by_vllm = tokenize(&http, &unnamed, &ends_with_an_assistant()).await;
+    let by_sglang = tokenize(&http, &named, &ends_with_an_assistant()).await;
+    assert_eq!((&by_vllm["source"], &by_sglang["source"]), (&json!("exact"), &json!("exact")));
+    assert_ne!(by_vllm["token_ids"], by_sglang["token_ids"], "the two rules render it alike");
+}

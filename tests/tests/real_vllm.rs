@@ -152,6 +152,16 @@ async fn real_vllm_engines_behind_the_router() {
             && router_e2e::worker_state(&state, "v2")["load"]["freshness"] == "fresh"
     })
     .await;
+    // The engine each worker runs, learned from its answers (vLLM serves `/version`).
+    let state = router.admin_state(&http, ADMIN_TOKEN).await;
+    assert_eq!(state["models"][0]["chat_rules"], "vllm", "{state}");
+    let workers = http
+        .get(&router.url, "/admin/workers", &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))])
+        .await
+        .json();
+    for worker in workers["workers"].as_array().expect("workers") {
+        assert_eq!(worker["engine"], "vllm", "{worker}");
+    }
     for i in 0..4 {
         chat(&http, &router, &conversation(&format!("weather {i}"), 0)).await;
     }

@@ -24,6 +24,7 @@ use crate::config::{
     ConfigFile, ModelRuntime, Problem, ServerSection, build_discovery, build_models,
     keeps_local_index,
 };
+use crate::engines::EngineLearner;
 use crate::error::ApiError;
 use crate::forward::{ForwardConfig, Forwarder, OutcomeSink};
 use crate::health::HealthBook;
@@ -255,6 +256,20 @@ impl AppContext {
             timeout,
             self.cancel.child_token(),
         ));
+        let tokenized = self
+            .models
+            .iter()
+            .filter_map(|(id, model)| Some((id.clone(), Arc::clone(model.tokenization.as_ref()?))))
+            .collect::<Vec<_>>();
+        if !tokenized.is_empty() {
+            tasks.spawn(Arc::new(EngineLearner::new(tokenized)).run(
+                Arc::clone(&self.registry),
+                self.forwarder.clone(),
+                interval,
+                timeout,
+                self.cancel.child_token(),
+            ));
+        }
         tasks.spawn(forget_removed(
             Arc::clone(&self.registry),
             self.load.clone(),

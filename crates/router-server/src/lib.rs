@@ -20,6 +20,7 @@ mod auth;
 pub mod config;
 pub mod demo;
 mod dispatch;
+mod engines;
 pub mod epp;
 mod error;
 mod few_fields;

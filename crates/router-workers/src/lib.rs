@@ -24,8 +24,8 @@ pub use origin::{DiscoveredPod, WorkerOrigin};
 pub use registry::{ModelKind, RegistryEvent, WorkerRegistry};
 pub use status::EngineStatus;
 pub use worker::{
-    ApiKey, DEFAULT_BLOCK_SIZE, DpRoute, KvEventsSpec, LoadPollFormat, LoadPollSpec, ModelId,
-    Stage, Worker, WorkerId, WorkerSpec, id_header, validate_url,
+    ApiKey, DEFAULT_BLOCK_SIZE, DpRoute, EngineKind, KvEventsSpec, LoadPollFormat, LoadPollSpec,
+    ModelId, Stage, Worker, WorkerId, WorkerSpec, id_header, validate_url,
 };
 
 #[cfg(test)]

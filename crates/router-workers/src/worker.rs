@@ -237,6 +237,43 @@ fn is_one(n: &u32) -> bool {
     *n == 1
 }
 
+/// The serving engine a worker runs: its API is the same for the router, but its rules for
+/// turning a chat request into a prompt differ in places, and the router renders as it does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    /// vLLM.
+    Vllm,
+    /// SGLang.
+    Sglang,
+}
+
+impl EngineKind {
+    /// The configuration name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Vllm => "vllm",
+            EngineKind::Sglang => "sglang",
+        }
+    }
+
+    fn to_bits(kind: Option<Self>) -> u8 {
+        match kind {
+            None => 0,
+            Some(EngineKind::Vllm) => 1,
+            Some(EngineKind::Sglang) => 2,
+        }
+    }
+
+    fn from_bits(bits: u8) -> Option<Self> {
+        match bits {
+            1 => Some(EngineKind::Vllm),
+            2 => Some(EngineKind::Sglang),
+            _ => None,
+        }
+    }
+}
+
 /// A worker as written in the configuration file and accepted by the admin API.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -285,6 +322,10 @@ pub struct WorkerSpec {
     /// request to it. Never serialized: listings and dumps cannot leak it.
     #[serde(default, skip_serializing)]
     pub api_key: Option<ApiKey>,
+    /// The engine it runs (`vllm` or `sglang`); unset, the router learns it from the engine's
+    /// own answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineKind>,
 }
 
 impl WorkerSpec {
@@ -306,6 +347,7 @@ impl WorkerSpec {
             load_poll: None,
             labels: WorkerLabels::new(),
             api_key: None,
+            engine: None,
         }
     }
 }
@@ -405,6 +447,10 @@ pub struct Worker {
     drained: AtomicBool,
     /// [`EngineStatus`] bits: the status the engine's latest accepted load report stated.
     reported_status: AtomicU8,
+    /// The engine it runs, as configured; without it, [`Worker::learned_engine`] counts.
+    engine: Option<EngineKind>,
+    /// [`EngineKind`] bits: the engine its answers showed (0: not known yet).
+    learned_engine: AtomicU8,
 }
 
 impl Worker {
@@ -472,6 +518,8 @@ impl Worker {
             healthy: AtomicBool::new(true),
             drained: AtomicBool::new(false),
             reported_status: AtomicU8::new(EngineStatus::Unknown.to_bits()),
+            engine: spec.engine,
+            learned_engine: AtomicU8::new(EngineKind::to_bits(None)),
         })
     }
 
@@ -640,6 +688,26 @@ impl Worker {
     /// went silent is not trusted with new requests again until it says otherwise.
     pub fn reported_status(&self) -> EngineStatus {
         EngineStatus::from_bits(self.reported_status.load(Ordering::Acquire))
+    }
+
+    /// The engine it runs: as configured, else as learned from its answers, else unknown.
+    pub fn engine(&self) -> Option<EngineKind> {
+        self.engine.or_else(|| self.learned_engine())
+    }
+
+    /// Whether its engine was configured (then nothing is learned).
+    pub fn engine_configured(&self) -> bool {
+        self.engine.is_some()
+    }
+
+    /// The engine its answers showed, when they did.
+    pub fn learned_engine(&self) -> Option<EngineKind> {
+        EngineKind::from_bits(self.learned_engine.load(Ordering::Acquire))
+    }
+
+    /// Records the engine its answers show.
+    pub fn learn_engine(&self, kind: EngineKind) {
+        self.learned_engine.store(EngineKind::to_bits(Some(kind)), Ordering::Release);
     }
 
     /// Records the reported status; returns the previous one. Use

@@ -337,10 +337,11 @@ pub struct ModelConfig {
     /// tokenizer.
     #[serde(default)]
     pub chat_template: Option<PathBuf>,
-    /// Whose rules turn a chat request into the template's input (`vllm`, the default, or
-    /// `sglang`): the engine the model's workers run.
-    #[serde(default)]
-    pub engine: router_chat_template::EngineRules,
+    /// The engine the model's workers run (`vllm` or `sglang`), for those that do not say
+    /// (`workers[].engine`); unset, the router learns each worker's from its answers. Chat
+    /// requests are rendered by its rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<router_workers::EngineKind>,
     /// Session and routing-key headers and binding expiry.
     #[serde(default)]
     pub affinity: AffinitySection,

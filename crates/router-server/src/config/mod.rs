@@ -459,9 +459,12 @@ fn build_model(
             None
         }
         Some(tokenizer) => match Tokenization::load(tokenizer, model.chat_template.as_deref()) {
-            Ok(t) => Some(Arc::new(
-                t.with_rules(model.engine).with_max_tokenized_bytes(max_tokenized_bytes),
-            )),
+            Ok(t) => {
+                let t = t.with_engine(model.engine).with_max_tokenized_bytes(max_tokenized_bytes);
+                // What the configuration names counts from the start; the rest is learned.
+                t.follow_engines(model.workers.iter().map(|w| w.engine.or(model.engine)));
+                Some(Arc::new(t))
+            }
             Err(err) => {
                 problems.push(format!("{path}.tokenizer"), crate::error::Chain(&err));
                 None

@@ -10,11 +10,12 @@ mod validate;
 
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use router_buckets::{BucketRequest, SloTargets};
 use router_policies::RequestTokens;
-use router_workers::{DpRoute, ModelId, WorkerId};
+use router_workers::{DpRoute, EngineKind, ModelId, WorkerId};
 use serde_json::Value;
 
 pub(crate) use edit::edit_members;
@@ -33,7 +34,11 @@ pub(crate) const ROUTER_OWNED_FIELDS: [&str; 3] =
 pub struct Tokenization {
     tokenizer: tokenizers::Tokenizer,
     template: ChatTemplate,
-    rules: EngineRules,
+    /// The model's configured engine, for its workers that name none.
+    engine: Option<EngineKind>,
+    /// Whether chat requests render by SGLang's rules (else vLLM's): the engine the model's
+    /// workers run ([`Tokenization::follow_engines`]).
+    sglang_rules: AtomicBool,
     max_bytes: usize,
 }
 
@@ -97,12 +102,46 @@ impl Tokenization {
             Some(path) => ChatTemplate::from_file(path, config.exists().then_some(&*config))?,
             None => ChatTemplate::from_tokenizer_config(&config)?,
         };
-        Ok(Self { tokenizer: loaded, template, rules: EngineRules::default(), max_bytes: 4 << 20 })
+        Ok(Self {
+            tokenizer: loaded,
+            template,
+            engine: None,
+            sglang_rules: AtomicBool::new(false),
+            max_bytes: 4 << 20,
+        })
     }
 
-    /// The same, rendering chat requests by `rules`.
-    pub fn with_rules(self, rules: EngineRules) -> Self {
-        Self { rules, ..self }
+    /// The same, for a model whose workers run `engine` unless they say otherwise; rendering
+    /// chat requests by its rules until [`Tokenization::follow_engines`] learns better.
+    pub fn with_engine(self, engine: Option<EngineKind>) -> Self {
+        let sglang = AtomicBool::new(engine == Some(EngineKind::Sglang));
+        Self { engine, sglang_rules: sglang, ..self }
+    }
+
+    /// The rules chat requests are rendered by now.
+    pub(crate) fn rules(&self) -> EngineRules {
+        if self.sglang_rules.load(Ordering::Relaxed) {
+            EngineRules::Sglang
+        } else {
+            EngineRules::Vllm
+        }
+    }
+
+    /// The model's configured engine.
+    pub(crate) fn engine(&self) -> Option<EngineKind> {
+        self.engine
+    }
+
+    /// Renders by the engine the model's workers run, given each worker's (`None` when
+    /// unknown), as [`engine_to_follow`] chooses (vLLM's rules when it names
+    /// none). The rules it now renders by, and whether the known engines disagree.
+    pub(crate) fn follow_engines(
+        &self,
+        engines: impl IntoIterator<Item = Option<EngineKind>>,
+    ) -> (EngineRules, bool) {
+        let (engine, mixed) = engine_to_follow(self.engine, engines);
+        self.sglang_rules.store(engine == Some(EngineKind::Sglang), Ordering::Relaxed);
+        (self.rules(), mixed)
     }
 
     /// The same, tokenizing prompt text of at most `max_bytes` bytes.
@@ -126,7 +165,7 @@ impl Tokenization {
         let Some(body) = fields.map_err(InvalidRequest::not_json)? else {
             return Ok(Err(Inexact::TooLong));
         };
-        let rendered = match self.template.render_request(&body, self.rules) {
+        let rendered = match self.template.render_request(&body, self.rules()) {
             Ok(rendered) => rendered,
             Err(unrenderable) => return Ok(Err(Inexact::Unrenderable(unrenderable))),
         };
@@ -156,6 +195,19 @@ impl Tokenization {
             self.tokenizer.encode_fast(text, add_special_tokens).map_err(TokenizeError::Encode)?;
         Ok(Some(encoding.get_ids().to_vec()))
     }
+}
+
+/// The engine a model renders by, given its configured one and each of its workers' (`None`
+/// when unknown): the one all known workers run, else (none known, or several) the configured
+/// one; and whether the known ones disagree.
+pub(crate) fn engine_to_follow(
+    configured: Option<EngineKind>,
+    engines: impl IntoIterator<Item = Option<EngineKind>>,
+) -> (Option<EngineKind>, bool) {
+    let mut known = engines.into_iter().flatten();
+    let first = known.next();
+    let mixed = first.is_some_and(|first| known.any(|kind| kind != first));
+    (if mixed { configured } else { first.or(configured) }, mixed)
 }
 
 /// Where a request's prompt token count came from.
@@ -384,6 +436,26 @@ fn estimate_tokens(request: &InferenceRequest) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_model_follows_the_engine_its_known_workers_agree_on() {
+        use EngineKind::{Sglang, Vllm};
+        let cases = [
+            (None, vec![], (None, false)),
+            (None, vec![None, Some(Sglang), Some(Sglang)], (Some(Sglang), false)),
+            (Some(Vllm), vec![Some(Sglang)], (Some(Sglang), false)),
+            (Some(Sglang), vec![None, None], (Some(Sglang), false)),
+            (None, vec![Some(Vllm), None, Some(Sglang)], (None, true)),
+            (Some(Sglang), vec![Some(Vllm), Some(Sglang)], (Some(Sglang), true)),
+        ];
+        for (configured, engines, expected) in cases {
+            assert_eq!(
+                engine_to_follow(configured, engines.clone()),
+                expected,
+                "{configured:?} {engines:?}"
+            );
+        }
+    }
 
     #[test]
     fn a_clients_rank_comes_from_the_body_or_the_header_and_both_must_agree() {

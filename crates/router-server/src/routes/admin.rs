@@ -11,14 +11,16 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use router_workers::{ModelId, Worker, WorkerError, WorkerId, WorkerOrigin, WorkerSpec};
+use router_workers::{
+    EngineKind, ModelId, Worker, WorkerError, WorkerId, WorkerOrigin, WorkerSpec,
+};
 use serde_json::{Value, json};
 
 use crate::app::AppContext;
 use crate::config::with_engine_key;
 use crate::error::ApiError;
 use crate::prepare::{
-    Endpoint, InvalidRequest, body_members, edit_members, parse_request, prepare,
+    Endpoint, EngineRules, InvalidRequest, body_members, edit_members, parse_request, prepare,
 };
 
 fn worker_json(ctx: &AppContext, worker: &Worker) -> Value {
@@ -39,6 +41,7 @@ fn worker_json(ctx: &AppContext, worker: &Worker) -> Value {
         "bootstrap_port": worker.bootstrap_port(),
         "kv_events": worker.kv_events(),
         "load_reporter": worker.load_reporter(),
+        "engine": worker.engine().map(EngineKind::as_str),
         "origin": worker.origin(),
     })
 }
@@ -217,7 +220,12 @@ pub(crate) async fn state(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
                     entry
                 })
                 .collect();
-            json!({"id": model.id, "buckets": buckets})
+            // The engine whose rules chat requests render by (null without a tokenizer).
+            let chat_rules = model.tokenization.as_ref().map(|t| match t.rules() {
+                EngineRules::Vllm => "vllm",
+                EngineRules::Sglang => "sglang",
+            });
+            json!({"id": model.id, "chat_rules": chat_rules, "buckets": buckets})
         })
         .collect();
     models.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
