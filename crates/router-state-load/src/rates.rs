@@ -9,7 +9,8 @@
 //! the median of the slopes of every pair of samples whose work differs by at least
 //! [`MIN_SPREAD`] tokens. Medians make it indifferent to the odd sample that waited behind
 //! something the router did not know of; the window makes it follow an engine that slows down
-//! or speeds up, within half a window. Until there are [`MIN_PAIRS`] such pairs (a workload of
+//! or speeds up, within half a window. A slope is trusted only when three quarters of the
+//! pairs' slopes are positive: where timing noise swamps the spread of work, it is no rate. Until there are [`MIN_PAIRS`] such pairs (a workload of
 //! same-sized prompts), the rate is the median ratio of work to time over samples of at least
 //! [`MIN_RATIO_WORK`] tokens, where the fixed part matters least; until then, none.
 //!
@@ -80,7 +81,12 @@ impl Learner {
         if slopes.len() < MIN_PAIRS {
             return None;
         }
-        positive(1.0 / median(&mut slopes)?)
+        let rate = positive(1.0 / median(&mut slopes)?)?;
+        // Sorted by `median`. The slopes must agree that time grows with work: when a quarter
+        // or more fall at or below zero, timing noise is as large as what the spread of work
+        // explains, and their median says nothing (on real engines it said up to 750k
+        // tokens/s of requests that differed by a hundred tokens and a few ms of jitter).
+        (slopes[slopes.len() / 4] > 0.0).then_some(rate)
     }
 
     /// Tokens per second from the median ratio of large samples.
@@ -135,14 +141,12 @@ impl PrefillRates {
             return;
         }
         let mut engines = self.engines.lock();
-        match engines.get_mut(worker) {
-            Some(learner) => learner.observe(Sample { work, seconds }),
-            None => {
-                let mut learner = Learner::default();
-                learner.observe(Sample { work, seconds });
-                engines.insert(worker.clone(), learner);
-            }
-        }
+        let learner = match engines.get_mut(worker) {
+            Some(learner) => learner,
+            None => engines.entry(worker.clone()).or_default(),
+        };
+        learner.observe(Sample { work, seconds });
+        tracing::trace!(worker = %worker, work, ttft_ms = seconds * 1e3, rate = ?learner.rate, "prefill rate sample");
     }
 
     /// `worker`'s learned rate in tokens per second, once its samples give one.
@@ -237,6 +241,34 @@ mod tests {
         assert!(close(rates.rate(&worker()), 10_000.0), "{:?}", rates.rate(&worker()));
         rates.forget(&worker());
         assert_eq!(rates.rate(&worker()), None);
+    }
+
+    /// Uniform jitter in [-6, 6) ms from a fixed sequence (xorshift).
+    fn jitter(state: &mut u64) -> f64 {
+        *state ^= *state << 13;
+        *state ^= *state >> 7;
+        *state ^= *state << 17;
+        (*state % 12_000) as f64 / 1e6 - 0.006
+    }
+
+    #[test]
+    fn work_too_alike_for_the_timing_noise_gives_no_rate() {
+        let rates = PrefillRates::new();
+        let mut state = 0x9e37_79b9_7f4a_7c15;
+        // Prompts of 60 to 140 uncached tokens on a 30k tokens/s engine with a few ms of
+        // jitter: the work explains at most 3 ms, the noise 12.
+        for i in 0..WINDOW as u64 {
+            let work = 60 + (i * 37) % 80;
+            rates.observe(&worker(), work, ttft(work, 30_000.0, 0.015 + jitter(&mut state)));
+        }
+        assert_eq!(rates.rate(&worker()), None, "a rate out of noise");
+        // Spread enough, the same jitter no longer hides the slope.
+        for i in 0..WINDOW as u64 {
+            let work = 60 + (i * 397) % 3000;
+            rates.observe(&worker(), work, ttft(work, 30_000.0, 0.015 + jitter(&mut state)));
+        }
+        let rate = rates.rate(&worker()).expect("a rate");
+        assert!((24_000.0..36_000.0).contains(&rate), "{rate}");
     }
 
     proptest! {
