@@ -13,8 +13,12 @@
 //!    [`OFFERED_LOAD`] of the fitted prefill rate, through `round_robin`, `cache_aware` and
 //!    `predicted_ttft` in turn (both engines' caches reset between policies); the hit rate comes
 //!    from vLLM's own counters (`vllm:prefix_cache_hits_total` over `..._queries_total`);
-//! 3. the same replay on two router-sim engines given the fitted rates and the same cache, block
+//! 3. a multi-turn chat workload (`router-sim load`'s sessions) through each policy;
+//! 4. the same replay on two router-sim engines given the fitted rates and the same cache, block
 //!    size and tokenizer: whether the simulated fleet ranks the policies as the real one does.
+//!
+//! Each workload runs [`REPETITIONS`] times, every policy once per repetition in turn (the
+//! machine's noise falls on all alike), and each number shown is the median of its runs.
 //!
 //! Owns the page section `real`.
 
@@ -69,18 +73,73 @@ pub(crate) struct Calibration {
     pub(crate) decode_four: f64,
 }
 
-/// One policy's replay on one fleet.
+/// Repetitions of each workload (one with `--quick`).
+const REPETITIONS: usize = 3;
+
+/// One policy's replays on one fleet: the medians of its runs.
 #[derive(Clone, Debug)]
 pub(crate) struct Run {
     pub(crate) policy: &'static str,
     pub(crate) numbers: Numbers,
     /// Hit rate by vLLM's own counters (real fleet only).
     pub(crate) engine_hit_rate: Option<f64>,
+    /// The p99 TTFT of each run, ms, in the order run.
+    pub(crate) p99_each: Vec<f64>,
+}
+
+impl Run {
+    /// One run's numbers.
+    fn one(policy: &'static str, numbers: Numbers, engine_hit_rate: Option<f64>) -> Self {
+        let p99_each = vec![numbers.ttft_p99];
+        Self { policy, numbers, engine_hit_rate, p99_each }
+    }
+}
+
+/// The medians of `policy`'s runs, or why none succeeded.
+fn medians(policy: &'static str, runs: Vec<Result<Run, String>>) -> Result<Run, (String, String)> {
+    let (ok, failed): (Vec<_>, Vec<_>) = runs.into_iter().partition(Result::is_ok);
+    let ok: Vec<Run> = ok.into_iter().filter_map(Result::ok).collect();
+    if ok.is_empty() {
+        let why = failed.into_iter().filter_map(Result::err).next().unwrap_or_default();
+        return Err((policy.to_owned(), why));
+    }
+    let numbers = Numbers::median(&ok.iter().map(|r| r.numbers).collect::<Vec<_>>());
+    let mut hits: Vec<f64> = ok.iter().filter_map(|r| r.engine_hit_rate).collect();
+    hits.sort_by(f64::total_cmp);
+    let engine_hit_rate = (!hits.is_empty()).then(|| hits[hits.len() / 2]);
+    let p99_each = ok.iter().map(|r| r.numbers.ttft_p99).collect();
+    Ok(Run { policy, numbers, engine_hit_rate, p99_each })
+}
+
+/// Runs `run` for every policy, `repetitions` times in turn, and takes each policy's medians.
+fn alternated(
+    what: &str,
+    repetitions: usize,
+    mut run: impl FnMut(&'static str) -> Result<Run>,
+) -> Vec<Result<Run, (String, String)>> {
+    let mut all: Vec<Vec<Result<Run, String>>> = vec![Vec::new(); POLICIES.len()];
+    for repetition in 0..repetitions {
+        for (i, policy) in POLICIES.into_iter().enumerate() {
+            eprintln!("xtask bench: real: {policy} on {what} ({}/{repetitions})", repetition + 1);
+            let result = run(policy).map_err(|err| format!("{err:#}"));
+            match &result {
+                Ok(r) => eprintln!(
+                    "  p99 {:.0} ms, hit rate {:.3}",
+                    r.numbers.ttft_p99, r.numbers.hit_rate
+                ),
+                Err(err) => eprintln!("  failed: {err}"),
+            }
+            all[i].push(result);
+        }
+    }
+    POLICIES.into_iter().zip(all).map(|(policy, runs)| medians(policy, runs)).collect()
 }
 
 /// Everything the section shows.
 pub(crate) struct Measured {
     pub(crate) calibration: Calibration,
+    /// Runs of each policy on each workload.
+    pub(crate) repetitions: usize,
     pub(crate) requests: usize,
     pub(crate) real: Vec<Result<Run, (String, String)>>,
     pub(crate) sim: Vec<Result<Run, (String, String)>>,
@@ -428,127 +487,83 @@ pub(crate) fn measure(root: &Path, bins: &Bins, quick: bool) -> Result<Measured>
         calibration.decode_four
     );
     let rate = calibration.prefill_tokens_per_sec;
-    let mut real = Vec::new();
-    for policy in POLICIES {
-        eprintln!("xtask bench: real: {policy} on vLLM");
-        let run = || -> Result<Run> {
-            runtime.block_on(async {
-                for engine in &engines {
-                    engine.reset().await?;
-                }
-                anyhow::Ok(())
-            })?;
-            let workers: Vec<_> = engines
-                .iter()
-                .map(|e| (e.url.clone(), e.events.clone(), e.replay.clone(), None))
-                .collect();
-            let (_router, url) =
-                router_with_config(bins, &router_yaml(policy, &workers, &tokenizer))?;
-            // Subscriptions, the replay of the (just cleared) buffers, the first metrics poll.
-            std::thread::sleep(Duration::from_secs(3));
-            let before = runtime.block_on(counters(&engines))?;
-            let report = replay(bins, &url, &trace, requests, &tokenizer, rate)?;
-            let after = runtime.block_on(counters(&engines))?;
-            let (queries, hits) = (after.0 - before.0, after.1 - before.1);
-            Ok(Run {
-                policy,
-                numbers: Numbers::from_report(&report),
-                engine_hit_rate: (queries > 0.0).then(|| hits / queries),
-            })
-        };
-        real.push(run().map_err(|err| (policy.to_owned(), format!("{err:#}"))));
-        if let Err((_, err)) = real.last().expect("pushed") {
-            eprintln!("  failed: {err}");
-        }
-    }
-    let mut sessions_runs = Vec::new();
-    for policy in POLICIES {
-        eprintln!("xtask bench: real: {policy} on vLLM, multi-turn sessions");
-        let run = || -> Result<Run> {
-            runtime.block_on(async {
-                for engine in &engines {
-                    engine.reset().await?;
-                }
-                anyhow::Ok(())
-            })?;
-            let workers: Vec<_> = engines
-                .iter()
-                .map(|e| (e.url.clone(), e.events.clone(), e.replay.clone(), None))
-                .collect();
-            let (_router, url) =
-                router_with_config(bins, &router_yaml(policy, &workers, &tokenizer))?;
-            std::thread::sleep(Duration::from_secs(3));
-            let before = runtime.block_on(counters(&engines))?;
-            let report = sessions(bins, &url, if quick { 10 } else { SESSIONS_SECS })?;
-            let after = runtime.block_on(counters(&engines))?;
-            let (queries, hits) = (after.0 - before.0, after.1 - before.1);
-            Ok(Run {
-                policy,
-                numbers: Numbers::from_report(&report),
-                engine_hit_rate: (queries > 0.0).then(|| hits / queries),
-            })
-        };
-        sessions_runs.push(run().map_err(|err| (policy.to_owned(), format!("{err:#}"))));
-        if let Err((_, err)) = sessions_runs.last().expect("pushed") {
-            eprintln!("  failed: {err}");
-        }
-    }
-    drop(engines);
-    let mut sim = Vec::new();
-    for policy in POLICIES {
-        eprintln!("xtask bench: real: {policy} on router-sim fitted to vLLM");
-        let run = || -> Result<Run> {
-            let mut procs: Vec<Proc> = Vec::new();
-            let mut workers = Vec::new();
-            for _ in 0..ENGINES {
-                let args: Vec<String> = [
-                    "engine",
-                    "--port",
-                    "0",
-                    "--model",
-                    "tiny",
-                    "--tokenizer",
-                    &tokenizer,
-                    "--block-size",
-                    &BLOCK_SIZE.to_string(),
-                    "--kv-capacity-tokens",
-                    &(ENGINE_BLOCKS * BLOCK_SIZE).to_string(),
-                    "--prefill-tokens-per-sec",
-                    &format!("{rate:.0}"),
-                    "--decode-tokens-per-sec",
-                    &format!("{:.0}", calibration.decode_four),
-                    "--kv-events",
-                    "tcp://127.0.0.1:0",
-                    "--kv-replay",
-                    "tcp://127.0.0.1:0",
-                    "--load-reporter",
-                    "127.0.0.1:0",
-                ]
-                .iter()
-                .map(|s| (*s).to_owned())
-                .collect();
-                let proc = Proc::start(&bins.sim, &args, "listening on ")?;
-                let url = proc.after("listening on ")?;
-                workers.push((
-                    url,
-                    proc.after("kv events on ")?,
-                    proc.after("kv replay on ")?,
-                    Some(proc.after("load reporter on ")?),
-                ));
-                procs.push(proc);
+    let repetitions = if quick { 1 } else { REPETITIONS };
+    // One policy on the real engines, caches cleared first: `workload` drives the router at
+    // its URL; the hit rate by the engines' own counters beside the load generator's report.
+    let on_vllm = |policy: &'static str, workload: &dyn Fn(&str) -> Result<Value>| {
+        runtime.block_on(async {
+            for engine in &engines {
+                engine.reset().await?;
             }
-            let (_router, url) =
-                router_with_config(bins, &router_yaml(policy, &workers, &tokenizer))?;
-            std::thread::sleep(Duration::from_millis(500));
-            let report = replay(bins, &url, &trace, requests, &tokenizer, rate)?;
-            Ok(Run { policy, numbers: Numbers::from_report(&report), engine_hit_rate: None })
-        };
-        sim.push(run().map_err(|err| (policy.to_owned(), format!("{err:#}"))));
-        if let Err((_, err)) = sim.last().expect("pushed") {
-            eprintln!("  failed: {err}");
+            anyhow::Ok(())
+        })?;
+        let workers: Vec<_> = engines
+            .iter()
+            .map(|e| (e.url.clone(), e.events.clone(), e.replay.clone(), None))
+            .collect();
+        let (_router, url) = router_with_config(bins, &router_yaml(policy, &workers, &tokenizer))?;
+        // Subscriptions, the replay of the (just cleared) buffers, the first metrics poll.
+        std::thread::sleep(Duration::from_secs(3));
+        let before = runtime.block_on(counters(&engines))?;
+        let report = workload(&url)?;
+        let after = runtime.block_on(counters(&engines))?;
+        let (queries, hits) = (after.0 - before.0, after.1 - before.1);
+        let engine_hit_rate = (queries > 0.0).then(|| hits / queries);
+        Ok(Run::one(policy, Numbers::from_report(&report), engine_hit_rate))
+    };
+    let real = alternated("vLLM, Mooncake slice", repetitions, |policy| {
+        on_vllm(policy, &|url| replay(bins, url, &trace, requests, &tokenizer, rate))
+    });
+    let sessions_runs = alternated("vLLM, multi-turn sessions", repetitions, |policy| {
+        on_vllm(policy, &|url| sessions(bins, url, if quick { 10 } else { SESSIONS_SECS }))
+    });
+    drop(engines);
+    let sim = alternated("router-sim fitted to vLLM", repetitions, |policy| {
+        let mut procs: Vec<Proc> = Vec::new();
+        let mut workers = Vec::new();
+        for _ in 0..ENGINES {
+            let args: Vec<String> = [
+                "engine",
+                "--port",
+                "0",
+                "--model",
+                "tiny",
+                "--tokenizer",
+                &tokenizer,
+                "--block-size",
+                &BLOCK_SIZE.to_string(),
+                "--kv-capacity-tokens",
+                &(ENGINE_BLOCKS * BLOCK_SIZE).to_string(),
+                "--prefill-tokens-per-sec",
+                &format!("{rate:.0}"),
+                "--decode-tokens-per-sec",
+                &format!("{:.0}", calibration.decode_four),
+                "--kv-events",
+                "tcp://127.0.0.1:0",
+                "--kv-replay",
+                "tcp://127.0.0.1:0",
+                "--load-reporter",
+                "127.0.0.1:0",
+            ]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+            let proc = Proc::start(&bins.sim, &args, "listening on ")?;
+            let url = proc.after("listening on ")?;
+            workers.push((
+                url,
+                proc.after("kv events on ")?,
+                proc.after("kv replay on ")?,
+                Some(proc.after("load reporter on ")?),
+            ));
+            procs.push(proc);
         }
-    }
-    Ok(Measured { calibration, requests, real, sim, sessions: sessions_runs })
+        let (_router, url) = router_with_config(bins, &router_yaml(policy, &workers, &tokenizer))?;
+        std::thread::sleep(Duration::from_millis(500));
+        let report = replay(bins, &url, &trace, requests, &tokenizer, rate)?;
+        Ok(Run::one(policy, Numbers::from_report(&report), None))
+    });
+    Ok(Measured { calibration, repetitions, requests, real, sim, sessions: sessions_runs })
 }
 
 /// Both engines' prefix-cache counters summed.
@@ -591,8 +606,9 @@ pub(crate) fn render(m: &Measured) -> String {
          `router-sim load` at offered load {OFFERED_LOAD} of the fitted prefill rate of the two \
          engines; caches reset between policies. Hit rate: vLLM's own counters \
          (`vllm:prefix_cache_hits_total` over `vllm:prefix_cache_queries_total`) and the load \
-         generator's (cached tokens over prompt tokens, from each answer's usage).\n",
-        m.requests
+         generator's (cached tokens over prompt tokens, from each answer's usage). Every number \
+         is the median of {} runs, each run taking every policy in turn.\n",
+        m.requests, m.repetitions
     );
     let _ = writeln!(page, "### Calibration\n");
     let _ = writeln!(
@@ -637,7 +653,7 @@ pub(crate) fn render(m: &Measured) -> String {
         let _ = writeln!(page, "### {title}\n");
         let _ = writeln!(
             page,
-            "| policy | requests | errors | hit rate (engine counters) | hit rate (answers) | hit rate, fleet-LRU oracle | TTFT p50 | TTFT p99 | mean | offered load |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+            "| policy | requests | errors | hit rate (engine counters) | hit rate (answers) | hit rate, fleet-LRU oracle | TTFT p50 | TTFT p99 | p99 of each run | mean | offered load |\n|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"
         );
         for run in runs.iter() {
             match run {
@@ -650,7 +666,7 @@ pub(crate) fn render(m: &Measured) -> String {
                     };
                     let _ = writeln!(
                         page,
-                        "| `{}` | {:.0} | {:.0} | {engine} | {:.3} | {} | {:.0} ms | {:.0} ms | {:.0} ms | {} |",
+                        "| `{}` | {:.0} | {:.0} | {engine} | {:.3} | {} | {:.0} ms | {:.0} ms | {} | {:.0} ms | {} |",
                         run.policy,
                         n.requests,
                         n.errors,
@@ -658,6 +674,11 @@ pub(crate) fn render(m: &Measured) -> String {
                         or_dash(n.fleet_lru, 3),
                         n.ttft_p50,
                         n.ttft_p99,
+                        run.p99_each
+                            .iter()
+                            .map(|p| format!("{p:.0}"))
+                            .collect::<Vec<_>>()
+                            .join(", "),
                         n.ttft_mean,
                         or_dash(n.offered_load, 2)
                     );
@@ -665,7 +686,7 @@ pub(crate) fn render(m: &Measured) -> String {
                 Err((policy, err)) => {
                     let _ = writeln!(
                         page,
-                        "| `{policy}` | failed: {} |||||||||",
+                        "| `{policy}` | failed: {} ||||||||||",
                         err.replace('|', "/")
                     );
                 }
@@ -688,6 +709,22 @@ pub(crate) fn render(m: &Measured) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_policy_shows_the_medians_of_the_runs_that_succeeded() {
+        let run = |p99: f64, hits: f64| {
+            let numbers = Numbers { ttft_p99: p99, hit_rate: hits, ..Numbers::default() };
+            Ok(Run::one("round_robin", numbers, Some(hits)))
+        };
+        let runs =
+            vec![run(300.0, 0.5), Err("engine died".to_owned()), run(100.0, 0.7), run(200.0, 0.6)];
+        let shown = medians("round_robin", runs).expect("three runs succeeded");
+        assert_eq!((shown.numbers.ttft_p99, shown.numbers.hit_rate), (200.0, 0.6));
+        assert_eq!(shown.engine_hit_rate, Some(0.6));
+        assert_eq!(shown.p99_each, [300.0, 100.0, 200.0]);
+        let none = medians("round_robin", vec![Err("engine died".to_owned())]);
+        assert_eq!(none.err(), Some(("round_robin".to_owned(), "engine died".to_owned())));
+    }
 
     #[test]
     fn least_squares_recovers_a_line() {
