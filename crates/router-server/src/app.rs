@@ -247,29 +247,20 @@ impl AppContext {
                 ));
             }
         }
-        let (interval, timeout) = self.card_refresh;
-        tasks.spawn(Arc::clone(&self.model_cards).run(
-            self.models.keys().cloned().collect(),
-            Arc::clone(&self.registry),
-            self.forwarder.clone(),
-            interval,
-            timeout,
-            self.cancel.child_token(),
-        ));
         let tokenized = self
             .models
             .iter()
             .filter_map(|(id, model)| Some((id.clone(), Arc::clone(model.tokenization.as_ref()?))))
             .collect::<Vec<_>>();
-        if !tokenized.is_empty() {
-            tasks.spawn(Arc::new(EngineLearner::new(tokenized)).run(
-                Arc::clone(&self.registry),
-                self.forwarder.clone(),
-                interval,
-                timeout,
-                self.cancel.child_token(),
-            ));
-        }
+        let engines = (!tokenized.is_empty()).then(|| EngineLearner::new(tokenized));
+        tasks.spawn(Arc::clone(&self.model_cards).run(
+            self.models.keys().cloned().collect(),
+            engines,
+            Arc::clone(&self.registry),
+            self.forwarder.clone(),
+            self.card_refresh,
+            self.cancel.child_token(),
+        ));
         tasks.spawn(forget_removed(
             Arc::clone(&self.registry),
             self.load.clone(),

@@ -15,7 +15,6 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use router_workers::{EngineKind, ModelId, Worker, WorkerId, WorkerRegistry};
 use serde_json::Value;
-use tokio_util::sync::CancellationToken;
 
 use crate::forward::Forwarder;
 use crate::prepare::Tokenization;
@@ -92,25 +91,6 @@ impl EngineLearner {
                     ?rules,
                     "the model's workers run different engines; its chat requests render by one engine's rules, and prefix matches on the others may be inexact (set models[].engine to choose)"
                 );
-            }
-        }
-    }
-
-    /// Learns every `interval` until `cancel` (at once first).
-    pub(crate) async fn run(
-        self: Arc<Self>,
-        registry: Arc<WorkerRegistry>,
-        forwarder: Forwarder,
-        interval: Duration,
-        timeout: Duration,
-        cancel: CancellationToken,
-    ) {
-        let mut ticks = tokio::time::interval(interval);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                _ = ticks.tick() => self.learn(&registry, &forwarder, timeout).await,
             }
         }
     }

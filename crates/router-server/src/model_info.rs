@@ -3,6 +3,7 @@
 //! `root`, `max_model_len`, `owned_by`, `created`) and refreshed on the health checker's
 //! interval, so tools that read `data[0].root` or `max_model_len` (vLLM's benchmark, say) see
 //! what the engines serve. Until an engine has answered, a model's card names only itself.
+//! The same tick learns which engine each worker runs (`crate::engines`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,6 +14,7 @@ use router_workers::{ModelId, Stage, WorkerRegistry};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::engines::EngineLearner;
 use crate::forward::Forwarder;
 
 /// The engines' cards of the served models, by model.
@@ -105,14 +107,15 @@ impl ModelCards {
         }
     }
 
-    /// Refreshes every `interval` until `cancel`.
+    /// Refreshes every `interval` until `cancel`, at once first, each engine given `timeout`;
+    /// `engines`, when given, learns on the same tick which engine each worker runs.
     pub(crate) async fn run(
         self: Arc<Self>,
         models: Vec<ModelId>,
+        engines: Option<EngineLearner>,
         registry: Arc<WorkerRegistry>,
         forwarder: Forwarder,
-        interval: Duration,
-        timeout: Duration,
+        (interval, timeout): (Duration, Duration),
         cancel: CancellationToken,
     ) {
         let mut ticks = tokio::time::interval(interval);
@@ -120,7 +123,12 @@ impl ModelCards {
         loop {
             tokio::select! {
                 () = cancel.cancelled() => return,
-                _ = ticks.tick() => self.refresh(&models, &registry, &forwarder, timeout).await,
+                _ = ticks.tick() => {
+                    self.refresh(&models, &registry, &forwarder, timeout).await;
+                    if let Some(engines) = &engines {
+                        engines.learn(&registry, &forwarder, timeout).await;
+                    }
+                }
             }
         }
     }

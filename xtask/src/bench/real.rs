@@ -618,7 +618,7 @@ pub(crate) fn render(m: &Measured) -> String {
          (least squares over {} requests of 64 to 3072 tokens; residuals {:.1} ms rms). Decode: \
          **{:.0} tokens/s** for one request alone, **{:.0}** for each of four at once. router-sim \
          gets `--prefill-tokens-per-sec {:.0}` and `--decode-tokens-per-sec {:.0}`; it has no \
-         fixed part per request, so its times to first token are lower by about {:.0} ms.\n",
+         fixed part per request (the fit's is {:.1} ms, within its residuals when small).\n",
         c.overhead_ms,
         c.prefill_tokens_per_sec,
         c.points.len(),
