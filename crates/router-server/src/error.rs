@@ -94,9 +94,17 @@ pub(crate) enum ApiError {
     /// The router is shutting down.
     #[error("the router is shutting down")]
     ShuttingDown,
-    /// Something named by the path does not exist (admin API).
+    /// Something named by the path does not exist (admin API), or no route serves the path.
     #[error("{0}")]
     NotFound(String),
+    /// The path is served, but not with this method.
+    #[error("{method} is not served at {path}")]
+    MethodNotAllowed {
+        /// The request's method.
+        method: String,
+        /// The request's path.
+        path: String,
+    },
     /// No healthy engine of the model answered an information request.
     #[error("no healthy engine of model {model} answered {path}")]
     NoEngineAnswered {
@@ -363,6 +371,7 @@ impl ApiError {
             | ApiError::InvalidSloTarget { .. }
             | ApiError::RateLimited(Refusal::OverTokenBurst { .. }) => StatusCode::BAD_REQUEST,
             ApiError::UnknownModel(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::WorkerExists(_) | ApiError::WorkerDiscovered { .. } => StatusCode::CONFLICT,
             ApiError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
@@ -427,6 +436,7 @@ impl ApiError {
             }
             ApiError::Unauthorized(_) => ("authentication_error", "unauthorized"),
             ApiError::NotFound(_) => ("invalid_request_error", "not_found"),
+            ApiError::MethodNotAllowed { .. } => ("invalid_request_error", "method_not_allowed"),
             ApiError::WorkerExists(_) => ("invalid_request_error", "invalid_request"),
             ApiError::WorkerDiscovered { .. } => ("invalid_request_error", "worker_discovered"),
         }

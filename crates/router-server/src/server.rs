@@ -19,6 +19,7 @@ use tracing::{debug, info, warn};
 
 use crate::app::AppContext;
 use crate::config::ServerSection;
+use crate::error::ApiError;
 use crate::prepare::Endpoint;
 use crate::routes::{admin, fleet, inference, ops};
 use crate::{auth, limit};
@@ -63,6 +64,8 @@ pub fn routes(ctx: Arc<AppContext>) -> Router {
         .route("/readiness", get(ops::readiness))
         .route("/metrics", get(ops::prometheus))
         .merge(admin_routes)
+        .fallback(no_route)
+        .method_not_allowed_fallback(no_method)
         .layer(DefaultBodyLimit::max(ctx.max_body_bytes()))
         .with_state(ctx);
     match cors {
@@ -92,6 +95,17 @@ fn cors_layer(origins: &[String]) -> Option<tower_http::cors::CorsLayer> {
             .allow_headers(Any)
             .expose_headers(Any),
     )
+}
+
+/// A path no route serves: a 404 in the API's error shape, as clients parse every error.
+async fn no_route(method: http::Method, uri: http::Uri) -> ApiError {
+    ApiError::NotFound(format!("no route for {method} {}", uri.path()))
+}
+
+/// A path served with other methods: a 405 in the API's error shape (axum keeps the `Allow`
+/// header it computed).
+async fn no_method(method: http::Method, uri: http::Uri) -> ApiError {
+    ApiError::MethodNotAllowed { method: method.to_string(), path: uri.path().to_owned() }
 }
 
 /// The admin API, behind the admin token.

@@ -85,13 +85,15 @@ pub(crate) struct Run {
     pub(crate) engine_hit_rate: Option<f64>,
     /// The p99 TTFT of each run, ms, in the order run.
     pub(crate) p99_each: Vec<f64>,
+    /// Each engine's learned prefill rate at the end of each run (tokens/s, `None`: none yet).
+    pub(crate) rates_each: Vec<Vec<Option<f64>>>,
 }
 
 impl Run {
     /// One run's numbers.
     fn one(policy: &'static str, numbers: Numbers, engine_hit_rate: Option<f64>) -> Self {
         let p99_each = vec![numbers.ttft_p99];
-        Self { policy, numbers, engine_hit_rate, p99_each }
+        Self { policy, numbers, engine_hit_rate, p99_each, rates_each: Vec::new() }
     }
 }
 
@@ -108,7 +110,8 @@ fn medians(policy: &'static str, runs: Vec<Result<Run, String>>) -> Result<Run, 
     hits.sort_by(f64::total_cmp);
     let engine_hit_rate = (!hits.is_empty()).then(|| hits[hits.len() / 2]);
     let p99_each = ok.iter().map(|r| r.numbers.ttft_p99).collect();
-    Ok(Run { policy, numbers, engine_hit_rate, p99_each })
+    let rates_each = ok.iter().flat_map(|r| r.rates_each.iter().cloned()).collect();
+    Ok(Run { policy, numbers, engine_hit_rate, p99_each, rates_each })
 }
 
 /// Runs `run` for every policy, `repetitions` times in turn, and takes each policy's medians.
@@ -287,14 +290,40 @@ impl Drop for Vllm {
 
 /// One HTTP exchange: the status and the whole body.
 async fn http(method: &str, url: &str, body: Option<&Value>) -> Result<(u16, Bytes)> {
+    exchange(method, url, body, None).await
+}
+
+/// The admin token of the bench's routers.
+const ADMIN_TOKEN: &str = "bench";
+
+/// Each engine's learned prefill rate in the router at `url` (tokens/s; `None` while it has
+/// none), in worker order.
+async fn learned_rates(url: &str) -> Result<Vec<Option<f64>>> {
+    let auth = format!("Bearer {ADMIN_TOKEN}");
+    let (status, body) = exchange("GET", &format!("{url}/admin/state"), None, Some(&auth)).await?;
+    anyhow::ensure!(status == 200, "/admin/state: {status}");
+    let state: Value = serde_json::from_slice(&body)?;
+    let mut workers: Vec<&Value> = state["workers"].as_array().context("workers")?.iter().collect();
+    workers.sort_by_key(|w| w["id"].as_str().unwrap_or_default().to_owned());
+    Ok(workers.iter().map(|w| w["learned_prefill_tokens_per_sec"].as_f64()).collect())
+}
+
+/// One HTTP exchange, with `authorization` when given: the status and the whole body.
+async fn exchange(
+    method: &str,
+    url: &str,
+    body: Option<&Value>,
+    authorization: Option<&str>,
+) -> Result<(u16, Bytes)> {
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build(HttpConnector::new());
     let bytes = body.map_or_else(Bytes::new, |b| Bytes::from(b.to_string()));
-    let request = http::Request::builder()
-        .method(method)
-        .uri(url)
-        .header("content-type", "application/json")
-        .body(Full::new(bytes))?;
+    let mut request =
+        http::Request::builder().method(method).uri(url).header("content-type", "application/json");
+    if let Some(authorization) = authorization {
+        request = request.header("authorization", authorization);
+    }
+    let request = request.body(Full::new(bytes))?;
     let exchange = async {
         let response = client.request(request).await?;
         let status = response.status().as_u16();
@@ -393,7 +422,7 @@ fn router_yaml(
     let tuning =
         if policy == "cache_aware" { ", cache_affinity_min_matched_tokens: 64" } else { "" };
     let mut yaml = format!(
-        "server: {{port: 0}}\nload: {{report_interval_ms: 100}}\nmodels:\n  - id: tiny\n    tokenizer: \"{tokenizer}\"\n    workers:\n"
+        "server: {{port: 0, admin_token: {ADMIN_TOKEN}}}\nload: {{report_interval_ms: 100}}\nmodels:\n  - id: tiny\n    tokenizer: \"{tokenizer}\"\n    workers:\n"
     );
     for (i, (url, events, replay, reporter)) in engines.iter().enumerate() {
         let reporter =
@@ -507,9 +536,11 @@ pub(crate) fn measure(root: &Path, bins: &Bins, quick: bool) -> Result<Measured>
         let before = runtime.block_on(counters(&engines))?;
         let report = workload(&url)?;
         let after = runtime.block_on(counters(&engines))?;
+        let rates = runtime.block_on(learned_rates(&url))?;
         let (queries, hits) = (after.0 - before.0, after.1 - before.1);
         let engine_hit_rate = (queries > 0.0).then(|| hits / queries);
-        Ok(Run::one(policy, Numbers::from_report(&report), engine_hit_rate))
+        let run = Run::one(policy, Numbers::from_report(&report), engine_hit_rate);
+        Ok(Run { rates_each: vec![rates], ..run })
     };
     let real = alternated("vLLM, Mooncake slice", repetitions, |policy| {
         on_vllm(policy, &|url| replay(bins, url, &trace, requests, &tokenizer, rate))
@@ -693,6 +724,19 @@ pub(crate) fn render(m: &Measured) -> String {
             }
         }
         page.push('\n');
+        let learned = runs
+            .iter()
+            .filter_map(|r| r.as_ref().ok())
+            .find(|r| r.policy == "predicted_ttft" && !r.rates_each.is_empty());
+        if let Some(run) = learned {
+            let _ = writeln!(
+                page,
+                "Prefill rates `predicted_ttft` had learned at the end of each run, per engine \
+                 (tokens/s; the calibration fitted {:.0}): {}.\n",
+                m.calibration.prefill_tokens_per_sec,
+                rates_text(&run.rates_each)
+            );
+        }
     }
     let _ = writeln!(
         page,
@@ -706,9 +750,28 @@ pub(crate) fn render(m: &Measured) -> String {
     page
 }
 
+/// Rates per run as `run 1: 31000 and none; run 2: ...`.
+fn rates_text(runs: &[Vec<Option<f64>>]) -> String {
+    let engine = |rate: &Option<f64>| rate.map_or("none".to_owned(), |r| format!("{r:.0}"));
+    runs.iter()
+        .enumerate()
+        .map(|(i, rates)| {
+            let rates: Vec<String> = rates.iter().map(engine).collect();
+            format!("run {}: {}", i + 1, rates.join(" and "))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn learned_rates_read_per_run_and_engine() {
+        let runs = [vec![Some(31_000.4), None], vec![Some(29_500.0), Some(30_100.0)]];
+        assert_eq!(rates_text(&runs), "run 1: 31000 and none; run 2: 29500 and 30100");
+    }
 
     #[test]
     fn each_policy_shows_the_medians_of_the_runs_that_succeeded() {

@@ -224,8 +224,22 @@ async fn a_worker_is_drained_and_resumed_by_hand_whatever_its_health_and_reports
         assert_eq!(json(&body)["error"]["message"], says, "{path}");
     }
     assert!(!ctx.registry().get(&id("a")).expect("a").is_drained(), "nothing drained a");
-    let (status, _, _) = call(&ctx, "GET", "/admin/workers/a/drain", TOKEN, "").await;
+    let (status, headers, body) = call(&ctx, "GET", "/admin/workers/a/drain", TOKEN, "").await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    assert_eq!(json(&body)["error"]["code"], "method_not_allowed", "{body}");
+    assert_eq!(headers.get("allow").map(|v| v.to_str().expect("ASCII")), Some("POST"));
+    // Every path answers in the API's error shape, served or not.
+    for (method, path, status, code) in [
+        ("GET", "/v1/nothing", 404, "not_found"),
+        ("POST", "/admin/nowhere", 404, "not_found"),
+        ("GET", "/v1/chat/completions", 405, "method_not_allowed"),
+        ("DELETE", "/health", 405, "method_not_allowed"),
+    ] {
+        let (got, _, body) = call(&ctx, method, path, None, "").await;
+        assert_eq!(got.as_u16(), status, "{method} {path}: {body}");
+        assert_eq!(json(&body)["error"]["code"], code, "{method} {path}");
+        assert!(json(&body)["error"]["message"].as_str().is_some_and(|m| m.contains(path)));
+    }
 }
 
 #[tokio::test]
