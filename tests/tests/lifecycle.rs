@@ -155,15 +155,49 @@ async fn a_drain_that_times_out_closes_the_remaining_streams_and_exits() {
     let response = long_stream(&http, &router).await;
     assert_eq!(response.status(), 200);
     router.process.terminate();
-    // The stream is cut when the drain gives up, well before its five seconds.
+    // The stream is cut when the drain gives up, well before its five seconds, and says why
+    // in an error event of its own.
     let collected = tokio::time::timeout(Duration::from_secs(4), response.into_body().collect())
         .await
-        .expect("the stream ended with the drain");
-    let text = collected.map(|c| String::from_utf8_lossy(&c.to_bytes()).into_owned());
-    assert!(!text.unwrap_or_default().contains("[DONE]"), "the stream was not cut");
+        .expect("the stream ended with the drain")
+        .expect("the stream ended cleanly");
+    let text = String::from_utf8_lossy(&collected.to_bytes()).into_owned();
+    assert!(!text.contains("[DONE]"), "the stream was not cut: {text}");
+    let last = text.trim_end().rsplit("\n\n").next().unwrap_or_default();
+    let event: serde_json::Value =
+        serde_json::from_str(last.strip_prefix("data: ").unwrap_or(last)).expect("a JSON event");
+    assert_eq!(event["error"]["code"], "router_shutdown", "{text}");
     let code =
         tokio::task::spawn_blocking(move || router.process.wait_exit(Duration::from_secs(10)))
             .await
             .expect("join");
     assert_eq!(code, Some(0));
+}
+
+#[tokio::test]
+async fn a_second_signal_exits_without_waiting_for_the_drain() {
+    // 100 tokens at 2 tokens/s: fifty seconds, within a drain of a minute.
+    let engine = Engine::start("m", &["--decode-tokens-per-sec", "2"]);
+    let yaml = config(&engine).replace(
+        "server: {port: 0, admin_token: t}",
+        "server: {port: 0, admin_token: t, shutdown_drain_secs: 60}",
+    );
+    let mut router = Router::with_config(&yaml);
+    let http = Http::default();
+    let response = long_stream(&http, &router).await;
+    assert_eq!(response.status(), 200);
+    router.process.terminate();
+    let http_probe = Http::default();
+    eventually("the first signal started the drain", async || {
+        http_probe.get(&router.url, "/readiness", &[]).await.status == 503
+    })
+    .await;
+    router.process.terminate();
+    // Well inside the minute the drain would wait.
+    let code =
+        tokio::task::spawn_blocking(move || router.process.wait_exit(Duration::from_secs(20)))
+            .await
+            .expect("join");
+    assert_eq!(code, Some(130), "the second signal's exit status");
+    drop(response);
 }

@@ -60,6 +60,8 @@ pub struct AppContext {
     credentials: Arc<Credentials>,
     retry_budget: RetryBudget,
     draining: AtomicBool,
+    /// Cancelled when the drain runs out: the streams still open end with an error event.
+    drain_ended: CancellationToken,
     admission: Arc<Admission>,
     /// The bounds on request bodies arriving and in memory.
     bodies: Arc<crate::limit::BodyBudget>,
@@ -167,6 +169,7 @@ impl AppContext {
             credentials: Arc::new(credentials),
             retry_budget: RetryBudget::new(&config.server.retry),
             draining: AtomicBool::new(false),
+            drain_ended: CancellationToken::new(),
             bodies: Arc::new(crate::limit::BodyBudget::new(
                 config.server.max_pending_bodies,
                 config.server.max_inflight_body_bytes,
@@ -283,6 +286,16 @@ impl AppContext {
     /// Whether the router is draining.
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::Acquire)
+    }
+
+    /// Ends the streams still open: each sends an error event (`router_shutdown`) and ends.
+    pub fn end_drain(&self) {
+        self.drain_ended.cancel();
+    }
+
+    /// Cancelled when the drain has run out.
+    pub(crate) fn drain_ended(&self) -> &CancellationToken {
+        &self.drain_ended
     }
 
     /// The routing objects serving `name`.

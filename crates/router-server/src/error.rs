@@ -94,6 +94,10 @@ pub(crate) enum ApiError {
     /// The router is shutting down.
     #[error("the router is shutting down")]
     ShuttingDown,
+    /// The router shut down before the answer ended: its drain (`server.shutdown_drain_secs`)
+    /// ran out.
+    #[error("the router shut down before the answer ended (server.shutdown_drain_secs ran out)")]
+    DrainEnded,
     /// Something named by the path does not exist (admin API), or no route serves the path.
     #[error("{0}")]
     NotFound(String),
@@ -380,7 +384,7 @@ impl ApiError {
             | ApiError::BodiesFull
             | ApiError::QueueTimeout { .. }
             | ApiError::RateLimited(Refusal::Limited { .. }) => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::ShuttingDown | ApiError::NoEngineAnswered { .. } => {
+            ApiError::ShuttingDown | ApiError::DrainEnded | ApiError::NoEngineAnswered { .. } => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             ApiError::Preparation(_) | ApiError::NoEndpoint { .. } => {
@@ -418,6 +422,7 @@ impl ApiError {
             ApiError::BodyTimeout { .. } => ("invalid_request_error", "body_timeout"),
             ApiError::Select(err) => select_kind(err),
             ApiError::ShuttingDown => ("service_unavailable", "shutting_down"),
+            ApiError::DrainEnded => ("service_unavailable", "router_shutdown"),
             ApiError::QueueFull => ("rate_limit_exceeded", "queue_full"),
             ApiError::BodiesFull => ("rate_limit_exceeded", "bodies_full"),
             ApiError::QueueTimeout { .. } => ("rate_limit_exceeded", "queue_timeout"),

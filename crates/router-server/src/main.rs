@@ -153,8 +153,15 @@ async fn serve(
     }
 
     shutdown_signal().await;
-    tracing::info!("shutting down: draining in-flight requests");
-    serving.stop(Duration::from_secs(config.server.shutdown_drain_secs)).await;
+    tracing::info!("shutting down: draining in-flight requests (a second signal exits at once)");
+    let drain = Duration::from_secs(config.server.shutdown_drain_secs);
+    tokio::select! {
+        () = serving.stop(drain) => {}
+        () = shutdown_signal() => {
+            tracing::warn!("a second signal: exiting without waiting for the drain");
+            std::process::exit(SECOND_SIGNAL_EXIT);
+        }
+    }
     if let Some(metrics) = metrics {
         metrics.stop().await;
     }
@@ -261,6 +268,11 @@ async fn kv_indexer(file: &std::path::Path, listen: &str) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The exit status after a second signal cut the drain short (128 + SIGINT, as shells report
+/// an interrupted command).
+const SECOND_SIGNAL_EXIT: i32 = 130;
+
+/// The first SIGINT (Ctrl-C) or SIGTERM from now.
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]

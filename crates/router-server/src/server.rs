@@ -25,6 +25,10 @@ use crate::routes::{admin, fleet, inference, ops};
 use crate::{auth, limit};
 use front::Front;
 
+/// How long streams still open when the drain runs out get to write their closing error event
+/// before their connections close.
+const STREAM_END_GRACE: Duration = Duration::from_secs(1);
+
 /// The router's HTTP routes over `ctx`.
 pub fn routes(ctx: Arc<AppContext>) -> Router {
     let admin_routes = admin_routes(&ctx);
@@ -353,6 +357,15 @@ impl Serving {
         self.ctx.start_draining();
         while self.ctx.total_inflight() > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        if self.ctx.total_inflight() > 0 {
+            // Open streams end with an error event of their own, given a moment to write it
+            // before their connections close.
+            self.ctx.end_drain();
+            let written = tokio::time::Instant::now() + STREAM_END_GRACE;
+            while self.ctx.total_inflight() > 0 && tokio::time::Instant::now() < written {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
         let _ = self.shutdown.send(true);
         let joins = self.loops.into_iter().map(|EventLoop { abort, thread }| {

@@ -215,7 +215,9 @@ impl Exchange<'_> {
         let body = if by_a_task { body.handed_over_by_a_task() } else { body };
         let body = if sse { body.sse_events() } else { body };
         let first_byte = Duration::from_secs(self.ctx.server().first_byte_timeout_secs);
-        let body = body.first_frame_by(dispatched + first_byte);
+        let body = body
+            .first_frame_by(dispatched + first_byte)
+            .until_drain_ends(self.ctx.drain_ended().clone());
         response(parts, Body::new(body))
     }
 

@@ -102,6 +102,7 @@ async fn every_error_has_one_status_type_and_code() {
             400, "invalid_request_error", "over_token_burst",
         ),
         (ApiError::ShuttingDown, 503, "service_unavailable", "shutting_down"),
+        (ApiError::DrainEnded, 503, "service_unavailable", "router_shutdown"),
         (
             ApiError::NoEngineAnswered { model: "m".into(), path: "/get_server_info".into() },
             503, "service_unavailable", "no_engine_answered",

@@ -38,6 +38,7 @@ use router_state_load::{InflightGuard, PrefillRates};
 use router_workers::{ModelId, Worker};
 use tokio::sync::oneshot;
 use tokio::time::{Instant, Sleep};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use super::{Outcome, OutcomeSink};
 use crate::error::{ApiError, BoxError, Chain, EngineError};
@@ -91,6 +92,8 @@ pub(crate) struct GuardedBody<B: Body = crate::forward::EngineBody> {
     sse: bool,
     /// The start of an event whose end has not arrived yet.
     held: BytesMut,
+    /// Resolves when the router's drain runs out ([`GuardedBody::until_drain_ends`]).
+    drain_ended: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
 }
 
 /// What an answer's metrics are labelled with and measured from.
@@ -233,7 +236,15 @@ impl<B: Body> GuardedBody<B> {
             timing,
             sse: false,
             held: BytesMut::new(),
+            drain_ended: None,
         }
+    }
+
+    /// Ends the stream with an error event (`router_shutdown`) when `drain_ended` is
+    /// cancelled: a stream longer than the shutdown drain tells its client why it ends.
+    pub(crate) fn until_drain_ends(mut self, drain_ended: CancellationToken) -> Self {
+        self.drain_ended = Some(Box::pin(drain_ended.cancelled_owned()));
+        self
     }
 
     /// Ends the stream with a timeout unless its first frame comes by `deadline` (the idle
@@ -353,6 +364,13 @@ where
         let this = &mut *self;
         if this.finished {
             return Poll::Ready(None);
+        }
+        if let Some(drain_ended) = &mut this.drain_ended
+            && drain_ended.as_mut().poll(cx).is_ready()
+        {
+            this.drain_ended = None;
+            // The engine did nothing wrong: the router is going away.
+            return this.fail(Outcome::Success, &ApiError::DrainEnded);
         }
         if let Some(partner) = &mut this.partner_failure
             && let Poll::Ready(result) = Pin::new(partner).poll(cx)
