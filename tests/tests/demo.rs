@@ -32,6 +32,23 @@ async fn the_demo_serves_plain_and_pd_models() {
         assert_eq!(reply.status, 200, "{path}: {}", reply.body);
     }
 
+    // Clients that name no model (SGLang's bench_serving sends none) get the default, `demo`.
+    let nameless = [
+        (
+            "/v1/chat/completions",
+            r#"{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}"#,
+        ),
+        ("/generate", r#"{"text": "Hello", "sampling_params": {"max_new_tokens": 4}}"#),
+    ];
+    for (path, body) in nameless {
+        let reply = http.send("POST", &format!("{}{path}", router.url), &json, body).await;
+        assert_eq!(reply.status, 200, "{path}: {}", reply.body);
+        assert!(
+            reply.header("x-router-engine").is_some_and(|e| e.starts_with("engine-")),
+            "{path}"
+        );
+    }
+
     // Every engine streams load reports over gRPC and publishes KV events.
     let fresh = r#"router_load_report_state{worker="engine-1",state="fresh"} 1"#;
     let kv = r#"router_kv_events{worker="engine-1",counter="blocks"}"#;

@@ -303,17 +303,23 @@ impl AppContext {
         self.models.get(name).or_else(|| self.wildcard.as_ref().and_then(|w| self.models.get(w)))
     }
 
-    /// The model a request names, or, when it names none (`/generate`, the passed-through
-    /// endpoints, the fleet endpoints' `?model=`), the router's only one: a model not served is
-    /// 404 and a missing name on a router of several models is 400.
+    /// The model a request names, or, when it names none (any inference endpoint, the fleet
+    /// endpoints' `?model=`), `server.default_model`, else the router's only one: a model not
+    /// served is 404 and a missing name on a router of several models and no default is 400.
     pub(crate) fn requested_model(&self, name: Option<&str>) -> Result<&ModelRuntime, ApiError> {
         match name {
             Some(name) => self.model(name).ok_or_else(|| ApiError::UnknownModel(name.to_owned())),
             None => {
+                if let Some(default) = &self.server().default_model {
+                    return self
+                        .model(default)
+                        .ok_or_else(|| ApiError::UnknownModel(default.clone()));
+                }
                 let mut models = self.models.values();
                 models.next().filter(|_| models.next().is_none()).ok_or_else(|| {
                     ApiError::InvalidRequest {
-                        message: "'model' is required: this router serves several models"
+                        message: "'model' is required: this router serves several models and \
+                                  no server.default_model"
                             .to_owned(),
                         param: Some("model".to_owned()),
                     }

@@ -145,6 +145,8 @@ pub async fn start(port: u16) -> Result<(DemoFleet, ConfigFile), DemoError> {
     ];
     let mut config = ConfigFile::default();
     config.server.port = port;
+    // Clients that name no model (SGLang's bench_serving, say) chat with the plain one.
+    config.server.default_model = Some("demo".into());
     let tokenizer = Some(router_sim::assets::tokenizer_path());
     config.models.push(ModelConfig {
         id: "demo".into(),

@@ -87,6 +87,9 @@ pub struct ServerSection {
     /// prompt string); a longer one is routed on its size estimate, without a prefix lookup
     /// (tokenizing costs tens of bytes of memory per byte of text).
     pub max_tokenized_prompt_bytes: usize,
+    /// The model of a request that names none; unset, the only model when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_model: Option<String>,
     /// Largest accepted request head (request line and headers), in bytes; beyond it 431.
     pub max_header_bytes: usize,
     /// Inference requests in flight at once; more wait in the admission queue.
@@ -174,6 +177,7 @@ impl Default for ServerSection {
             max_body_bytes: 32 * 1024 * 1024,
             max_batch_size: 256,
             max_tokenized_prompt_bytes: 4 << 20,
+            default_model: None,
             max_header_bytes: 64 * 1024,
             max_concurrent_requests: 16_384,
             queue_size: 1024,

@@ -161,6 +161,11 @@ pub fn build_models(
     if config.server.max_batch_size == 0 {
         problems.push("server.max_batch_size", "must be at least 1");
     }
+    if let Some(default) = &config.server.default_model
+        && !config.models.iter().any(|m| &m.id == default)
+    {
+        problems.push("server.default_model", format!("{default:?} is not a model of models[]"));
+    }
     for (path, secs) in [
         ("server.header_read_timeout_secs", config.server.header_read_timeout_secs),
         ("server.body_read_timeout_secs", config.server.body_read_timeout_secs),

@@ -189,18 +189,12 @@ pub(crate) fn parse_request(
     if let Some(field) = body.oversized() {
         return Err(InvalidRequest::field(field, "holds more values than the router reads"));
     }
-    let model = match (body.field("model"), endpoint) {
-        (Some(Value::String(model)), _) if !model.is_empty() => Some(model.clone()),
-        (Some(Value::String(_)), _) => {
-            return Err(InvalidRequest::field("model", "must not be empty"));
-        }
-        (None | Some(Value::Null), endpoint)
-            if !matches!(endpoint, Endpoint::Chat | Endpoint::Completions) =>
-        {
-            None
-        }
-        (None, _) => return Err(InvalidRequest::field("model", "is required")),
-        (Some(_), _) => return Err(InvalidRequest::field("model", "must be a string")),
+    // A request that names no model goes to the router's default model (`AppContext`).
+    let model = match body.field("model") {
+        Some(Value::String(model)) if !model.is_empty() => Some(model.clone()),
+        Some(Value::String(_)) => return Err(InvalidRequest::field("model", "must not be empty")),
+        None | Some(Value::Null) => None,
+        Some(_) => return Err(InvalidRequest::field("model", "must be a string")),
     };
     let stream = match body.field("stream") {
         None | Some(Value::Null) => false,
@@ -604,13 +598,25 @@ mod tests {
     }
 
     #[test]
+    fn a_request_may_name_no_model() {
+        for (endpoint, body) in [
+            (Endpoint::Chat, r#"{"messages":[{"role":"user","content":"x"}]}"#),
+            (Endpoint::Completions, r#"{"prompt":"x","model":null}"#),
+            (Endpoint::Generate, r#"{"text":"x"}"#),
+        ] {
+            let req = parse_request(endpoint, body.as_bytes(), 4).expect("valid");
+            assert_eq!(req.model, None, "{body}");
+        }
+    }
+
+    #[test]
     fn each_bad_field_is_named() {
         let m = r#""model":"m","messages":[{"role":"user","content":"x"}]"#;
         let cases = [
             ("{", None),
             ("[]", None),
             (r#"{"model":"m","messages":[]} trailing"#, None),
-            (r#"{"messages":[{"role":"user","content":"x"}]}"#, Some("model")),
+            (r#"{"model":"","messages":[{"role":"user","content":"x"}]}"#, Some("model")),
             (r#"{"model":"m"}"#, Some("messages")),
             (r#"{"model":"m","messages":"hi"}"#, Some("messages")),
             (r#"{"model":"m","messages":[]}"#, Some("messages")),
@@ -703,7 +709,7 @@ mod tests {
         #[rustfmt::skip]
         let cases = [
             (Endpoint::Completions, r#"{"model":"m"}"#, "prompt"),
-            (Endpoint::Completions, r#"{"prompt":"x"}"#, "model"),
+            (Endpoint::Completions, r#"{"prompt":"x","model":[]}"#, "model"),
             (Endpoint::Completions, r#"{"model":"m","prompt":[]}"#, "prompt"),
             (Endpoint::Completions, r#"{"model":"m","prompt":["a",1]}"#, "prompt"),
             (Endpoint::Completions, r#"{"model":"m","prompt":[1,"a"]}"#, "prompt"),
