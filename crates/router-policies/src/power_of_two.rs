@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use futures::future::{self, BoxFuture};
 use rand::Rng;
-use rand::seq::index;
+use rand::seq::{SliceRandom as _, index};
 use router_state_load::{EngineLoad, Inflight, LoadSnapshot};
 use router_workers::{Stage, Worker};
 
@@ -55,7 +55,13 @@ where
     };
     match (n, k.max(1)) {
         (0, _) => None,
-        (_, k) if k >= n => choose(stage, &(0..n).map(observe).collect::<Vec<_>>()),
+        (_, k) if k >= n => {
+            // Every engine, in a drawn order: equally loaded ones share the requests instead
+            // of the first taking them all.
+            let mut all: Vec<usize> = (0..n).collect();
+            all.shuffle(rng);
+            choose(stage, &all.into_iter().map(observe).collect::<Vec<_>>())
+        }
         (_, 1) => choose(stage, &[observe(rng.random_range(0..n))]),
         (_, 2) => {
             let (first, second) = sample_two(rng, n);
@@ -70,7 +76,7 @@ where
 
 type Observed<'s> = (usize, Option<&'s EngineLoad>, Option<NativePressure>, u64);
 
-/// The least key among `observed`, the first on ties.
+/// The least key among `observed`, the first on ties (callers draw the order).
 fn choose<'s>(stage: Stage, observed: &[Observed<'s>]) -> Option<LoadChoice<'s>> {
     let comparison = Comparison::for_set(stage, observed.iter().map(|o| o.2));
     let mut best: Option<(PressureKey, Observed<'s>)> = None;

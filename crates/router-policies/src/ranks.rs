@@ -11,8 +11,11 @@
 //! whole input, except on the rank holding the prefix the policy found). A decode pick costs
 //! the requests on each rank (reported plus dispatched since and still in flight, or in
 //! flight). The cheapest rank
-//! wins; ties go to the rank with fewer requests, then the lowest rank. The prefill rate is
+//! wins; ties go to the rank with fewer requests, then take turns (a starting place that moves
+//! on with every choice), so that an idle engine's ranks share new prefixes. The prefill rate is
 //! the engine's, shared by its ranks, so costs compare in tokens.
+
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use router_state_load::{Inflight, LoadSnapshot, RankLoad};
 use router_workers::{Stage, Worker};
@@ -53,6 +56,9 @@ impl RankReason {
     }
 }
 
+/// Where the next choice among equal ranks starts.
+static NEXT_TIE: AtomicU32 = AtomicU32::new(0);
+
 /// The rank of `pick`'s engine that serves a request of `input_tokens` prompt tokens for
 /// `stage`, or `None` when the engine balances its ranks itself (no `dp_route`).
 pub fn choose_rank(
@@ -69,6 +75,8 @@ pub fn choose_rank(
     let snapshot = load.table.snapshot();
     let ranks = Ranks { worker, inflight: &load.inflight, snapshot: &snapshot };
     let held = pick.cached_prefix.filter(|held| held.rank < worker.dp_size());
+    // Equal ranks take turns, from a place that moves on with every choice.
+    let start = NEXT_TIE.fetch_add(1, Ordering::Relaxed) % worker.dp_size();
     let costs = (0..worker.dp_size()).map(|rank| {
         let (queued, requests) = ranks.queued(rank);
         let cost = match stage {
@@ -78,9 +86,10 @@ pub fn choose_rank(
                 queued.saturating_add(input_tokens - cached.min(input_tokens))
             }
         };
-        (cost, requests, rank)
+        let turn = (rank + worker.dp_size() - start) % worker.dp_size();
+        (cost, requests, turn, rank)
     });
-    let (_, _, rank) = costs.min()?;
+    let (_, _, _, rank) = costs.min()?;
     let reason = match held {
         Some(held) if held.rank == rank && stage != Stage::Decode => RankReason::CachedPrefix,
         _ => RankReason::LeastWork,

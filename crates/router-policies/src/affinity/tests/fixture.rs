@@ -127,9 +127,9 @@ pub(super) enum Flavor {
 }
 
 impl Flavor {
-    /// The flavors whose fallback is deterministic on the fixtures used: with two candidates
-    /// power-of-two samples both, so every one of these picks the less loaded engine, and
-    /// the first candidate on a tie (round-robin's first turn).
+    /// The flavors whose fallback is deterministic on the fixtures used where the candidates'
+    /// loads differ: with two candidates power-of-two samples both, so every one of these picks
+    /// the less loaded engine (ties are drawn; round-robin takes the first turn).
     pub(super) const DETERMINISTIC: [Flavor; 4] = [
         Flavor::Session,
         Flavor::Sticky(StickyFallback::RoundRobin),

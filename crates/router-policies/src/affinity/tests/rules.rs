@@ -316,6 +316,8 @@ fn no_candidates_and_oversized_keys_are_errors_without_bindings() {
 fn each_policy_reads_only_its_own_header() {
     let fleet = Fleet::new();
     let engines = fleet.group(&["a", "b"]);
+    // The bound engine is the busier one: a fallback never ties its way there.
+    fleet.busy("b", 1);
     for flavor in [Flavor::Session, Flavor::Sticky(StickyFallback::RoundRobin)] {
         let store = store();
         store.bind(&fleet.scope("k"), Binding::of(fleet.get("b"))).expect("fresh store");
