@@ -186,6 +186,24 @@ async fn requests_sharing_a_prefix_go_where_it_is_cached() {
 }
 
 #[tokio::test]
+async fn new_prefixes_spread_over_equally_idle_engines() {
+    let tokenizer = router_sim::assets::tokenizer_path().display().to_string();
+    let fleet = kv_engines(2, &tokenizer, &[]);
+    let router = Router::with_config(&router_yaml(&fleet, &tokenizer, ""));
+    let http = Http::default();
+    let mut engines = std::collections::BTreeSet::new();
+    // One at a time: both engines idle and neither holding the prompt, each an exact tie
+    // (power-of-two compares both).
+    for i in 0..12 {
+        let body = chat_body("m", &format!("question {i}: {}", "why? ".repeat(i + 1)), 1);
+        let reply = http.chat(&router.url, &body, &[]).await;
+        assert_eq!(reply.status, 200, "{}", reply.body);
+        engines.insert(reply.header("x-router-engine").expect("engine").to_owned());
+    }
+    assert!(engines.len() > 1, "every new prefix went to {engines:?}");
+}
+
+#[tokio::test]
 async fn long_prompts_prepared_off_the_event_loop_route_the_same() {
     // About 18 KB of prompt: templated and tokenized on the blocking pool.
     let tokenizer = router_sim::assets::tokenizer_path().display().to_string();
