@@ -8,7 +8,7 @@
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -51,6 +51,14 @@ impl Process {
     /// Spawns a program by path or `PATH` name (not a workspace binary) and waits for `ready`.
     pub fn spawn_command(program: &str, args: &[String], ready: &str) -> Self {
         Self::spawn_program(Command::new(program), program, args, &[], ready)
+    }
+
+    /// Spawns the program at `path` with `cwd` as its working directory (a binary copied out
+    /// of the build tree, say) and waits for `ready`.
+    pub fn spawn_in(path: &Path, cwd: &Path, args: &[String], ready: &str) -> Self {
+        let mut command = Command::new(path);
+        command.current_dir(cwd);
+        Self::spawn_program(command, &path.display().to_string(), args, &[], ready)
     }
 
     /// [`Process::spawn`] with extra environment variables.

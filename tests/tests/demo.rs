@@ -59,3 +59,27 @@ async fn the_demo_serves_plain_and_pd_models() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn the_demo_runs_wherever_its_binary_is_copied() {
+    // The binary alone in a directory of its own, run from there.
+    let dir = std::env::temp_dir().join(format!("router-demo-binary-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let copy = dir.join("router-server");
+    std::fs::copy(router_e2e::binary("router-server"), &copy).expect("copied");
+    let args = ["--demo".to_owned(), "--port".to_owned(), "0".to_owned()];
+    let demo = router_e2e::Process::spawn_in(&copy, &dir, &args, "tokenizer (");
+    let banner = demo.lines.join("\n");
+    let url = demo.url_after("router listening on ");
+    let tokenizer = banner
+        .lines()
+        .find_map(|l| l.split_once("prompts of a set length): ").map(|(_, path)| path.trim()))
+        .expect("the banner names the tokenizer");
+    assert!(!tokenizer.contains(env!("CARGO_MANIFEST_DIR")), "{tokenizer} is in the source tree");
+    let written = std::fs::read_to_string(tokenizer).expect("the tokenizer is written out");
+    assert_eq!(written, router_sim::assets::TOKENIZER_JSON);
+    let reply = Http::default().chat(&url, &chat_body("demo", "Hello!", 4), &[]).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    drop(demo);
+    std::fs::remove_dir_all(&dir).expect("cleaned");
+}

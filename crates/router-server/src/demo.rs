@@ -9,6 +9,8 @@
 //! groups run [`RECOMMENDED_POLICY`], the policy that won the load sweep of
 //! `docs/benchmarks.md`.
 
+use std::path::{Path, PathBuf};
+
 use router_sim::engine::{EngineConfig, RunningEngine, serve};
 use router_workers::{DpRoute, KvEventsSpec, Stage, WorkerSpec};
 use tokio_util::sync::CancellationToken;
@@ -31,9 +33,16 @@ pub const RECOMMENDED_POLICY: &str = "predicted_ttft";
 pub struct DemoFleet {
     engines: Vec<RunningEngine>,
     cancel: CancellationToken,
+    /// The demo's `tokenizer.json`, written out for clients that tokenize prompts themselves.
+    tokenizer: PathBuf,
 }
 
 impl DemoFleet {
+    /// The demo's `tokenizer.json` (with its `tokenizer_config.json` beside it), for clients.
+    pub fn tokenizer(&self) -> &Path {
+        &self.tokenizer
+    }
+
     /// Stops every engine.
     pub fn stop(&self) {
         self.cancel.cancel();
@@ -58,12 +67,27 @@ pub enum DemoError {
     /// The demo's own policy settings were refused.
     #[error("demo policy configuration")]
     Policy(#[source] serde_json::Error),
+    /// The embedded tokenizer could not be written out.
+    #[error("writing the demo's tokenizer to {}", dir.display())]
+    Tokenizer {
+        /// Where.
+        dir: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
 }
 
-fn engine_config(role: Stage) -> EngineConfig {
+/// Where the demo writes its tokenizer: one place per user's temporary directory, so that a
+/// client's `--tokenizer` path stays the same from one run to the next.
+pub fn tokenizer_dir() -> PathBuf {
+    std::env::temp_dir().join("router-demo")
+}
+
+fn engine_config(role: Stage, tokenizer: &Path) -> EngineConfig {
     let mut config = EngineConfig::new("demo");
     config.role = role;
-    config.tokenizer = Some(router_sim::assets::tokenizer_path());
+    config.tokenizer = Some(tokenizer.to_owned());
     // Fast enough that a curl answers at once, slow enough that load and caching show.
     config.prefill_tokens_per_sec = 50_000.0;
     config.decode_tokens_per_sec = 200.0;
@@ -106,13 +130,17 @@ fn group(policy: &str) -> Result<GroupConfig, DemoError> {
 
 /// Starts the engines and returns the router configuration that fronts them.
 pub async fn start(port: u16) -> Result<(DemoFleet, ConfigFile), DemoError> {
+    // Out of the binary, not the source tree: the demo runs wherever the binary is copied.
+    let dir = tokenizer_dir();
+    let tokenizer = router_sim::assets::write_to(&dir)
+        .map_err(|source| DemoError::Tokenizer { dir: dir.clone(), source })?;
     let cancel = CancellationToken::new();
     let mut engines = Vec::new();
     let roles: Vec<Stage> = std::iter::repeat_n(Stage::Plain, PLAIN_ENGINES)
         .chain([Stage::Prefill, Stage::Decode])
         .collect();
     for (index, role) in roles.iter().enumerate() {
-        let config = engine_config(*role);
+        let config = engine_config(*role, &tokenizer);
         let engine = serve(config, cancel.child_token())
             .await
             .map_err(|source| DemoError::Engine { index, source })?;
@@ -147,10 +175,10 @@ pub async fn start(port: u16) -> Result<(DemoFleet, ConfigFile), DemoError> {
     config.server.port = port;
     // Clients that name no model (SGLang's bench_serving, say) chat with the plain one.
     config.server.default_model = Some("demo".into());
-    let tokenizer = Some(router_sim::assets::tokenizer_path());
+    let model_tokenizer = Some(tokenizer.clone());
     config.models.push(ModelConfig {
         id: "demo".into(),
-        tokenizer: tokenizer.clone(),
+        tokenizer: model_tokenizer.clone(),
         chat_template: None,
         engine: Default::default(),
         affinity: Default::default(),
@@ -169,7 +197,7 @@ pub async fn start(port: u16) -> Result<(DemoFleet, ConfigFile), DemoError> {
     });
     config.models.push(ModelConfig {
         id: "demo-pd".into(),
-        tokenizer,
+        tokenizer: model_tokenizer,
         chat_template: None,
         engine: Default::default(),
         affinity: Default::default(),
@@ -193,22 +221,24 @@ pub async fn start(port: u16) -> Result<(DemoFleet, ConfigFile), DemoError> {
             },
         }],
     });
-    Ok((DemoFleet { engines, cancel }, config))
+    Ok((DemoFleet { engines, cancel, tokenizer }, config))
 }
 
-/// The banner printed once the demo router listens.
-pub fn banner(addr: std::net::SocketAddr) -> String {
+/// The banner printed once the demo router listens; `tokenizer` is the fleet's.
+pub fn banner(addr: std::net::SocketAddr, tokenizer: &Path) -> String {
     format!(
         "router listening on http://{addr}\n\
          demo fleet: model `demo` on {PLAIN_ENGINES} plain engines, model `demo-pd` on a \
          prefill/decode pair of {PD_DP_SIZE} data-parallel ranks each (all simulated), selected \
          by {RECOMMENDED_POLICY}\n\
+         tokenizer (for clients that build prompts of a set length): {}\n\
          try:\n  curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \
          -d '{{\"model\": \"demo\", \"messages\": [{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'\n  \
          curl -s http://{addr}/v1/completions -H 'content-type: application/json' \
          -d '{{\"model\": \"demo\", \"prompt\": \"Once upon a time\", \"max_tokens\": 8}}'\n  \
          curl -s http://{addr}/generate -H 'content-type: application/json' \
-         -d '{{\"model\": \"demo-pd\", \"text\": \"Hello\", \"sampling_params\": {{\"max_new_tokens\": 8}}}}'\n"
+         -d '{{\"model\": \"demo-pd\", \"text\": \"Hello\", \"sampling_params\": {{\"max_new_tokens\": 8}}}}'\n",
+        tokenizer.display()
     )
 }
 

@@ -146,8 +146,8 @@ async fn serve(
     };
     tracing::info!(addr = %serving.addr, "router listening");
     let metrics = metrics_listener(&ctx, &config.server).await?;
-    if demo.is_some() {
-        print!("{}", router_server::demo::banner(serving.addr));
+    if let Some(fleet) = &demo {
+        print!("{}", router_server::demo::banner(serving.addr, fleet.tokenizer()));
     } else {
         println!("router listening on http://{}", serving.addr);
     }

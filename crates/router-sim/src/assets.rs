@@ -17,6 +17,27 @@ pub fn tokenizer_config_path() -> PathBuf {
     dir().join("tokenizer_config.json")
 }
 
+/// The byte-level `tokenizer.json`, inside the binary.
+pub const TOKENIZER_JSON: &str = include_str!("../assets/tokenizer.json");
+
+/// The `tokenizer_config.json` beside it, inside the binary.
+pub const TOKENIZER_CONFIG_JSON: &str = include_str!("../assets/tokenizer_config.json");
+
+/// Writes [`TOKENIZER_JSON`] and [`TOKENIZER_CONFIG_JSON`] into `dir` (created if missing),
+/// each through a file of its own renamed into place, so that a reader never sees half of one;
+/// the path of the `tokenizer.json` written. A binary that left its source tree still has them.
+pub fn write_to(dir: &std::path::Path) -> std::io::Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    for (name, text) in
+        [("tokenizer.json", TOKENIZER_JSON), ("tokenizer_config.json", TOKENIZER_CONFIG_JSON)]
+    {
+        let partial = dir.join(format!(".{name}.{}", std::process::id()));
+        std::fs::write(&partial, text)?;
+        std::fs::rename(&partial, dir.join(name))?;
+    }
+    Ok(dir.join("tokenizer.json"))
+}
+
 /// The chat template text of [`tokenizer_config_path`], for routers that take a template
 /// string or file rather than a `tokenizer_config.json`.
 pub const CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' + message['role'] \
@@ -25,6 +46,18 @@ pub const CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' 
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_embedded_files_are_the_assets_and_write_out_whole() {
+        let tokenizer = std::fs::read_to_string(super::tokenizer_path()).expect("asset");
+        assert_eq!(tokenizer, super::TOKENIZER_JSON);
+        let dir = std::env::temp_dir().join(format!("router-sim-assets-{}", std::process::id()));
+        let written = super::write_to(&dir).expect("written");
+        assert_eq!(std::fs::read_to_string(&written).expect("read"), super::TOKENIZER_JSON);
+        let config = std::fs::read_to_string(dir.join("tokenizer_config.json")).expect("read");
+        assert_eq!(config, super::TOKENIZER_CONFIG_JSON);
+        std::fs::remove_dir_all(dir).expect("cleaned");
+    }
+
     #[test]
     fn chat_template_constant_matches_the_config_file() {
         let text = std::fs::read_to_string(super::tokenizer_config_path()).expect("asset");
