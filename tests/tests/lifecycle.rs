@@ -49,8 +49,10 @@ async fn a_client_that_disconnects_cancels_the_engine_request() {
 
 #[tokio::test]
 async fn sigterm_drains_in_flight_requests_then_exits() {
-    // 30 tokens at 30 tokens/s: about one second.
-    let engine = Engine::start("m", &["--decode-tokens-per-sec", "30"]);
+    // 30 tokens at 6 tokens/s: five seconds, so that the drain is still waiting for it when
+    // the late request comes (with one second, the router had sometimes exited by then and
+    // the late request met a closed socket).
+    let engine = Engine::start("m", &["--decode-tokens-per-sec", "6"]);
     let mut router = Router::with_config(&config(&engine));
     let http = Http::default();
     let url = router.url.clone();
