@@ -372,7 +372,7 @@ fn with_model(model: &str, f: impl FnOnce(&str, &mut ModelSeries)) {
     });
 }
 
-/// A finished chat request.
+/// A finished inference request, of any endpoint.
 pub(crate) fn request(model: &str, bucket: &str, status: u16, elapsed: Duration) {
     with_model(model, |model, series| {
         let made = || BucketSeries {
