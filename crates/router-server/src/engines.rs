@@ -57,6 +57,10 @@ impl EngineLearner {
         timeout: Duration,
     ) {
         let workers = registry.workers();
+        // Workers that left (or came back as another incarnation) are forgotten.
+        self.asked.lock().retain(|(id, incarnation)| {
+            workers.iter().any(|w| w.id() == id && w.incarnation() == *incarnation)
+        });
         for (model, tokenization) in &self.models {
             let unnamed = workers.iter().filter(|w| {
                 w.serves(model)
