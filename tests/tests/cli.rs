@@ -42,6 +42,13 @@ fn check_config_accepts_a_valid_file_with_a_summary() {
 }
 
 #[test]
+fn check_config_says_why_a_file_cannot_be_read() {
+    let (code, _, stderr) = run(&["check-config", "/nonexistent/router.yaml"]);
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("reading /nonexistent/router.yaml: No such file"), "{stderr}");
+}
+
+#[test]
 fn check_config_reports_every_problem_with_its_path() {
     let broken = VALID
         .replace("worker_ids: [D1]", "worker_ids: [P1]")

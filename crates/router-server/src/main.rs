@@ -63,7 +63,8 @@ fn check_config(file: &std::path::Path) -> ExitCode {
     let config = match ConfigFile::load(file) {
         Ok(config) => config,
         Err(err) => {
-            eprintln!("error: {err}");
+            // With its causes: "reading f.yaml: No such file or directory (os error 2)".
+            eprintln!("error: {:#}", anyhow::Error::new(err));
             return ExitCode::FAILURE;
         }
     };
