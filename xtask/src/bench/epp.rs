@@ -275,7 +275,7 @@ async fn until_served(url: &str, picked: bool) -> Result<()> {
 
 /// The Envoy binary: `$ROUTER_E2E_ENVOY`, else where `.ci/run` installs it, as the end-to-end
 /// tests find it.
-fn envoy_binary() -> Result<PathBuf> {
+pub(crate) fn envoy_binary() -> Result<PathBuf> {
     if let Some(path) = std::env::var_os("ROUTER_E2E_ENVOY") {
         return Ok(PathBuf::from(path));
     }

@@ -157,7 +157,15 @@ pub(crate) fn run(root: &Path, options: Options) -> Result<()> {
         sections.push(("overhead", provenance(&section, &command("overhead"), &machine)));
     }
 
-    if wants(Only::Epp) {
+    // Without Envoy the whole run goes on, the endpoint picker's section left as it was; asked
+    // for alone, the section fails saying where Envoy was looked for.
+    let envoy = epp::envoy_binary();
+    if let (true, Err(err)) = (wants(Only::Epp) && only != Only::Epp, &envoy) {
+        eprintln!(
+            "xtask bench: endpoint picker skipped, its section of docs/benchmarks.md unchanged: \
+             {err:#}"
+        );
+    } else if wants(Only::Epp) {
         let sizes = if quick {
             epp::Sizes { requests: 400, repeats: 3 }
         } else {
@@ -272,7 +280,7 @@ cargo xtask bench                          # every section, about an hour on 2 c
 cargo xtask bench --quick                  # every section, small: a few minutes\n\
 cargo xtask bench --only quality           # or overhead, epp, policies or replicas: replaces only that section\n\
 cargo xtask bench --only overhead          # direct, router and nginx side by side (installs nginx): 6-14 min\n\
-cargo xtask bench --only epp               # Envoy with and without the endpoint picker: under a minute\n\
+cargo xtask bench --only epp               # Envoy with and without the endpoint picker: under a minute (without Envoy, the other runs skip this section)\n\
 cargo xtask bench --only real              # two real vLLM engines (bash tests/vllm/setup.sh first), router-sim fitted to them\n\
 cargo xtask bench --only quality --quick   # one cell of the sweep (conversation, 64k, RHO 0.8)\n\
 cargo xtask bench --case streaming         # only the overhead cases naming it, nothing written (for perf/strace)\n\
