@@ -298,6 +298,8 @@ pub(crate) fn install() -> PrometheusHandle {
                     // renders nothing, which the metrics test would catch.
                     let _ = metrics::set_global_recorder(recorder);
                     describe_all();
+                    // Exported from the start, so a dashboard shows an empty queue as 0.
+                    queue_depth(0);
                     let upkept = handle.clone();
                     let upkeep =
                         std::thread::Builder::new().name(UPKEEP_THREAD.into()).spawn(move || {
