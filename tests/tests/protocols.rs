@@ -4,7 +4,7 @@
 //! naming the field.
 
 use router_e2e::{
-    ADMIN_TOKEN, Engine, Http, Reply, Router, kv_engines, kv_router_yaml, pd_router_yaml,
+    ADMIN_TOKEN, Engine, Http, Reply, Router, chat_body, kv_engines, kv_router_yaml, pd_router_yaml,
 };
 use serde_json::{Value, json};
 
@@ -95,7 +95,7 @@ async fn bad_bodies_are_400s_naming_the_field() {
     for (path, body, param) in [
         ("/v1/completions", json!({"model": "m", "prompt": ["a", 1]}), "prompt"),
         ("/v1/completions", json!({"model": "m", "prompt": []}), "prompt"),
-        ("/v1/completions", json!({"prompt": "x"}), "model"),
+        ("/v1/completions", json!({"prompt": "x", "model": 5}), "model"),
         ("/generate", json!({"text": "a", "input_ids": [1]}), "text"),
         ("/generate", json!({"input_ids": []}), "input_ids"),
         (
@@ -183,6 +183,29 @@ async fn the_model_list_carries_the_engines_card() {
     assert_eq!(one.json(), *card);
     let missing = http.get(&router.url, "/v1/models/other", &[]).await;
     assert_eq!(missing.status, 404, "{}", missing.body);
+}
+
+#[tokio::test]
+async fn a_quick_start_lists_the_models_its_engines_serve() {
+    let engine = Engine::start("llama", &[]);
+    let args = ["--worker-urls", &engine.url, "--port", "0"].map(str::to_owned);
+    let router = Router::with_args(&args);
+    let http = Http::default();
+    // It serves any name (`*`), and lists the ones its engines list.
+    router_test_support::eventually("the engine's model on /v1/models", async || {
+        let listed = http.get(&router.url, "/v1/models", &[]).await.json();
+        listed["data"][0]["id"] == "llama"
+    })
+    .await;
+    let listed = http.get(&router.url, "/v1/models", &[]).await.json();
+    assert_eq!(listed["data"].as_array().map(Vec::len), Some(1), "no `*` listed: {listed}");
+    let one = http.get(&router.url, "/v1/models/llama", &[]).await;
+    assert_eq!(one.status, 200, "{}", one.body);
+    assert_eq!(one.json()["id"], "llama");
+    let missing = http.get(&router.url, "/v1/models/other", &[]).await;
+    assert_eq!(missing.status, 404, "{}", missing.body);
+    let chat = http.chat(&router.url, &chat_body("llama", "hi", 1), &[]).await;
+    assert_eq!(chat.status, 200, "{}", chat.body);
 }
 
 #[tokio::test]

@@ -21,7 +21,13 @@ use crate::forward::Forwarder;
 #[derive(Debug, Default)]
 pub(crate) struct ModelCards {
     cards: RwLock<HashMap<ModelId, Card>>,
+    /// For the model `*` (a quick start that serves any name): the models its engines list,
+    /// each with its card, listed in its place.
+    served: RwLock<Vec<(String, Card)>>,
 }
+
+/// The model that serves any name (`--worker-urls` without `--model`).
+const WILDCARD: &str = "*";
 
 /// What an engine says about a model.
 #[derive(Clone, Debug, PartialEq)]
@@ -40,6 +46,23 @@ impl Card {
             .iter()
             .find(|e| e.get("id").and_then(Value::as_str) == Some(model.as_str()))
             .or_else(|| (data.len() == 1).then(|| &data[0]))?;
+        Self::of(entry)
+    }
+
+    /// Every entry of an engine's `/v1/models` answer, by the name it serves (vLLM lists its
+    /// LoRA adapters beside the base model, each with its `parent`).
+    fn all(answer: &Value) -> Vec<(String, Self)> {
+        let entries = answer.get("data").and_then(Value::as_array).into_iter().flatten();
+        entries
+            .filter_map(|entry| {
+                let id = entry.get("id").and_then(Value::as_str)?;
+                Some((id.to_owned(), Self::of(entry)?))
+            })
+            .collect()
+    }
+
+    /// One entry of a `/v1/models` answer.
+    fn of(entry: &Value) -> Option<Self> {
         let text = |field: &str| entry.get(field).and_then(Value::as_str).map(str::to_owned);
         Some(Self {
             root: text("root").or_else(|| text("id"))?,
@@ -50,27 +73,50 @@ impl Card {
     }
 }
 
-impl ModelCards {
-    /// The `/v1/models` entry of `model`.
-    pub(crate) fn entry(&self, model: &ModelId) -> Value {
-        let card = self.cards.read().get(model).cloned();
-        let mut entry = json!({"id": model.as_str(), "object": "model"});
-        match card {
-            Some(card) => {
-                entry["root"] = card.root.into();
-                entry["owned_by"] = card.owned_by.into();
-                entry["created"] = card.created.into();
-                if let Some(len) = card.max_model_len {
-                    entry["max_model_len"] = len.into();
-                }
-            }
-            None => {
-                entry["root"] = model.as_str().into();
-                entry["owned_by"] = "router".into();
-                entry["created"] = 0.into();
+/// The `/v1/models` entry named `id`, from `card` (`None`: the router's own, until an engine
+/// answered).
+fn card_entry(id: &str, card: Option<&Card>) -> Value {
+    let mut entry = json!({"id": id, "object": "model"});
+    match card {
+        Some(card) => {
+            entry["root"] = card.root.clone().into();
+            entry["owned_by"] = card.owned_by.clone().into();
+            entry["created"] = card.created.into();
+            if let Some(len) = card.max_model_len {
+                entry["max_model_len"] = len.into();
             }
         }
-        entry
+        None => {
+            entry["root"] = id.into();
+            entry["owned_by"] = "router".into();
+            entry["created"] = 0.into();
+        }
+    }
+    entry
+}
+
+impl ModelCards {
+    /// The `/v1/models` entries of `model`: its card, or for the model `*` the models its
+    /// engines list (itself until they answer).
+    pub(crate) fn entries(&self, model: &ModelId) -> Vec<Value> {
+        if model.as_str() == WILDCARD {
+            let served = self.served.read();
+            if !served.is_empty() {
+                return served.iter().map(|(id, card)| card_entry(id, Some(card))).collect();
+            }
+        }
+        vec![self.entry(model)]
+    }
+
+    /// The entry of the name `id` the model `*` serves, when its engines list it.
+    pub(crate) fn served_entry(&self, id: &str) -> Option<Value> {
+        let served = self.served.read();
+        served.iter().find(|(name, _)| name == id).map(|(name, card)| card_entry(name, Some(card)))
+    }
+
+    /// The `/v1/models` entry of `model`.
+    pub(crate) fn entry(&self, model: &ModelId) -> Value {
+        card_entry(model.as_str(), self.cards.read().get(model))
     }
 
     /// Asks one healthy engine of each of `models` (a plain or decode engine: the one that
@@ -94,12 +140,18 @@ impl ModelCards {
                 else {
                     continue;
                 };
-                let card = status
+                let answer = status
                     .is_success()
                     .then(|| serde_json::from_slice::<Value>(&body).ok())
-                    .flatten()
-                    .and_then(|answer| Card::from_models(&answer, model));
-                if let Some(card) = card {
+                    .flatten();
+                let Some(answer) = answer else { continue };
+                if model.as_str() == WILDCARD {
+                    let served = Card::all(&answer);
+                    if !served.is_empty() {
+                        *self.served.write() = served;
+                    }
+                }
+                if let Some(card) = Card::from_models(&answer, model) {
                     self.cards.write().insert(model.clone(), card);
                     break;
                 }
@@ -163,5 +215,25 @@ mod tests {
         assert_eq!(Card::from_models(&only, &model).map(|c| c.root), Some("served-name".into()));
         assert!(Card::from_models(&json!({"data": []}), &model).is_none());
         assert!(Card::from_models(&json!({"object": "list"}), &model).is_none());
+    }
+
+    #[test]
+    fn a_model_serving_any_name_lists_what_its_engines_serve() {
+        let any = ModelId::new(WILDCARD);
+        let cards = ModelCards::default();
+        assert_eq!(cards.entries(&any), [cards.entry(&any)], "itself until the engines answer");
+        // vLLM lists a LoRA adapter beside its base model.
+        let answer = json!({"data": [
+            {"id": "llama", "root": "/models/llama", "owned_by": "vllm", "created": 1},
+            {"id": "sql-lora", "root": "/adapters/sql", "parent": "llama", "owned_by": "vllm"},
+        ]});
+        *cards.served.write() = Card::all(&answer);
+        let ids: Vec<Value> = cards.entries(&any).iter().map(|e| e["id"].clone()).collect();
+        assert_eq!(ids, [json!("llama"), json!("sql-lora")]);
+        assert_eq!(
+            cards.served_entry("sql-lora").map(|e| e["root"].clone()),
+            Some("/adapters/sql".into())
+        );
+        assert_eq!(cards.served_entry("other"), None);
     }
 }

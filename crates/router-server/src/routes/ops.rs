@@ -15,11 +15,12 @@ use crate::app::AppContext;
 use crate::error::ApiError;
 use crate::metrics;
 
-/// `GET /v1/models`: the OpenAI list shape, each entry the model's card.
+/// `GET /v1/models`: the OpenAI list shape, each entry the model's card (for a quick start
+/// serving any name, `*`, the models its engines list).
 pub(crate) async fn models(State(ctx): State<Arc<AppContext>>) -> Json<serde_json::Value> {
     let mut ids: Vec<&ModelId> = ctx.models().map(|m| &m.id).collect();
     ids.sort_unstable_by_key(|id| id.as_str());
-    let data: Vec<_> = ids.into_iter().map(|id| ctx.model_cards().entry(id)).collect();
+    let data: Vec<_> = ids.into_iter().flat_map(|id| ctx.model_cards().entries(id)).collect();
     Json(json!({"object": "list", "data": data}))
 }
 
@@ -28,8 +29,11 @@ pub(crate) async fn model(
     State(ctx): State<Arc<AppContext>>,
     Path(id): Path<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let model = ctx.models().find(|m| m.id.as_str() == id).ok_or(ApiError::UnknownModel(id))?;
-    Ok(Json(ctx.model_cards().entry(&model.id)))
+    if let Some(model) = ctx.models().find(|m| m.id.as_str() == id) {
+        return Ok(Json(ctx.model_cards().entry(&model.id)));
+    }
+    // A quick start serving any name: the names its engines list.
+    ctx.model_cards().served_entry(&id).map(Json).ok_or(ApiError::UnknownModel(id))
 }
 
 /// `GET /health`: the process is alive.
