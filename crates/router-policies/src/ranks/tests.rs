@@ -259,5 +259,11 @@ fn dispatches_spread_a_burst_over_idle_ranks() {
         guards.push(load.inflight.acquire_on_rank(worker.id(), Stage::Plain, rank, 100));
         chosen.push(rank);
     }
-    assert_eq!(chosen, vec![0, 1, 2, 0, 1, 2]);
+    // Each dispatch makes its rank the busier: every round of three covers every rank (which
+    // one starts a round of equals is their turn, shared with other tests running now).
+    for round in chosen.chunks(3) {
+        let mut round = round.to_vec();
+        round.sort_unstable();
+        assert_eq!(round, [0, 1, 2], "{chosen:?}");
+    }
 }
