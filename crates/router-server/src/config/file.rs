@@ -175,7 +175,7 @@ impl Default for ServerSection {
             engine_ca_file: None,
             worker_threads: None,
             max_body_bytes: 32 * 1024 * 1024,
-            max_batch_size: 256,
+            max_batch_size: 1024,
             max_tokenized_prompt_bytes: 4 << 20,
             default_model: None,
             max_header_bytes: 64 * 1024,

@@ -281,7 +281,9 @@ fn openai_sampling(body: &BodyFields) -> Result<(Option<u64>, u64), InvalidReque
     optional_range(body, "min_p", 0.0, 1.0)?;
     optional_range(body, "presence_penalty", -2.0, 2.0)?;
     optional_range(body, "frequency_penalty", -2.0, 2.0)?;
-    optional_range(body, "repetition_penalty", 0.0, 2.0)?;
+    // vLLM takes any positive, finite repetition penalty.
+    optional_range(body, "repetition_penalty", f64::MIN_POSITIVE, f64::MAX)
+        .map_err(|_| InvalidRequest::field("repetition_penalty", "must be a number above 0"))?;
     let n = sample_count(body, "n")?;
     top_k_and_stop(body, "")?;
     Ok((max_completion_tokens.or(max_tokens), n))
@@ -353,35 +355,42 @@ fn renamed(error: InvalidRequest, path: &str) -> InvalidRequest {
     }
 }
 
-/// `n` (1 to 128, 1 when absent).
+/// `n` (at least 1, 1 when absent). How many an engine generates at most is its own limit
+/// (vLLM's `VLLM_MAX_N_SEQUENCES`, 16384 by default): the router checks only what no engine
+/// takes.
 fn sample_count(body: &impl Field, field: &str) -> Result<u64, InvalidRequest> {
     match optional_count(body, field)? {
         None => Ok(1),
-        Some(n) if (1..=128).contains(&n) => Ok(n),
-        Some(n) => Err(InvalidRequest::field(field, format!("must be between 1 and 128, got {n}"))),
+        Some(0) => Err(InvalidRequest::field(field, "must be at least 1, got 0")),
+        Some(n) => Ok(n),
     }
 }
 
-/// `top_k` (-1 or positive) and `stop` (a string or up to 16), under `prefix` for errors.
+/// `top_k` (an integer of at least -1: -1 and 0 turn it off) and `stop` (a string or a list
+/// of strings; how many an engine takes is its own limit, vLLM's `VLLM_MAX_STOP_STRINGS`),
+/// under `prefix` for errors.
 fn top_k_and_stop(body: &impl Field, prefix: &str) -> Result<(), InvalidRequest> {
     if let Some(top_k) = body.field("top_k").filter(|v| !v.is_null()) {
         match top_k.as_i64() {
-            Some(k) if k == -1 || k >= 1 => {}
+            Some(k) if k >= -1 => {}
             _ => {
                 let field = format!("{prefix}top_k");
-                return Err(InvalidRequest::field(&field, "must be -1 or a positive integer"));
+                return Err(InvalidRequest::field(
+                    &field,
+                    "must be an integer of at least -1 (-1 and 0 turn it off)",
+                ));
             }
         }
     }
     if let Some(stop) = body.field("stop") {
         let ok = match stop {
             Value::Null | Value::String(_) => true,
-            Value::Array(items) => items.len() <= 16 && items.iter().all(Value::is_string),
+            Value::Array(items) => items.iter().all(Value::is_string),
             _ => false,
         };
         if !ok {
             let field = format!("{prefix}stop");
-            return Err(InvalidRequest::field(&field, "must be a string or up to 16 strings"));
+            return Err(InvalidRequest::field(&field, "must be a string or a list of strings"));
         }
     }
     Ok(())
@@ -633,7 +642,7 @@ mod tests {
             (&format!(r#"{{{m},"max_tokens":1000000000000}}"#), Some("max_tokens")),
             (&format!(r#"{{{m},"temperature":3}}"#), Some("temperature")),
             (&format!(r#"{{{m},"top_p":-0.1}}"#), Some("top_p")),
-            (&format!(r#"{{{m},"top_k":0}}"#), Some("top_k")),
+            (&format!(r#"{{{m},"top_k":-2}}"#), Some("top_k")),
             (&format!(r#"{{{m},"stop":[1]}}"#), Some("stop")),
             (&format!(r#"{{{m},"stream_options":true}}"#), Some("stream_options")),
         ];
@@ -728,12 +737,12 @@ mod tests {
             (Endpoint::Generate, r#"{"text":"a","sampling_params":[]}"#, "sampling_params"),
             (Endpoint::Generate, r#"{"text":"a","sampling_params":{"max_new_tokens":-1}}"#, "sampling_params.max_new_tokens"),
             (Endpoint::Generate, r#"{"text":"a","sampling_params":{"top_p":0}}"#, "sampling_params.top_p"),
-            (Endpoint::Generate, r#"{"text":"a","sampling_params":{"top_k":0}}"#, "sampling_params.top_k"),
+            (Endpoint::Generate, r#"{"text":"a","sampling_params":{"top_k":-2}}"#, "sampling_params.top_k"),
             (Endpoint::Generate, r#"{"text":["a","b"],"rid":["x"]}"#, "rid"),
             (Endpoint::Generate, r#"{"text":"a","rid":["x"]}"#, "rid"),
             (Endpoint::Generate, r#"{"text":"a","model":5}"#, "model"),
             (Endpoint::Generate, r#"{"text":["a","b"],"sampling_params":[{}]}"#, "sampling_params"),
-            (Endpoint::Generate, r#"{"text":["a","b"],"sampling_params":[{},{"top_k":0}]}"#, "sampling_params[1].top_k"),
+            (Endpoint::Generate, r#"{"text":["a","b"],"sampling_params":[{},{"top_k":-2}]}"#, "sampling_params[1].top_k"),
             (Endpoint::Generate, r#"{"text":"a","data_parallel_rank":-1}"#, "data_parallel_rank"),
             (Endpoint::Completions, r#"{"model":"m","prompt":"x","data_parallel_rank":"0"}"#, "data_parallel_rank"),
             (Endpoint::Chat, r#"{"model":"m","messages":[{"role":"user","content":"x"}],"data_parallel_rank":1.5}"#, "data_parallel_rank"),
@@ -749,7 +758,6 @@ mod tests {
     fn every_checked_field_says_what_is_wrong_with_it() {
         let m = r#""model":"m","messages":[{"role":"user","content":"x"}]"#;
         let with = |extra: &str| format!("{{{m},{extra}}}");
-        let sixteen = vec!["\"s\""; 16].join(",");
         let seventeen = vec!["\"s\""; 17].join(",");
         #[rustfmt::skip]
         let cases: Vec<(&str, String, &str)> = vec![
@@ -764,11 +772,12 @@ mod tests {
             ("min_p above 1", with(r#""min_p":1.5"#), "'min_p' must be between 0 and 1, got 1.5"),
             ("presence_penalty below -2", with(r#""presence_penalty":-3"#), "'presence_penalty' must be between -2 and 2"),
             ("frequency_penalty above 2", with(r#""frequency_penalty":2.5"#), "'frequency_penalty' must be between -2 and 2"),
-            ("a negative repetition_penalty", with(r#""repetition_penalty":-0.1"#), "'repetition_penalty' must be between 0 and 2"),
-            ("n above 128", with(r#""n":129"#), "'n' must be between 1 and 128, got 129"),
-            ("top_k -2", with(r#""top_k":-2"#), "'top_k' must be -1 or a positive integer"),
-            ("a fractional top_k", with(r#""top_k":1.5"#), "'top_k' must be -1 or a positive integer"),
-            ("seventeen stop strings", with(&format!(r#""stop":[{seventeen}]"#)), "'stop' must be a string or up to 16 strings"),
+            ("a negative repetition_penalty", with(r#""repetition_penalty":-0.1"#), "'repetition_penalty' must be a number above 0"),
+            ("a zero repetition_penalty", with(r#""repetition_penalty":0"#), "'repetition_penalty' must be a number above 0"),
+            ("n of 0", with(r#""n":0"#), "'n' must be at least 1, got 0"),
+            ("top_k -2", with(r#""top_k":-2"#), "'top_k' must be an integer of at least -1"),
+            ("a fractional top_k", with(r#""top_k":1.5"#), "'top_k' must be an integer of at least -1"),
+            ("a stop string that is no string", with(r#""stop":["a",1]"#), "'stop' must be a string or a list of strings"),
             ("a stop object", with(r#""stop":{"a":1}"#), "'stop' must be a string"),
         ];
         for (name, body, message) in cases {
@@ -779,12 +788,14 @@ mod tests {
         let accepted: Vec<(&str, String)> = vec![
             ("the output cap itself", with(r#""max_tokens":16777216"#)),
             ("n at its lower bound", with(r#""n":1"#)),
-            ("n at its upper bound", with(r#""n":128"#)),
+            ("n of a thousand (the engine has its own limit)", with(r#""n":1000"#)),
             ("top_k -1 (off)", with(r#""top_k":-1"#)),
+            ("top_k 0 (off, as vLLM prefers)", with(r#""top_k":0"#)),
             ("top_k 1", with(r#""top_k":1"#)),
             ("temperature, top_p and min_p at a bound", with(r#""temperature":0,"top_p":1,"min_p":0"#)),
             ("penalties at their bounds", with(r#""presence_penalty":-2,"frequency_penalty":2,"repetition_penalty":2"#)),
-            ("sixteen stop strings", with(&format!(r#""stop":[{sixteen}]"#))),
+            ("a repetition penalty above 2, as vLLM takes", with(r#""repetition_penalty":2.5"#)),
+            ("seventeen stop strings (the engine has its own limit)", with(&format!(r#""stop":[{seventeen}]"#))),
             ("one stop string", with(r#""stop":"\n""#)),
             ("nulls for every optional field", with(
                 r#""stream":null,"stream_options":null,"max_tokens":null,"temperature":null,"n":null,"top_k":null,"stop":null"#)),
