@@ -105,8 +105,10 @@ impl Dispatch<'_> {
 
 impl Dispatch<'_> {
     /// What this request's answer is measured with.
-    fn answer_metrics(&self) -> AnswerMetrics {
-        AnswerMetrics { model: self.model.clone(), started: self.started, prediction: None }
+    /// The metrics of an answer whose request went to its engine at `dispatched`.
+    fn answer_metrics(&self, dispatched: std::time::Instant) -> AnswerMetrics {
+        let (model, started) = (self.model.clone(), self.started);
+        AnswerMetrics { model, started, dispatched, prediction: None }
     }
 }
 
@@ -184,10 +186,9 @@ impl Exchange<'_> {
     }
 
     /// The client's response streaming the engine's body, holding `guards` until it ends; its
-    /// first byte must come within `server.first_byte_timeout_secs` of `dispatched`. A message
+    /// first byte must come within `server.first_byte_timeout_secs` of its dispatch. A message
     /// on `partner_failure` ends the stream with that error. A stream that ends normally is
     /// measured for `metrics`.
-    #[expect(clippy::too_many_arguments, reason = "one stream's parts, each used once")]
     fn stream(
         &self,
         parts: Parts,
@@ -196,13 +197,14 @@ impl Exchange<'_> {
         worker: &Arc<Worker>,
         partner_failure: Option<oneshot::Receiver<ApiError>>,
         metrics: AnswerMetrics,
-        dispatched: std::time::Instant,
     ) -> Response {
         let by_a_task = body.handed_over_by_a_task();
         let sse = parts
             .headers
             .get(http::header::CONTENT_TYPE)
             .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+        let first_byte = Duration::from_secs(self.ctx.server().first_byte_timeout_secs);
+        let first_frame_by = metrics.dispatched + first_byte;
         let body = GuardedBody::new(
             body,
             guards,
@@ -214,24 +216,21 @@ impl Exchange<'_> {
         );
         let body = if by_a_task { body.handed_over_by_a_task() } else { body };
         let body = if sse { body.sse_events() } else { body };
-        let first_byte = Duration::from_secs(self.ctx.server().first_byte_timeout_secs);
-        let body = body
-            .first_frame_by(dispatched + first_byte)
-            .until_drain_ends(self.ctx.drain_ended().clone());
+        let body =
+            body.first_frame_by(first_frame_by).until_drain_ends(self.ctx.drain_ended().clone());
         response(parts, Body::new(body))
     }
 
     /// The client's response carrying the engine's whole answer, measured for `metrics`; the
-    /// answer must end within `server.answer_timeout_secs` of `dispatched`.
+    /// answer must end within `server.answer_timeout_secs` of its dispatch.
     async fn whole(
         &self,
         parts: Parts,
         body: EngineBody,
         worker: &Worker,
         metrics: &AnswerMetrics,
-        dispatched: std::time::Instant,
     ) -> Result<Response, EngineError> {
-        let answer = self.read_answer(worker, body, dispatched).await?;
+        let answer = self.read_answer(worker, body, metrics.dispatched).await?;
         metrics.whole(worker, &answer);
         Ok(response(parts, Body::from(answer)))
     }

@@ -137,19 +137,11 @@ pub(super) async fn dispatch(
     let (parts, body) = x.checked(decode_worker, upstream).await.map_err(ApiError::Decode)?;
     let mut response = if x.streams(&parts) {
         let partner = (!prefill_succeeded).then_some(failed_rx);
-        let answer_metrics = d.answer_metrics();
-        x.stream(
-            parts,
-            body,
-            vec![decode_guard],
-            decode_worker,
-            partner,
-            answer_metrics,
-            decode_dispatched,
-        )
+        let answer_metrics = d.answer_metrics(decode_dispatched);
+        x.stream(parts, body, vec![decode_guard], decode_worker, partner, answer_metrics)
     } else {
-        let answer_metrics = d.answer_metrics();
-        let answer = x.whole(parts, body, decode_worker, &answer_metrics, decode_dispatched);
+        let answer_metrics = d.answer_metrics(decode_dispatched);
+        let answer = x.whole(parts, body, decode_worker, &answer_metrics);
         let response = if prefill_succeeded {
             answer.await.map_err(ApiError::Decode)?
         } else {

@@ -48,14 +48,13 @@ pub(super) async fn dispatch(
     let prediction = pick.predicted_ttft_ms.map(|predicted_ms| TtftPrediction {
         predicted_ms,
         work_tokens: pick.predicted_work_tokens,
-        dispatched_at,
         rates: Arc::clone(&x.ctx.load().rates),
     });
-    let answer_metrics = AnswerMetrics { prediction, ..d.answer_metrics() };
+    let answer_metrics = AnswerMetrics { prediction, ..d.answer_metrics(dispatched_at) };
     let mut response = if x.streams(&parts) {
-        x.stream(parts, body, vec![guard], worker, None, answer_metrics, dispatched_at)
+        x.stream(parts, body, vec![guard], worker, None, answer_metrics)
     } else {
-        let response = x.whole(parts, body, worker, &answer_metrics, dispatched_at).await;
+        let response = x.whole(parts, body, worker, &answer_metrics).await;
         let response = response.map_err(ApiError::Engine)?;
         drop(guard);
         response

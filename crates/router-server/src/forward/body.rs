@@ -103,13 +103,16 @@ pub(crate) struct AnswerMetrics {
     pub model: ModelId,
     /// When the router received the request.
     pub started: std::time::Instant,
+    /// When this answer's request went to the engine: its deadlines and its time to first
+    /// token count from here.
+    pub dispatched: std::time::Instant,
     /// The policy's predicted time to first token, for a stream to report beside the one it
     /// observes.
     pub prediction: Option<TtftPrediction>,
 }
 
-/// A pick's predicted time to first token, the prefill work it predicted before that token,
-/// and when its request was dispatched. The first token is observed as a stream's first byte
+/// A pick's predicted time to first token and the prefill work it predicted before that
+/// token. The first token is observed as a stream's first byte
 /// goes to the client, or as a whole answer of at most one generated token ends: then the
 /// prediction and the observation go to the metrics (`metrics::ttft_prediction`) and the
 /// work and the time to the engine's learned prefill rate.
@@ -117,14 +120,13 @@ pub(crate) struct AnswerMetrics {
 pub(crate) struct TtftPrediction {
     pub predicted_ms: f64,
     pub work_tokens: Option<u64>,
-    pub dispatched_at: std::time::Instant,
     pub rates: Arc<PrefillRates>,
 }
 
 impl TtftPrediction {
-    /// The first token of `worker`'s answer came now.
-    fn observed(self, model: &str, worker: &Worker) {
-        let observed = self.dispatched_at.elapsed();
+    /// The first token of `worker`'s answer, dispatched at `dispatched`, came now.
+    fn observed(self, model: &str, worker: &Worker, dispatched: std::time::Instant) {
+        let observed = dispatched.elapsed();
         metrics::ttft_prediction(model, worker.id().as_str(), self.predicted_ms, observed);
         if let Some(work) = self.work_tokens {
             self.rates.observe(worker.id(), work, observed);
@@ -141,7 +143,7 @@ impl AnswerMetrics {
         if let Some(prediction) = &self.prediction
             && usage.is_some_and(|usage| usage.completion <= 1)
         {
-            prediction.clone().observed(self.model.as_str(), worker);
+            prediction.clone().observed(self.model.as_str(), worker, self.dispatched);
         }
         metrics::answer(self.model.as_str(), worker.id().as_str(), None, None, e2e, usage);
     }
@@ -176,7 +178,7 @@ impl StreamTiming {
         if self.first.is_none()
             && let Some(prediction) = self.labels.prediction.take()
         {
-            prediction.observed(self.labels.model.as_str(), worker);
+            prediction.observed(self.labels.model.as_str(), worker, self.labels.dispatched);
         }
         self.first.get_or_insert(first);
         self.last = Some(last);

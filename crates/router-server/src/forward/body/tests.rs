@@ -356,6 +356,7 @@ async fn a_measured_stream_passes_its_bytes_unchanged_and_reports_at_its_end() {
     let labels = |model: &str| AnswerMetrics {
         model: ModelId::new(model),
         started: std::time::Instant::now(),
+        dispatched: std::time::Instant::now(),
         prediction: None,
     };
     let usage = r#"data: {"choices":[],"usage":{"prompt_tokens":6,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":2}}}
