@@ -132,7 +132,10 @@ impl AppContext {
         let discovery =
             discovery.map(|config| router_discovery::Discovery::new(config, Arc::clone(&registry)));
         let discovery_state = discovery.as_ref().map(router_discovery::Discovery::state);
-        let wildcard = runtimes.iter().find(|m| m.id.as_str() == "*").map(|m| m.id.clone());
+        let wildcard = runtimes
+            .iter()
+            .find(|m| m.id.as_str() == crate::config::ANY_MODEL)
+            .map(|m| m.id.clone());
         let models = runtimes.into_iter().map(|m| (m.id.clone(), m)).collect();
         let engine_problem = |path: &str, err: &dyn std::fmt::Display| {
             vec![Problem { path: path.to_owned(), message: err.to_string() }]

@@ -14,6 +14,7 @@ use router_workers::{ModelId, Stage, WorkerRegistry};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::config::ANY_MODEL;
 use crate::engines::EngineLearner;
 use crate::forward::Forwarder;
 
@@ -25,9 +26,6 @@ pub(crate) struct ModelCards {
     /// each with its card, listed in its place.
     served: RwLock<Vec<(String, Card)>>,
 }
-
-/// The model that serves any name (`--worker-urls` without `--model`).
-const WILDCARD: &str = "*";
 
 /// What an engine says about a model.
 #[derive(Clone, Debug, PartialEq)]
@@ -99,7 +97,7 @@ impl ModelCards {
     /// The `/v1/models` entries of `model`: its card, or for the model `*` the models its
     /// engines list (itself until they answer).
     pub(crate) fn entries(&self, model: &ModelId) -> Vec<Value> {
-        if model.as_str() == WILDCARD {
+        if model.as_str() == ANY_MODEL {
             let served = self.served.read();
             if !served.is_empty() {
                 return served.iter().map(|(id, card)| card_entry(id, Some(card))).collect();
@@ -145,7 +143,7 @@ impl ModelCards {
                     .then(|| serde_json::from_slice::<Value>(&body).ok())
                     .flatten();
                 let Some(answer) = answer else { continue };
-                if model.as_str() == WILDCARD {
+                if model.as_str() == ANY_MODEL {
                     let served = Card::all(&answer);
                     if !served.is_empty() {
                         *self.served.write() = served;
@@ -219,7 +217,7 @@ mod tests {
 
     #[test]
     fn a_model_serving_any_name_lists_what_its_engines_serve() {
-        let any = ModelId::new(WILDCARD);
+        let any = ModelId::new(ANY_MODEL);
         let cards = ModelCards::default();
         assert_eq!(cards.entries(&any), [cards.entry(&any)], "itself until the engines answer");
         // vLLM lists a LoRA adapter beside its base model.

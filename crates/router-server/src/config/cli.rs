@@ -526,7 +526,7 @@ impl ServeArgs {
         }
         let mut config = ConfigFile::default();
         config.models.push(ModelConfig {
-            id: self.model.clone().unwrap_or_else(|| "*".to_owned()),
+            id: self.model.clone().unwrap_or_else(|| super::ANY_MODEL.to_owned()),
             tokenizer: self.tokenizer.clone(),
             chat_template: None,
             engine: Default::default(),

@@ -327,6 +327,9 @@ impl KvSection {
     }
 }
 
+/// The model id that serves any name a request gives (a quick start's, unless `--model`).
+pub const ANY_MODEL: &str = "*";
+
 /// One served model.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

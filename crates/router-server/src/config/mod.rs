@@ -27,8 +27,9 @@ pub use cli::{Cli, Command, ServeArgs, reject_dropped_options};
 pub use discovery::{DiscoverySection, KvEventsPorts};
 pub use dropin::{DropInArgs, learn_dp_sizes};
 pub use file::{
-    AffinitySection, BucketConfig, ClientKeyConfig, ConfigFile, GroupConfig, GroupsConfig,
-    KvSection, LimitsConfig, LoadSection, ModelConfig, ParseError, PdGroupsConfig, ServerSection,
+    ANY_MODEL, AffinitySection, BucketConfig, ClientKeyConfig, ConfigFile, GroupConfig,
+    GroupsConfig, KvSection, LimitsConfig, LoadSection, ModelConfig, ParseError, PdGroupsConfig,
+    ServerSection,
 };
 
 use crate::prepare::Tokenization;
