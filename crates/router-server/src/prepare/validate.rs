@@ -429,21 +429,17 @@ fn prompts(
     max_batch: usize,
 ) -> Result<(Prompt, Option<usize>), InvalidRequest> {
     let (text, ids) = (shapes != Shapes::Ids, shapes != Shapes::Text);
-    let spans = |ends: &[usize]| {
-        let starts = std::iter::once(0).chain(ends.iter().copied());
-        starts.zip(ends.iter().copied()).collect::<Vec<_>>()
-    };
     match prompt {
         PromptField::Text(one) if text => Ok((Prompt::Texts(vec![one]), None)),
         PromptField::Empty => Err(InvalidRequest::field(field, "must not be empty")),
-        PromptField::Texts { text: all, ends } if text => {
-            let texts = spans(&ends).into_iter().map(|(start, end)| all[start..end].to_owned());
-            Ok((Prompt::Texts(texts.collect()), Some(ends.len())))
+        PromptField::Texts(texts) if text => {
+            let batch = Some(texts.len());
+            Ok((Prompt::Texts(texts), batch))
         }
         PromptField::Ids(one) if ids => Ok((Prompt::Ids(vec![one]), None)),
-        PromptField::IdLists { ids: all, ends } if ids => {
-            let lists = spans(&ends).into_iter().map(|(start, end)| all[start..end].to_vec());
-            Ok((Prompt::Ids(lists.collect()), Some(ends.len())))
+        PromptField::IdLists(lists) if ids => {
+            let batch = Some(lists.len());
+            Ok((Prompt::Ids(lists), batch))
         }
         PromptField::Invalid { problem, .. } => Err(match problem {
             PromptProblem::NotAnId if ids => InvalidRequest::field(

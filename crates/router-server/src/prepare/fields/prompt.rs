@@ -1,10 +1,9 @@
 //! A prompt field (`prompt`, `text`, `input_ids`) read straight into what the router uses:
-//! a string, strings laid end to end, or token ids as 32-bit numbers, never a JSON value per
-//! item. A list's kind is its first item's; an item of another kind (or a number that is no
-//! token id) ends the building, the rest is only walked, and the first problem is kept for
-//! validation to name. Memory is the prompt's own: four bytes per token id (at least two
-//! bytes of body each), a string's bytes, and one offset per string or list, a batch's
-//! offsets bounded by the batch limit as they are read.
+//! strings, or token ids as 32-bit numbers, never a JSON value per item. A list's kind is its
+//! first item's; an item of another kind (or a number that is no token id) ends the building,
+//! the rest is only walked, and the first problem is kept for validation to name. Memory is
+//! the prompt's own: four bytes per token id (at least two bytes of body each) and a string's
+//! bytes, a batch's prompts bounded by the batch limit as they are read.
 
 use std::fmt;
 
@@ -19,12 +18,12 @@ pub(crate) enum PromptField {
     Null,
     /// One string.
     Text(String),
-    /// A list of strings: `text` holds them end to end, `ends` where each ends.
-    Texts { text: String, ends: Vec<usize> },
+    /// A list of strings.
+    Texts(Vec<String>),
     /// A list of token ids.
     Ids(Vec<u32>),
-    /// A list of lists of token ids: `ids` holds them end to end, `ends` where each ends.
-    IdLists { ids: Vec<u32>, ends: Vec<usize> },
+    /// A list of lists of token ids.
+    IdLists(Vec<Vec<u32>>),
     /// An empty list.
     Empty,
     /// Anything else, with the first problem found and the length of its text.
@@ -48,11 +47,12 @@ impl PromptField {
     /// The length of its text: its strings, or what was walked of an invalid one.
     pub(crate) fn text_len(&self) -> usize {
         match self {
-            PromptField::Text(text) | PromptField::Texts { text, .. } => text.len(),
+            PromptField::Text(text) => text.len(),
+            PromptField::Texts(texts) => texts.iter().map(String::len).sum(),
             PromptField::Invalid { text, .. } => *text,
             PromptField::Null
             | PromptField::Ids(_)
-            | PromptField::IdLists { .. }
+            | PromptField::IdLists(_)
             | PromptField::Empty => 0,
         }
     }
@@ -133,9 +133,9 @@ struct List {
     kind: Option<Kind>,
     /// Items read so far.
     count: usize,
-    text: String,
+    texts: Vec<String>,
     ids: Vec<u32>,
-    ends: Vec<usize>,
+    lists: Vec<Vec<u32>>,
     /// The first problem; once set, nothing more is built.
     problem: Option<PromptProblem>,
     /// The text walked after the building ended.
@@ -148,10 +148,10 @@ impl List {
     fn fail(&mut self, problem: PromptProblem) {
         if self.problem.is_none() {
             self.problem = Some(problem);
-            self.walked += self.text.len();
-            self.text = String::new();
+            self.walked += self.texts.iter().map(String::len).sum::<usize>();
+            self.texts = Vec::new();
             self.ids = Vec::new();
-            self.ends = Vec::new();
+            self.lists = Vec::new();
         }
     }
 
@@ -161,7 +161,8 @@ impl List {
 
     /// Whether a batch of `kind` has room for one more prompt, noting the problem if not.
     fn room(&mut self, kind: Kind) -> bool {
-        let full = self.ends.len() == self.max_batch;
+        let prompts = if kind == Kind::IdLists { self.lists.len() } else { self.texts.len() };
+        let full = prompts == self.max_batch;
         if full {
             self.fail(PromptProblem::TooMany { prompts: 0, ids: kind == Kind::IdLists });
         }
@@ -180,9 +181,9 @@ impl List {
         }
         match self.kind {
             None => PromptField::Empty,
-            Some(Kind::Texts) => PromptField::Texts { text: self.text, ends: self.ends },
+            Some(Kind::Texts) => PromptField::Texts(self.texts),
             Some(Kind::Ids) => PromptField::Ids(self.ids),
-            Some(Kind::IdLists) => PromptField::IdLists { ids: self.ids, ends: self.ends },
+            Some(Kind::IdLists) => PromptField::IdLists(self.lists),
         }
     }
 }
@@ -263,8 +264,7 @@ impl<'de> Visitor<'de> for Item<'_> {
         let list = self.0;
         if list.building(Kind::Texts) && list.room(Kind::Texts) {
             list.kind = Some(Kind::Texts);
-            list.text.push_str(text);
-            list.ends.push(list.text.len());
+            list.texts.push(text.to_owned());
         } else {
             match list.kind {
                 Some(Kind::Ids) => list.fail(PromptProblem::NotAnId),
@@ -293,10 +293,10 @@ impl<'de> Visitor<'de> for Item<'_> {
             return Ok(());
         }
         list.kind = Some(Kind::IdLists);
-        let start = list.ids.len();
+        let mut ids = Vec::new();
         while let Some(walked) = items.next_element_seed(Id)? {
             match walked {
-                Ok(id) if list.problem.is_none() => list.ids.push(id),
+                Ok(id) if list.problem.is_none() => ids.push(id),
                 Ok(_) => {}
                 Err(text) => {
                     list.fail(PromptProblem::NotAnId);
@@ -305,10 +305,10 @@ impl<'de> Visitor<'de> for Item<'_> {
             }
         }
         if list.problem.is_none() {
-            if list.ids.len() == start {
+            if ids.is_empty() {
                 list.fail(PromptProblem::EmptyList(list.count));
             } else {
-                list.ends.push(list.ids.len());
+                list.lists.push(ids);
             }
         }
         Ok(())
@@ -386,13 +386,10 @@ mod tests {
         assert_eq!(read("[]"), PromptField::Empty);
         assert_eq!(
             read(r#"["a","","bc"]"#),
-            PromptField::Texts { text: "abc".into(), ends: vec![1, 1, 3] }
+            PromptField::Texts(vec!["a".into(), "".into(), "bc".into()])
         );
         assert_eq!(read("[0, 7, 4294967295]"), PromptField::Ids(vec![0, 7, u32::MAX]));
-        assert_eq!(
-            read("[[1,2],[3]]"),
-            PromptField::IdLists { ids: vec![1, 2, 3], ends: vec![2, 3] }
-        );
+        assert_eq!(read("[[1,2],[3]]"), PromptField::IdLists(vec![vec![1, 2], vec![3]]));
     }
 
     #[test]
