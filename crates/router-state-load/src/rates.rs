@@ -256,7 +256,7 @@ mod tests {
         let rates = PrefillRates::new();
         let mut state = 0x9e37_79b9_7f4a_7c15;
         // Prompts of 60 to 140 uncached tokens on a 30k tokens/s engine with a few ms of
-        // jitter: the work explains at most 3 ms, the noise 12.
+        // jitter: the spread of work explains less of the times than the jitter does.
         for i in 0..WINDOW as u64 {
             let work = 60 + (i * 37) % 80;
             rates.observe(&worker(), work, ttft(work, 30_000.0, 0.015 + jitter(&mut state)));
