@@ -325,6 +325,17 @@ async fn accept_pub(listener: &TcpListener) -> TcpStream {
 
 // ---- the tests -----------------------------------------------------------------------------
 
+/// The worker `hostile`'s peer, behind `listener`, turns into a good publisher: the same
+/// subscription reconnects and applies its first valid batch. Serves until aborted.
+async fn behaves_again(router: &Router, listener: TcpListener) -> JoinHandle<()> {
+    let serving = behave(listener, 1, 0..4);
+    eventually("the hostile worker's valid batch applied", async || {
+        held(&router.index, "hostile", 0..4) == 1
+    })
+    .await;
+    serving
+}
+
 /// (a) One frame header announcing 2^60 bytes: refused at the header, the connection dropped
 /// and re-established; the process lives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -345,11 +356,7 @@ async fn a_frame_header_of_two_to_the_sixtieth_bytes_drops_the_connection_not_th
     router.refused("hostile", SkipReason::TooLarge, 1).await;
 
     // The same subscription reconnects, and takes a valid batch once the peer behaves.
-    let serving = behave(hostile, 1, 0..4);
-    eventually("the hostile worker's valid batch applied", async || {
-        held(&router.index, "hostile", 0..4) == 1
-    })
-    .await;
+    let serving = behaves_again(&router, hostile).await;
     let rank = router.rank("hostile").expect("subscribed");
     assert!(rank.connects >= 2, "{rank:#?}");
     good.publish_until_held(&router.index, "good", 100..104).await;
@@ -386,11 +393,7 @@ async fn a_multipart_message_that_never_ends_is_refused_while_it_accumulates() {
     router.refused("hostile", SkipReason::TooLarge, 1).await;
     assert_rss_within(base, "after 5 MiB frames flagged MORE");
 
-    let serving = behave(hostile, 1, 0..4);
-    eventually("the hostile worker's valid batch applied", async || {
-        held(&router.index, "hostile", 0..4) == 1
-    })
-    .await;
+    let serving = behaves_again(&router, hostile).await;
     good.publish_until_held(&router.index, "good", 100..104).await;
     assert_rss_within(base, "at the end");
 
@@ -418,11 +421,7 @@ async fn a_huge_frame_is_refused_at_its_header_not_buffered() {
     router.refused("hostile", SkipReason::TooLarge, 1).await;
     assert_rss_within(base, "after a 200 MiB frame");
 
-    let serving = behave(hostile, 1, 0..4);
-    eventually("the hostile worker's valid batch applied", async || {
-        held(&router.index, "hostile", 0..4) == 1
-    })
-    .await;
+    let serving = behaves_again(&router, hostile).await;
     good.publish_until_held(&router.index, "good", 100..104).await;
 
     serving.abort();
