@@ -527,6 +527,17 @@ pub async fn picks(http: &Http, router: &Router) -> f64 {
         .sum()
 }
 
+/// Picks the router has counted so far with `reason` (`router_picks_total`, every policy).
+pub async fn picks_by_reason(http: &Http, router: &Router, reason: &str) -> f64 {
+    let metrics = http.get(&router.url, "/metrics", &[]).await.body;
+    let label = format!("reason=\"{reason}\"");
+    metrics
+        .lines()
+        .filter(|line| line.starts_with("router_picks_total") && line.contains(&label))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 /// Requests running on a simulated engine, from its `/v1/loads`.
 pub async fn engine_running(http: &Http, engine: &Engine) -> u64 {
     let loads = http.get(&engine.url, "/v1/loads", &[]).await.json();

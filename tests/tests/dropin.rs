@@ -176,28 +176,109 @@ async fn a_prefill_with_bootstrap_port_none_starts_a_pd_router() {
     assert!(prefill["bootstrap_port"].is_null(), "the engine's default: {prefill}");
 }
 
+/// Every incumbent flag with what docs/incumbent-flags.md says this router does with it
+/// (`honoured`, `ignored`, `refused`) and the values it takes (the incumbents' argparse
+/// definitions, `incumbent-flags.tsv`).
+fn incumbent_flags() -> Vec<(String, &'static str, String)> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("root");
+    let doc = std::fs::read_to_string(root.join("docs/incumbent-flags.md")).expect("doc");
+    let tsv = root.join("crates/router-server/src/config/incumbents/incumbent-flags.tsv");
+    let tsv = std::fs::read_to_string(tsv).expect("tsv");
+    let values = |flag: &str| {
+        tsv.lines().find_map(|l| {
+            let mut fields = l.split('\t').skip(1);
+            (fields.next() == Some(flag)).then(|| fields.next().unwrap_or_default().to_owned())
+        })
+    };
+    doc.lines()
+        .filter_map(|line| {
+            let flag = line.strip_prefix("| `")?.split('`').next()?.to_owned();
+            let here = line.rsplit(" | ").next()?.trim_end_matches(" |");
+            let treatment = ["honoured", "ignored", "refused"]
+                .into_iter()
+                .find(|t| here.trim_start_matches("**").starts_with(t))?;
+            let values = values(&flag).unwrap_or_else(|| panic!("{flag} not in the tsv"));
+            Some((flag, treatment, values))
+        })
+        .collect()
+}
+
 #[test]
-fn flags_this_router_cannot_honour_are_refused_with_their_replacement() {
-    for (flag, replacement) in [
-        (&["--cache-threshold", "0.5"][..], "cache_affinity_min_matched_tokens"),
-        (&["--balance-abs-threshold", "64"], "power_of_two"),
-        (&["--balance-rel-threshold", "1.5"], "power_of_two"),
-        (&["--eviction-interval-secs", "120"], "kv.max_index_nodes"),
-        (&["--max-tree-size", "67108864"], "kv.max_index_nodes"),
-        (&["--cb-window-duration-secs", "60"], "--cb-failure-threshold"),
-        (&["--vllm-pd-disaggregation"], "--worker-urls"),
-        (&["--policy", "prefix_hash"], "cache_aware"),
-    ] {
+fn every_refused_incumbent_flag_exits_naming_its_replacement() {
+    let flags = incumbent_flags();
+    assert!(flags.len() > 240, "{} rows", flags.len());
+    let refused: Vec<_> = flags.iter().filter(|(_, t, _)| *t == "refused").collect();
+    assert!(refused.len() > 50, "{} refused", refused.len());
+    for (flag, _, values) in refused {
+        let value: &[&str] = if values == "none" { &[] } else { &["1"] };
         let output = Command::new(binary("router-server"))
-            .args(["--worker-urls", "http://127.0.0.1:9"])
-            .args(flag)
+            .args(["--worker-urls", "http://127.0.0.1:9", flag])
+            .args(value)
             .output()
             .expect("runs");
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert_eq!(output.status.code(), Some(2), "{flag:?}: {stderr}");
-        assert!(stderr.contains(&format!("error: {}", flag[0])), "{flag:?}: {stderr}");
-        assert!(stderr.contains(replacement), "{flag:?}: {stderr}");
+        assert_eq!(output.status.code(), Some(2), "{flag}: {stderr}");
+        assert!(stderr.starts_with(&format!("error: {flag} (")), "{flag}: {stderr}");
+        assert!(stderr.contains(") is not supported: "), "{flag}: {stderr}");
+        assert!(!stderr.contains("unexpected argument"), "{flag}: {stderr}");
     }
+    for (policy, replacement) in [
+        ("prefix_hash", "cache_aware"),
+        ("bucket", "models[].buckets[]"),
+        ("rendezvous_hash", "new_binding=rendezvous"),
+        ("sticky_least_loaded", "--policy session_aware"),
+    ] {
+        let output = Command::new(binary("router-server"))
+            .args(["--worker-urls", "http://127.0.0.1:9", "--policy", policy])
+            .output()
+            .expect("runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{policy}: {stderr}");
+        assert!(stderr.contains(&format!("--policy {policy} is not supported")), "{stderr}");
+        assert!(stderr.contains(replacement), "{policy}: {stderr}");
+    }
+}
+
+#[tokio::test]
+async fn a_launch_line_with_every_ignored_incumbent_flag_starts_and_warns_for_each() {
+    let engine = Engine::start("m", &[]);
+    let ignored: Vec<(String, String)> = incumbent_flags()
+        .into_iter()
+        .filter(|(_, treatment, _)| *treatment == "ignored")
+        .map(|(flag, _, values)| (flag, values))
+        .collect();
+    assert!(ignored.len() > 50, "{} ignored", ignored.len());
+    let mut line = owned(&["--worker-urls", &engine.url, "--port", "0"]);
+    for (flag, values) in &ignored {
+        line.push(flag.clone());
+        match values.as_str() {
+            "none" => {}
+            "one" => line.push("1".into()),
+            _ => line.extend(["a".to_owned(), "b".to_owned()]),
+        }
+    }
+    // Standard error to a file, standard output read up to the ready line.
+    let log = TempPath::write("stderr.log", "");
+    let mut child = Command::new(binary("router-server"))
+        .args(&line)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(log.display()).expect("log file"))
+        .spawn()
+        .expect("spawns");
+    let stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let ready = std::io::BufRead::lines(stdout)
+        .map_while(Result::ok)
+        .find_map(|l| l.split_once("router listening on ").map(|(_, url)| url.trim().to_owned()));
+    let stderr = std::fs::read_to_string(log.display()).expect("stderr");
+    let url = ready.unwrap_or_else(|| panic!("the router never listened: {stderr}"));
+    let reply = Http::default().chat(&url, &chat_body("m", "hello", 2), &[]).await;
+    child.kill().ok();
+    child.wait().ok();
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    for (flag, _) in &ignored {
+        assert!(stderr.contains(&format!("warning: {flag} ")), "{flag}: {stderr}");
+    }
+    assert!(!stderr.contains("unexpected argument"), "{stderr}");
 }
 
 #[tokio::test]

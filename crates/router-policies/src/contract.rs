@@ -102,6 +102,22 @@ impl RequestTokens {
         Self { ids, memo: PrefixMemo::default(), hashes: Mutex::default() }
     }
 
+    /// Routing ids for prompt text the router has no tokenizer for: its bytes four at a time
+    /// (the last group zero-padded), so about one id per token of the size estimate and one
+    /// [`BlockSize::APPROXIMATE`] block per 64 bytes. They never equal an engine's blocks: only
+    /// the router's own dispatches (approximate mode) can match them.
+    pub fn from_text(text: &[u8]) -> Self {
+        let ids = text
+            .chunks(4)
+            .map(|chunk| {
+                let mut word = [0u8; 4];
+                word[..chunk.len()].copy_from_slice(chunk);
+                u32::from_le_bytes(word)
+            })
+            .collect();
+        Self::new(ids)
+    }
+
     /// The local block hashes of the full blocks of `block_size` tokens, as the prefix index
     /// keys them: computed once per block size, then shared by every lookup and by the
     /// predicted entries recorded at dispatch.
@@ -218,6 +234,9 @@ pub enum PickReason {
     LeastLocalLoad,
     /// Cache-aware chose an engine holding the prefix.
     CacheHit,
+    /// Cache-aware chose an engine it pictures holding the prefix from its own dispatches:
+    /// the engine has no KV events (approximate mode).
+    CacheApproximate,
     /// Cache-aware pinned to a prefix holder while every engine was queued.
     SaturationPin,
     /// Cache-aware found no usable prefix holder and ran its load fallback.
@@ -250,6 +269,7 @@ impl PickReason {
             PickReason::LeastReportedLoad => "least_reported_load",
             PickReason::LeastLocalLoad => "least_local_load",
             PickReason::CacheHit => "cache_hit",
+            PickReason::CacheApproximate => "cache_approximate",
             PickReason::SaturationPin => "saturation_pin",
             PickReason::CacheMiss => "cache_miss",
             PickReason::CacheUnavailable => "cache_unavailable",

@@ -258,7 +258,16 @@ impl AppContext {
             .iter()
             .filter_map(|(id, model)| Some((id.clone(), Arc::clone(model.tokenization.as_ref()?))))
             .collect::<Vec<_>>();
-        let engines = (!tokenized.is_empty()).then(|| EngineLearner::new(tokenized));
+        // Engines' own blocks match only token ids: a model without a tokenizer routes on
+        // text, pictured from its dispatches whatever its engines publish.
+        let prefix_models = self
+            .models
+            .values()
+            .filter(|m| m.reads_prefixes && m.tokenization.is_some())
+            .map(|m| m.id.clone())
+            .collect();
+        let engines = EngineLearner::new(tokenized, prefix_models);
+        let engines = (!engines.is_empty()).then_some(engines);
         tasks.spawn(Arc::clone(&self.model_cards).run(
             self.models.keys().cloned().collect(),
             engines,
@@ -391,16 +400,22 @@ impl AppContext {
         let work = if stage == Stage::Decode {
             0
         } else {
-            if let (Some(predictions), Some(tokens), Some(size)) =
-                (&self.predictions, tokens, BlockSize::of(worker))
-            {
-                let hashes = tokens.block_hashes(size);
+            if let (Some(predictions), Some(tokens)) = (&self.predictions, tokens) {
+                let hashes = tokens.block_hashes(BlockSize::of(worker));
                 let now = std::time::Instant::now();
-                match rank {
-                    Some(rank) => {
-                        predictions.record_on_rank(model, worker.id(), rank, &hashes, now)
+                if BlockSize::is_approximate(worker) {
+                    // Remembered only where a policy will look: the router's whole picture
+                    // of an engine without KV events, for `kv.approximate_ttl_secs`.
+                    if self.models.get(model).is_some_and(|m| m.reads_prefixes) {
+                        predictions.record_approximate(model, worker.id(), rank, &hashes, now);
                     }
-                    None => predictions.record(model, worker.id(), &hashes, now),
+                } else {
+                    match rank {
+                        Some(rank) => {
+                            predictions.record_on_rank(model, worker.id(), rank, &hashes, now)
+                        }
+                        None => predictions.record(model, worker.id(), &hashes, now),
+                    }
                 }
             }
             self.expect_kv_events(worker, input_tokens);

@@ -7,13 +7,22 @@
 //! stays unknown. A model renders by the engine all its known workers run; when they run
 //! different ones (or none is known), by its configured engine, else vLLM's rules, and a mix
 //! is logged once.
+//!
+//! Engines also say where they publish KV events: SGLang's `/get_server_info` carries its
+//! `kv_events_config` (a JSON string, as launched) and its `page_size`. A worker with neither
+//! KV events nor a block size, of a model whose policies read cached prefixes and which has a
+//! tokenizer (engines' blocks are token ids), is asked once per incarnation (until it answers); one that advertises a ZeroMQ publisher is replaced by a
+//! new incarnation subscribed to it, so its cache is known from its events instead of the
+//! router's dispatches (approximate mode). A wildcard host (`tcp://*:P`, `0.0.0.0`) is the
+//! engine's own host. vLLM advertises nothing by default: its workers stay approximate unless
+//! configured.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use router_workers::{EngineKind, ModelId, Worker, WorkerId, WorkerRegistry};
+use router_workers::{EngineKind, KvEventsSpec, ModelId, Worker, WorkerId, WorkerRegistry};
 use serde_json::Value;
 
 use crate::forward::Forwarder;
@@ -33,8 +42,41 @@ pub(crate) fn detect(server_info: Option<&Value>, version: Option<&Value>) -> Op
     named(version).map(|_| EngineKind::Vllm)
 }
 
+/// The KV-event publisher an engine advertises in its `/get_server_info` answer `info`:
+/// SGLang's `kv_events_config` (a JSON string, or an object) naming a `zmq` publisher, its
+/// wildcard host replaced by `host`, with `page_size` as its block size.
+pub(crate) fn advertised_kv_events(info: &Value, host: &str) -> Option<KvEventsSpec> {
+    let config = match info.get("kv_events_config")? {
+        Value::String(text) => serde_json::from_str::<Value>(text).ok()?,
+        object @ Value::Object(_) => object.clone(),
+        _ => return None,
+    };
+    if config.get("publisher").and_then(Value::as_str).is_some_and(|p| p != "zmq") {
+        return None;
+    }
+    let at_host = |endpoint: &str| -> Option<String> {
+        let (scheme, rest) = endpoint.split_once("://")?;
+        let (bound, port) = rest.rsplit_once(':')?;
+        let wildcard = matches!(bound, "*" | "0.0.0.0" | "[::]" | "::");
+        let host = if wildcard { host } else { bound };
+        Some(format!("{scheme}://{host}:{port}"))
+    };
+    let endpoint = at_host(config.get("endpoint")?.as_str()?)?;
+    let replay = config.get("replay_endpoint").and_then(Value::as_str).and_then(at_host);
+    let topic = config.get("topic").and_then(Value::as_str).unwrap_or_default();
+    let block_size =
+        info.get("page_size").and_then(Value::as_u64).and_then(|s| u32::try_from(s).ok());
+    Some(KvEventsSpec {
+        replay_endpoint: replay,
+        topic: topic.to_owned(),
+        block_size: block_size.filter(|&size| size > 0),
+        ..KvEventsSpec::new(endpoint)
+    })
+}
+
 /// Learns the engines of the workers of `models` (each with its tokenization) and keeps each
-/// model's rules following them.
+/// model's rules following them; and subscribes the workers of `prefix_models` to the KV
+/// events their engines advertise.
 #[derive(Debug)]
 pub(crate) struct EngineLearner {
     models: Vec<(ModelId, Arc<Tokenization>)>,
@@ -42,11 +84,78 @@ pub(crate) struct EngineLearner {
     asked: Mutex<HashSet<(WorkerId, u64)>>,
     /// Models whose workers were last seen running different engines.
     mixed: Mutex<HashSet<ModelId>>,
+    /// Models whose policies read cached prefixes.
+    prefix_models: Vec<ModelId>,
+    /// Workers whose engines answered what they publish, by incarnation.
+    advertised: Mutex<HashSet<(WorkerId, u64)>>,
 }
 
 impl EngineLearner {
-    pub(crate) fn new(models: Vec<(ModelId, Arc<Tokenization>)>) -> Self {
-        Self { models, asked: Mutex::default(), mixed: Mutex::default() }
+    pub(crate) fn new(
+        models: Vec<(ModelId, Arc<Tokenization>)>,
+        prefix_models: Vec<ModelId>,
+    ) -> Self {
+        Self {
+            models,
+            asked: Mutex::default(),
+            mixed: Mutex::default(),
+            prefix_models,
+            advertised: Mutex::default(),
+        }
+    }
+
+    /// Whether there is anything to learn.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.models.is_empty() && self.prefix_models.is_empty()
+    }
+
+    /// Subscribes the healthy workers of the prefix models that have no KV events and no
+    /// block size to the publishers their engines advertise.
+    async fn subscribe_advertised(
+        &self,
+        workers: &[Arc<Worker>],
+        registry: &WorkerRegistry,
+        forwarder: &Forwarder,
+        timeout: Duration,
+    ) {
+        self.advertised.lock().retain(|(id, incarnation)| {
+            workers.iter().any(|w| w.id() == id && w.incarnation() == *incarnation)
+        });
+        let unknown = workers.iter().filter(|w| {
+            w.is_healthy()
+                && w.kv_events().is_none()
+                && w.block_size().is_none()
+                && self.prefix_models.iter().any(|m| w.serves(m))
+                && !self.advertised.lock().contains(&(w.id().clone(), w.incarnation()))
+        });
+        for worker in unknown {
+            let Some((status, body)) = forwarder.get(worker, "/get_server_info", timeout).await
+            else {
+                continue;
+            };
+            self.advertised.lock().insert((worker.id().clone(), worker.incarnation()));
+            let info = serde_json::from_slice::<Value>(&body).ok().filter(|_| status.is_success());
+            let host = http::Uri::try_from(worker.url()).ok().and_then(|uri| {
+                uri.host().map(|host| host.trim_start_matches('[').trim_end_matches(']').to_owned())
+            });
+            let (Some(info), Some(host)) = (info, host) else { continue };
+            let Some(spec) = advertised_kv_events(&info, &host) else { continue };
+            let endpoint = spec.endpoint.clone();
+            match worker.with_kv_events(spec).map(|subscribed| registry.replace(subscribed)) {
+                Ok(Ok(subscribed)) => tracing::info!(
+                    worker = %worker.id(),
+                    endpoint,
+                    block_size = subscribed.block_size(),
+                    "subscribing to the KV events the engine advertises"
+                ),
+                Ok(Err(err)) | Err(err) => tracing::warn!(
+                    worker = %worker.id(),
+                    endpoint,
+                    error = %err,
+                    "the engine advertises KV events the router cannot subscribe to"
+                ),
+            }
+        }
     }
 
     /// Asks the healthy workers whose engine nobody named, then sets each model's rules.
@@ -57,6 +166,9 @@ impl EngineLearner {
         timeout: Duration,
     ) {
         let workers = registry.workers();
+        if !self.prefix_models.is_empty() {
+            self.subscribe_advertised(&workers, registry, forwarder, timeout).await;
+        }
         // Workers that left (or came back as another incarnation) are forgotten.
         self.asked.lock().retain(|(id, incarnation)| {
             workers.iter().any(|w| w.id() == id && w.incarnation() == *incarnation)
@@ -147,6 +259,30 @@ mod tests {
         ];
         for (info, version, expected) in cases {
             assert_eq!(detect(info, version), expected, "{info:?} {version:?}");
+        }
+    }
+
+    #[test]
+    fn an_advertised_publisher_is_reached_at_the_engine_host() {
+        // As SGLang launched with --kv-events-config '{"publisher": "zmq", ...}' answers.
+        let config = json!({"publisher": "zmq", "endpoint": "tcp://*:5557",
+                            "replay_endpoint": "tcp://0.0.0.0:5558", "topic": "kv"});
+        let info = json!({"page_size": 32, "kv_events_config": config.to_string()});
+        let spec = advertised_kv_events(&info, "10.0.0.7").expect("advertised");
+        assert_eq!(spec.endpoint, "tcp://10.0.0.7:5557");
+        assert_eq!(spec.replay_endpoint.as_deref(), Some("tcp://10.0.0.7:5558"));
+        assert_eq!((spec.topic.as_str(), spec.block_size), ("kv", Some(32)));
+        let named = json!({"kv_events_config": {"endpoint": "tcp://192.168.1.2:6000"}});
+        let spec = advertised_kv_events(&named, "10.0.0.7").expect("an object works too");
+        assert_eq!((spec.endpoint.as_str(), spec.block_size), ("tcp://192.168.1.2:6000", None));
+        for silent in [
+            json!({"page_size": 1}),
+            json!({"kv_events_config": null}),
+            json!({"kv_events_config": "{\"publisher\": \"null\", \"endpoint\": \"tcp://*:1\"}"}),
+            json!({"kv_events_config": "not json"}),
+            json!({"kv_events_config": "{\"publisher\": \"zmq\"}"}),
+        ] {
+            assert!(advertised_kv_events(&silent, "h").is_none(), "{silent}");
         }
     }
 }

@@ -9,7 +9,9 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Parser;
 use router_server::app::AppContext;
-use router_server::config::{Cli, Command, ConfigFile, reject_dropped_options, summary};
+use router_server::config::{
+    Cli, Command, ConfigFile, Positions, read_located, reject_dropped_options, screen, summary,
+};
 use router_server::server::Serving;
 
 /// mimalloc instead of the system allocator: a request allocates and frees many small buffers
@@ -19,11 +21,23 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    if let Err(message) = reject_dropped_options(&args[1..]) {
+    // The incumbents' flags first: each is honoured, ignored with a warning, or refused with
+    // its replacement, never met by clap's generic "unexpected argument".
+    let screened = match screen(&args) {
+        Ok(screened) => screened,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    for warning in &screened.warnings {
+        eprintln!("warning: {warning}");
+    }
+    if let Err(message) = reject_dropped_options(&screened.args[1..]) {
         eprintln!("error: {message}");
         return ExitCode::from(2);
     }
-    let cli = Cli::parse();
+    let cli = Cli::parse_from(&screened.args);
     if let Err(message) = cli.check() {
         eprintln!("error: {message}");
         return ExitCode::from(2);
@@ -60,28 +74,31 @@ async fn run(cli: Cli) -> Result<ExitCode> {
 }
 
 fn check_config(file: &std::path::Path) -> ExitCode {
-    let config = match ConfigFile::load(file) {
-        Ok(config) => config,
+    let text = match std::fs::read_to_string(file) {
+        Ok(text) => text,
         Err(err) => {
-            // With its causes: "reading f.yaml: No such file or directory (os error 2)".
-            eprintln!("error: {:#}", anyhow::Error::new(err));
+            // "reading f.yaml: No such file or directory (os error 2)".
+            eprintln!("error: reading {}: {err}", file.display());
             return ExitCode::FAILURE;
         }
     };
-    match AppContext::build(&config) {
-        Ok(ctx) => {
-            println!("{}: ok", file.display());
-            print!("{}", summary(ctx.models(), ctx.registry()));
-            ExitCode::SUCCESS
-        }
-        Err(problems) => {
-            for problem in &problems {
-                eprintln!("error: {problem}");
+    // Every problem, each at its line and column: those of reading, else those of building.
+    let located = match read_located(&text) {
+        Ok(config) => match AppContext::build(&config) {
+            Ok(ctx) => {
+                println!("{}: ok", file.display());
+                print!("{}", summary(ctx.models(), ctx.registry()));
+                return ExitCode::SUCCESS;
             }
-            eprintln!("{}: {} problem(s)", file.display(), problems.len());
-            ExitCode::FAILURE
-        }
+            Err(problems) => Positions::of(&text).locate(problems),
+        },
+        Err(located) => located,
+    };
+    for problem in &located {
+        eprintln!("error: {}:{problem}", file.display());
     }
+    eprintln!("{}: {} problem(s)", file.display(), located.len());
+    ExitCode::FAILURE
 }
 
 async fn serve(

@@ -204,6 +204,11 @@ const DESCRIPTIONS: &[(&str, Kind, &str)] = &[
         "Unexpired predicted entries (blocks just dispatched, not yet confirmed by the engine).",
     ),
     (
+        "router_kv_approximate_blocks",
+        Kind::Gauge,
+        "Unexpired approximate entries (blocks dispatched to engines without KV events).",
+    ),
+    (
         "router_epp_streams_total",
         Kind::Counter,
         "Endpoint picker: ext_proc streams opened, by the filter's request body mode.",
@@ -663,9 +668,11 @@ pub(crate) fn cache_matched_tokens(sources: &[(&'static str, MatchedTokens)]) ->
     out
 }
 
-/// Unexpired predicted blocks (set at scrape time): the router's guesses, not engine truth.
-pub(crate) fn predicted_blocks(blocks: u64) {
-    gauge!("router_kv_predicted_blocks").set(blocks as f64);
+/// Unexpired predicted and approximate blocks (set at scrape time): the router's guesses, not
+/// engine truth.
+pub(crate) fn predicted_blocks(blocks: router_state_kv::PredictedBlocks) {
+    gauge!("router_kv_predicted_blocks").set(blocks.predicted as f64);
+    gauge!("router_kv_approximate_blocks").set(blocks.approximate as f64);
 }
 
 /// A chat request routed without a prefix lookup although its model has a tokenizer: it has
@@ -945,7 +952,7 @@ mod tests {
         kv_worker("help-w", &[("blocks", 1)]);
         kv_index(1, 1);
         cache_lookups("help-source", &SourceStats::default());
-        predicted_blocks(1);
+        predicted_blocks(router_state_kv::PredictedBlocks { predicted: 1, approximate: 2 });
         refused("help-reason");
         rate_limited("help-key", "requests");
         breaker_transition("help-w", "closed", "open");

@@ -26,6 +26,6 @@ pub use index::{
     WRITE_CHUNK,
 };
 pub use medium::Medium;
-pub use predicted::{PredictionConfig, Predictions};
+pub use predicted::{PredictedBlocks, PredictionConfig, Predictions};
 pub use skip::{SkipCounts, SkipReason};
 pub use subscribe::{KvStats, KvSubscriptions, RankSnapshot, SubscriptionConfig, WorkerSummary};

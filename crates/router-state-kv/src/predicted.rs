@@ -17,6 +17,15 @@
 //!   fleet ([`Predictions::forget`], [`Predictions::clear`], [`Predictions::remove_worker`]);
 //! - beyond [`PredictionConfig::max_blocks_per_worker`], oldest first.
 //!
+//! An engine with no KV events (no endpoint configured, advertised or discovered) has no
+//! truth to wait for: the router's own dispatches are its only picture of that engine's
+//! cache, as in sglang-router's cache-aware mode over plain URLs. Its dispatches are recorded
+//! as *approximate* entries ([`Predictions::record_approximate`]), which live
+//! [`PredictionConfig::approximate_ttl`] and share [`PredictionConfig::approximate_max_blocks`]
+//! evenly between the (model, engine) pairs that hold them. An engine that gains KV events
+//! (a new incarnation with an endpoint) drops its approximate entries at its first record
+//! ahead of events: from then on its events are the truth.
+//!
 //! Every method takes the current instant, so the rules are tested without a clock.
 
 use std::collections::{HashMap, VecDeque};
@@ -35,12 +44,44 @@ pub struct PredictionConfig {
     pub ttl: Duration,
     /// Most blocks remembered per (model, worker); older records are dropped first.
     pub max_blocks_per_worker: usize,
+    /// How long a dispatch counts on an engine without KV events ([`Duration::ZERO`]: the
+    /// router keeps no picture of such engines).
+    pub approximate_ttl: Duration,
+    /// Most approximate blocks remembered over every (model, worker), shared evenly between
+    /// those holding any; older records are dropped first.
+    pub approximate_max_blocks: usize,
 }
 
 impl Default for PredictionConfig {
     fn default() -> Self {
-        Self { ttl: Duration::from_secs(5), max_blocks_per_worker: 1 << 16 }
+        Self {
+            ttl: Duration::from_secs(5),
+            max_blocks_per_worker: 1 << 16,
+            approximate_ttl: Duration::from_secs(120),
+            approximate_max_blocks: 1_000_000,
+        }
     }
+}
+
+impl PredictionConfig {
+    /// Whether dispatches to engines with KV events are recorded.
+    fn ahead_of_events(&self) -> bool {
+        !self.ttl.is_zero() && self.max_blocks_per_worker > 0
+    }
+
+    /// Whether dispatches to engines without KV events are recorded.
+    fn approximate(&self) -> bool {
+        !self.approximate_ttl.is_zero() && self.approximate_max_blocks > 0
+    }
+}
+
+/// Unexpired entries, as `/admin/state` and `/metrics` count them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PredictedBlocks {
+    /// Blocks recorded ahead of an engine's KV events.
+    pub predicted: u64,
+    /// Blocks recorded on engines without KV events.
+    pub approximate: u64,
 }
 
 /// The predicted blocks of one (model, worker).
@@ -60,6 +101,11 @@ impl Entries {
             self.expiry.insert(hash, (expiry, rank));
             self.order.push_back((expiry, hash));
         }
+        self.trim(cap);
+    }
+
+    /// Drops the oldest records beyond `cap`.
+    fn trim(&mut self, cap: usize) {
         while self.order.len() > cap {
             self.pop_oldest();
         }
@@ -102,13 +148,21 @@ impl Entries {
 
 type Key = (ModelId, WorkerId);
 
+/// The entries of one (model, worker) and what they stand for.
+#[derive(Debug, Default)]
+struct Slot {
+    /// Recorded on an engine without KV events ([`Predictions::record_approximate`]).
+    approximate: bool,
+    entries: Mutex<Entries>,
+}
+
 /// Predicted entries of every (model, worker). Shared as `Arc<Predictions>` between the
 /// dispatcher (which records), the prefix sources (which read) and the index (which
 /// contradicts).
 #[derive(Debug, Default)]
 pub struct Predictions {
     config: PredictionConfig,
-    workers: RwLock<HashMap<Key, Arc<Mutex<Entries>>>>,
+    workers: RwLock<HashMap<Key, Arc<Slot>>>,
 }
 
 impl Predictions {
@@ -117,12 +171,37 @@ impl Predictions {
         Self { config, workers: RwLock::new(HashMap::new()) }
     }
 
-    fn entries(&self, model: &ModelId, worker: &WorkerId) -> Arc<Mutex<Entries>> {
+    /// The slot of (`model`, `worker`) for records of kind `approximate`, and the share of
+    /// `approximate_max_blocks` each approximate slot may hold. A slot of the other kind is
+    /// replaced (its records were of a picture that no longer holds); a new approximate slot
+    /// trims every other to the smaller share, so that together they stay within the bound.
+    fn slot(&self, model: &ModelId, worker: &WorkerId, approximate: bool) -> (Arc<Slot>, usize) {
         let key = (model.clone(), worker.clone());
-        if let Some(found) = self.workers.read().get(&key) {
-            return Arc::clone(found);
+        let share = |holders: usize| (self.config.approximate_max_blocks / holders.max(1)).max(1);
+        {
+            let workers = self.workers.read();
+            if let Some(found) = workers.get(&key).filter(|s| s.approximate == approximate) {
+                let holders = workers.values().filter(|s| s.approximate).count();
+                return (Arc::clone(found), share(holders));
+            }
         }
-        Arc::clone(self.workers.write().entry(key).or_default())
+        let mut workers = self.workers.write();
+        let fresh = Arc::new(Slot { approximate, ..Slot::default() });
+        let slot = Arc::clone(workers.entry(key).or_insert_with(|| Arc::clone(&fresh)));
+        let slot = match slot.approximate == approximate {
+            true => slot,
+            false => {
+                workers.insert((model.clone(), worker.clone()), Arc::clone(&fresh));
+                fresh
+            }
+        };
+        let share = share(workers.values().filter(|s| s.approximate).count());
+        if approximate {
+            for other in workers.values().filter(|s| s.approximate) {
+                other.entries.lock().trim(share);
+            }
+        }
+        (slot, share)
     }
 
     /// Records that `worker` is about to hold the blocks `hashes` (a prompt's local block
@@ -152,20 +231,40 @@ impl Predictions {
         hashes: &[u64],
         now: Instant,
     ) {
-        if hashes.is_empty() || self.config.max_blocks_per_worker == 0 {
+        if hashes.is_empty() || !self.config.ahead_of_events() {
             return;
         }
-        let entries = self.entries(model, worker);
-        let mut entries = entries.lock();
+        let (slot, _) = self.slot(model, worker, false);
+        let mut entries = slot.entries.lock();
         entries.prune(now);
         entries.record(hashes, rank, now + self.config.ttl, self.config.max_blocks_per_worker);
+    }
+
+    /// Records that `worker`, an engine without KV events, was sent the blocks `hashes` of
+    /// `model` (on data-parallel rank `rank` when the router chose one): it is taken to hold
+    /// them until `now + approximate_ttl`, within its share of `approximate_max_blocks`.
+    pub fn record_approximate(
+        &self,
+        model: &ModelId,
+        worker: &WorkerId,
+        rank: Option<u32>,
+        hashes: &[u64],
+        now: Instant,
+    ) {
+        if hashes.is_empty() || !self.config.approximate() {
+            return;
+        }
+        let (slot, share) = self.slot(model, worker, true);
+        let mut entries = slot.entries.lock();
+        entries.prune(now);
+        entries.record(hashes, rank, now + self.config.approximate_ttl, share);
     }
 
     /// Leading blocks of `hashes` that `worker` is predicted to hold at `now`.
     pub fn leading(&self, model: &ModelId, worker: &WorkerId, hashes: &[u64], now: Instant) -> u32 {
         let key = (model.clone(), worker.clone());
-        let Some(entries) = self.workers.read().get(&key).map(Arc::clone) else { return 0 };
-        let (blocks, _) = entries.lock().leading(hashes, now);
+        let Some(slot) = self.workers.read().get(&key).map(Arc::clone) else { return 0 };
+        let (blocks, _) = slot.entries.lock().leading(hashes, now);
         u32::try_from(blocks).unwrap_or(u32::MAX)
     }
 
@@ -184,16 +283,16 @@ impl Predictions {
         if hashes.is_empty() {
             return matches;
         }
-        let candidates: Vec<(WorkerId, Arc<Mutex<Entries>>)> = self
+        let candidates: Vec<(WorkerId, Arc<Slot>)> = self
             .workers
             .read()
             .iter()
             .filter(|((m, _), _)| m == model)
-            .map(|((_, w), entries)| (w.clone(), Arc::clone(entries)))
+            .map(|((_, w), slot)| (w.clone(), Arc::clone(slot)))
             .collect();
         let mut changed = false;
-        for (worker, entries) in candidates {
-            let mut entries = entries.lock();
+        for (worker, slot) in candidates {
+            let mut entries = slot.entries.lock();
             // What the index holds is engine truth: predictions of it are replaced. The
             // prediction goes on from there (the blocks a burst's first request will store
             // after the ones every prompt shares, such as its chat template's opening).
@@ -227,8 +326,8 @@ impl Predictions {
     /// The engine removed these blocks (local hashes): they are no longer predicted.
     pub fn forget(&self, model: &ModelId, worker: &WorkerId, hashes: &[u64]) {
         let key = (model.clone(), worker.clone());
-        if let Some(entries) = self.workers.read().get(&key) {
-            entries.lock().forget(hashes);
+        if let Some(slot) = self.workers.read().get(&key) {
+            slot.entries.lock().forget(hashes);
         }
     }
 
@@ -242,15 +341,26 @@ impl Predictions {
         self.workers.write().retain(|(_, w), _| w != worker);
     }
 
-    /// Unexpired predicted blocks over every model and worker at `now` (for `/admin/state`;
-    /// drops what expired on the way).
-    pub fn blocks(&self, now: Instant) -> u64 {
+    /// Whether `worker`'s picture in `model` is approximate: it holds entries recorded
+    /// without KV events.
+    pub fn is_approximate(&self, model: &ModelId, worker: &WorkerId) -> bool {
+        let key = (model.clone(), worker.clone());
+        self.workers.read().get(&key).is_some_and(|slot| slot.approximate)
+    }
+
+    /// Unexpired blocks over every model and worker at `now`, by kind (for `/admin/state`
+    /// and `/metrics`; drops what expired on the way).
+    pub fn blocks(&self, now: Instant) -> PredictedBlocks {
         let mut workers = self.workers.write();
-        let mut total = 0;
-        workers.retain(|_, entries| {
-            let mut entries = entries.lock();
+        let mut total = PredictedBlocks::default();
+        workers.retain(|_, slot| {
+            let mut entries = slot.entries.lock();
             entries.prune(now);
-            total += entries.expiry.len() as u64;
+            let held = entries.expiry.len() as u64;
+            match slot.approximate {
+                true => total.approximate += held,
+                false => total.predicted += held,
+            }
             !entries.is_empty()
         });
         total

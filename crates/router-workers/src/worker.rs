@@ -539,6 +539,52 @@ impl Worker {
         Self::from_spec(&spec, vec![model.clone()])
     }
 
+    /// This worker as its engine advertises itself: the same engine publishing KV events at
+    /// `kv_events` (its block size, else this worker's, else [`DEFAULT_BLOCK_SIZE`]), as a new
+    /// incarnation to [`crate::WorkerRegistry::replace`] this one with. Health, drain and the
+    /// learned engine carry over.
+    pub fn with_kv_events(&self, kv_events: KvEventsSpec) -> Result<Self, WorkerError> {
+        let id = self.id.clone();
+        validate_zmq_endpoint(&id, &kv_events.endpoint)?;
+        if let Some(replay) = &kv_events.replay_endpoint {
+            validate_zmq_endpoint(&id, replay)?;
+        }
+        let block_size = match (self.block_size, kv_events.block_size) {
+            (Some(worker), Some(events)) if worker != events => {
+                return Err(WorkerError::ConflictingBlockSize { id, worker, events });
+            }
+            (Some(size), _) | (None, Some(size)) => size,
+            (None, None) => DEFAULT_BLOCK_SIZE,
+        };
+        if block_size == 0 {
+            return Err(WorkerError::ZeroBlockSize { id });
+        }
+        Ok(Self {
+            id,
+            id_header: self.id_header.clone(),
+            url: self.url.clone(),
+            address: self.address.clone(),
+            models: self.models.clone(),
+            stage: self.stage,
+            bootstrap_port: self.bootstrap_port,
+            dp_size: self.dp_size,
+            dp_route: self.dp_route,
+            block_size: Some(block_size),
+            kv_events: Some(kv_events),
+            load_reporter: self.load_reporter.clone(),
+            load_poll: self.load_poll.clone(),
+            labels: self.labels.clone(),
+            api_key: self.api_key.clone(),
+            origin: self.origin.clone(),
+            incarnation: NEXT_INCARNATION.fetch_add(1, Ordering::Relaxed),
+            healthy: AtomicBool::new(self.is_healthy()),
+            drained: AtomicBool::new(self.is_drained()),
+            reported_status: AtomicU8::new(EngineStatus::Unknown.to_bits()),
+            engine: self.engine,
+            learned_engine: AtomicU8::new(self.learned_engine.load(Ordering::Relaxed)),
+        })
+    }
+
     /// This worker, coming from `origin` instead of the configuration.
     pub fn with_origin(self, origin: WorkerOrigin) -> Self {
         Self { origin, ..self }

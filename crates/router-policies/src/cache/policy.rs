@@ -8,7 +8,7 @@ use router_state_load::{EngineLoad, Inflight, LoadSnapshot};
 use router_workers::{Stage, Worker};
 
 use super::prefixes::Prefixes;
-use super::source::CacheSource;
+use super::source::{BlockSize, CacheSource};
 use crate::admission::{Rejection, rejection};
 use crate::pressure::{Comparison, NativePressure, PressureKey};
 use crate::sampler::Sampler;
@@ -22,9 +22,9 @@ use crate::{
 ///
 /// 1. **Lookup**, once per prepared request per source and block size ([`PrefixMemo`]): the
 ///    candidates' block size is their worker's ([`crate::BlockSize::of`]: its `block_size`, or
-///    its KV events'; candidates with neither cannot hold cached blocks). No lookup happens when
-///    no candidate has a block size or the input is shorter than the minimum hit (nothing could
-///    hit: a miss). A request without token ids, or a backend that is busy, timed out,
+///    its KV events'; candidates with neither are pictured from the router's own dispatches,
+///    approximate mode). No lookup happens when the input is shorter than the minimum hit
+///    (nothing could hit: a miss). A request without token ids, or a backend that is busy, timed out,
 ///    unreachable or malformed, is *unavailable*: the fallback runs with
 ///    [`PickReason::CacheUnavailable`] instead of [`PickReason::CacheMiss`].
 /// 2. **Hits**: matched tokens = leading blocks held x block size, capped at the input; a hit
@@ -45,7 +45,8 @@ use crate::{
 ///    `pressure_abs_threshold_ms` set and queue-time estimates on both,
 ///    `leader_ms - other_ms > abs_ms` and `leader_ms > other_ms x rel`; otherwise the same on
 ///    waiting uncached tokens with `pressure_abs_threshold_tokens` (native reports on both;
-///    without them nobody is more pressured). Reason [`PickReason::CacheHit`].
+///    without them nobody is more pressured). Reason [`PickReason::CacheHit`], or
+///    [`PickReason::CacheApproximate`] for an engine pictured from dispatches alone.
 /// 7. **Saturation** (gated holders left, no winner): without `saturation_queue_floor`, when
 ///    every engine of the group is queued, the winner rule runs over the gated holders (keep
 ///    the prefix; the wait is the same anywhere). With a floor, when no engine has a fresh
@@ -209,7 +210,11 @@ impl CacheAwarePolicy {
         let (queued, unqueued): (Vec<Hit>, Vec<Hit>) =
             hits.into_iter().partition(|h| attempt.queued(h.index));
         if let Some(index) = self.winner(&mut attempt, &unqueued)? {
-            return Ok(Pick::new(Arc::clone(&engines[index]), PickReason::CacheHit));
+            let reason = match BlockSize::is_approximate(&engines[index]) {
+                true => PickReason::CacheApproximate,
+                false => PickReason::CacheHit,
+            };
+            return Ok(Pick::new(Arc::clone(&engines[index]), reason));
         }
         if !queued.is_empty() {
             let pinned = match self.settings.saturation_queue_floor {

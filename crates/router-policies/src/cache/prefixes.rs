@@ -18,8 +18,7 @@ pub(crate) struct Prefixes {
 
 impl Prefixes {
     /// The lookups a pick over `engines` needs, through the request's memo: one per distinct
-    /// block size of the candidates ([`BlockSize::of`]; candidates without one cannot hold
-    /// cached blocks). Nothing is looked up when no candidate has a block size or the input
+    /// block size of the candidates ([`BlockSize::of`]). Nothing is looked up when the input
     /// is shorter than `min_hit` tokens (nothing could hit). A request without token ids, or a
     /// backend that cannot answer, is *unavailable*.
     pub(crate) async fn look_up(
@@ -30,7 +29,7 @@ impl Prefixes {
     ) -> Result<Self, PickError> {
         let mut out = Self::default();
         let mut sizes: Vec<BlockSize> = Vec::new();
-        for size in engines.iter().filter_map(|e| BlockSize::of(e)) {
+        for size in engines.iter().map(|e| BlockSize::of(e)) {
             if !sizes.contains(&size) {
                 sizes.push(size);
             }
@@ -58,14 +57,14 @@ impl Prefixes {
         Ok(out)
     }
 
-    /// Leading tokens `worker` holds (0 without a block size or a lookup for it).
+    /// Leading tokens `worker` holds (0 without a lookup for it).
     pub(crate) fn matched(&self, worker: &Worker) -> u64 {
         self.held(worker).map_or(0, |held| held.tokens)
     }
 
     /// The prefix `worker` holds and the rank holding it, if it holds any.
     pub(crate) fn held(&self, worker: &Worker) -> Option<HeldPrefix> {
-        let block_size = BlockSize::of(worker)?;
+        let block_size = BlockSize::of(worker);
         self.found
             .iter()
             .find(|(size, _)| *size == block_size)

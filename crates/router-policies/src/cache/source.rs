@@ -23,10 +23,21 @@ impl BlockSize {
         NonZeroU32::new(tokens).map(Self)
     }
 
-    /// The block size of `worker` (its own, or its KV events'); `None` when it has neither
-    /// (it then cannot be known to hold cached blocks).
-    pub fn of(worker: &Worker) -> Option<Self> {
-        worker.block_size().and_then(Self::new)
+    /// The blocks the router hashes prompts in for an engine that declares no block size and
+    /// publishes no KV events: its cache is pictured from the router's own dispatches
+    /// (approximate mode), so any fixed size works; 16 tokens, or 64 bytes of text where a
+    /// prompt's ids are its bytes four at a time ([`crate::RequestTokens::from_text`]).
+    pub const APPROXIMATE: BlockSize = BlockSize(NonZeroU32::new(16).expect("non-zero"));
+
+    /// The block size of `worker`: its own, or its KV events', else [`BlockSize::APPROXIMATE`].
+    pub fn of(worker: &Worker) -> Self {
+        worker.block_size().and_then(Self::new).unwrap_or(Self::APPROXIMATE)
+    }
+
+    /// Whether the router knows `worker`'s cache only from its own dispatches: it has neither a
+    /// block size nor KV events, so no index or indexer can hold its blocks.
+    pub fn is_approximate(worker: &Worker) -> bool {
+        worker.block_size().is_none()
     }
 
     /// Tokens per block.

@@ -49,7 +49,7 @@ fn a_dispatch_counts_the_expected_work_and_predicts_tokenized_blocks() {
         ("no look: the whole input", "sized", Stage::Prefill, None, None, 100, 0),
         ("decode: no prefill work and no prediction", "sized", Stage::Decode, Some(30), Some(&tokens), 0, 0),
         ("a tokenized request: its four blocks predicted", "sized", Stage::Plain, None, Some(&tokens), 100, 4),
-        ("no block size, no prediction", "unsized", Stage::Plain, None, Some(&tokens), 100, 0),
+        ("no block size and no policy reading prefixes: nothing remembered", "unsized", Stage::Plain, None, Some(&tokens), 100, 0),
     ];
     for (name, worker, stage, uncached, tokens, work, predicted) in cases {
         let ctx = context(&format!("models:\n{}", model_yaml("m", workers)));
@@ -60,7 +60,7 @@ fn a_dispatch_counts_the_expected_work_and_predicts_tokenized_blocks() {
         let guard = ctx.dispatched(&model, &pick, stage, None, 100, tokens);
         assert_eq!(ctx.inflight().count_stage(&id, stage), 1, "{name}");
         assert_eq!(ctx.inflight().inflight_tokens(&id), work, "{name}");
-        let blocks = ctx.predictions().expect("on by default").blocks(Instant::now());
+        let blocks = ctx.predictions().expect("on by default").blocks(Instant::now()).predicted;
         assert_eq!(blocks, predicted, "{name}");
         drop(guard);
         assert_eq!(

@@ -123,6 +123,41 @@ pub struct ServeArgs {
     /// Quick start: tokenizer.json for the model.
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
+    /// Quick start: the model's tokenizer as sglang-router and smg name it: a `tokenizer.json`,
+    /// or a local directory holding one (nothing is downloaded).
+    #[arg(long, value_name = "PATH", visible_alias = "tokenizer-path")]
+    pub model_path: Option<PathBuf>,
+    /// Quick start: the model's chat template file (`models[].chat_template`).
+    #[arg(long, value_name = "FILE")]
+    pub chat_template: Option<PathBuf>,
+    /// Quick start: the engines' runtime, `sglang` or `vllm` (`models[].engine`).
+    #[arg(long, value_name = "NAME")]
+    pub backend: Option<String>,
+    /// Quick start: each engine's data-parallel size, ranks chosen by the router and named in
+    /// vLLM's `X-data-parallel-rank` header (`dp_size`, `dp_route: header`).
+    #[arg(long, value_name = "N")]
+    pub intra_node_data_parallel_size: Option<u32>,
+    /// Quick start: `URL=ENDPOINT`, the KV-event publisher of the engine at URL. Repeatable.
+    #[arg(long, value_name = "URL=ENDPOINT", action = clap::ArgAction::Append)]
+    pub kv_event_source: Vec<String>,
+    /// Quick start: `URL=ENDPOINT`, the KV replay endpoint of the engine at URL. Repeatable.
+    #[arg(long, value_name = "URL=ENDPOINT", action = clap::ArgAction::Append)]
+    pub kv_event_replay_source: Vec<String>,
+    /// Quick start: tokens per KV block of the engines given `--kv-event-source`.
+    #[arg(long, value_name = "N")]
+    pub kv_event_block_size: Option<u32>,
+    /// Quick start: `cache_aware` hits need this share of the prompt cached
+    /// (`cache_affinity_min_matched_ratio`).
+    #[arg(long, value_name = "RATIO", visible_alias = "cache-match-threshold")]
+    pub cache_threshold: Option<f64>,
+    /// Quick start: the header the routing key is read from (`affinity.routing_key_header`;
+    /// the first of several).
+    #[arg(long, num_args = 1.., value_name = "HEADER")]
+    pub routing_key_headers: Vec<String>,
+    /// Quick start: routing-key bindings unused this long expire
+    /// (`affinity.sticky_idle_timeout_secs`).
+    #[arg(long, value_name = "SECS", visible_alias = "sticky-key-idle-secs")]
+    pub max_idle_secs: Option<u64>,
     /// Quick start: `overloaded` caps router-local in-flight requests per engine.
     #[arg(long, value_name = "NAME")]
     pub filter: Vec<String>,
@@ -318,6 +353,16 @@ impl ServeArgs {
             ("--policy-arg", !s.policy_args.is_empty(), true),
             ("--affinity-mode", s.affinity_mode.is_some(), true),
             ("--dp-aware", s.dp_aware, true),
+            ("--model-path", s.model_path.is_some(), true),
+            ("--chat-template", s.chat_template.is_some(), true),
+            ("--backend", s.backend.is_some(), true),
+            ("--intra-node-data-parallel-size", s.intra_node_data_parallel_size.is_some(), true),
+            ("--kv-event-source", !s.kv_event_source.is_empty(), true),
+            ("--kv-event-replay-source", !s.kv_event_replay_source.is_empty(), true),
+            ("--kv-event-block-size", s.kv_event_block_size.is_some(), true),
+            ("--cache-threshold", s.cache_threshold.is_some(), true),
+            ("--routing-key-headers", !s.routing_key_headers.is_empty(), true),
+            ("--max-idle-secs", s.max_idle_secs.is_some(), true),
             ("--service-discovery", s.service_discovery, false),
         ]
         .into_iter()
@@ -437,7 +482,7 @@ impl ServeArgs {
                 other => return Err(format!("--filter {other}: unknown filter (overloaded)")),
             }
         }
-        let group = |flag: &str, policy: Option<&str>| -> Result<GroupConfig, String> {
+        let group = |policy: Option<&str>| -> Result<GroupConfig, String> {
             let mut map = Map::new();
             map.insert("type".into(), dropin::policy_alias(policy.unwrap_or("round_robin")).into());
             for arg in &self.policy_args {
@@ -450,18 +495,13 @@ impl ServeArgs {
             if let Some(cap) = inflight_cap {
                 map.insert("admission".into(), json!({"max_inflight_requests": cap}));
             }
+            if let (Some(ratio), Some("cache_aware")) =
+                (self.cache_threshold, map.get("type").and_then(Value::as_str))
+            {
+                map.insert("cache_affinity_min_matched_ratio".into(), json!(ratio));
+            }
             let policy: PolicyConfig = serde_json::from_value(Value::Object(map))
                 .map_err(|err| format!("quick-start policy: {err}"))?;
-            if policy.prefix_provider().is_some() {
-                return Err(format!(
-                    "{flag} {} reads what the engines have cached, which quick-start flags \
-                     cannot declare (KV events, or block sizes for a remote indexer): write a \
-                     configuration file whose model has a tokenizer and whose workers carry \
-                     kv_events: {{endpoint: \"tcp://HOST:PORT\"}} (docs/configuration.md), and \
-                     serve it with --config; or use power_of_two or load_based",
-                    policy.policy_type()
-                ));
-            }
             Ok(GroupConfig { worker_ids: None, policy })
         };
         let mut workers = Vec::new();
@@ -501,12 +541,12 @@ impl ServeArgs {
                 plain: None,
                 pd: Some(PdGroupsConfig {
                     prefill: match &self.prefill_policy {
-                        Some(name) => group("--prefill-policy", Some(name))?,
-                        None => group("--policy", self.policy.as_deref())?,
+                        Some(name) => group(Some(name))?,
+                        None => group(self.policy.as_deref())?,
                     },
                     decode: match &self.decode_policy {
-                        Some(name) => group("--decode-policy", Some(name))?,
-                        None => group("--policy", self.policy.as_deref())?,
+                        Some(name) => group(Some(name))?,
+                        None => group(self.policy.as_deref())?,
                     },
                     // Quick-start engines are bare URLs: no labels to pair on.
                     pair_on: Vec::new(),
@@ -516,7 +556,7 @@ impl ServeArgs {
             for (i, url) in self.worker_urls.iter().enumerate() {
                 workers.push(spec(format!("worker-{}", i + 1), url, Stage::Plain, None));
             }
-            GroupsConfig { plain: Some(group("--policy", self.policy.as_deref())?), pd: None }
+            GroupsConfig { plain: Some(group(self.policy.as_deref())?), pd: None }
         };
         if self.dp_aware {
             // dp_size is learned from the engines before serving (`learn_dp_sizes`).
@@ -524,13 +564,47 @@ impl ServeArgs {
                 worker.dp_route = Some(DpRoute::Body);
             }
         }
+        if let Some(size) = self.intra_node_data_parallel_size.filter(|&size| size > 1) {
+            for worker in &mut workers {
+                worker.dp_size = size;
+                worker.dp_route = Some(DpRoute::Header);
+            }
+        }
+        self.static_kv_events(&mut workers)?;
+        let mut affinity = super::file::AffinitySection::default();
+        if let Some(header) = self.routing_key_headers.first() {
+            affinity.routing_key_header = header.to_ascii_lowercase();
+        }
+        affinity.sticky_idle_timeout_secs =
+            self.max_idle_secs.or(affinity.sticky_idle_timeout_secs);
+        let engine = match self.backend.as_deref() {
+            None => None,
+            Some("sglang") => Some(router_workers::EngineKind::Sglang),
+            Some("vllm") => Some(router_workers::EngineKind::Vllm),
+            Some(other) => {
+                return Err(format!(
+                    "--backend {other}: the router speaks to SGLang and vLLM engines over HTTP \
+                     (--backend sglang or vllm)"
+                ));
+            }
+        };
+        let tokenizer = match (&self.tokenizer, &self.model_path) {
+            (Some(_), Some(_)) => {
+                return Err("--tokenizer and --model-path (--tokenizer-path) both name the \
+                            tokenizer: give one"
+                    .into());
+            }
+            (Some(file), None) => Some(file.clone()),
+            (None, Some(path)) => Some(local_tokenizer(path)?),
+            (None, None) => None,
+        };
         let mut config = ConfigFile::default();
         config.models.push(ModelConfig {
             id: self.model.clone().unwrap_or_else(|| super::ANY_MODEL.to_owned()),
-            tokenizer: self.tokenizer.clone(),
-            chat_template: None,
-            engine: Default::default(),
-            affinity: Default::default(),
+            tokenizer,
+            chat_template: self.chat_template.clone(),
+            engine,
+            affinity,
             ttft_slo: Default::default(),
             tps_slo: Default::default(),
             workers,
@@ -545,6 +619,72 @@ impl ServeArgs {
             }],
         });
         Ok(config)
+    }
+}
+
+impl ServeArgs {
+    /// `--kv-event-source URL=ENDPOINT` (and its replay and block size): the KV events of the
+    /// quick-start engine at URL, as vllm-router's static event sources give them.
+    fn static_kv_events(&self, workers: &mut [WorkerSpec]) -> Result<(), String> {
+        let pairs = |flag: &str, values: &[String]| -> Result<Vec<(String, String)>, String> {
+            values
+                .iter()
+                .map(|value| match value.split_once('=') {
+                    Some((url, endpoint)) if !endpoint.contains(',') => {
+                        Ok((url.trim_end_matches('/').to_owned(), endpoint.to_owned()))
+                    }
+                    Some(_) => Err(format!(
+                        "{flag} {value}: one endpoint per engine (data-parallel rank r \
+                         publishes at its port + r)"
+                    )),
+                    None => Err(format!("{flag} {value}: expected URL=ENDPOINT")),
+                })
+                .collect()
+        };
+        let sources = pairs("--kv-event-source", &self.kv_event_source)?;
+        let replays = pairs("--kv-event-replay-source", &self.kv_event_replay_source)?;
+        if sources.is_empty() && self.kv_event_block_size.is_some() {
+            return Err("--kv-event-block-size needs --kv-event-source".into());
+        }
+        fn worker_of<'w>(
+            workers: &'w mut [WorkerSpec],
+            flag: &str,
+            url: &str,
+        ) -> Result<&'w mut WorkerSpec, String> {
+            let found = workers.iter_mut().find(|w| w.url.trim_end_matches('/') == url);
+            found.ok_or_else(|| format!("{flag} {url}=...: no quick-start engine has that URL"))
+        }
+        for (url, endpoint) in sources {
+            let worker = worker_of(workers, "--kv-event-source", &url)?;
+            worker.kv_events = Some(router_workers::KvEventsSpec {
+                block_size: self.kv_event_block_size,
+                ..router_workers::KvEventsSpec::new(endpoint)
+            });
+        }
+        for (url, endpoint) in replays {
+            let worker = worker_of(workers, "--kv-event-replay-source", &url)?;
+            let Some(kv) = worker.kv_events.as_mut() else {
+                return Err(format!(
+                    "--kv-event-replay-source {url}=...: the engine has no --kv-event-source"
+                ));
+            };
+            kv.replay_endpoint = Some(endpoint);
+        }
+        Ok(())
+    }
+}
+
+/// The `tokenizer.json` that `--model-path` names: the file, or the one in the directory.
+fn local_tokenizer(path: &std::path::Path) -> Result<PathBuf, String> {
+    let file = if path.is_dir() { path.join("tokenizer.json") } else { path.to_path_buf() };
+    if file.is_file() {
+        Ok(file)
+    } else {
+        Err(format!(
+            "--model-path {}: no tokenizer.json there; the router downloads nothing: give a \
+             local tokenizer.json or its directory",
+            path.display()
+        ))
     }
 }
 
@@ -674,25 +814,81 @@ mod tests {
     }
 
     #[test]
-    fn a_quick_start_cannot_read_cached_prefixes_and_says_how_to_give_them() {
+    fn the_incumbents_quick_start_flags_build_their_keys() {
+        let dir = std::env::temp_dir().join(format!("router-model-path-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        std::fs::write(dir.join("tokenizer.json"), "{}").expect("file");
+        let line = format!(
+            "--worker-urls http://a:1 http://b:2 --policy kv_aware --cache-threshold 0.3 \
+             --model-path {} --chat-template t.jinja --backend vllm \
+             --intra-node-data-parallel-size 4 --routing-key-headers X-User x-other \
+             --sticky-key-idle-secs 90 --kv-event-source http://a:1=tcp://a:5557 \
+             --kv-event-replay-source http://a:1/=tcp://a:5558 --kv-event-block-size 32",
+            dir.display()
+        );
+        let config = parse(&line).serve.quick_start_config().expect("config");
+        let model = &config.models[0];
+        assert_eq!(model.tokenizer.as_deref(), Some(&*dir.join("tokenizer.json")));
+        assert_eq!(model.chat_template.as_deref(), Some(std::path::Path::new("t.jinja")));
+        assert_eq!(model.engine, Some(router_workers::EngineKind::Vllm));
+        assert_eq!(model.affinity.routing_key_header, "x-user", "the first header");
+        assert_eq!(model.affinity.sticky_idle_timeout_secs, Some(90));
+        let policy = &model.buckets[0].groups.plain.as_ref().expect("plain").policy;
+        let router_policies::PolicySettings::CacheAware(settings) = &policy.kind else {
+            panic!("kv_aware is cache_aware: {policy:?}");
+        };
+        assert_eq!(settings.cache_affinity_min_matched_ratio, Some(0.3));
+        let (a, b) = (&model.workers[0], &model.workers[1]);
+        assert_eq!((a.dp_size, a.dp_route), (4, Some(DpRoute::Header)));
+        let kv = a.kv_events.as_ref().expect("a's events");
+        assert_eq!(kv.endpoint, "tcp://a:5557");
+        assert_eq!(kv.replay_endpoint.as_deref(), Some("tcp://a:5558"));
+        assert_eq!(kv.block_size, Some(32));
+        assert!(b.kv_events.is_none(), "b has no source: approximate mode");
+        std::fs::remove_dir_all(&dir).ok();
+
         for (line, named) in [
-            ("--worker-urls http://a:1 --policy cache_aware", "--policy cache_aware"),
-            ("--worker-urls http://a:1 --policy predicted_ttft", "--policy predicted_ttft"),
+            ("--worker-urls http://a:1 --backend openai", "--backend openai"),
+            ("--worker-urls http://a:1 --model-path /nowhere/model", "--model-path /nowhere"),
+            (
+                "--worker-urls http://a:1 --kv-event-source http://c:3=tcp://c:1",
+                "no quick-start engine",
+            ),
+            (
+                "--worker-urls http://a:1 --kv-event-source http://a:1=tcp://a:1,tcp://a:2",
+                "one endpoint per engine",
+            ),
+            (
+                "--worker-urls http://a:1 --kv-event-replay-source http://a:1=tcp://a:2",
+                "has no --kv-event-source",
+            ),
+            ("--worker-urls http://a:1 --kv-event-block-size 16", "needs --kv-event-source"),
+        ] {
+            let err = parse(line).serve.quick_start_config().expect_err(line);
+            assert!(err.contains(named), "{line}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_quick_start_reads_cached_prefixes_from_its_own_dispatches() {
+        for (line, stage) in [
+            ("--worker-urls http://a:1 --policy cache_aware", "plain"),
+            ("--worker-urls http://a:1 --policy predicted_ttft", "plain"),
             (
                 "--pd-disaggregation --prefill http://p:1 --decode http://d:1 \
                  --prefill-policy cache_aware",
-                "--prefill-policy cache_aware",
-            ),
-            (
-                "--pd-disaggregation --prefill http://p:1 --decode http://d:1 --policy cache_aware",
-                "--policy cache_aware",
+                "prefill",
             ),
         ] {
-            let err = parse(line).serve.quick_start_config().expect_err(line);
-            assert!(err.starts_with(named), "{line}: {err}");
-            for how in ["kv_events", "tokenizer", "--config"] {
-                assert!(err.contains(how), "{line}: {err}");
-            }
+            let config = parse(line).serve.quick_start_config().expect(line);
+            crate::app::AppContext::build(&config)
+                .unwrap_or_else(|problems| panic!("{line}: {problems:?}"));
+            let groups = &config.models[0].buckets[0].groups;
+            let group = match stage {
+                "plain" => groups.plain.as_ref().expect("plain"),
+                _ => &groups.pd.as_ref().expect("pd").prefill,
+            };
+            assert!(group.policy.prefix_provider().is_some(), "{line}");
         }
     }
 

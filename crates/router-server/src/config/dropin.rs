@@ -105,94 +105,93 @@ pub struct DropInArgs {
     /// Path probed on each engine (`health.endpoint`).
     #[arg(long, value_name = "PATH")]
     pub health_check_endpoint: Option<String>,
+    /// Bound on the approximate picture of engines without KV events, in tokens
+    /// (`kv.approximate_max_blocks`, 16 tokens to a block).
+    #[arg(long, value_name = "TOKENS")]
+    pub max_tree_size: Option<u64>,
+    /// How long a dispatch counts as cached on an engine without KV events
+    /// (`kv.approximate_ttl_secs`).
+    #[arg(long, value_name = "SECS")]
+    pub cache_ttl_secs: Option<u64>,
+    /// How long a dispatch counts as cached before the engine's KV events confirm it
+    /// (`kv.predicted_ttl_ms`).
+    #[arg(long, value_name = "MS")]
+    pub selection_accounting_ttl_ms: Option<u64>,
+    /// How long open requests may finish on SIGTERM (`server.shutdown_drain_secs`).
+    #[arg(long, value_name = "SECS")]
+    pub shutdown_grace_period_secs: Option<u64>,
+    /// Seconds between load polls (`load.report_interval_ms`).
+    #[arg(long, value_name = "SECS")]
+    pub load_monitor_interval: Option<u64>,
+    /// Export OpenTelemetry spans (`telemetry.otlp_endpoint`, by default
+    /// `http://localhost:4317`).
+    #[arg(long)]
+    pub enable_trace: bool,
+    /// The OTLP collector, `HOST:PORT` or a URL (`telemetry.otlp_endpoint`).
+    #[arg(long, value_name = "ENDPOINT")]
+    pub otlp_traces_endpoint: Option<String>,
+    /// The PEM bundle trusted for `https://` engines (`server.engine_ca_file`; one file).
+    #[arg(long, num_args = 1.., value_name = "FILE")]
+    pub ca_cert_paths: Vec<PathBuf>,
+    /// Longest wait for a client's request head (`server.header_read_timeout_secs`).
+    #[arg(long, value_name = "SECS")]
+    pub header_read_timeout_secs: Option<u64>,
+    /// Speak HTTP/2 to engines (`server.upstream_http2`).
+    #[arg(long)]
+    pub upstream_http2: bool,
 }
 
-/// The flags of sglang-router and vllm-router whose meaning this router cannot honour, with
-/// what replaces them. Checked on the raw arguments, before parsing.
-pub(super) const REFUSED: &[(&str, &str)] = &[
-    (
-        "--cache-threshold",
-        "it tunes sglang-router's approximate prefix tree; this router matches exact cached \
-         blocks from the engines' KV events: use --policy cache_aware with --policy-arg \
-         cache_affinity_min_matched_tokens=N (or cache_affinity_min_matched_ratio) in a \
-         configuration file whose workers have kv_events",
-    ),
-    (
-        "--balance-abs-threshold",
-        "cache_aware's pressure guard compares the engines' waiting tokens (or queue time), not \
-         request counts: use --policy-arg pressure_abs_threshold_tokens=N (or \
-         pressure_abs_threshold_ms=MS), or power_of_two / load_based",
-    ),
-    (
-        "--balance-rel-threshold",
-        "cache_aware's pressure guard compares the engines' waiting tokens (or queue time), not \
-         request counts: use --policy-arg pressure_rel_threshold=R, or power_of_two / \
-         load_based",
-    ),
-    (
-        "--eviction-interval-secs",
-        "there is no approximate tree to evict: the prefix index follows the engines' own KV \
-         eviction events, bounded by kv.max_index_nodes",
-    ),
-    (
-        "--eviction-interval",
-        "there is no approximate tree to evict: the prefix index follows the engines' own KV \
-         eviction events, bounded by kv.max_index_nodes",
-    ),
-    (
-        "--max-tree-size",
-        "the prefix index is bounded by kv.max_index_nodes (in the configuration file)",
-    ),
-    (
-        "--cb-window-duration-secs",
-        "the breaker counts consecutive failures, not failures within a window: use \
-         --cb-failure-threshold (health.breaker_failures)",
-    ),
-    (
-        "--rate-limit-tokens-per-second",
-        "sglang-router's is one bucket shared by every client, sized by its concurrency limit; \
-         this router bounds concurrency with --max-concurrent-requests and limits each client \
-         key's requests and tokens per second in a configuration file: \
-         server.rate_limit.requests_per_second (docs/configuration.md)",
-    ),
-    (
-        "--vllm-pd-disaggregation",
-        "prefill/decode pairs speak SGLang's bootstrap protocol only; vLLM's KV-transfer \
-         handshake is not implemented: serve vLLM engines as plain --worker-urls",
-    ),
-];
+/// The OTLP collector sglang-router exports to when `--enable-trace` names none.
+const DEFAULT_OTLP_ENDPOINT: &str = "http://localhost:4317";
 
-/// Policy names of sglang-router and vllm-router with the policy of this router that has
+/// Policy names of sglang-router, smg and vllm-router with the policy of this router that has
 /// their meaning.
 pub(super) fn policy_alias(name: &str) -> &str {
     match name {
         "least_load" => "load_based",
+        // vllm-router's policy over the engines' KV events.
+        "kv_aware" => "cache_aware",
         // A key read from a request header keeps its requests on one engine.
         "consistent_hash" | "consistent_hashing" | "manual" => "sticky",
+        // smg's pass-through to a single engine: any policy passes one engine through.
+        "passthrough" => "round_robin",
         other => other,
     }
 }
 
 /// A refused policy name, with what replaces it.
 pub(super) fn refused_policy(name: &str) -> Option<&'static str> {
-    (name == "prefix_hash").then_some(
-        "prefix hashing has no equivalent here: use cache_aware (exact cached blocks from KV \
-         events, in a configuration file whose workers have kv_events), or sticky for a key \
-         a client sends",
-    )
+    match name {
+        "prefix_hash" => Some(
+            "hashing a prompt's first tokens onto a ring has no equivalent here: cache_aware \
+             matches whole cached prefixes (from the engines' KV events, or from the router's \
+             own dispatches for engines without them), or sticky keeps a key a client sends",
+        ),
+        "bucket" => Some(
+            "length classes are buckets of engines here: models[].buckets[] with token limits, \
+             in a configuration file",
+        ),
+        "rendezvous_hash" => Some(
+            "sessions are placed by rendezvous hashing with session_aware: --policy \
+             session_aware --policy-arg new_binding=rendezvous (the session key from \
+             x-session-id)",
+        ),
+        "sticky_least_loaded" => Some(
+            "session_aware binds each session (x-session-id) to an engine and places a new one \
+             on the less loaded of two: --policy session_aware",
+        ),
+        _ => None,
+    }
 }
 
-/// The refusal of the first refused flag or policy name among `args`.
+/// The refusal of the first refused policy name among `args`.
 pub(super) fn refuse(args: &[String]) -> Option<String> {
     for (i, arg) in args.iter().enumerate() {
         let name = arg.split('=').next().unwrap_or(arg);
-        if let Some((flag, why)) = REFUSED.iter().find(|(flag, _)| *flag == name) {
-            return Some(format!("{flag} is not supported: {why}"));
-        }
         if ["--policy", "--prefill-policy", "--decode-policy"].contains(&name) {
             let value = arg.split_once('=').map(|(_, v)| v).or(args.get(i + 1).map(String::as_str));
-            if let Some(why) = value.and_then(refused_policy) {
-                return Some(format!("{name} prefix_hash is not supported: {why}"));
+            if let Some((value, why)) = value.and_then(|v| Some((v, refused_policy(v)?))) {
+                return Some(format!("{name} {value} is not supported: {why}"));
             }
         }
     }
@@ -231,6 +230,16 @@ impl DropInArgs {
             ("--health-success-threshold", s.health_success_threshold.is_some()),
             ("--health-failure-threshold", s.health_failure_threshold.is_some()),
             ("--health-check-endpoint", s.health_check_endpoint.is_some()),
+            ("--max-tree-size", s.max_tree_size.is_some()),
+            ("--cache-ttl-secs", s.cache_ttl_secs.is_some()),
+            ("--selection-accounting-ttl-ms", s.selection_accounting_ttl_ms.is_some()),
+            ("--shutdown-grace-period-secs", s.shutdown_grace_period_secs.is_some()),
+            ("--load-monitor-interval", s.load_monitor_interval.is_some()),
+            ("--enable-trace", s.enable_trace),
+            ("--otlp-traces-endpoint", s.otlp_traces_endpoint.is_some()),
+            ("--ca-cert-paths", !s.ca_cert_paths.is_empty()),
+            ("--header-read-timeout-secs", s.header_read_timeout_secs.is_some()),
+            ("--upstream-http2", s.upstream_http2),
         ]
         .into_iter()
         .filter_map(|(flag, set)| set.then_some(flag))
@@ -354,6 +363,52 @@ impl DropInArgs {
         if let Some(path) = &self.health_check_endpoint {
             health.endpoint = if path.starts_with('/') { path.clone() } else { format!("/{path}") };
         }
+        self.apply_more(config)
+    }
+
+    /// The keys of smg's and vllm-router's flags.
+    fn apply_more(&self, config: &mut ConfigFile) -> Result<(), String> {
+        let kv = &mut config.kv;
+        if let Some(tokens) = self.max_tree_size {
+            let blocks = tokens / u64::from(router_policies::BlockSize::APPROXIMATE.get());
+            kv.approximate_max_blocks = usize::try_from(blocks.max(1)).unwrap_or(usize::MAX);
+        }
+        if let Some(secs) = self.cache_ttl_secs {
+            kv.approximate_ttl_secs = secs;
+        }
+        if let Some(ms) = self.selection_accounting_ttl_ms {
+            kv.predicted_ttl_ms = ms;
+        }
+        let server = &mut config.server;
+        if let Some(secs) = self.shutdown_grace_period_secs {
+            server.shutdown_drain_secs = secs;
+        }
+        if let Some(secs) = self.header_read_timeout_secs {
+            server.header_read_timeout_secs = secs;
+        }
+        if self.upstream_http2 {
+            server.upstream_http2 = true;
+        }
+        match self.ca_cert_paths.as_slice() {
+            [] => {}
+            [file] => server.engine_ca_file = Some(file.clone()),
+            _ => {
+                return Err("--ca-cert-paths: one PEM bundle is read (server.engine_ca_file); \
+                            concatenate the files into one"
+                    .into());
+            }
+        }
+        if let Some(secs) = self.load_monitor_interval {
+            config.load.report_interval_ms = secs.saturating_mul(1000);
+        }
+        let endpoint = match &self.otlp_traces_endpoint {
+            Some(endpoint) if endpoint.contains("://") => Some(endpoint.clone()),
+            Some(endpoint) => Some(format!("http://{endpoint}")),
+            None => self.enable_trace.then(|| DEFAULT_OTLP_ENDPOINT.to_owned()),
+        };
+        if endpoint.is_some() {
+            config.telemetry.otlp_endpoint = endpoint;
+        }
         Ok(())
     }
 }
@@ -469,6 +524,17 @@ mod tests {
             ("--health-failure-threshold 6", |c| c.health.unhealthy_after.to_string(), "6"),
             ("--health-check-endpoint health_generate", |c| c.health.endpoint.clone(), "/health_generate"),
             ("--health-check-endpoint /ping", |c| c.health.endpoint.clone(), "/ping"),
+            ("--max-tree-size 67108864", |c| c.kv.approximate_max_blocks.to_string(), "4194304"),
+            ("--cache-ttl-secs 300", |c| c.kv.approximate_ttl_secs.to_string(), "300"),
+            ("--selection-accounting-ttl-ms 800", |c| c.kv.predicted_ttl_ms.to_string(), "800"),
+            ("--shutdown-grace-period-secs 90", |c| c.server.shutdown_drain_secs.to_string(), "90"),
+            ("--header-read-timeout-secs 7", |c| c.server.header_read_timeout_secs.to_string(), "7"),
+            ("--upstream-http2", |c| c.server.upstream_http2.to_string(), "true"),
+            ("--ca-cert-paths /etc/ca.pem", |c| format!("{:?}", c.server.engine_ca_file), "Some(\"/etc/ca.pem\")"),
+            ("--load-monitor-interval 2", |c| c.load.report_interval_ms.to_string(), "2000"),
+            ("--enable-trace", |c| format!("{:?}", c.telemetry.otlp_endpoint), "Some(\"http://localhost:4317\")"),
+            ("--otlp-traces-endpoint collector:4317", |c| format!("{:?}", c.telemetry.otlp_endpoint), "Some(\"http://collector:4317\")"),
+            ("--enable-trace --otlp-traces-endpoint https://c:4317", |c| format!("{:?}", c.telemetry.otlp_endpoint), "Some(\"https://c:4317\")"),
         ];
         for (line, read, expected) in table {
             let config = applied(line).unwrap_or_else(|err| panic!("{line}: {err}"));
@@ -505,20 +571,14 @@ mod tests {
     }
 
     #[test]
-    fn every_refused_flag_says_what_replaces_it() {
+    fn every_refused_policy_name_says_what_replaces_it() {
         // (the launch line, a fragment of the replacement)
         for (line, replacement) in [
-            ("--cache-threshold 0.5", "cache_affinity_min_matched_tokens"),
-            ("--balance-abs-threshold 32", "power_of_two"),
-            ("--balance-rel-threshold=1.1", "power_of_two"),
-            ("--eviction-interval-secs 60", "kv.max_index_nodes"),
-            ("--eviction-interval 60", "kv.max_index_nodes"),
-            ("--max-tree-size 1000", "kv.max_index_nodes"),
-            ("--cb-window-duration-secs 60", "--cb-failure-threshold"),
-            ("--vllm-pd-disaggregation", "--worker-urls"),
-            ("--rate-limit-tokens-per-second 512", "server.rate_limit.requests_per_second"),
             ("--policy prefix_hash", "cache_aware"),
             ("--prefill-policy=prefix_hash", "cache_aware"),
+            ("--prefill-policy bucket", "models[].buckets[]"),
+            ("--policy rendezvous_hash", "new_binding=rendezvous"),
+            ("--decode-policy sticky_least_loaded", "--policy session_aware"),
         ] {
             let line = format!("--worker-urls http://a:1 {line}");
             let err = crate::config::reject_dropped_options(&args(&line)).expect_err(&line);
@@ -532,6 +592,8 @@ mod tests {
     fn the_policy_names_of_both_routers_map_to_their_equivalent() {
         for (name, ours) in [
             ("least_load", "load_based"),
+            ("kv_aware", "cache_aware"),
+            ("passthrough", "round_robin"),
             ("consistent_hash", "sticky"),
             ("consistent_hashing", "sticky"),
             ("manual", "sticky"),

@@ -287,6 +287,12 @@ pub struct KvSection {
     pub predicted_ttl_ms: u64,
     /// Most predicted blocks remembered per (model, engine), oldest dropped first.
     pub predicted_max_blocks_per_worker: usize,
+    /// How long a dispatch counts as cached on an engine without KV events (approximate
+    /// mode: the router's own dispatches are its only picture of that cache); 0 turns it off.
+    pub approximate_ttl_secs: u64,
+    /// Most approximate blocks remembered over all engines, shared evenly between them,
+    /// oldest dropped first.
+    pub approximate_max_blocks: usize,
     /// Largest KV-event message (and so frame) an engine may send, in bytes; one past it is
     /// refused at its frame header and its connection dropped. The payload limit too.
     pub max_message_bytes: usize,
@@ -301,6 +307,8 @@ impl Default for KvSection {
             max_index_nodes: 4_000_000,
             predicted_ttl_ms: 5_000,
             predicted_max_blocks_per_worker: 1 << 16,
+            approximate_ttl_secs: 120,
+            approximate_max_blocks: 1_000_000,
             max_message_bytes: subscriptions.max_message_bytes,
             max_frames_per_message: subscriptions.max_frames_per_message,
         }
@@ -316,13 +324,15 @@ impl KvSection {
         )
     }
 
-    /// The predicted-entry settings, `None` when they are off.
+    /// The settings of predicted and approximate entries, `None` when both are off.
     pub fn predictions(&self) -> Option<router_state_kv::PredictionConfig> {
-        (self.predicted_ttl_ms > 0 && self.predicted_max_blocks_per_worker > 0).then(|| {
-            router_state_kv::PredictionConfig {
-                ttl: std::time::Duration::from_millis(self.predicted_ttl_ms),
-                max_blocks_per_worker: self.predicted_max_blocks_per_worker,
-            }
+        let ahead = self.predicted_ttl_ms > 0 && self.predicted_max_blocks_per_worker > 0;
+        let approximate = self.approximate_ttl_secs > 0 && self.approximate_max_blocks > 0;
+        (ahead || approximate).then(|| router_state_kv::PredictionConfig {
+            ttl: std::time::Duration::from_millis(self.predicted_ttl_ms),
+            max_blocks_per_worker: self.predicted_max_blocks_per_worker,
+            approximate_ttl: std::time::Duration::from_secs(self.approximate_ttl_secs),
+            approximate_max_blocks: self.approximate_max_blocks,
         })
     }
 }

@@ -8,6 +8,8 @@ mod cli;
 mod discovery;
 mod dropin;
 mod file;
+mod incumbents;
+mod located;
 
 use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
@@ -31,6 +33,8 @@ pub use file::{
     GroupsConfig, KvSection, LimitsConfig, LoadSection, ModelConfig, ParseError, PdGroupsConfig,
     ServerSection,
 };
+pub use incumbents::{Screened, screen};
+pub use located::{Located, Positions, read as read_located};
 
 use crate::prepare::Tokenization;
 
@@ -61,6 +65,10 @@ pub struct ModelRuntime {
     pub resolver: BucketResolver,
     /// Tokenizer and chat template, when configured.
     pub tokenization: Option<Arc<Tokenization>>,
+    /// Whether a group of the model reads cached prefixes (`cache_aware`, `predicted_ttft`):
+    /// its prompts are then hashed by text when it has no tokenizer, and its dispatches to
+    /// engines without KV events are remembered (approximate mode).
+    pub reads_prefixes: bool,
     /// Affinity headers and expiry.
     pub affinity: AffinitySection,
     /// `affinity.session_id_header`, parsed once.
@@ -405,7 +413,7 @@ fn build_model(
     let mut buckets = Vec::new();
     for (b, bucket) in model.buckets.iter().enumerate() {
         let bpath = format!("{path}.buckets[{b}]");
-        check_prefix_groups(path, &bpath, model, discovery, &bucket.groups, problems);
+        check_prefix_groups(model, discovery, &bucket.groups, &bpath, problems);
         let Some(groups) = build_groups(&bpath, &bucket.groups, handles, problems) else {
             continue;
         };
@@ -450,8 +458,19 @@ fn build_model(
         }
     }
     let slo = SloPreferences { ttft: model.ttft_slo, tps: model.tps_slo };
+    // A duplicate id is named where it is repeated, not only on the list.
+    let mut duplicate = false;
+    for (j, bucket) in model.buckets.iter().enumerate() {
+        if let Some(first) = model.buckets[..j].iter().position(|b| b.id == bucket.id) {
+            let message =
+                format!("duplicate bucket id {:?} (first at buckets[{first}])", bucket.id);
+            problems.push(format!("{path}.buckets[{j}].id"), message);
+            duplicate = true;
+        }
+    }
     let resolver = match BucketResolver::new(model_id.clone(), buckets) {
         Ok(resolver) => Some(resolver.with_slo(slo)),
+        Err(router_buckets::ResolverBuildError::DuplicateId { .. }) if duplicate => None,
         Err(err) => {
             problems.push(format!("{path}.buckets"), err);
             None
@@ -480,10 +499,16 @@ fn build_model(
     if problems.0.len() > before {
         return None;
     }
+    let reads_prefixes = model
+        .buckets
+        .iter()
+        .flat_map(|bucket| each_group("", &bucket.groups))
+        .any(|(_, _, group)| group.policy.prefix_provider().is_some());
     Some(ModelRuntime {
         id: model_id,
         resolver: resolver?,
         tokenization,
+        reads_prefixes,
         affinity: model.affinity.clone(),
         session_header: session_header?,
         routing_header: routing_header?,
@@ -538,35 +563,27 @@ fn each_group<'a>(
     plain.chain(pd)
 }
 
-/// A group whose policy reads cached prefixes (`cache_aware`, `predicted_ttft`) must be able
-/// to see a cache: its model has a tokenizer (the token ids to look up), and some configured
-/// worker of the group publishes KV events to the local index, or, for a remote indexer,
-/// declares its block size. A single engine without them only falls back to load for itself;
-/// a group whose configured workers all lack them never sees a hit. Discovered engines count
-/// as members of a group without `worker_ids`, with discovery's `kv_events` and `block_size`.
+/// What a group whose policy reads cached prefixes (`cache_aware`, `predicted_ttft`) must be
+/// able to see, judged over its configured workers (and discovered engines, as members of a
+/// group without `worker_ids`, with discovery's `kv_events` and `block_size`):
+/// - engines' KV events carry token ids: a group with a publishing member needs the model's
+///   tokenizer;
+/// - with the local index, a block size alone feeds nothing: a group whose members declare
+///   block sizes but none publishes is refused (an engine with neither is pictured from the
+///   router's dispatches, approximate mode, which needs no tokenizer);
+/// - a remote indexer is asked in blocks of the engines' block size: some member declares one.
+///
 /// A group with neither configured nor discovered workers (filled through the admin API) is
 /// not judged.
 fn check_prefix_groups(
-    mpath: &str,
-    bpath: &str,
     model: &ModelConfig,
     discovery: Option<&DiscoverySection>,
     groups: &GroupsConfig,
+    bpath: &str,
     problems: &mut Problems,
 ) {
     for (gpath, stage, group) in each_group(bpath, groups) {
         let Some(provider) = group.policy.prefix_provider() else { continue };
-        let policy = group.policy.policy_type();
-        let at = format!("{gpath}.policy");
-        if model.tokenizer.is_none() {
-            problems.push(
-                &at,
-                format!(
-                    "{policy} looks up the token ids of requests, but the model has no \
-                     tokenizer: set {mpath}.tokenizer"
-                ),
-            );
-        }
         let members: Vec<&WorkerSpec> = match &group.worker_ids {
             Some(ids) => model.workers.iter().filter(|w| ids.contains(&w.id)).collect(),
             None => model.workers.iter().filter(|w| w.role == stage).collect(),
@@ -575,34 +592,42 @@ fn check_prefix_groups(
         if members.is_empty() && discovered.is_none() {
             continue;
         }
-        let discovered_kv = discovered.is_some_and(|d| d.kv_events.is_some());
-        let discovered_size = discovered.is_some_and(|d| d.block_size.is_some()) || discovered_kv;
-        let also =
-            if discovered.is_some() { " (discovered engines: discovery.kv_events)" } else { "" };
+        let publishes = discovered.is_some_and(|d| d.kv_events.is_some())
+            || members.iter().any(|w| w.kv_events.is_some());
+        let sized = publishes
+            || discovered.is_some_and(|d| d.block_size.is_some())
+            || members.iter().any(|w| w.block_size.is_some());
+        let policy = group.policy.policy_type();
+        let at = format!("{gpath}.policy");
+        let (on, discovered_key) = match discovered {
+            Some(_) => (" (discovered engines: discovery.", true),
+            None => ("", false),
+        };
+        let also = |key: &str| if discovered_key { format!("{on}{key})") } else { String::new() };
+        let mpath = bpath.split(".buckets").next().unwrap_or(bpath);
+        if publishes && model.tokenizer.is_none() && provider == CachePrefixProvider::RadixTree {
+            problems.push(
+                &at,
+                format!(
+                    "{policy} looks up the token ids of requests in the engines' KV events, but \
+                     the model has no tokenizer: set {mpath}.tokenizer (without one, only \
+                     engines without KV events are matched, on prompt text)"
+                ),
+            );
+        }
         let message = match provider {
-            CachePrefixProvider::RadixTree
-                if !discovered_kv && !members.iter().any(|w| w.kv_events.is_some()) =>
-            {
-                format!(
-                    "{policy} reads the local KV index, but no worker of this group publishes \
-                     KV events: give the workers kv_events {{endpoint: \"tcp://HOST:PORT\"}}{also}, \
-                     or use cache_prefix_provider: indexer with a kv-indexer that receives them"
-                )
-            }
-            CachePrefixProvider::Indexer
-                if !discovered_size
-                    && !members.iter().any(|w| w.block_size.is_some() || w.kv_events.is_some()) =>
-            {
-                let also = if discovered.is_some() {
-                    " (discovered engines: discovery.block_size)"
-                } else {
-                    ""
-                };
-                format!(
-                    "{policy} asks the remote indexer in blocks of each engine's block size, \
-                     but no worker of this group declares one: give the workers block_size{also}"
-                )
-            }
+            CachePrefixProvider::RadixTree if sized && !publishes => format!(
+                "{policy} reads the local KV index, but no worker of this group publishes KV \
+                 events, and a block size alone feeds nothing: give the workers kv_events \
+                 {{endpoint: \"tcp://HOST:PORT\"}}{}, or leave out block_size so that the router \
+                 pictures them from its own dispatches (approximate mode)",
+                also("kv_events")
+            ),
+            CachePrefixProvider::Indexer if !sized => format!(
+                "{policy} asks the remote indexer in blocks of each engine's block size, but no \
+                 worker of this group declares one: give the workers block_size{}",
+                also("block_size")
+            ),
             _ => continue,
         };
         problems.push(at, message);

@@ -40,29 +40,29 @@ fn prefix_reading_groups_need_a_tokenizer_and_a_cache_to_see() {
     let plain = |policy: &str| format!("{{plain: {{policy: {policy}}}}}");
     let cases: Vec<Case> = vec![
         (
-            "cache_aware without a tokenizer",
+            "KV events without a tokenizer",
             one_model("", "", PLAIN_KV, &plain("{type: cache_aware}")),
             Some((path, "no tokenizer: set models[0].tokenizer")),
         ),
         (
-            "predicted_ttft without a tokenizer",
+            "predicted_ttft reading KV events without a tokenizer",
             one_model("", "", PLAIN_KV, &plain("{type: predicted_ttft}")),
             Some((path, "predicted_ttft looks up the token ids")),
         ),
         (
-            "cache_aware where no worker publishes KV events",
-            one_model("", &tok, PLAIN_NO_KV, &plain("{type: cache_aware}")),
-            Some((path, "no worker of this group publishes KV events")),
+            "no KV events and no tokenizer: approximate mode on prompt text",
+            one_model("", "", PLAIN_NO_KV, &plain("{type: cache_aware}")),
+            None,
         ),
         (
-            "predicted_ttft where no worker publishes KV events",
+            "no KV events: approximate mode on token ids",
             one_model("", &tok, PLAIN_NO_KV, &plain("{type: predicted_ttft}")),
-            Some((path, "kv_events {endpoint")),
+            None,
         ),
         (
             "a block size alone does not feed the local index",
             one_model("", &tok, PLAIN_BLOCK_SIZE, &plain("{type: cache_aware}")),
-            Some((path, "publishes KV events")),
+            Some((path, "a block size alone feeds nothing")),
         ),
         (
             "one worker of two with KV events is enough",
@@ -102,13 +102,13 @@ fn prefix_reading_groups_need_a_tokenizer_and_a_cache_to_see() {
             "the events of a worker outside the group do not count",
             format!(
                 "models:\n  - id: m\n    {tok}\n    workers:\n      \
-                 - {{id: P1, url: \"http://127.0.0.1:1\", role: prefill}}\n      \
+                 - {{id: P1, url: \"http://127.0.0.1:1\", role: prefill, block_size: 16}}\n      \
                  - {{id: P2, url: \"http://127.0.0.1:2\", role: prefill, kv_events: {{endpoint: \"tcp://127.0.0.1:5557\"}}}}\n      \
                  - {{id: D1, url: \"http://127.0.0.1:3\", role: decode}}\n    buckets:\n      \
                  - {{id: a, groups: {{pd: {{prefill: {{worker_ids: [P2], policy: {{type: cache_aware}}}}, decode: {{}}}}}}}}\n      \
                  - {{id: b, groups: {{pd: {{prefill: {{worker_ids: [P1], policy: {{type: cache_aware}}}}, decode: {{}}}}}}}}\n"
             ),
-            Some(("models[0].buckets[1].groups.pd.prefill.policy", "publishes KV events")),
+            Some(("models[0].buckets[1].groups.pd.prefill.policy", "a block size alone")),
         ),
         (
             "load-only policies need neither",
@@ -491,21 +491,25 @@ fn the_discovery_section_is_checked_with_the_path_of_each_problem() {
             ),
         }
     }
-    // A cache-reading group of discovered engines must see their KV events.
+    // A cache-reading group of discovered engines: their KV events, or approximate mode; a
+    // block size alone feeds no local index.
     let tok = format!("tokenizer: \"{}\"", tokenizer());
     let cache_model = |extra: &str| {
         format!(
             "  - id: m\n    {tok}\n    buckets: [{{id: all, groups: {{plain: {{policy: {{type: cache_aware}}}}}}}}]\n{extra}"
         )
     };
-    let blind = build(&discovering("{selector: a=b}", &cache_model(""))).err().unwrap_or_default();
+    let sized = build(&discovering("{selector: a=b, block_size: 16}", &cache_model("")));
+    let sized = sized.err().unwrap_or_default();
     assert!(
-        blind.iter().any(|p| p.path == "models[0].buckets[0].groups.plain.policy"
+        sized.iter().any(|p| p.path == "models[0].buckets[0].groups.plain.policy"
             && p.message.contains("discovery.kv_events")),
-        "{blind:?}"
+        "{sized:?}"
     );
-    let seeing = build(&discovering("{selector: a=b, kv_events: {port: kv}}", &cache_model("")));
-    assert!(seeing.is_ok(), "{:?}", seeing.err());
+    for ok in ["{selector: a=b, kv_events: {port: kv}}", "{selector: a=b}"] {
+        let seeing = build(&discovering(ok, &cache_model("")));
+        assert!(seeing.is_ok(), "{ok}: {:?}", seeing.err());
+    }
 
     let unknown = ConfigFile::parse(&discovering("{selector: a=b, selectors: x}", PLAIN_MODEL));
     assert!(unknown.expect_err("unknown key").contains("discovery"), "unknown keys are errors");

@@ -419,6 +419,39 @@ pub(crate) fn prepare(
     })
 }
 
+/// Routing ids for a request of a model that reads cached prefixes but has no tokenizer
+/// (approximate mode, as sglang-router matches prompt text): the first prompt's text, or each
+/// chat message's role and text content followed by a newline, made ids by
+/// [`RequestTokens::from_text`]. `None` for a passed-through body, or messages holding more
+/// values than the router builds for a body of their size.
+pub(crate) fn text_tokens(prepared: &PreparedRequest) -> Option<Arc<RequestTokens>> {
+    let text = match &prepared.request.prompt {
+        Prompt::Texts(texts) => texts.first()?.as_bytes().to_vec(),
+        Prompt::Messages => {
+            let members = fields::members(&prepared.body, &["messages"]).ok()??;
+            let mut text = Vec::new();
+            for message in members.get("messages")?.as_array()? {
+                let role = message.get("role").and_then(Value::as_str).unwrap_or_default();
+                text.extend_from_slice(role.as_bytes());
+                text.push(b'\n');
+                match message.get("content") {
+                    Some(Value::String(content)) => text.extend_from_slice(content.as_bytes()),
+                    Some(Value::Array(parts)) => {
+                        for part in parts.iter().filter_map(|p| p.get("text")?.as_str()) {
+                            text.extend_from_slice(part.as_bytes());
+                        }
+                    }
+                    _ => {}
+                }
+                text.push(b'\n');
+            }
+            text
+        }
+        Prompt::Ids(_) | Prompt::Opaque => return None,
+    };
+    Some(Arc::new(RequestTokens::from_text(&text)))
+}
+
 /// A size estimate without a tokenizer: about four bytes of text per token, plus a few tokens
 /// of template framing per chat message.
 fn estimate_tokens(request: &InferenceRequest) -> u64 {
@@ -480,6 +513,34 @@ mod tests {
         let raw = Bytes::from(body.to_owned());
         let chat = parse_request(Endpoint::Chat, &raw, 4).expect("valid");
         (raw, chat)
+    }
+
+    #[test]
+    fn text_without_a_tokenizer_routes_on_its_bytes() {
+        let chat = |body: &str| {
+            let raw = Bytes::from(body.to_owned());
+            let request = parse_request(Endpoint::Chat, &raw, 8).expect("valid");
+            prepare(raw, request, None, None, None).expect("prepared")
+        };
+        // "user\n" and "\n" frame the ten bytes: four ids exactly.
+        let plain = chat(r#"{"model":"m","messages":[{"role":"user","content":"abcdefghij"}]}"#);
+        let parts = chat(
+            r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"abcde"},
+            {"type":"text","text":"fghij"}]}]}"#,
+        );
+        let ids = |p: &PreparedRequest| text_tokens(p).expect("text ids").ids().to_vec();
+        assert_eq!(ids(&plain), ids(&parts), "content parts read as the text they hold");
+        assert_eq!(ids(&plain).len(), 4);
+        assert_eq!(plain.token_source, TokenSource::Estimated, "the count stays an estimate");
+        let longer = chat(
+            r#"{"model":"m","messages":[{"role":"user","content":"abcdefghij"},
+            {"role":"assistant","content":null,"tool_calls":[]},{"role":"user","content":"x"}]}"#,
+        );
+        assert!(ids(&longer).starts_with(&ids(&plain)), "a longer conversation extends it");
+        let raw = Bytes::from_static(br#"{"model":"m","prompt":[1,2,3]}"#);
+        let request = parse_request(Endpoint::Completions, &raw, 8).expect("valid");
+        let ids_prompt = prepare(raw, request, None, None, None).expect("prepared");
+        assert!(text_tokens(&ids_prompt).is_none(), "token ids are already exact");
     }
 
     #[test]

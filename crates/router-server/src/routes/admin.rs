@@ -16,6 +16,8 @@ use router_workers::{
 };
 use serde_json::{Value, json};
 
+use router_policies::BlockSize;
+
 use crate::app::AppContext;
 use crate::config::with_engine_key;
 use crate::error::ApiError;
@@ -261,13 +263,15 @@ pub(crate) async fn state(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
                     "replays": 0, "clears": 0, "skipped": 0,
                 }),
             };
+            // No block size and no KV events: pictured from the router's dispatches alone.
+            entry["kv"]["approximate"] = json!(BlockSize::is_approximate(worker));
             entry
         })
         .collect();
     // Without a local index (every lookup goes to a remote indexer) there is no tree here.
     let index = ctx.kv_index().map(|index| index.stats()).unwrap_or_default();
     // Predicted entries are the router's own guesses, kept apart from what engines reported.
-    let predicted = ctx.predictions().map(|p| p.blocks(std::time::Instant::now()));
+    let held = ctx.predictions().map(|p| p.blocks(std::time::Instant::now()));
     Json(json!({
         "models": models,
         "workers": workers,
@@ -278,7 +282,8 @@ pub(crate) async fn state(State(ctx): State<Arc<AppContext>>) -> Json<Value> {
             "bytes": index.bytes,
             "block_holders": index.block_holders,
         },
-        "predicted_blocks": predicted,
+        "predicted_blocks": held.map(|held| held.predicted),
+        "approximate_blocks": held.map(|held| held.approximate),
         "admission": {
             "max_concurrent_requests": ctx.server().max_concurrent_requests,
             "free_slots": ctx.admission().available(),

@@ -25,7 +25,9 @@ use crate::error::{ApiError, Chain};
 use crate::few_fields::FewFields as _;
 use crate::limit::rate::TokenCharge;
 use crate::metrics;
-use crate::prepare::{DP_RANK, Endpoint, PreparedRequest, client_rank, parse_request, prepare};
+use crate::prepare::{
+    DP_RANK, Endpoint, PreparedRequest, client_rank, parse_request, prepare, text_tokens,
+};
 use crate::serve::{Labels, serve};
 use crate::telemetry::{RequestTrace, TRACEPARENT, TRACESTATE};
 
@@ -158,7 +160,11 @@ pub(crate) async fn prepare_request<'c>(
     if let Some(reason) = prepared.unmatchable {
         metrics::prefix_unmatchable(reason);
     }
-    Ok((model, PreparedRequest { slo, client_rank, ..prepared }))
+    let tokens = match &prepared.tokens {
+        None if model.reads_prefixes && model.tokenization.is_none() => text_tokens(&prepared),
+        tokens => tokens.clone(),
+    };
+    Ok((model, PreparedRequest { slo, client_rank, tokens, ..prepared }))
 }
 
 /// Bodies up to this size are templated and tokenized on the event loop (tens of

@@ -271,6 +271,9 @@ pub async fn serve(
     let ranks = Arc::new(scheduler::Ranks::new(schedulers));
 
     let mut config = config;
+    // Advertise the bound endpoints (the configured ports may be 0).
+    config.kv_events.clone_from(&endpoints.events);
+    config.kv_replay.clone_from(&endpoints.replay);
     let mut rooms = None;
     let mut bootstrap_addr = None;
     if let (Stage::Prefill, Some(port)) = (config.role, config.bootstrap_port) {

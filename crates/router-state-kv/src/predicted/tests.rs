@@ -24,7 +24,20 @@ fn predictions(ttl_ms: u64, cap: usize) -> Predictions {
     Predictions::new(PredictionConfig {
         ttl: Duration::from_millis(ttl_ms),
         max_blocks_per_worker: cap,
+        ..PredictionConfig::default()
     })
+}
+
+fn approximate(ttl_ms: u64, cap: usize) -> Predictions {
+    Predictions::new(PredictionConfig {
+        approximate_ttl: Duration::from_millis(ttl_ms),
+        approximate_max_blocks: cap,
+        ..PredictionConfig::default()
+    })
+}
+
+fn predicted(blocks: u64) -> PredictedBlocks {
+    PredictedBlocks { predicted: blocks, approximate: 0 }
 }
 
 #[test]
@@ -43,8 +56,8 @@ fn recorded_blocks_count_until_they_expire() {
     p.record(&m, &a, &[1], t0 + Duration::from_millis(50));
     let later = t0 + Duration::from_millis(120);
     assert_eq!(p.leading(&m, &a, &[1, 2], later), 1);
-    assert_eq!(p.blocks(later), 1);
-    assert_eq!(p.blocks(t0 + Duration::from_secs(1)), 0);
+    assert_eq!(p.blocks(later), predicted(1));
+    assert_eq!(p.blocks(t0 + Duration::from_secs(1)), predicted(0));
 }
 
 #[test]
@@ -148,7 +161,7 @@ fn contradicting_events_and_removal_forget_predictions() {
     assert_eq!(predictions.leading(&m, &a, &hashes, t0), 0, "so does a lost history");
     predictions.record(&m, &a, &hashes, t0);
     index.remove_worker(&a);
-    assert_eq!(predictions.blocks(t0), 0, "a removed worker keeps nothing");
+    assert_eq!(predictions.blocks(t0), predicted(0), "a removed worker keeps nothing");
 }
 
 #[test]
@@ -159,12 +172,59 @@ fn memory_is_bounded_per_worker_oldest_first() {
     p.record(&m, &a, &[1, 2, 3], t0);
     p.record(&m, &a, &[4, 5, 6], t0 + Duration::from_millis(1));
     let now = t0 + Duration::from_millis(2);
-    assert_eq!(p.blocks(now), 4);
+    assert_eq!(p.blocks(now), predicted(4));
     assert_eq!(p.leading(&m, &a, &[1], now), 0, "the oldest went first");
     assert_eq!(p.leading(&m, &a, &[3, 4, 5, 6], now), 4);
     let disabled = predictions(60_000, 0);
     disabled.record(&m, &a, &[1], t0);
-    assert_eq!(disabled.blocks(t0), 0);
+    assert_eq!(disabled.blocks(t0), predicted(0));
+}
+
+#[test]
+fn an_engine_without_events_is_pictured_by_its_dispatches_for_their_longer_life() {
+    let p = approximate(120_000, 1_000);
+    let t0 = Instant::now();
+    let (m, a) = (model(), id("a"));
+    p.record_approximate(&m, &a, Some(1), &[1, 2, 3], t0);
+    assert!(p.is_approximate(&m, &a));
+    let later = t0 + Duration::from_secs(60);
+    assert_eq!(p.leading(&m, &a, &[1, 2, 3, 4], later), 3, "still held a minute on");
+    let merged =
+        p.overlay(&m, &[1, 2, 3], PrefixMatches { query_blocks: 3, matches: vec![] }, later);
+    assert_eq!(merged.matches[0].rank, 1, "on the rank it was sent to");
+    assert_eq!(p.blocks(later), PredictedBlocks { predicted: 0, approximate: 3 });
+    assert_eq!(p.leading(&m, &a, &[1], t0 + Duration::from_secs(120)), 0, "expired");
+}
+
+#[test]
+fn approximate_blocks_share_one_bound_between_engines() {
+    let p = approximate(60_000, 8);
+    let t0 = Instant::now();
+    let m = model();
+    let (a, b) = (id("a"), id("b"));
+    p.record_approximate(&m, &a, None, &[1, 2, 3, 4, 5, 6, 7, 8], t0);
+    assert_eq!(p.blocks(t0).approximate, 8, "alone, an engine has the whole bound");
+    p.record_approximate(&m, &b, None, &[11, 12, 13, 14], t0);
+    assert_eq!(p.blocks(t0).approximate, 8, "a second engine halves the first's share");
+    assert_eq!(p.leading(&m, &a, &[5, 6, 7, 8], t0), 4, "the oldest went first");
+    p.record_approximate(&m, &a, None, &[9], t0);
+    assert_eq!(p.blocks(t0).approximate, 8);
+    assert_eq!(p.leading(&m, &a, &[6, 7, 8, 9], t0), 4);
+    let off = approximate(0, 8);
+    off.record_approximate(&m, &a, None, &[1], t0);
+    assert_eq!(off.blocks(t0), PredictedBlocks::default(), "a zero life turns it off");
+}
+
+#[test]
+fn an_engine_that_gains_events_drops_its_approximate_picture() {
+    let p = Predictions::new(PredictionConfig::default());
+    let t0 = Instant::now();
+    let (m, a) = (model(), id("a"));
+    p.record_approximate(&m, &a, None, &[1, 2, 3], t0);
+    p.record(&m, &a, &[7], t0);
+    assert!(!p.is_approximate(&m, &a));
+    assert_eq!(p.leading(&m, &a, &[1], t0), 0, "its approximate entries are gone");
+    assert_eq!(p.blocks(t0), predicted(1));
 }
 
 #[derive(Clone, Debug)]

@@ -118,7 +118,8 @@ impl Eng {
         self
     }
 
-    /// No KV events configured (its blocks, if any, are still in the index).
+    /// No KV events configured: its `blocks` are not in the index (nothing tells the router
+    /// of them), and it is pictured from dispatches alone.
     pub(crate) fn no_kv(mut self) -> Self {
         self.block_size = None;
         self
@@ -177,8 +178,9 @@ impl World {
             };
             let worker = Arc::new(Worker::from_spec(&spec, vec![model.clone()]).expect("valid"));
             table.register(&worker);
-            if e.blocks > 0 {
-                let size = e.block_size.unwrap_or(BS);
+            // An engine without KV events has nothing in the index: only the router's own
+            // dispatches could picture its cache (approximate mode).
+            if let (true, Some(size)) = (e.blocks > 0, e.block_size) {
                 let holder = index
                     .holder(&model, worker.id(), worker.incarnation(), 0, size)
                     .expect("register holder");

@@ -24,8 +24,10 @@ fn block_sizes_are_never_zero_and_convert_blocks_to_tokens() {
     assert_eq!((size.get(), size.tokens(3)), (16, 48));
     assert_eq!(size.tokens(u32::MAX), u64::from(u32::MAX) * 16, "no overflow");
     let world = World::new(Stage::Plain, &[eng("a", 0), eng("b", 0).no_kv()]);
-    assert_eq!(BlockSize::of(&world.workers[0]), Some(size));
-    assert_eq!(BlockSize::of(&world.workers[1]), None);
+    assert_eq!(BlockSize::of(&world.workers[0]), size);
+    assert!(!BlockSize::is_approximate(&world.workers[0]));
+    assert_eq!(BlockSize::of(&world.workers[1]), BlockSize::APPROXIMATE, "pictured, not known");
+    assert!(BlockSize::is_approximate(&world.workers[1]));
 }
 
 #[test]
@@ -83,13 +85,14 @@ fn the_local_source_counts_found_and_confirmed_misses_apart() {
 }
 
 #[test]
-fn nothing_is_looked_up_when_nothing_could_hit() {
-    // No candidate publishes KV events.
+fn engines_never_sent_a_prefix_miss_and_short_inputs_are_not_looked_up() {
+    // No candidate publishes KV events, and the router sent them nothing: their pictured
+    // caches are empty, a confirmed miss.
     let world = World::new(Stage::Plain, &[eng("a", 100).no_kv(), eng("b", 0).no_kv()]);
     let policy = world.policy(settings());
     let pick = world.pick(&policy, 4096).expect("fallback");
     assert_eq!(pick.reason, PickReason::CacheMiss);
-    assert_eq!(world.source.stats().lookups, 0);
+    assert_eq!(world.source.stats().empty, 1);
 
     // An input shorter than the minimum hit.
     let world = World::new(Stage::Plain, &[eng("a", 63)]);

@@ -187,7 +187,7 @@ async fn a_long_tokenized_prompt_is_served_byte_for_byte() {
     assert_eq!(received[0].1, body.as_bytes(), "forwarded byte for byte");
     // Its token ids were there: its blocks are predicted entries on the engine.
     let predictions = ctx.predictions().expect("predictions are on by default");
-    assert!(predictions.blocks(std::time::Instant::now()) > 100);
+    assert!(predictions.blocks(std::time::Instant::now()).predicted > 100);
 }
 
 /// A model `model` of one engine at `url` in two buckets: `fast` (up to 1000 input tokens,

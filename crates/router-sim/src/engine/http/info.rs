@@ -43,8 +43,20 @@ fn disaggregation_mode(role: Stage) -> &'static str {
     }
 }
 
+/// SGLang's `/get_server_info`: its server arguments (those a router reads) and version. Like
+/// SGLang's `kv_events_config` argument, the KV-event publisher's settings are a JSON string,
+/// or null when the engine publishes none.
 pub(crate) async fn server_info(State(engine): State<Arc<Engine>>) -> Json<serde_json::Value> {
     let config = &engine.config;
+    let kv_events_config = config.kv_events.as_ref().map(|endpoint| {
+        json!({
+            "publisher": "zmq",
+            "endpoint": endpoint,
+            "replay_endpoint": config.kv_replay,
+            "topic": config.kv_topic,
+        })
+        .to_string()
+    });
     Json(json!({
         "model_path": config.model,
         "served_model_name": config.model,
@@ -57,6 +69,7 @@ pub(crate) async fn server_info(State(engine): State<Arc<Engine>>) -> Json<serde
         "dp_size": config.dp_size,
         "tp_size": 1,
         "kv_events_format": config.kv_format.as_str(),
+        "kv_events_config": kv_events_config,
         "prefill_tokens_per_sec": config.prefill_tokens_per_sec,
         "decode_tokens_per_sec": config.decode_tokens_per_sec,
         "version": concat!("router-sim ", env!("CARGO_PKG_VERSION")),
