@@ -647,7 +647,7 @@ pub mod envoy {
     }
 
     /// The port Envoy bound its listener `gateway` to, asked of its admin interface
-    /// (`http://HOST:PORT`) until it names one.
+    /// (`http://HOST:PORT`) until it names one, once it accepts connections.
     async fn gateway_port(admin: &str) -> u16 {
         let http = Http::default();
         let mut port = None;
@@ -663,7 +663,13 @@ pub mod envoy {
             port.is_some()
         })
         .await;
-        port.expect("a port, once the wait ended")
+        let port = port.expect("a port, once the wait ended");
+        // A listener named in the admin interface may still be warming: not yet accepting.
+        eventually("Envoy accepting on its gateway port", async || {
+            tokio::net::TcpStream::connect(("127.0.0.1", port)).await.is_ok()
+        })
+        .await;
+        port
     }
 
     impl Drop for Envoy {

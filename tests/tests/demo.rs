@@ -32,6 +32,21 @@ async fn the_demo_serves_plain_and_pd_models() {
         assert_eq!(reply.status, 200, "{path}: {}", reply.body);
     }
 
+    // The chat bodies SDKs and agents send: content as a list of parts, an assistant turn of
+    // tool calls with null content, then the tool's answer. Rendered exactly, as the engine
+    // renders them.
+    let agent = r#"{"model": "demo", "max_tokens": 4, "messages": [
+        {"role": "system", "content": [{"type": "text", "text": "You are terse."}]},
+        {"role": "user", "content": [{"type": "text", "text": "Weather in Lisbon?"},
+                                     {"type": "text", "text": " Celsius please."}]},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+            "function": {"name": "weather", "arguments": "{\"city\": \"Lisbon\"}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "21 C, sunny"}]}"#;
+    let reply =
+        http.send("POST", &format!("{}/v1/chat/completions", router.url), &json, agent).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.header("x-router-prompt-tokens-source"), Some("exact"), "{}", reply.body);
+
     // Clients that name no model (SGLang's bench_serving sends none) get the default, `demo`.
     let nameless = [
         (
@@ -77,9 +92,15 @@ async fn the_demo_runs_wherever_its_binary_is_copied() {
         .expect("the banner names the tokenizer");
     assert!(!tokenizer.contains(env!("CARGO_MANIFEST_DIR")), "{tokenizer} is in the source tree");
     let written = std::fs::read_to_string(tokenizer).expect("the tokenizer is written out");
-    assert_eq!(written, router_sim::assets::TOKENIZER_JSON);
-    let reply = Http::default().chat(&url, &chat_body("demo", "Hello!", 4), &[]).await;
+    assert_eq!(written, router_sim::assets::gpt2::TOKENIZER_JSON, "GPT-2's BPE");
+    let prompt = "Hello! Tell me about the weather in Lisbon today.";
+    let reply = Http::default().chat(&url, &chat_body("demo", prompt, 4), &[]).await;
     assert_eq!(reply.status, 200, "{}", reply.body);
+    // Router and engines count the same BPE tokens: a few per word, not one per byte.
+    let counted: u64 = reply.header("x-router-prompt-tokens").expect("count").parse().expect("n");
+    assert_eq!(reply.header("x-router-prompt-tokens-source"), Some("exact"));
+    assert_eq!(reply.json()["usage"]["prompt_tokens"], counted, "{}", reply.body);
+    assert!(counted < prompt.len() as u64 / 2, "{counted} tokens");
     drop(demo);
     std::fs::remove_dir_all(&dir).expect("cleaned");
 }

@@ -132,7 +132,7 @@ fn group(policy: &str) -> Result<GroupConfig, DemoError> {
 pub async fn start(port: u16) -> Result<(DemoFleet, ConfigFile), DemoError> {
     // Out of the binary, not the source tree: the demo runs wherever the binary is copied.
     let dir = tokenizer_dir();
-    let tokenizer = router_sim::assets::write_to(&dir)
+    let tokenizer = router_sim::assets::gpt2::write_to(&dir)
         .map_err(|source| DemoError::Tokenizer { dir: dir.clone(), source })?;
     let cancel = CancellationToken::new();
     let mut engines = Vec::new();
