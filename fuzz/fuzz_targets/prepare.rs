@@ -14,30 +14,84 @@
 use std::path::Path;
 use std::sync::OnceLock;
 
+use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use router_server::fuzzing::{self, Tokenizer};
+use router_prepare::{Endpoint, Prompt, ROUTER_OWNED_FIELDS as ROUTER_OWNED, Tokenization};
 use serde_json::Value;
 
-/// Fields only the router may set (router-server's `ROUTER_OWNED_FIELDS`).
-const ROUTER_OWNED: [&str; 3] = ["bootstrap_host", "bootstrap_port", "bootstrap_room"];
 /// The batch limit of the default configuration.
 const MAX_BATCH: usize = 16;
 
-fn tokenizer() -> &'static Tokenizer {
-    static TOKENIZER: OnceLock<Tokenizer> = OnceLock::new();
+fn tokenizer() -> &'static Tokenization {
+    static TOKENIZER: OnceLock<Tokenization> = OnceLock::new();
     TOKENIZER.get_or_init(|| {
         let path = Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../crates/router-sim/assets/tokenizer.json");
-        match Tokenizer::load(&path) {
+        match Tokenization::load(&path, None) {
             Ok(tokenizer) => tokenizer,
             Err(err) => panic!("loading {}: {err}", path.display()),
         }
     })
 }
 
+/// What preparation made of a body, with what validation read of it.
+struct Prepared {
+    model: Option<String>,
+    body: Bytes,
+    input_tokens: u64,
+    expected_peak_tokens: Option<u64>,
+    max_output_tokens: Option<u64>,
+    sequences: u64,
+    tokens: Option<Vec<u32>>,
+    client_ids: Option<Vec<Vec<u32>>>,
+    keys: (Option<String>, Option<String>),
+    client_rank: Option<u32>,
+}
+
+/// Prepares `body` for `endpoint` as the HTTP front does, `rank_header` as the
+/// `x-data-parallel-rank` header; the error is the client-facing message.
+fn prepare(
+    endpoint: Endpoint,
+    body: &[u8],
+    tokenizer: Option<&Tokenization>,
+    session: Option<&str>,
+    rank_header: Option<&[u8]>,
+) -> Result<Prepared, String> {
+    let request =
+        router_prepare::parse_request(endpoint, body, MAX_BATCH).map_err(|err| err.message)?;
+    let header = match rank_header.map(http::HeaderValue::from_bytes) {
+        Some(Ok(value)) => Some(value),
+        Some(Err(_)) => return Err("not a header value".to_owned()),
+        None => None,
+    };
+    let client_rank = router_prepare::client_rank(request.client_rank, header.as_ref())
+        .map_err(|err| err.message)?;
+    let client_ids = match &request.prompt {
+        Prompt::Ids(ids) => Some(ids.clone()),
+        Prompt::Messages | Prompt::Texts(_) | Prompt::Opaque => None,
+    };
+    let (model, max_output_tokens, sequences) =
+        (request.model.clone(), request.max_output_tokens, request.sequences);
+    let prepared =
+        router_prepare::prepare(Bytes::copy_from_slice(body), request, tokenizer, session, None)
+            .map_err(|err| err.to_string())?;
+    Ok(Prepared {
+        model,
+        body: prepared.body,
+        input_tokens: prepared.input_tokens,
+        expected_peak_tokens: prepared.expected_peak_tokens,
+        max_output_tokens,
+        sequences,
+        tokens: prepared.tokens.map(|t| t.ids().to_vec()),
+        client_ids,
+        keys: (prepared.session_key, prepared.routing_key),
+        client_rank: client_rank.map(|r| r.rank),
+    })
+}
+
 fuzz_target!(|data: &[u8]| {
     let Some((&flags, mut body)) = data.split_first() else { return };
-    let endpoint = usize::from(flags & 0b111);
+    let endpoint = Endpoint::ALL[usize::from(flags & 0b111) % Endpoint::ALL.len()];
     let tokenizer = (flags & 0b1000 != 0).then(tokenizer);
     let session = (flags & 0b1_0000 != 0).then_some("session-1");
     let rank_header = if flags & 0b10_0000 != 0 {
@@ -48,12 +102,9 @@ fuzz_target!(|data: &[u8]| {
     } else {
         None
     };
-    assert!(fuzzing::body_scan_agrees(body), "the body scan and serde_json read it differently");
-    let Ok(prepared) =
-        fuzzing::prepare(endpoint, body, MAX_BATCH, tokenizer, (session, None), rank_header)
-    else {
-        return;
-    };
+    let agree = router_prepare::body_scan_agrees(body);
+    assert!(agree, "the body scan and serde_json read it differently");
+    let Ok(prepared) = prepare(endpoint, body, tokenizer, session, rank_header) else { return };
     let Ok(Value::Object(parsed)) = serde_json::from_slice::<Value>(body) else {
         panic!("a body that is not a JSON object was prepared");
     };

@@ -92,7 +92,7 @@ async fn the_demo_runs_wherever_its_binary_is_copied() {
         .expect("the banner names the tokenizer");
     assert!(!tokenizer.contains(env!("CARGO_MANIFEST_DIR")), "{tokenizer} is in the source tree");
     let written = std::fs::read_to_string(tokenizer).expect("the tokenizer is written out");
-    assert_eq!(written, router_sim::assets::gpt2::TOKENIZER_JSON, "GPT-2's BPE");
+    assert!(written == router_sim::assets::gpt2::TOKENIZER_JSON, "GPT-2's BPE");
     let prompt = "Hello! Tell me about the weather in Lisbon today.";
     let reply = Http::default().chat(&url, &chat_body("demo", prompt, 4), &[]).await;
     assert_eq!(reply.status, 200, "{}", reply.body);

@@ -22,6 +22,10 @@ Each family then adds its special tokens after the 50,256 ranks:
           <tool_call>, </tool_call>; no BOS; chat template: Qwen/Qwen2.5-7B-Instruct's (default
           system prompt, tools)
 The templates are read from crates/router-chat-template/testdata/templates/ (see its SOURCES.md).
+
+It also writes the demo's tokenizer, crates/router-sim/assets/gpt2/tokenizer.json: the same
+vocabulary with <|endoftext|>, <|im_start|> and <|im_end|> (all special) and no BOS, beside a
+tokenizer_config.json holding router-sim's ChatML template (that of assets/tokenizer_config.json).
 """
 
 import argparse
@@ -261,6 +265,18 @@ def write_family(name: str, family: dict, vocab, merges) -> None:
     print(f"convert_tiktoken: {out.relative_to(REPO)}: {size} tokens, added {ids}")
 
 
+def write_demo(vocab, merges) -> None:
+    """router-sim's GPT-2 tokenizer for `router-server --demo` and the clients benchmarking it."""
+    out = REPO / "crates/router-sim/assets/gpt2"
+    out.mkdir(parents=True, exist_ok=True)
+    family = {"added": [(t, True) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")], "bos": None}
+    tok = build_tokenizer(vocab, merges, family)
+    (out / "tokenizer.json").write_text(tok.to_str(pretty=False) + "\n")
+    config = json.loads((REPO / "crates/router-sim/assets/tokenizer_config.json").read_text())
+    dump(out / "tokenizer_config.json", config)
+    print(f"convert_tiktoken: {out.relative_to(REPO)}: {tok.get_vocab_size(with_added_tokens=True)} tokens")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiktoken", type=Path, help="gpt2.tiktoken (default: from the pinned openai-whisper sdist)")
@@ -271,6 +287,7 @@ def main() -> None:
     print(f"convert_tiktoken: {len(vocab)} ranks, {len(merges)} merges", file=sys.stderr)
     for name, family in FAMILIES.items():
         write_family(name, family, vocab, merges)
+    write_demo(vocab, merges)
 
 
 if __name__ == "__main__":

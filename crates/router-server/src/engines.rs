@@ -26,7 +26,7 @@ use router_workers::{EngineKind, KvEventsSpec, ModelId, Worker, WorkerId, Worker
 use serde_json::Value;
 
 use crate::forward::Forwarder;
-use crate::prepare::Tokenization;
+use router_prepare::Tokenization;
 
 /// The engine that gave these answers: `server_info` to `GET /get_server_info` and `version`
 /// to `GET /version` (each `None` when the engine did not answer it with JSON).

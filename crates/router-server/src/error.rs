@@ -14,7 +14,7 @@ use router_policies::PickError;
 use router_workers::WorkerId;
 
 use crate::limit::rate::Refusal;
-use crate::prepare::{InvalidRequest, PrepareError};
+use router_prepare::{InvalidRequest, PrepareError};
 
 /// A body's or transport's error, as the HTTP crates box them.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;

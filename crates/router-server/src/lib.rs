@@ -2,12 +2,12 @@
 //!
 //! Owns the assembly of every other crate into the `router-server` binary: the configuration
 //! file and command line, the `AppContext` that starts shared services once and stops them on
-//! shutdown, request preparation (validation, chat template, tokenizer), serving a prepared
+//! shutdown, request intake (router-prepare reads and tokenizes the body), serving a prepared
 //! request through router-buckets' bucket loop (`serve.rs`), dispatch to a plain engine or a PD
 //! pair (`dispatch/`) over the engine clients (`forward/`), the client/engine/admin credentials,
 //! slow-client timeouts, health checking and circuit breaking, metrics and the admin API; and
-//! the endpoint picker for Envoy-based gateways (`epp/`), which prepares and selects the same
-//! way and lets Envoy forward.
+//! the endpoint picker for Envoy-based gateways (`epp/`), which prepares (router-prepare) and
+//! selects the same way and lets Envoy forward.
 //! Domain errors are mapped to HTTP statuses in one place (`error.rs`).
 //!
 //! Does not own: selection (router-policies, router-buckets) or state ingestion (the state
@@ -25,7 +25,7 @@ pub mod epp;
 mod error;
 mod few_fields;
 mod forward;
-/// Request preparation for the fuzz targets in `fuzz/`; not an API.
+/// The HTTP/1.1 decoding for the fuzz targets in `fuzz/`; not an API.
 #[doc(hidden)]
 pub mod fuzzing;
 mod h1_text;
@@ -34,15 +34,12 @@ mod limit;
 pub mod logging;
 mod metrics;
 mod model_info;
-mod prepare;
 mod retry;
 mod routes;
 mod serve;
 pub mod server;
 pub mod telemetry;
 mod tls;
-mod usage;
-mod words;
 
 #[cfg(test)]
 mod tests;

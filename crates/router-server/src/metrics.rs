@@ -14,7 +14,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use router_policies::{MATCHED_TOKEN_BOUNDS, MatchedTokens, SourceStats};
 use router_workers::EngineStatus;
 
-use crate::usage::Usage;
+use router_prepare::usage::Usage;
 
 static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
 

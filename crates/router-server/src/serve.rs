@@ -21,8 +21,8 @@ use crate::config::ModelRuntime;
 use crate::dispatch::{Dispatch, Exchange};
 use crate::error::{ApiError, Chain};
 use crate::metrics;
-use crate::prepare::PreparedRequest;
 use crate::telemetry::{ChildSpan, RequestTrace};
+use router_prepare::PreparedRequest;
 
 /// What a request's metrics are labelled with, filled in as it becomes known (shared ids,
 /// not copies: each is a reference count).

@@ -20,10 +20,10 @@ use tracing::{debug, info, warn};
 use crate::app::AppContext;
 use crate::config::ServerSection;
 use crate::error::ApiError;
-use crate::prepare::Endpoint;
 use crate::routes::{admin, fleet, inference, ops};
 use crate::{auth, limit};
 use front::Front;
+use router_prepare::Endpoint;
 
 /// How long streams still open when the drain runs out get to write their closing error event
 /// before their connections close.

@@ -11,7 +11,7 @@ use http_body_util::BodyExt;
 
 use crate::app::AppContext;
 use crate::config::ConfigFile;
-use crate::prepare::{Endpoint, PreparedRequest, parse_request, prepare};
+use router_prepare::{Endpoint, PreparedRequest, parse_request, prepare};
 
 /// Serves `app` on a fresh loopback port; its base URL.
 pub(crate) async fn serve(app: axum::Router) -> String {

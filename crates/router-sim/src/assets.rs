@@ -49,9 +49,10 @@ pub const CHAT_TEMPLATE: &str = "{% for message in messages %}{{ '<|im_start|>' 
 + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}{% if add_generation_prompt %}\
 {{ '<|im_start|>assistant\\n' }}{% endif %}";
 
-/// GPT-2's byte-level BPE (50257 tokens, from `openai-whisper`'s `gpt2.tiktoken`; rebuilt by
-/// `assets/gpt2/build.py`) with the ChatML markers of [`CHAT_TEMPLATE`] as special tokens
-/// 50257 and 50258, and the same template.
+/// GPT-2's byte-level BPE (its 50256 ranks from `openai-whisper`'s `gpt2.tiktoken`, built as
+/// transformers converts tiktoken vocabularies by `tests/vllm/convert_tiktoken.py`, which
+/// builds the vLLM test models' tokenizers from the same ranks) with `<|endoftext|>` and the
+/// ChatML markers of [`CHAT_TEMPLATE`] as special tokens 50256 to 50258, and the same template.
 pub mod gpt2 {
     use std::path::PathBuf;
 

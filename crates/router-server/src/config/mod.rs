@@ -36,7 +36,7 @@ pub use file::{
 pub use incumbents::{Screened, screen};
 pub use located::{Located, Positions, read as read_located};
 
-use crate::prepare::Tokenization;
+use router_prepare::Tokenization;
 
 /// One configuration problem, with the path of the field it is about.
 #[derive(Debug, Clone, PartialEq, Eq)]

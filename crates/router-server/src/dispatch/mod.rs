@@ -33,9 +33,9 @@ use crate::app::AppContext;
 use crate::error::{ApiError, EngineError, SendError};
 use crate::forward::{AnswerMetrics, GuardedBody, Outcome, OutcomeSink as _, passthrough_headers};
 use crate::metrics;
-use crate::prepare::PreparedRequest;
 use crate::telemetry::RequestTrace;
 use rank::EngineRequest;
+use router_prepare::PreparedRequest;
 
 /// The response headers naming what served the request: the bucket, and the engine (a pair's
 /// two engines) with its data-parallel rank. Parsed once, here: an insert by string parses the
@@ -71,7 +71,7 @@ pub(crate) struct Dispatch<'a> {
 /// path (the API the client used) and whether the client asked for a stream.
 #[derive(Clone, Copy)]
 pub(crate) struct Exchange<'a> {
-    /// The engine's path, as [`crate::prepare::Endpoint::path`].
+    /// The engine's path, as [`router_prepare::Endpoint::path`].
     pub path: &'static str,
     /// The shared services.
     pub ctx: &'a Arc<AppContext>,

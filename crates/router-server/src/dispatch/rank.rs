@@ -17,7 +17,7 @@ use serde_json::Value;
 use super::Dispatch;
 use crate::error::ApiError;
 use crate::metrics;
-use crate::prepare::{self, DP_RANK_HEADER, ROUTER_OWNED_FIELDS};
+use router_prepare::{self as prepare, DP_RANK_HEADER, ROUTER_OWNED_FIELDS};
 
 /// SGLang's body field naming the rank.
 const DP_RANK_FIELD: &str = "data_parallel_rank";

@@ -19,8 +19,8 @@ use super::{Dispatch, EngineRequest, Exchange, WHOLE_ANSWER_LIMIT};
 use crate::app::AppContext;
 use crate::error::{ApiError, EngineError};
 use crate::forward::{Outcome, OutcomeSink as _};
-use crate::prepare::Endpoint;
 use crate::tests::{context, metric, nothing_listens, one_model, prepared, serve, text};
+use router_prepare::Endpoint;
 
 const JSON: &str = r#"{"choices":[{"message":{"content":"hi"}}]}"#;
 

@@ -21,9 +21,9 @@ use router_workers::{Stage, WorkerId};
 use super::endpoints::{endpoint_of, workers_at};
 use crate::app::AppContext;
 use crate::error::ApiError;
-use crate::prepare::Endpoint;
 use crate::routes::inference::prepare_request;
 use crate::serve::{Labels, select};
+use router_prepare::Endpoint;
 
 /// What a stream asks the picker to route.
 pub(crate) struct RouteRequest<'a> {

@@ -37,7 +37,7 @@ use super::reply::{self, Side};
 use crate::app::AppContext;
 use crate::error::ApiError;
 use crate::metrics;
-use crate::prepare::Endpoint;
+use router_prepare::Endpoint;
 
 /// The sending half of a stream's answers.
 pub(crate) type Answers = mpsc::Sender<Result<ProcessingResponse, Status>>;

@@ -138,7 +138,7 @@ impl AnswerMetrics {
     /// Records a whole answer of `worker` (its token counts read from `answer`), complete now.
     pub(crate) fn whole(&self, worker: &Worker, answer: &[u8]) {
         let e2e = self.started.elapsed();
-        let usage = crate::usage::of_answer(answer);
+        let usage = router_prepare::usage::of_answer(answer);
         // One generated token: the answer's end is its first token.
         if let Some(prediction) = &self.prediction
             && usage.is_some_and(|usage| usage.completion <= 1)
@@ -191,7 +191,7 @@ impl StreamTiming {
         let started = Instant::from_std(self.labels.started);
         let e2e = self.labels.started.elapsed();
         let ttft = self.first.map(|first| first.saturating_duration_since(started));
-        let usage = crate::usage::of_stream_tail(&[&self.tail[0], &self.tail[1]]);
+        let usage = router_prepare::usage::of_stream_tail(&[&self.tail[0], &self.tail[1]]);
         let itl = match (self.first, self.last, usage) {
             (Some(first), Some(last), Some(usage)) if usage.completion > 1 => {
                 let gaps = u32::try_from(usage.completion - 1).unwrap_or(u32::MAX);

@@ -26,12 +26,12 @@ use router_workers::Worker;
 use rustls::ClientConfig;
 
 use crate::error::{BoxError, SendError};
-use crate::prepare::DP_RANK;
 use crate::routes::REQUEST_ID_HEADER;
 use crate::telemetry::TraceHeaders;
 use crate::tls::TlsConfigError;
 pub(crate) use h1::decode_answer;
 use h1::{H1Answer, H1Error, H1Pool, RequestHead};
+use router_prepare::DP_RANK;
 
 /// The content type of every request to an engine.
 const APPLICATION_JSON: HeaderValue = HeaderValue::from_static("application/json");

@@ -21,7 +21,7 @@ use router_policies::BlockSize;
 use crate::app::AppContext;
 use crate::config::with_engine_key;
 use crate::error::ApiError;
-use crate::prepare::{
+use router_prepare::{
     Endpoint, EngineRules, InvalidRequest, body_members, edit_members, parse_request, prepare,
 };
 

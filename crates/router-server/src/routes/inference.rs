@@ -25,11 +25,11 @@ use crate::error::{ApiError, Chain};
 use crate::few_fields::FewFields as _;
 use crate::limit::rate::TokenCharge;
 use crate::metrics;
-use crate::prepare::{
-    DP_RANK, Endpoint, PreparedRequest, client_rank, parse_request, prepare, text_tokens,
-};
 use crate::serve::{Labels, serve};
 use crate::telemetry::{RequestTrace, TRACEPARENT, TRACESTATE};
+use router_prepare::{
+    DP_RANK, Endpoint, PreparedRequest, client_rank, parse_request, prepare, text_tokens,
+};
 
 /// The handler of `endpoint`'s route (the path is [`Endpoint::path`]). It takes the request
 /// whole: axum's `HeaderMap` extractor would copy the headers. Its tokens are charged where

@@ -21,10 +21,10 @@ use hyper::body::Incoming;
 use hyper_util::service::TowerToHyperService;
 
 use crate::app::AppContext;
-use crate::prepare::Endpoint;
 use crate::routes::body::{BodyFraming, IncomingBody};
 use crate::routes::inference;
 use crate::{auth, limit};
+use router_prepare::Endpoint;
 
 /// A connection's service: the router's routes, with the inference endpoints taken first
 /// when `inference` is set.

@@ -53,8 +53,8 @@ use super::ConnectionLimits;
 use super::front::{self, Direct};
 use crate::app::AppContext;
 use crate::h1_text::{self, field, has_token};
-use crate::prepare::Endpoint;
 use crate::routes::body::{BodyFraming, IncomingBody};
+use router_prepare::Endpoint;
 
 /// A client's socket, its writes under the write timeout.
 pub(super) type ClientIo = Pin<Box<TimeoutStream<TcpStream>>>;

@@ -19,7 +19,7 @@ use crate::app::AppContext;
 use crate::config::ConfigFile;
 use crate::dispatch::{Dispatch, Exchange};
 use crate::error::ApiError;
-use crate::prepare::{Endpoint, parse_request, prepare};
+use router_prepare::{Endpoint, parse_request, prepare};
 
 /// What a scripted engine does with a chat request.
 #[derive(Clone, Copy, Debug)]

@@ -13,9 +13,9 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
 use super::{ChunkSize, Parsed, content_length, parse_head};
-use crate::prepare::Endpoint;
 use crate::server::Serving;
 use crate::tests::{answering, context, one_model};
+use router_prepare::Endpoint;
 
 /// The fields the parses below keep: two of those an inference request is read for.
 fn kept() -> [HeaderName; 2] {

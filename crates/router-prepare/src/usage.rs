@@ -17,7 +17,7 @@ use smallvec::SmallVec;
 
 /// Tokens of one answer.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Usage {
+pub struct Usage {
     /// Prompt tokens.
     pub prompt: u64,
     /// Prompt tokens served from the engine's prefix cache.
@@ -41,7 +41,7 @@ impl std::ops::Add for Usage {
 
 /// The counts of a whole JSON answer, if it reports any: read in its last member where they
 /// usually are ([`scan`]), else from the answer parsed whole.
-pub(crate) fn of_answer(body: &[u8]) -> Option<Usage> {
+pub fn of_answer(body: &[u8]) -> Option<Usage> {
     scan::of_last_member(body).unwrap_or_else(|| parsed(body))
 }
 
@@ -125,7 +125,7 @@ const TAIL_EVENTS: usize = 8;
 /// Only the last events are read: most streams end their last frame with their counts, so that
 /// frame is tried alone before the frames are joined (a coalesced frame may hold the whole
 /// stream).
-pub(crate) fn of_stream_tail(tail: &[&[u8]]) -> Option<Usage> {
+pub fn of_stream_tail(tail: &[&[u8]]) -> Option<Usage> {
     let [.., last] = tail else { return None };
     let (usage, read) = of_last_events(last);
     // The last frame alone held all the events to read: joining it to the frames before it

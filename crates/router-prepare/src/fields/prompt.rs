@@ -13,7 +13,7 @@ use super::Walk;
 
 /// A prompt field as read.
 #[derive(Debug, PartialEq)]
-pub(crate) enum PromptField {
+pub enum PromptField {
     /// `null`.
     Null,
     /// One string.
@@ -32,7 +32,7 @@ pub(crate) enum PromptField {
 
 /// Why a prompt field is none of the accepted shapes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum PromptProblem {
+pub enum PromptProblem {
     /// Not a string nor a list of strings, of ids or of lists of ids.
     Shape,
     /// A list of ids holds an item that is no non-negative integer below 2^32.
@@ -45,7 +45,7 @@ pub(crate) enum PromptProblem {
 
 impl PromptField {
     /// The length of its text: its strings, or what was walked of an invalid one.
-    pub(crate) fn text_len(&self) -> usize {
+    pub fn text_len(&self) -> usize {
         match self {
             PromptField::Text(text) => text.len(),
             PromptField::Texts(texts) => texts.iter().map(String::len).sum(),

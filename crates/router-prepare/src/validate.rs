@@ -13,7 +13,7 @@ use super::fields::{self, BodyFields, MessageProblem, Messages, PromptField, Pro
 /// A request that failed validation: a 400 naming what is wrong.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 #[error("{message}")]
-pub(crate) struct InvalidRequest {
+pub struct InvalidRequest {
     /// What is wrong, naming the field.
     pub message: String,
     /// The offending parameter, when there is one.
@@ -21,19 +21,20 @@ pub(crate) struct InvalidRequest {
 }
 
 impl InvalidRequest {
-    pub(crate) fn field(param: &str, what: impl std::fmt::Display) -> Self {
+    /// `'{param}' {what}`, naming `param`.
+    pub fn field(param: &str, what: impl std::fmt::Display) -> Self {
         Self { message: format!("'{param}' {what}"), param: Some(param.to_owned()) }
     }
 
     /// A body that is no JSON value.
-    pub(crate) fn not_json(error: serde_json::Error) -> Self {
+    pub fn not_json(error: serde_json::Error) -> Self {
         Self { message: format!("request body is not valid JSON: {error}"), param: None }
     }
 }
 
 /// The API a request came in through; the engine is asked through the same one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Endpoint {
+pub enum Endpoint {
     /// `POST /v1/chat/completions`.
     Chat,
     /// `POST /v1/completions`.
@@ -54,7 +55,7 @@ pub(crate) enum Endpoint {
 
 impl Endpoint {
     /// Every endpoint, each served at its [`Endpoint::path`].
-    pub(crate) const ALL: [Endpoint; 8] = [
+    pub const ALL: [Endpoint; 8] = [
         Endpoint::Chat,
         Endpoint::Completions,
         Endpoint::Generate,
@@ -66,7 +67,7 @@ impl Endpoint {
     ];
 
     /// The path of this API, on the router and on the engine.
-    pub(crate) fn path(self) -> &'static str {
+    pub fn path(self) -> &'static str {
         match self {
             Endpoint::Chat => "/v1/chat/completions",
             Endpoint::Completions => "/v1/completions",
@@ -80,20 +81,20 @@ impl Endpoint {
     }
 
     /// The endpoint served at `path`.
-    pub(crate) fn at(path: &str) -> Option<Endpoint> {
+    pub fn at(path: &str) -> Option<Endpoint> {
         Endpoint::ALL.into_iter().find(|endpoint| endpoint.path() == path)
     }
 
     /// Whether the engines generate tokens for it (chat, completions, `/generate`), and so a
     /// PD pair serves it; the other endpoints go to one engine as they are.
-    pub(crate) fn generates(self) -> bool {
+    pub fn generates(self) -> bool {
         matches!(self, Endpoint::Chat | Endpoint::Completions | Endpoint::Generate)
     }
 }
 
 /// What the model is asked to continue.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Prompt {
+pub enum Prompt {
     /// Chat messages (the body's validated `messages`), rendered by the chat template.
     Messages,
     /// Raw text prompts, tokenized without a template.
@@ -106,7 +107,7 @@ pub(crate) enum Prompt {
 
 /// The fields of an inference request the router reads.
 #[derive(Debug)]
-pub(crate) struct InferenceRequest {
+pub struct InferenceRequest {
     /// The API it came in through.
     pub endpoint: Endpoint,
     /// The body's top-level fields, as far as the router reads them.
@@ -132,12 +133,12 @@ impl InferenceRequest {
     /// How many bootstrap rooms a PD pair needs as a list: one per prompt of a `/generate`
     /// batch (SGLang's batch requests take lists); `None` for one room, from which an engine
     /// numbers the runs of a multi-prompt completion itself.
-    pub(crate) fn bootstrap_rooms(&self) -> Option<usize> {
+    pub fn bootstrap_rooms(&self) -> Option<usize> {
         self.batch.filter(|_| self.endpoint == Endpoint::Generate)
     }
 
     /// `messages`, when present (validated to be a non-empty list of messages for chat).
-    pub(crate) fn messages(&self) -> Option<&Messages> {
+    pub fn messages(&self) -> Option<&Messages> {
         self.body.messages()
     }
 }
@@ -174,7 +175,7 @@ impl Field for Map<String, Value> {
 const MAX_OUTPUT_TOKENS: u64 = 1 << 24;
 
 /// Parses and validates a body of `endpoint`; a batch may hold at most `max_batch` prompts.
-pub(crate) fn parse_request(
+pub fn parse_request(
     endpoint: Endpoint,
     body: &[u8],
     max_batch: usize,

@@ -22,7 +22,7 @@ mod prompt;
 mod scan;
 mod values;
 
-pub(crate) use prompt::{PromptField, PromptProblem};
+pub use prompt::{PromptField, PromptProblem};
 
 /// Declares the top-level fields parsed into values: [`READ`] lists them, [`read_field`]
 /// finds a key among them.
@@ -30,7 +30,7 @@ macro_rules! read_fields {
     ($($name:literal),* $(,)?) => {
         /// The top-level fields validation reads (and the router-owned ones, whose presence
         /// decides whether a body is rewritten); `messages` is read apart.
-        pub(crate) const READ: &[&str] = &[$($name),*];
+        pub const READ: &[&str] = &[$($name),*];
 
         /// `key` as the name in [`READ`], when it is one.
         fn read_field(key: &str) -> Option<&'static str> {
@@ -76,7 +76,7 @@ const PROMPT_FIELDS: [&str; 3] = ["prompt", "text", "input_ids"];
 
 /// A request body's top-level members, as the router reads them.
 #[derive(Debug, Default, PartialEq)]
-pub(crate) struct BodyFields {
+pub struct BodyFields {
     /// The [`READ`] fields present but the prompts, in the order sent; a repeated one's last
     /// value counts.
     values: Vec<(&'static str, Value)>,
@@ -92,7 +92,7 @@ pub(crate) struct BodyFields {
 
 /// `messages` as read: a list's length and its text, and the first message that is not one.
 #[derive(Debug, PartialEq)]
-pub(crate) struct Messages {
+pub struct Messages {
     /// How many messages, when `messages` is a list.
     pub count: Option<usize>,
     /// The length of its text: its string values, at any depth.
@@ -104,7 +104,7 @@ pub(crate) struct Messages {
 
 /// Why an item of `messages` is no message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum MessageProblem {
+pub enum MessageProblem {
     /// It is not an object.
     NotAnObject,
     /// Its `role` is missing or not a string.
@@ -115,14 +115,14 @@ pub(crate) enum MessageProblem {
 
 impl BodyFields {
     /// The value of the [`READ`] field `name` (not a prompt field).
-    pub(crate) fn get(&self, name: &str) -> Option<&Value> {
+    pub fn get(&self, name: &str) -> Option<&Value> {
         debug_assert!(READ.contains(&name), "`{name}` is not among the fields read");
         debug_assert!(!PROMPT_FIELDS.contains(&name), "`{name}` is read by `prompt`");
         self.values.iter().rev().find_map(|(field, value)| (*field == name).then_some(value))
     }
 
     /// Whether the [`READ`] field `name` is present.
-    pub(crate) fn has(&self, name: &str) -> bool {
+    pub fn has(&self, name: &str) -> bool {
         if PROMPT_FIELDS.contains(&name) {
             self.prompt(name).is_some()
         } else {
@@ -131,31 +131,31 @@ impl BodyFields {
     }
 
     /// The prompt field `name` (`prompt`, `text` or `input_ids`), when present.
-    pub(crate) fn prompt(&self, name: &str) -> Option<&PromptField> {
+    pub fn prompt(&self, name: &str) -> Option<&PromptField> {
         debug_assert!(PROMPT_FIELDS.contains(&name), "`{name}` is no prompt field");
         self.prompts.iter().rev().find_map(|(field, value)| (*field == name).then_some(value))
     }
 
     /// Takes the prompt field `name` out, for a request to own what it holds; its text still
     /// counts in [`BodyFields::text_len`].
-    pub(crate) fn take_prompt(&mut self, name: &str) -> Option<PromptField> {
+    pub fn take_prompt(&mut self, name: &str) -> Option<PromptField> {
         let at = self.prompts.iter().rposition(|(field, _)| *field == name)?;
         Some(std::mem::replace(&mut self.prompts[at].1, PromptField::Null))
     }
 
     /// `messages`, when present.
-    pub(crate) fn messages(&self) -> Option<&Messages> {
+    pub fn messages(&self) -> Option<&Messages> {
         self.messages.as_ref()
     }
 
     /// The first read field too large for the router to build (its values hold more nodes than
     /// a body of this size may), when there is one.
-    pub(crate) fn oversized(&self) -> Option<&'static str> {
+    pub fn oversized(&self) -> Option<&'static str> {
         self.oversized
     }
 
     /// The length of the body's text: its string values at any depth, keys aside.
-    pub(crate) fn text_len(&self) -> usize {
+    pub fn text_len(&self) -> usize {
         self.text + self.messages.as_ref().map_or(0, |m| m.text)
     }
 }
@@ -225,7 +225,7 @@ impl<'de> DeserializeSeed<'de> for Member<'_> {
 
 /// Reads `body`: its fields when it is a JSON object, `None` when it is another JSON value. A
 /// batch prompt may hold at most `max_batch` prompts (past them it is read as invalid).
-pub(crate) fn read(body: &[u8], max_batch: usize) -> Result<Option<BodyFields>, serde_json::Error> {
+pub fn read(body: &[u8], max_batch: usize) -> Result<Option<BodyFields>, serde_json::Error> {
     match std::str::from_utf8(body) {
         // UTF-8 checked once, in one pass (read from bytes, serde_json checks each string on
         // its own, keys included, which cost more than the rest of a small body's parse); then
@@ -241,7 +241,7 @@ pub(crate) fn read(body: &[u8], max_batch: usize) -> Result<Option<BodyFields>, 
 
 /// The members of `body` (a JSON object) named in `names`, as a map built within the node
 /// budget of a body of its size (the rest is skipped, not built); `Ok(None)` past the budget.
-pub(crate) fn members(
+pub fn members(
     body: &[u8],
     names: &'static [&'static str],
 ) -> Result<Option<serde_json::Map<String, Value>>, serde_json::Error> {
@@ -259,7 +259,7 @@ pub(crate) fn members(
 /// Whether `body`'s two readings agree: when the scan reads it, serde_json reads the same
 /// fields (for the `prepare` fuzz target, which meets far more shapes than the tests do).
 /// Batches are limited to [`AGREEING_BATCH`] prompts, so that the limit is met too.
-pub(crate) fn scan_agrees(body: &[u8]) -> bool {
+pub fn scan_agrees(body: &[u8]) -> bool {
     let Ok(text) = std::str::from_utf8(body) else { return true };
     scan::read(text, AGREEING_BATCH).is_none_or(|scanned| {
         read_from(serde_json::Deserializer::from_str(text), text.len(), AGREEING_BATCH)

@@ -1,12 +1,19 @@
-//! Request preparation, once per request, for every inference endpoint: parse and validate,
-//! render the chat template (chat) or take the prompt as text or token ids (completions,
-//! `/generate`), tokenize (or estimate), compute the expected peak, and read the affinity
-//! keys and the data-parallel rank a client asked for. Token ids a client sends are used for
-//! routing as they are, tokenizer or not.
+//! Request preparation, once per request, for every inference endpoint, and the token counts
+//! of answers: parse and validate a body (read in bounded memory: `fields`), render the chat
+//! template (chat) or take the prompt as text or token ids (completions, `/generate`),
+//! tokenize (or estimate), compute the expected peak, and read the affinity keys and the
+//! data-parallel rank a client asked for; read the `usage` an engine reports ([`usage`]).
+//! Token ids a client sends are used for routing as they are, tokenizer or not.
+//!
+//! Pure: bytes and a model's tokenizer in, values out; no I/O, no HTTP server, no metrics. The
+//! HTTP doors and the endpoint picker of router-server use it alike, and the fuzz targets
+//! reach it directly.
 
 mod edit;
 mod fields;
+pub mod usage;
 mod validate;
+mod words;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -18,14 +25,13 @@ use router_policies::RequestTokens;
 use router_workers::{DpRoute, EngineKind, ModelId, WorkerId};
 use serde_json::Value;
 
-pub(crate) use edit::edit_members;
-pub(crate) use fields::{members as body_members, scan_agrees as body_scan_agrees};
-pub(crate) use router_chat_template::{ChatTemplate, EngineRules, TemplateError, Unrenderable};
-pub(crate) use validate::{Endpoint, InferenceRequest, InvalidRequest, Prompt, parse_request};
+pub use edit::edit_members;
+pub use fields::{members as body_members, scan_agrees as body_scan_agrees};
+pub use router_chat_template::{ChatTemplate, EngineRules, TemplateError, Unrenderable};
+pub use validate::{Endpoint, InferenceRequest, InvalidRequest, Prompt, parse_request};
 
 /// Fields that only the router may set; a client's values are removed before forwarding.
-pub(crate) const ROUTER_OWNED_FIELDS: [&str; 3] =
-    ["bootstrap_host", "bootstrap_port", "bootstrap_room"];
+pub const ROUTER_OWNED_FIELDS: [&str; 3] = ["bootstrap_host", "bootstrap_port", "bootstrap_room"];
 
 /// A model's tokenizer and chat template, loaded once at startup, and whose rules turn a chat
 /// request into the template's input (the engines' differ: `router_chat_template`'s request
@@ -45,7 +51,7 @@ pub struct Tokenization {
 /// Why a prompt has no exact token ids: it cannot be rendered exactly, or it is longer than
 /// the router tokenizes.
 #[derive(Debug)]
-pub(crate) enum Inexact {
+pub enum Inexact {
     /// The chat template cannot render it exactly.
     Unrenderable(Unrenderable),
     /// Its text is longer than `server.max_tokenized_prompt_bytes`, or its messages hold more
@@ -56,7 +62,7 @@ pub(crate) enum Inexact {
 impl Inexact {
     /// The reason as a `router_prefix_unmatchable_total` label: `non_text_part`,
     /// `template_error` or `too_long`.
-    pub(crate) fn reason(&self) -> &'static str {
+    pub fn reason(&self) -> &'static str {
         match self {
             Inexact::Unrenderable(unrenderable) => unrenderable.reason(),
             Inexact::TooLong => "too_long",
@@ -119,7 +125,7 @@ impl Tokenization {
     }
 
     /// The rules chat requests are rendered by now.
-    pub(crate) fn rules(&self) -> EngineRules {
+    pub fn rules(&self) -> EngineRules {
         if self.sglang_rules.load(Ordering::Relaxed) {
             EngineRules::Sglang
         } else {
@@ -128,14 +134,14 @@ impl Tokenization {
     }
 
     /// The model's configured engine.
-    pub(crate) fn engine(&self) -> Option<EngineKind> {
+    pub fn engine(&self) -> Option<EngineKind> {
         self.engine
     }
 
     /// Renders by the engine the model's workers run, given each worker's (`None` when
     /// unknown), as [`engine_to_follow`] chooses (vLLM's rules when it names
     /// none). The rules it now renders by, and whether the known engines disagree.
-    pub(crate) fn follow_engines(
+    pub fn follow_engines(
         &self,
         engines: impl IntoIterator<Item = Option<EngineKind>>,
     ) -> (EngineRules, bool) {
@@ -153,7 +159,7 @@ impl Tokenization {
     /// accepted, as the model's engines do; `Ok(Err(_))` when no exact rendering exists or
     /// its text is too long. Messages whose text alone is too long, or whose values would
     /// take more than the node budget of the body's size (`fields`), are not rendered.
-    pub(crate) fn encode_messages(
+    pub fn encode_messages(
         &self,
         body: &[u8],
         messages_text: usize,
@@ -183,7 +189,7 @@ impl Tokenization {
     /// Tokenizes a raw text prompt as the engines do for completions and `/generate` text:
     /// with the tokenizer's special tokens unless the request says `add_special_tokens: false`;
     /// `Ok(None)` when it is too long to tokenize.
-    pub(crate) fn encode_text(
+    pub fn encode_text(
         &self,
         text: &str,
         add_special_tokens: bool,
@@ -200,7 +206,7 @@ impl Tokenization {
 /// The engine a model renders by, given its configured one and each of its workers' (`None`
 /// when unknown): the one all known workers run, else (none known, or several) the configured
 /// one; and whether the known ones disagree.
-pub(crate) fn engine_to_follow(
+pub fn engine_to_follow(
     configured: Option<EngineKind>,
     engines: impl IntoIterator<Item = Option<EngineKind>>,
 ) -> (Option<EngineKind>, bool) {
@@ -212,7 +218,7 @@ pub(crate) fn engine_to_follow(
 
 /// Where a request's prompt token count came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum TokenSource {
+pub enum TokenSource {
     /// Token ids: the client's, or the model's tokenizer's.
     Exact,
     /// The size estimate: no tokenizer, or a request with no exact rendering.
@@ -221,7 +227,7 @@ pub(crate) enum TokenSource {
 
 impl TokenSource {
     /// As `x-router-prompt-tokens-source` says it.
-    pub(crate) fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             TokenSource::Exact => "exact",
             TokenSource::Estimated => "estimated",
@@ -232,7 +238,7 @@ impl TokenSource {
 /// Everything the router needs about one request, computed once and shared by every bucket
 /// attempt and the dispatch.
 #[derive(Debug)]
-pub(crate) struct PreparedRequest {
+pub struct PreparedRequest {
     /// The validated request.
     pub request: InferenceRequest,
     /// The body to forward: the client's bytes, or a re-serialisation without router-owned
@@ -264,7 +270,7 @@ pub(crate) struct PreparedRequest {
 impl PreparedRequest {
     /// The facts the bucket loop selects `model`'s engines by, sent to none of `excluded`;
     /// no subset.
-    pub(crate) fn bucket_request<'a>(
+    pub fn bucket_request<'a>(
         &'a self,
         model: &'a ModelId,
         excluded: &'a [WorkerId],
@@ -286,7 +292,7 @@ impl PreparedRequest {
 /// A data-parallel rank a client asked for: in SGLang's `data_parallel_rank` body field or
 /// vLLM's `X-data-parallel-rank` header.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct ClientRank {
+pub struct ClientRank {
     /// The rank.
     pub rank: u32,
     /// Where the client said it; an engine that picks its own rank gets it the same way.
@@ -294,14 +300,14 @@ pub(crate) struct ClientRank {
 }
 
 /// The header vLLM reads the data-parallel rank from.
-pub(crate) const DP_RANK_HEADER: &str = "x-data-parallel-rank";
+pub const DP_RANK_HEADER: &str = "x-data-parallel-rank";
 /// [`DP_RANK_HEADER`] as a header name, parsed once.
-pub(crate) const DP_RANK: http::HeaderName = http::HeaderName::from_static(DP_RANK_HEADER);
+pub const DP_RANK: http::HeaderName = http::HeaderName::from_static(DP_RANK_HEADER);
 
 /// The rank a client asked for in the body (`body_rank`, already validated) or the
 /// [`DP_RANK_HEADER`] header (a non-negative integer, else 400); both may be given only if
 /// they agree.
-pub(crate) fn client_rank(
+pub fn client_rank(
     body_rank: Option<u32>,
     header: Option<&http::HeaderValue>,
 ) -> Result<Option<ClientRank>, InvalidRequest> {
@@ -330,7 +336,7 @@ pub(crate) fn client_rank(
 
 /// Why a request could not be prepared.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum PrepareError {
+pub enum PrepareError {
     /// The client's request is invalid (400).
     #[error(transparent)]
     Invalid(#[from] InvalidRequest),
@@ -342,7 +348,7 @@ pub(crate) enum PrepareError {
 /// Prepares a parsed request: `session` and `routing` are the affinity keys from their headers.
 ///
 /// A batch counts the tokens of all its prompts; prefix lookups use the first one's.
-pub(crate) fn prepare(
+pub fn prepare(
     raw: Bytes,
     mut request: InferenceRequest,
     tokenization: Option<&Tokenization>,
@@ -424,7 +430,7 @@ pub(crate) fn prepare(
 /// chat message's role and text content followed by a newline, made ids by
 /// [`RequestTokens::from_text`]. `None` for a passed-through body, or messages holding more
 /// values than the router builds for a body of their size.
-pub(crate) fn text_tokens(prepared: &PreparedRequest) -> Option<Arc<RequestTokens>> {
+pub fn text_tokens(prepared: &PreparedRequest) -> Option<Arc<RequestTokens>> {
     let text = match &prepared.request.prompt {
         Prompt::Texts(texts) => texts.first()?.as_bytes().to_vec(),
         Prompt::Messages => {

@@ -14,7 +14,7 @@ use serde_json::value::RawValue;
 /// `body`, a JSON object, without its members named in `remove` and with `set` written after
 /// the rest (a member of the same name the body holds is removed). Every other member keeps
 /// its text, number digits and key order, repeats included.
-pub(crate) fn edit_members(
+pub fn edit_members(
     body: &[u8],
     remove: &[&str],
     set: &[(&str, Value)],
