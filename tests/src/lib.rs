@@ -5,6 +5,10 @@
 //! (`target/<profile>/`). `cargo test --workspace` builds them before any test runs, because
 //! router-server and router-sim have integration tests of their own; `cargo xtask ci` builds
 //! them explicitly first.
+#![expect(
+    clippy::disallowed_methods,
+    reason = "the process helpers are synchronous: they wait on the test's own thread"
+)]
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};

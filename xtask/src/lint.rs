@@ -1,4 +1,5 @@
-//! `cargo xtask lint`: formatting, clippy and rustdoc, all with warnings as errors.
+//! `cargo xtask lint`: formatting, clippy and rustdoc, all with warnings as errors, and
+//! cargo-deny's licenses, bans (a second version of a crate) and sources (deny.toml).
 
 use std::path::Path;
 use std::process::Command;
@@ -21,6 +22,37 @@ pub(crate) fn run(root: &Path) -> Result<()> {
         .context("running cargo doc")?;
     if !status.success() {
         bail!("cargo doc failed ({status})");
+    }
+    deny(root)
+}
+
+/// The cargo-deny release deny.toml is written for, and where .ci/run installs it.
+const DENY_VERSION: &str = "0.20.2";
+
+/// `cargo deny check licenses bans sources`, offline (the lock file and the local index are all
+/// it reads; advisories would need the RustSec database, which is not checked here).
+fn deny(root: &Path) -> Result<()> {
+    let cached = std::env::var_os("HOME").map(|home| {
+        Path::new(&home).join(format!(".cache/router-ci/cargo-deny-{DENY_VERSION}/bin/cargo-deny"))
+    });
+    let binary = match std::env::var_os("ROUTER_CARGO_DENY") {
+        Some(path) => path.into(),
+        None => cached.filter(|path| path.exists()).with_context(|| {
+            format!(
+                "cargo-deny {DENY_VERSION} not found (.ci/run installs it): cargo install \
+                 cargo-deny --version {DENY_VERSION} --locked --root \
+                 ~/.cache/router-ci/cargo-deny-{DENY_VERSION}, or set ROUTER_CARGO_DENY"
+            )
+        })?,
+    };
+    eprintln!("xtask: cargo deny --offline check licenses bans sources");
+    let status = Command::new(binary)
+        .args(["--offline", "check", "licenses", "bans", "sources"])
+        .current_dir(root)
+        .status()
+        .context("running cargo-deny")?;
+    if !status.success() {
+        bail!("cargo deny failed ({status}): see deny.toml");
     }
     Ok(())
 }

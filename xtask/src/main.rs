@@ -3,6 +3,10 @@
 //! Owns the checks that keep the workspace honest (layering, generated code, lints) and the
 //! commands CI and contributors run. Owns no product behaviour.
 #![expect(clippy::print_stdout, reason = "test output and the suite's summary go to stdout")]
+#![expect(
+    clippy::disallowed_methods,
+    reason = "synchronous code: it waits for the processes it runs on its own thread"
+)]
 
 mod bench;
 mod codegen;
@@ -20,7 +24,8 @@ const USAGE: &str = "usage: cargo xtask <command>
 commands:
   codegen [--check]   regenerate crates/router-proto from proto/**/*.proto (--check: fail if stale)
   deps                check internal dependency edges against ARCHITECTURE.md
-  lint                cargo fmt --check (fuzz/ too), clippy -D warnings, rustdoc -D warnings
+  lint                cargo fmt --check (fuzz/ too), clippy -D warnings, rustdoc -D warnings,
+                      cargo deny (licenses, bans, sources)
   tidy                //! headers, module cycles, references to documents outside the repository
   bench [--quick] [--only overhead|epp|policies|quality|replicas|real] [--no-build] [--case TEXT]
         [--set POLICY.KEY=VALUE]...

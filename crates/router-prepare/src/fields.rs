@@ -22,7 +22,7 @@ mod prompt;
 mod scan;
 mod values;
 
-pub use prompt::{PromptField, PromptProblem};
+pub(crate) use prompt::{PromptField, PromptProblem};
 
 /// Declares the top-level fields parsed into values: [`READ`] lists them, [`read_field`]
 /// finds a key among them.
@@ -30,7 +30,7 @@ macro_rules! read_fields {
     ($($name:literal),* $(,)?) => {
         /// The top-level fields validation reads (and the router-owned ones, whose presence
         /// decides whether a body is rewritten); `messages` is read apart.
-        pub const READ: &[&str] = &[$($name),*];
+        pub(crate) const READ: &[&str] = &[$($name),*];
 
         /// `key` as the name in [`READ`], when it is one.
         fn read_field(key: &str) -> Option<&'static str> {
@@ -225,7 +225,7 @@ impl<'de> DeserializeSeed<'de> for Member<'_> {
 
 /// Reads `body`: its fields when it is a JSON object, `None` when it is another JSON value. A
 /// batch prompt may hold at most `max_batch` prompts (past them it is read as invalid).
-pub fn read(body: &[u8], max_batch: usize) -> Result<Option<BodyFields>, serde_json::Error> {
+pub(crate) fn read(body: &[u8], max_batch: usize) -> Result<Option<BodyFields>, serde_json::Error> {
     match std::str::from_utf8(body) {
         // UTF-8 checked once, in one pass (read from bytes, serde_json checks each string on
         // its own, keys included, which cost more than the rest of a small body's parse); then
@@ -258,7 +258,7 @@ pub fn members(
 
 /// Whether `body`'s two readings agree: when the scan reads it, serde_json reads the same
 /// fields (for the `prepare` fuzz target, which meets far more shapes than the tests do).
-/// Batches are limited to [`AGREEING_BATCH`] prompts, so that the limit is met too.
+/// Batches are limited to `AGREEING_BATCH` prompts, so that the limit is met too.
 pub fn scan_agrees(body: &[u8]) -> bool {
     let Ok(text) = std::str::from_utf8(body) else { return true };
     scan::read(text, AGREEING_BATCH).is_none_or(|scanned| {

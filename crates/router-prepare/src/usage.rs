@@ -40,7 +40,7 @@ impl std::ops::Add for Usage {
 }
 
 /// The counts of a whole JSON answer, if it reports any: read in its last member where they
-/// usually are ([`scan`]), else from the answer parsed whole.
+/// usually are (the `scan` module), else from the answer parsed whole.
 pub fn of_answer(body: &[u8]) -> Option<Usage> {
     scan::of_last_member(body).unwrap_or_else(|| parsed(body))
 }

@@ -13,8 +13,6 @@
 //! Does not own: selection (router-policies, router-buckets) or state ingestion (the state
 //! crates).
 
-#![warn(unreachable_pub)]
-
 pub mod app;
 mod auth;
 pub mod config;

@@ -5,7 +5,6 @@
 
 use std::io::IsTerminal;
 use std::path::Path;
-use std::sync::Mutex;
 
 use tracing_subscriber::EnvFilter;
 
@@ -30,7 +29,12 @@ pub fn init(server: &ServerSection) -> Result<(), String> {
         Some(dir) => {
             let file = open_log_file(dir)
                 .map_err(|err| format!("server.log_dir {}: {err}", dir.display()))?;
-            let builder = builder.with_writer(Mutex::new(file)).with_ansi(false);
+            #[expect(
+                clippy::disallowed_types,
+                reason = "tracing-subscriber writes through std's Mutex (its MakeWriter impl)"
+            )]
+            let writer = std::sync::Mutex::new(file);
+            let builder = builder.with_writer(writer).with_ansi(false);
             if server.log_json {
                 builder.json().with_current_span(true).with_span_list(false).try_init()
             } else {

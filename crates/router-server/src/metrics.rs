@@ -309,6 +309,10 @@ pub(crate) fn install() -> PrometheusHandle {
                     let upkeep =
                         std::thread::Builder::new().name(UPKEEP_THREAD.into()).spawn(move || {
                             loop {
+                                #[expect(
+                                    clippy::disallowed_methods,
+                                    reason = "a thread of its own, no runtime's"
+                                )]
                                 std::thread::sleep(UPKEEP_INTERVAL);
                                 upkept.run_upkeep();
                             }

@@ -231,13 +231,33 @@ impl Predictions {
         hashes: &[u64],
         now: Instant,
     ) {
-        if hashes.is_empty() || !self.config.ahead_of_events() {
+        self.record_kind(false, model, worker, rank, hashes, now);
+    }
+
+    /// Records `hashes` as entries of kind `approximate`, for that kind's life and within its
+    /// bound; nothing when that kind is off.
+    fn record_kind(
+        &self,
+        approximate: bool,
+        model: &ModelId,
+        worker: &WorkerId,
+        rank: Option<u32>,
+        hashes: &[u64],
+        now: Instant,
+    ) {
+        let config = &self.config;
+        let on = if approximate { config.approximate() } else { config.ahead_of_events() };
+        if hashes.is_empty() || !on {
             return;
         }
-        let (slot, _) = self.slot(model, worker, false);
+        let (slot, share) = self.slot(model, worker, approximate);
+        let (ttl, cap) = match approximate {
+            true => (config.approximate_ttl, share),
+            false => (config.ttl, config.max_blocks_per_worker),
+        };
         let mut entries = slot.entries.lock();
         entries.prune(now);
-        entries.record(hashes, rank, now + self.config.ttl, self.config.max_blocks_per_worker);
+        entries.record(hashes, rank, now + ttl, cap);
     }
 
     /// Records that `worker`, an engine without KV events, was sent the blocks `hashes` of
@@ -251,13 +271,7 @@ impl Predictions {
         hashes: &[u64],
         now: Instant,
     ) {
-        if hashes.is_empty() || !self.config.approximate() {
-            return;
-        }
-        let (slot, share) = self.slot(model, worker, true);
-        let mut entries = slot.entries.lock();
-        entries.prune(now);
-        entries.record(hashes, rank, now + self.config.approximate_ttl, share);
+        self.record_kind(true, model, worker, rank, hashes, now);
     }
 
     /// Leading blocks of `hashes` that `worker` is predicted to hold at `now`.

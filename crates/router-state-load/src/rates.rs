@@ -24,13 +24,13 @@ use parking_lot::Mutex;
 use router_workers::WorkerId;
 
 /// Samples kept per engine.
-pub const WINDOW: usize = 48;
+pub(crate) const WINDOW: usize = 48;
 /// Pairs of distinct work a slope needs before it is trusted.
-pub const MIN_PAIRS: usize = 12;
+pub(crate) const MIN_PAIRS: usize = 12;
 /// Work two samples must differ by, in tokens, for their slope to count.
-pub const MIN_SPREAD: u64 = 64;
+pub(crate) const MIN_SPREAD: u64 = 64;
 /// Smallest work a ratio sample may have, in tokens.
-pub const MIN_RATIO_WORK: u64 = 512;
+pub(crate) const MIN_RATIO_WORK: u64 = 512;
 /// Samples between two fits once the window is full.
 const REFIT_EVERY: usize = 4;
 /// Ratio samples needed before the ratio estimate is given.

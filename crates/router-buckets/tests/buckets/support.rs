@@ -1,7 +1,9 @@
 //! Fixtures: a real worker registry, and scripted test doubles of the `Policy` trait.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use futures::future::BoxFuture;
 use router_buckets::{
@@ -14,19 +16,19 @@ use router_policies::{
 };
 use router_workers::{ModelId, Stage, Worker, WorkerId, WorkerLabels, WorkerRegistry, WorkerSpec};
 
-pub fn model() -> ModelId {
+pub(crate) fn model() -> ModelId {
     ModelId::new("llama")
 }
 
-pub fn id(id: &str) -> WorkerId {
+pub(crate) fn id(id: &str) -> WorkerId {
     WorkerId::new(id).expect("non-empty id")
 }
 
-pub fn ids(list: &[&str]) -> Vec<WorkerId> {
+pub(crate) fn ids(list: &[&str]) -> Vec<WorkerId> {
     list.iter().map(|i| id(i)).collect()
 }
 
-pub fn worker(id: &str, stage: Stage, model: &ModelId) -> Worker {
+pub(crate) fn worker(id: &str, stage: Stage, model: &ModelId) -> Worker {
     Worker::with_stage(
         id,
         &format!("http://{}.engines.local:30000", id.to_lowercase()),
@@ -37,7 +39,7 @@ pub fn worker(id: &str, stage: Stage, model: &ModelId) -> Worker {
 }
 
 /// A registry of `llama` workers.
-pub fn fleet(workers: &[(&str, Stage)]) -> WorkerRegistry {
+pub(crate) fn fleet(workers: &[(&str, Stage)]) -> WorkerRegistry {
     let registry = WorkerRegistry::new();
     for &(name, stage) in workers {
         registry.add(worker(name, stage, &model())).expect("add worker");
@@ -45,7 +47,11 @@ pub fn fleet(workers: &[(&str, Stage)]) -> WorkerRegistry {
     registry
 }
 
-pub fn request<'a>(model: &'a ModelId, input_tokens: u64, peak: Option<u64>) -> BucketRequest<'a> {
+pub(crate) fn request<'a>(
+    model: &'a ModelId,
+    input_tokens: u64,
+    peak: Option<u64>,
+) -> BucketRequest<'a> {
     BucketRequest {
         model,
         input_tokens,
@@ -59,13 +65,13 @@ pub fn request<'a>(model: &'a ModelId, input_tokens: u64, peak: Option<u64>) -> 
     }
 }
 
-pub fn names<'a>(workers: impl IntoIterator<Item = &'a Arc<Worker>>) -> Vec<String> {
+pub(crate) fn names<'a>(workers: impl IntoIterator<Item = &'a Arc<Worker>>) -> Vec<String> {
     workers.into_iter().map(|w| w.id().to_string()).collect()
 }
 
 /// What one call of a scripted policy was given.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Seen {
+pub(crate) struct Seen {
     pub bucket: String,
     pub stage: Stage,
     pub candidates: Vec<String>,
@@ -79,7 +85,7 @@ pub struct Seen {
 type Script = dyn Fn(&[Arc<Worker>]) -> Result<Pick, PickError> + Send + Sync;
 
 /// A test double of `Policy` that answers by a script and records what it was given.
-pub struct Scripted {
+pub(crate) struct Scripted {
     name: &'static str,
     stages: Vec<Stage>,
     script: Box<Script>,
@@ -106,7 +112,7 @@ impl Scripted {
     }
 
     /// Picks candidate `index`; `NoCandidates` when there are fewer.
-    pub fn nth(index: usize) -> Arc<Self> {
+    pub(crate) fn nth(index: usize) -> Arc<Self> {
         Arc::new(Self::new("nth", move |engines| match engines.get(index) {
             Some(w) => Ok(Pick::new(Arc::clone(w), PickReason::RoundRobin)),
             None => Err(PickError::NoCandidates { stage: engines[0].stage() }),
@@ -114,31 +120,31 @@ impl Scripted {
     }
 
     /// Picks the first candidate.
-    pub fn first() -> Arc<Self> {
+    pub(crate) fn first() -> Arc<Self> {
         Self::nth(0)
     }
 
     /// Admission rejects the first candidate at its running-requests cap.
-    pub fn reject() -> Arc<Self> {
+    pub(crate) fn reject() -> Arc<Self> {
         Arc::new(Self::new("reject", |engines| {
             Err(PickError::AdmissionRejected(rejection(engines[0].id().as_str())))
         }))
     }
 
     /// Always fails with `error`.
-    pub fn fail(error: PickError) -> Arc<Self> {
+    pub(crate) fn fail(error: PickError) -> Arc<Self> {
         Arc::new(Self::new("fail", move |_| Err(error.clone())))
     }
 
     /// Always answers `worker`, whatever the candidates.
-    pub fn returning(worker: Arc<Worker>) -> Arc<Self> {
+    pub(crate) fn returning(worker: Arc<Worker>) -> Arc<Self> {
         Arc::new(Self::new("returning", move |_| {
             Ok(Pick::new(Arc::clone(&worker), PickReason::Random))
         }))
     }
 
     /// Picks the first candidate and supports only `stages`.
-    pub fn first_for(name: &'static str, stages: &[Stage]) -> Arc<Self> {
+    pub(crate) fn first_for(name: &'static str, stages: &[Stage]) -> Arc<Self> {
         let mut policy = Self::new(name, |engines| {
             Ok(Pick::new(Arc::clone(&engines[0]), PickReason::RoundRobin))
         });
@@ -147,17 +153,17 @@ impl Scripted {
     }
 
     /// Every call so far.
-    pub fn calls(&self) -> Vec<Seen> {
-        self.calls.lock().expect("calls lock").clone()
+    pub(crate) fn calls(&self) -> Vec<Seen> {
+        self.calls.lock().clone()
     }
 }
 
-pub fn rejection(worker: &str) -> Rejection {
+pub(crate) fn rejection(worker: &str) -> Rejection {
     Rejection { worker: id(worker), limit: Limit::RunningRequests, value: 64, cap: 64 }
 }
 
 /// A client's session key too long to name a binding: stops routing.
-pub fn too_long_key() -> PickError {
+pub(crate) fn too_long_key() -> PickError {
     PickError::InvalidKey {
         key: KeySource::Session,
         error: ScopeError::KeyTooLong { len: 300, max: 256 },
@@ -165,7 +171,7 @@ pub fn too_long_key() -> PickError {
 }
 
 /// A policy asked for a stage it does not serve: stops routing.
-pub fn unsupported_stage() -> PickError {
+pub(crate) fn unsupported_stage() -> PickError {
     PickError::UnsupportedStage { policy: "scripted", stage: Stage::Decode }
 }
 
@@ -175,7 +181,7 @@ impl Policy for Scripted {
         engines: &'a [Arc<Worker>],
         request: &'a PickRequest<'a>,
     ) -> BoxFuture<'a, Result<Pick, PickError>> {
-        self.calls.lock().expect("calls lock").push(Seen {
+        self.calls.lock().push(Seen {
             bucket: request.bucket.to_owned(),
             stage: request.stage,
             candidates: names(engines),
@@ -198,17 +204,17 @@ impl Policy for Scripted {
     }
 }
 
-pub fn group(stage: Stage, members: Option<&[&str]>, policy: &Arc<Scripted>) -> EngineGroup {
+pub(crate) fn group(stage: Stage, members: Option<&[&str]>, policy: &Arc<Scripted>) -> EngineGroup {
     EngineGroup::new(stage, members.map(ids), Arc::clone(policy) as Arc<dyn Policy>)
         .expect("valid group")
 }
 
-pub fn limits(min: u64, max: Option<u64>) -> TokenLimits {
+pub(crate) fn limits(min: u64, max: Option<u64>) -> TokenLimits {
     TokenLimits { min, max }
 }
 
 /// A bucket; panics if invalid.
-pub fn bucket(
+pub(crate) fn bucket(
     id: &str,
     rank: u32,
     limits: TokenLimits,
@@ -228,7 +234,12 @@ pub fn bucket(
 }
 
 /// A plain, catch-all bucket with a first-candidate policy.
-pub fn plain_bucket(id: &str, rank: u32, limits: TokenLimits, context: Option<u64>) -> Bucket {
+pub(crate) fn plain_bucket(
+    id: &str,
+    rank: u32,
+    limits: TokenLimits,
+    context: Option<u64>,
+) -> Bucket {
     bucket(
         id,
         rank,
@@ -238,7 +249,7 @@ pub fn plain_bucket(id: &str, rank: u32, limits: TokenLimits, context: Option<u6
     )
 }
 
-pub fn pd(
+pub(crate) fn pd(
     prefill: (Option<&[&str]>, &Arc<Scripted>),
     decode: (Option<&[&str]>, &Arc<Scripted>),
 ) -> BucketGroups {
@@ -250,7 +261,7 @@ pub fn pd(
 }
 
 /// [`pd`] pairing on `labels`.
-pub fn pd_paired(
+pub(crate) fn pd_paired(
     prefill: (Option<&[&str]>, &Arc<Scripted>),
     decode: (Option<&[&str]>, &Arc<Scripted>),
     labels: &[&str],
@@ -264,7 +275,7 @@ pub fn pd_paired(
 }
 
 /// A `llama` worker with labels.
-pub fn labelled(id: &str, stage: Stage, labels: &[(&str, &str)]) -> Worker {
+pub(crate) fn labelled(id: &str, stage: Stage, labels: &[(&str, &str)]) -> Worker {
     let spec = WorkerSpec {
         model: Some(model().to_string()),
         labels: labels.iter().copied().collect::<WorkerLabels>(),
@@ -273,14 +284,18 @@ pub fn labelled(id: &str, stage: Stage, labels: &[(&str, &str)]) -> Worker {
     Worker::from_spec(&spec, vec![model()]).expect("valid worker")
 }
 
-pub fn resolver(buckets: Vec<Bucket>) -> BucketResolver {
+pub(crate) fn resolver(buckets: Vec<Bucket>) -> BucketResolver {
     BucketResolver::new(model(), buckets).expect("valid resolver")
 }
 
-pub fn resolved_ids(resolver: &BucketResolver, input: u64, peak: Option<u64>) -> Vec<String> {
+pub(crate) fn resolved_ids(
+    resolver: &BucketResolver,
+    input: u64,
+    peak: Option<u64>,
+) -> Vec<String> {
     resolver.resolve(input, peak).expect("valid signal").iter().map(|b| b.id().to_owned()).collect()
 }
 
-pub fn tokens(ids: &[u32]) -> RequestTokens {
+pub(crate) fn tokens(ids: &[u32]) -> RequestTokens {
     RequestTokens::new(ids.to_vec())
 }

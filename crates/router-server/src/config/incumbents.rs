@@ -3,7 +3,8 @@
 //! of its own command line with that meaning), accept it with a warning that it has no effect
 //! here, or refuse it naming what replaces it. [`screen`] applies the table to the raw
 //! arguments before clap parses them, so that no incumbent flag ever meets clap's generic
-//! "unexpected argument". docs/incumbent-flags.md is this table, rendered by [`markdown`].
+//! "unexpected argument". docs/incumbent-flags.md is this table, rendered
+//! by `markdown` (a test compares the two).
 
 mod table;
 

@@ -12,7 +12,7 @@ use super::events::KvFormat;
 use super::faults::Faults;
 
 /// Most data-parallel ranks one engine simulates.
-pub const MAX_DP_SIZE: usize = 64;
+pub(super) const MAX_DP_SIZE: usize = 64;
 
 /// Everything one simulated engine is configured with. [`EngineConfig::new`] gives the
 /// command-line defaults, which keep tests fast.

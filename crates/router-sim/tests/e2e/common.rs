@@ -14,11 +14,11 @@ use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_router-sim");
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_router-sim");
 const STARTUP: Duration = Duration::from_secs(30);
 
 /// A running `router-sim engine` process, killed on drop.
-pub struct Sim {
+pub(crate) struct Sim {
     pub child: Child,
     /// Printed endpoints: `listening`, `kv events`, `kv replay`, `bootstrap`.
     pub endpoints: HashMap<String, String>,
@@ -26,21 +26,21 @@ pub struct Sim {
 
 impl Sim {
     /// Starts `router-sim engine --port 0 --model m <args>` and reads its ready lines.
-    pub async fn start(args: &[&str]) -> Sim {
+    pub(crate) async fn start(args: &[&str]) -> Sim {
         let mut command = Sim::command(args);
         command.stderr(Stdio::inherit());
         Sim::spawn(command).await
     }
 
     /// The command `start` runs, for a test that needs to add to it (stderr is up to the test).
-    pub fn command(args: &[&str]) -> Command {
+    pub(crate) fn command(args: &[&str]) -> Command {
         let mut command = Command::new(BIN);
         command.args(["engine", "--port", "0", "--model", "m"]).args(args);
         command
     }
 
     /// Spawns `command` and reads its ready lines.
-    pub async fn spawn(mut command: Command) -> Sim {
+    pub(crate) async fn spawn(mut command: Command) -> Sim {
         let mut child =
             command.stdout(Stdio::piped()).kill_on_drop(true).spawn().expect("router-sim starts");
         let stdout = child.stdout.take().expect("stdout piped");
@@ -60,39 +60,39 @@ impl Sim {
         Sim { child, endpoints }
     }
 
-    pub fn url(&self) -> &str {
+    pub(crate) fn url(&self) -> &str {
         &self.endpoints["listening"]
     }
 
-    pub fn endpoint(&self, name: &str) -> &str {
+    pub(crate) fn endpoint(&self, name: &str) -> &str {
         self.endpoints.get(name).unwrap_or_else(|| panic!("no `{name} on` line"))
     }
 
-    pub fn port(&self, name: &str) -> u16 {
+    pub(crate) fn port(&self, name: &str) -> u16 {
         let endpoint = self.endpoint(name);
         endpoint.rsplit(':').next().and_then(|p| p.parse().ok()).expect("endpoint with a port")
     }
 }
 
-pub fn client() -> Client<HttpConnector, Full<Bytes>> {
+pub(crate) fn client() -> Client<HttpConnector, Full<Bytes>> {
     Client::builder(TokioExecutor::new()).build(HttpConnector::new())
 }
 
 /// A response read to its end.
-pub struct Reply {
+pub(crate) struct Reply {
     pub status: StatusCode,
     pub headers: HeaderMap,
     pub body: Bytes,
 }
 
 impl Reply {
-    pub fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_slice(&self.body)
             .unwrap_or_else(|e| panic!("json body ({e}): {}", String::from_utf8_lossy(&self.body)))
     }
 
     /// The `data:` payloads of an SSE body.
-    pub fn events(&self) -> Vec<String> {
+    pub(crate) fn events(&self) -> Vec<String> {
         String::from_utf8_lossy(&self.body)
             .split("\n\n")
             .filter_map(|event| event.strip_prefix("data: "))
@@ -101,12 +101,12 @@ impl Reply {
     }
 }
 
-pub async fn send(method: Method, url: &str, body: Option<&Value>) -> Result<Reply, String> {
+pub(crate) async fn send(method: Method, url: &str, body: Option<&Value>) -> Result<Reply, String> {
     send_with_headers(method, url, body, &[]).await
 }
 
 /// `send` with extra request headers.
-pub async fn send_with_headers(
+pub(crate) async fn send_with_headers(
     method: Method,
     url: &str,
     body: Option<&Value>,
@@ -126,24 +126,24 @@ pub async fn send_with_headers(
     Ok(Reply { status, headers, body: body.to_bytes() })
 }
 
-pub async fn get(url: &str) -> Reply {
+pub(crate) async fn get(url: &str) -> Reply {
     send(Method::GET, url, None).await.expect("GET answered")
 }
 
-pub async fn chat(sim: &Sim, body: &Value) -> Reply {
+pub(crate) async fn chat(sim: &Sim, body: &Value) -> Reply {
     send(Method::POST, &format!("{}/v1/chat/completions", sim.url()), Some(body))
         .await
         .expect("chat answered")
 }
 
 /// `POST {sim}{path}` with a JSON body.
-pub async fn post(sim: &Sim, path: &str, body: &Value) -> Reply {
+pub(crate) async fn post(sim: &Sim, path: &str, body: &Value) -> Reply {
     send(Method::POST, &format!("{}{path}", sim.url()), Some(body)).await.expect("answered")
 }
 
 impl Reply {
     /// The JSON `data:` payloads of an SSE body, after checking that it ends with `[DONE]`.
-    pub fn json_events(&self) -> Vec<Value> {
+    pub(crate) fn json_events(&self) -> Vec<Value> {
         let events = self.events();
         assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{events:?}");
         events[..events.len() - 1]
@@ -155,17 +155,17 @@ impl Reply {
     }
 
     /// The message of an error answer.
-    pub fn error_message(&self) -> String {
+    pub(crate) fn error_message(&self) -> String {
         self.json()["error"]["message"].as_str().expect("an error message").to_owned()
     }
 }
 
 /// The token ids of `text` for the built-in tokenizer (one per byte).
-pub fn byte_ids(text: &str) -> Vec<u32> {
+pub(crate) fn byte_ids(text: &str) -> Vec<u32> {
     text.bytes().map(u32::from).collect()
 }
 
-pub fn request(content: &str, max_tokens: u64, stream: bool) -> Value {
+pub(crate) fn request(content: &str, max_tokens: u64, stream: bool) -> Value {
     serde_json::json!({
         "model": "m",
         "messages": [{ "role": "user", "content": content }],
@@ -176,12 +176,12 @@ pub fn request(content: &str, max_tokens: u64, stream: bool) -> Value {
 }
 
 /// The ChatML prompt bytes the engine tokenizes (one token per byte).
-pub fn chatml_user(content: &str) -> Vec<u32> {
+pub(crate) fn chatml_user(content: &str) -> Vec<u32> {
     byte_ids(&format!("<|im_start|>user\n{content}<|im_end|>\n<|im_start|>assistant\n"))
 }
 
 /// Runs `router-sim load ARGS` to its end; returns its stdout lines and the JSON last line.
-pub async fn run_load(args: &[&str]) -> (Vec<String>, Value) {
+pub(crate) async fn run_load(args: &[&str]) -> (Vec<String>, Value) {
     let output = tokio::time::timeout(
         Duration::from_secs(60),
         Command::new(BIN)

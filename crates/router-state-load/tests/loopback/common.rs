@@ -27,11 +27,11 @@ use tokio_stream::wrappers::{ReceiverStream, TcpListenerStream};
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
-pub use router_test_support::{PATIENCE, eventually};
+pub(crate) use router_test_support::{PATIENCE, eventually};
 
 /// An engine's numbers, settable by the test.
 #[derive(Debug)]
-pub struct EngineNumbers(pub Mutex<EngineSnapshot>);
+pub(crate) struct EngineNumbers(pub Mutex<EngineSnapshot>);
 
 impl EngineSnapshotSource for EngineNumbers {
     fn snapshot(&self) -> EngineSnapshot {
@@ -39,13 +39,13 @@ impl EngineSnapshotSource for EngineNumbers {
     }
 }
 
-pub fn native_rank(rank: u32, running: u64) -> RankSample {
+pub(crate) fn native_rank(rank: u32, running: u64) -> RankSample {
     RankSample::basic(rank, running, 2, 1_000, 10_000)
         .with_native(300, 1_500, 64)
         .with_prefill_counters(0, 0)
 }
 
-pub fn numbers(dp_size: u32, running: u64) -> Arc<EngineNumbers> {
+pub(crate) fn numbers(dp_size: u32, running: u64) -> Arc<EngineNumbers> {
     Arc::new(EngineNumbers(Mutex::new(EngineSnapshot {
         status: EngineStatus::Serving,
         dp_size,
@@ -54,7 +54,7 @@ pub fn numbers(dp_size: u32, running: u64) -> Arc<EngineNumbers> {
 }
 
 /// A real reporter service on loopback.
-pub struct Engine {
+pub(crate) struct Engine {
     pub addr: SocketAddr,
     pub service: LoadReporterService,
     pub cancel: CancellationToken,
@@ -62,12 +62,12 @@ pub struct Engine {
 }
 
 impl Engine {
-    pub async fn start(source: Arc<EngineNumbers>, config: ReporterConfig) -> Self {
+    pub(crate) async fn start(source: Arc<EngineNumbers>, config: ReporterConfig) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         Self::start_on(listener, source, config)
     }
 
-    pub fn start_on(
+    pub(crate) fn start_on(
         listener: TcpListener,
         source: Arc<EngineNumbers>,
         config: ReporterConfig,
@@ -86,7 +86,7 @@ impl Engine {
         Self { addr, service, cancel, task }
     }
 
-    pub async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.cancel.cancel();
         self.task.await.expect("reporter task");
     }
@@ -94,7 +94,7 @@ impl Engine {
 
 /// What a scripted engine does after a subscriber registers.
 #[derive(Clone, Debug)]
-pub struct Script {
+pub(crate) struct Script {
     pub reports: Vec<pb::LoadReport>,
     /// End the stream after the reports instead of holding it open.
     pub close: bool,
@@ -102,7 +102,7 @@ pub struct Script {
 
 /// A hostile engine: speaks the LoadReporter API but sends exactly the scripted reports.
 #[derive(Clone)]
-pub struct ScriptedEngine {
+pub(crate) struct ScriptedEngine {
     script: Arc<Script>,
     pub registrations: Arc<Mutex<Vec<pb::Register>>>,
 }
@@ -143,7 +143,7 @@ impl LoadReporter for ScriptedEngine {
 impl ScriptedEngine {
     /// Serves the script on loopback; returns the address and the engine (for its
     /// registrations).
-    pub async fn start(script: Script, cancel: CancellationToken) -> (SocketAddr, Self) {
+    pub(crate) async fn start(script: Script, cancel: CancellationToken) -> (SocketAddr, Self) {
         let engine = Self { script: Arc::new(script), registrations: Arc::default() };
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
@@ -162,7 +162,7 @@ impl ScriptedEngine {
 }
 
 /// A wire report with `ranks` native ranks of `running` requests each.
-pub fn wire_report(
+pub(crate) fn wire_report(
     engine_id: &str,
     instance: u64,
     sequence: u64,
@@ -198,16 +198,16 @@ pub fn wire_report(
     }
 }
 
-pub fn spec(id: &str, dp_size: u32) -> WorkerSpec {
+pub(crate) fn spec(id: &str, dp_size: u32) -> WorkerSpec {
     WorkerSpec { dp_size, ..WorkerSpec::new(id, "http://127.0.0.1:9", Stage::Plain) }
 }
 
-pub fn reporter_worker(id: &str, dp_size: u32, addr: SocketAddr) -> Worker {
+pub(crate) fn reporter_worker(id: &str, dp_size: u32, addr: SocketAddr) -> Worker {
     let spec = WorkerSpec { load_reporter: Some(addr.to_string()), ..spec(id, dp_size) };
     Worker::from_spec(&spec, vec![ModelId::new("m")]).expect("worker")
 }
 
-pub fn polled_worker(id: &str, dp_size: u32, addr: SocketAddr, interval_ms: u64) -> Worker {
+pub(crate) fn polled_worker(id: &str, dp_size: u32, addr: SocketAddr, interval_ms: u64) -> Worker {
     let spec = WorkerSpec {
         url: format!("http://{addr}"),
         load_poll: Some(LoadPollSpec::new(interval_ms, LoadPollFormat::Sglang)),
@@ -218,7 +218,7 @@ pub fn polled_worker(id: &str, dp_size: u32, addr: SocketAddr, interval_ms: u64)
 
 /// The router side: registry, table on a manual clock (so nothing turns stale by itself), and
 /// running subscriptions.
-pub struct Router {
+pub(crate) struct Router {
     pub clock: Arc<ManualClock>,
     pub table: Arc<EngineReportedLoadTable>,
     pub registry: Arc<WorkerRegistry>,
@@ -227,7 +227,7 @@ pub struct Router {
     task: JoinHandle<()>,
 }
 
-pub fn fast_config() -> SubscriptionConfig {
+pub(crate) fn fast_config() -> SubscriptionConfig {
     SubscriptionConfig {
         report_interval: Duration::from_millis(50),
         backoff_min: Duration::from_millis(10),
@@ -237,7 +237,7 @@ pub fn fast_config() -> SubscriptionConfig {
 }
 
 impl Router {
-    pub fn start(
+    pub(crate) fn start(
         workers: Vec<Worker>,
         table_config: TableConfig,
         config: SubscriptionConfig,
@@ -257,7 +257,7 @@ impl Router {
     }
 
     /// Waits until `condition` holds on the table, re-checking on every table change.
-    pub async fn wait_until(
+    pub(crate) async fn wait_until(
         &self,
         what: &str,
         condition: impl Fn(&EngineReportedLoadTable) -> bool,
@@ -266,7 +266,7 @@ impl Router {
     }
 
     /// Waits until the worker's status satisfies `condition`.
-    pub async fn wait_status(
+    pub(crate) async fn wait_status(
         &self,
         worker: &str,
         what: &str,
@@ -277,13 +277,13 @@ impl Router {
         self.table.status_of(&id).expect("registered")
     }
 
-    pub async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.cancel.cancel();
         tokio::time::timeout(PATIENCE, self.task).await.expect("subscriptions stop").expect("task");
     }
 }
 
-pub async fn wait_for_table(
+pub(crate) async fn wait_for_table(
     table: &EngineReportedLoadTable,
     what: &str,
     condition: impl Fn(&EngineReportedLoadTable) -> bool,
