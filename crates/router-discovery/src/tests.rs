@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use router_test_support::fake_kube::{FakeKube, PodBuilder, pod};
 use router_test_support::{eventually, on_change};
@@ -87,10 +87,10 @@ async fn the_watch_survives_lost_events_a_relist_and_a_restart_without_dropping_
     running.wait_for(&["e1", "e2", "e3"]).await;
 
     // Events lost while the watch is up; a 410 forces the relist that finds the truth.
+    // (The silent fake sends nothing: there is nothing to wait for.)
     fake.set_silent(true);
     fake.delete_pod("inference", "e2");
     fake.put_pod("inference", engine("e4", 4).build());
-    tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(running.names(), ["e1", "e2", "e3"], "nothing seen yet");
     let e1 = running.registry.workers()[0].incarnation();
     let lists = fake.lists();
@@ -110,8 +110,12 @@ async fn the_watch_survives_lost_events_a_relist_and_a_restart_without_dropping_
     tokio::time::sleep(Duration::from_millis(50)).await;
 
     // The API server goes away (the workers stay) and comes back with a change made meanwhile.
+    let errors = running.state.status().sources[0].errors;
     fake.stop().await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    eventually("discovery finding the API server gone", async || {
+        running.state.status().sources[0].errors > errors
+    })
+    .await;
     assert_eq!(running.names(), ["e1", "e3", "e4"], "an unreachable API server drops nothing");
     fake.delete_pod("inference", "e3");
     fake.restart().await;
@@ -206,17 +210,15 @@ async fn a_burst_of_a_thousand_pod_changes_is_applied_while_selection_goes_on() 
         let done = Arc::clone(&done);
         std::thread::spawn(move || {
             let model = ModelId::new("m");
-            let (mut partial, mut slowest) = (0usize, Duration::ZERO);
+            let mut partial = 0usize;
             while !done.load(Ordering::Acquire) {
-                let started = Instant::now();
                 let seen = registry.healthy(&model, Stage::Plain).len();
-                slowest = slowest.max(started.elapsed());
                 if seen > 0 && seen < usize::from(PODS) {
                     partial += 1;
                 }
                 std::thread::yield_now();
             }
-            (partial, slowest)
+            partial
         })
     };
     for i in 0..PODS {
@@ -232,9 +234,10 @@ async fn a_burst_of_a_thousand_pod_changes_is_applied_while_selection_goes_on() 
     }
     running.wait_for(&[]).await;
     done.store(true, Ordering::Release);
-    let (partial, slowest) = reading.join().expect("reader");
+    // Reads went on between the changes (a reader blocked for the burst would see only the
+    // empty and the whole fleet, never a part of it).
+    let partial = reading.join().expect("reader");
     assert!(partial > 0, "selection saw the fleet grow and shrink, never blocked until the end");
-    assert!(slowest < Duration::from_millis(500), "a registry read took {slowest:?}");
     assert_eq!(running.state.status().workers, 0);
     running.stop().await;
 }
