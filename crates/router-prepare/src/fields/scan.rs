@@ -7,9 +7,10 @@
 //! The values of the read fields that are more than a plain string, integer or literal are
 //! read by the same seeds as serde_json's path, from their own text.
 //!
-//! serde_json's generic walk (a visitor call per value, a check of every key) took some 2,800
-//! instructions for the benchmark's 75-byte chat body, and this scan 2,350 with the UTF-8
-//! check before it (`cargo xtask bench --case instructions`, a plain request then 34k).
+//! A second path for the same input (docs/design/STYLE.md, Fast paths): it is there only
+//! because it costs fewer instructions than serde_json's generic walk (a visitor call per
+//! value, a check of every key); its share is in docs/benchmarks.md, and the fuzz target
+//! `prepare` and a property test check that it reads what serde_json reads.
 
 use serde::de::DeserializeSeed;
 use serde_json::Value;

@@ -4,8 +4,9 @@
 //! An inference request takes the same steps as through the router's layers (the client key,
 //! its rate limits, the admission queue, then the handler; the shared steps live in
 //! [`crate::auth`] and [`crate::limit`]), without the router's matching, boxed middleware
-//! futures and request extensions: for a request that spends tens of microseconds in the
-//! router, those were a tenth of its instructions. With CORS configured, every request goes
+//! futures and request extensions, which are a real share of a request that spends tens of
+//! microseconds in the router (a fast path: docs/benchmarks.md, Fast paths). With CORS
+//! configured, every request goes
 //! through the router, whose CORS layer answers preflights and marks responses.
 
 use std::convert::Infallible;
