@@ -62,6 +62,63 @@ pub trait Policy: Send + Sync + fmt::Debug {
     }
 }
 
+/// A policy that decides on the spot, from state it reads without waiting (no remote lookup):
+/// its [`SyncPolicy::choose`] is the whole pick. Every such policy is a [`Policy`] through the
+/// blanket implementation, whose futures are ready at once.
+pub trait SyncPolicy: Send + Sync + fmt::Debug {
+    /// [`Policy::pick`], decided now.
+    fn choose(&self, engines: &[Arc<Worker>], request: &PickRequest<'_>)
+    -> Result<Pick, PickError>;
+
+    /// [`Policy::pick_fallback`], decided now; by default [`SyncPolicy::choose`].
+    fn choose_fallback(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+    ) -> Result<Pick, PickError> {
+        self.choose(engines, request)
+    }
+
+    /// [`Policy::name`].
+    fn name(&self) -> &'static str;
+}
+
+impl<P: SyncPolicy> Policy for P {
+    fn pick<'a>(
+        &'a self,
+        engines: &'a [Arc<Worker>],
+        request: &'a PickRequest<'a>,
+    ) -> BoxFuture<'a, Result<Pick, PickError>> {
+        Box::pin(futures::future::ready(self.choose(engines, request)))
+    }
+
+    fn pick_fallback<'a>(
+        &'a self,
+        engines: &'a [Arc<Worker>],
+        request: &'a PickRequest<'a>,
+    ) -> BoxFuture<'a, Result<Pick, PickError>> {
+        Box::pin(futures::future::ready(self.choose_fallback(engines, request)))
+    }
+
+    fn name(&self) -> &'static str {
+        SyncPolicy::name(self)
+    }
+}
+
+/// The prologue every policy shares: no candidate is [`PickError::NoCandidates`]; a single one
+/// is `Some` (picked as [`PickReason::OnlyCandidate`], there is nothing to compare); several
+/// are `None`, for the policy to choose among.
+pub(crate) fn sole_candidate<'e>(
+    engines: &'e [Arc<Worker>],
+    request: &PickRequest<'_>,
+) -> Result<Option<&'e Arc<Worker>>, PickError> {
+    match engines {
+        [] => Err(PickError::NoCandidates { stage: request.stage }),
+        [only] => Ok(Some(only)),
+        _ => Ok(None),
+    }
+}
+
 /// The facts of one request, as one engine group sees them. Built by the bucket for each
 /// group it asks; carries no HTTP body, state handles or observations.
 #[derive(Clone, Copy, Debug)]

@@ -3,13 +3,12 @@
 
 use std::sync::Arc;
 
-use futures::future::{self, BoxFuture};
 use router_state_load::EngineLoad;
 use router_workers::Worker;
 
 use crate::admission::rejection;
 use crate::pressure::{Basis, Comparison, NativePressure, PressureKey};
-use crate::{EngineAdmission, LoadHandles, Pick, PickError, PickReason, PickRequest, Policy};
+use crate::{EngineAdmission, LoadHandles, Pick, PickError, PickReason, PickRequest, SyncPolicy};
 
 /// Chooses the least loaded candidate by the stage's pressure comparison over *all* candidates.
 ///
@@ -128,13 +127,13 @@ impl LeastLoadPolicy {
     }
 }
 
-impl Policy for LeastLoadPolicy {
-    fn pick<'a>(
-        &'a self,
-        engines: &'a [Arc<Worker>],
-        request: &'a PickRequest<'a>,
-    ) -> BoxFuture<'a, Result<Pick, PickError>> {
-        Box::pin(future::ready(self.select(engines, request)))
+impl SyncPolicy for LeastLoadPolicy {
+    fn choose(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+    ) -> Result<Pick, PickError> {
+        self.select(engines, request)
     }
 
     fn name(&self) -> &'static str {

@@ -75,7 +75,9 @@ pub use config::{
     PolicySettings, PolicyType, PredictedTtftSettings, SessionAwareSettings, StickyFallback,
     StickySettings, TieBreak, removed_policy_type, removed_setting,
 };
-pub use contract::{HeldPrefix, Pick, PickError, PickReason, PickRequest, Policy, RequestTokens};
+pub use contract::{
+    HeldPrefix, Pick, PickError, PickReason, PickRequest, Policy, RequestTokens, SyncPolicy,
+};
 pub use handles::{LoadHandles, PolicyHandles};
 pub use least_load::LeastLoadPolicy;
 pub use live::LiveEstimator;

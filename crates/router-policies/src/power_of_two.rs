@@ -2,16 +2,16 @@
 
 use std::sync::Arc;
 
-use futures::future::{self, BoxFuture};
 use rand::Rng;
 use rand::seq::{SliceRandom as _, index};
 use router_state_load::{EngineLoad, Inflight, LoadSnapshot};
 use router_workers::{Stage, Worker};
 
 use crate::admission::admit;
+use crate::contract::sole_candidate;
 use crate::pressure::{Basis, Comparison, NativePressure, PressureKey};
 use crate::sampler::{Sampler, sample_two};
-use crate::{EngineAdmission, LoadHandles, Pick, PickError, PickReason, PickRequest, Policy};
+use crate::{EngineAdmission, LoadHandles, Pick, PickError, PickReason, PickRequest, SyncPolicy};
 
 /// The engine a load choice settled on, with the observation it was chosen on, so that
 /// admission can reuse it instead of reading the state again.
@@ -133,11 +133,9 @@ impl PowerOfTwoPolicy {
         engines: &[Arc<Worker>],
         request: &PickRequest<'_>,
     ) -> Result<Pick, PickError> {
-        if engines.is_empty() {
-            return Err(PickError::NoCandidates { stage: request.stage });
-        }
+        let sole = sole_candidate(engines, request)?;
         let snapshot = self.load.table.snapshot();
-        let (worker, reason, load, inflight) = if let [only] = engines {
+        let (worker, reason, load, inflight) = if let Some(only) = sole {
             let load = snapshot.get(only.id());
             let inflight = self.load.inflight.count(only.id());
             (only, PickReason::OnlyCandidate, load, inflight)
@@ -161,13 +159,13 @@ impl PowerOfTwoPolicy {
     }
 }
 
-impl Policy for PowerOfTwoPolicy {
-    fn pick<'a>(
-        &'a self,
-        engines: &'a [Arc<Worker>],
-        request: &'a PickRequest<'a>,
-    ) -> BoxFuture<'a, Result<Pick, PickError>> {
-        Box::pin(future::ready(self.select(engines, request)))
+impl SyncPolicy for PowerOfTwoPolicy {
+    fn choose(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+    ) -> Result<Pick, PickError> {
+        self.select(engines, request)
     }
 
     fn name(&self) -> &'static str {

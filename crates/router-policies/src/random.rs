@@ -2,12 +2,12 @@
 
 use std::sync::Arc;
 
-use futures::future::{self, BoxFuture};
 use rand::Rng;
 use router_workers::Worker;
 
+use crate::contract::sole_candidate;
 use crate::sampler::Sampler;
-use crate::{AdmissionCheck, Pick, PickError, PickReason, PickRequest, Policy};
+use crate::{AdmissionCheck, Pick, PickError, PickReason, PickRequest, SyncPolicy};
 
 /// Chooses uniformly among the candidates with one draw (no shuffling, no scan).
 ///
@@ -42,10 +42,9 @@ impl RandomPolicy {
         engines: &[Arc<Worker>],
         request: &PickRequest<'_>,
     ) -> Result<Pick, PickError> {
-        let (worker, reason) = match engines {
-            [] => return Err(PickError::NoCandidates { stage: request.stage }),
-            [only] => (only, PickReason::OnlyCandidate),
-            _ => {
+        let (worker, reason) = match sole_candidate(engines, request)? {
+            Some(only) => (only, PickReason::OnlyCandidate),
+            None => {
                 let index = self.sampler.with(|rng| rng.random_range(0..engines.len()));
                 (&engines[index], PickReason::Random)
             }
@@ -57,13 +56,13 @@ impl RandomPolicy {
     }
 }
 
-impl Policy for RandomPolicy {
-    fn pick<'a>(
-        &'a self,
-        engines: &'a [Arc<Worker>],
-        request: &'a PickRequest<'a>,
-    ) -> BoxFuture<'a, Result<Pick, PickError>> {
-        Box::pin(future::ready(self.select(engines, request)))
+impl SyncPolicy for RandomPolicy {
+    fn choose(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+    ) -> Result<Pick, PickError> {
+        self.select(engines, request)
     }
 
     fn name(&self) -> &'static str {

@@ -3,10 +3,10 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use futures::future::{self, BoxFuture};
 use router_workers::Worker;
 
-use crate::{AdmissionCheck, Pick, PickError, PickReason, PickRequest, Policy};
+use crate::contract::sole_candidate;
+use crate::{AdmissionCheck, Pick, PickError, PickReason, PickRequest, SyncPolicy};
 
 /// Rotates over the candidates. Each instance (one per attached group) owns one cursor, so two
 /// groups never disturb each other's rotation. With a stable candidate set, every `n`
@@ -39,10 +39,9 @@ impl RoundRobinPolicy {
         request: &PickRequest<'_>,
         advance: bool,
     ) -> Result<Pick, PickError> {
-        let (worker, reason) = match engines {
-            [] => return Err(PickError::NoCandidates { stage: request.stage }),
-            [only] => (only, PickReason::OnlyCandidate),
-            _ => {
+        let (worker, reason) = match sole_candidate(engines, request)? {
+            Some(only) => (only, PickReason::OnlyCandidate),
+            None => {
                 let turn = if advance {
                     self.cursor.fetch_add(1, Ordering::Relaxed)
                 } else {
@@ -58,22 +57,22 @@ impl RoundRobinPolicy {
     }
 }
 
-impl Policy for RoundRobinPolicy {
-    fn pick<'a>(
-        &'a self,
-        engines: &'a [Arc<Worker>],
-        request: &'a PickRequest<'a>,
-    ) -> BoxFuture<'a, Result<Pick, PickError>> {
-        Box::pin(future::ready(self.select(engines, request, true)))
+impl SyncPolicy for RoundRobinPolicy {
+    fn choose(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+    ) -> Result<Pick, PickError> {
+        self.select(engines, request, true)
     }
 
     /// The engine whose turn comes next, without taking the turn.
-    fn pick_fallback<'a>(
-        &'a self,
-        engines: &'a [Arc<Worker>],
-        request: &'a PickRequest<'a>,
-    ) -> BoxFuture<'a, Result<Pick, PickError>> {
-        Box::pin(future::ready(self.select(engines, request, false)))
+    fn choose_fallback(
+        &self,
+        engines: &[Arc<Worker>],
+        request: &PickRequest<'_>,
+    ) -> Result<Pick, PickError> {
+        self.select(engines, request, false)
     }
 
     fn name(&self) -> &'static str {

@@ -4,6 +4,7 @@
 use router_workers::Stage;
 
 use super::*;
+use crate::BindingScope;
 
 fn yaml(text: &str) -> Result<PolicyConfig, String> {
     serde_yaml_ng::from_str(text).map_err(|e| e.to_string())
