@@ -23,8 +23,8 @@ use std::time::Duration;
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use futures::FutureExt;
 use router_policies::{
-    AdmissionLimits, BlockSize, CacheAwarePolicy, CacheAwareSettings, CacheSource, CacheSources,
-    LoadHandles, PickReason, PickRequest, Policy, RequestTokens,
+    AdmissionCheck, AdmissionLimits, BlockSize, CacheAwarePolicy, CacheAwareSettings, CacheSource,
+    CacheSources, LoadHandles, PickReason, PickRequest, Policy, RequestTokens,
 };
 use router_state_kv::KvIndex;
 use router_state_kv::remote::{ClientConfig, KvIndexService, serve_with};
@@ -93,7 +93,7 @@ fn policy(fleet: &Fleet, source: Arc<CacheSource>) -> CacheAwarePolicy {
     let admits_all = AdmissionLimits { max_running_requests: Some(1 << 20), ..Default::default() };
     CacheAwarePolicy::new(source, fleet.load.clone(), CacheAwareSettings::default())
         .expect("valid settings")
-        .with_admission(Arc::new(admits_all))
+        .with_admission(AdmissionCheck::new(Arc::new(admits_all), fleet.load.clone()))
 }
 
 fn request<'a>(fleet: &'a Fleet, tokens: &'a RequestTokens) -> PickRequest<'a> {

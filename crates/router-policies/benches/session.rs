@@ -15,7 +15,8 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use futures::FutureExt;
 use router_affinity::{AffinityConfig, AffinityStore};
 use router_policies::{
-    AdmissionLimits, LoadHandles, PickReason, PickRequest, Policy, SessionAwarePolicy,
+    AdmissionCheck, AdmissionLimits, LoadHandles, PickReason, PickRequest, Policy,
+    SessionAwarePolicy,
 };
 use router_state_load::{EngineReportedLoadTable, Inflight, SystemClock, TableConfig};
 use router_workers::{ModelId, Stage, Worker};
@@ -49,7 +50,7 @@ fn policy(setup: &Setup) -> SessionAwarePolicy {
     let limits = AdmissionLimits { max_inflight_requests: Some(1_000), ..Default::default() };
     SessionAwarePolicy::new(Arc::new(store), setup.load.clone())
         .with_seed(7)
-        .with_admission(Arc::new(limits))
+        .with_admission(AdmissionCheck::new(Arc::new(limits), setup.load.clone()))
 }
 
 fn request<'a>(model: &'a ModelId, key: &'a str) -> PickRequest<'a> {

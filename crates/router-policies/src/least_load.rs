@@ -8,7 +8,10 @@ use router_workers::Worker;
 
 use crate::admission::rejection;
 use crate::pressure::{Basis, Comparison, NativePressure, PressureKey};
-use crate::{EngineAdmission, LoadHandles, Pick, PickError, PickReason, PickRequest, SyncPolicy};
+use crate::{
+    AdmissionCheck, EngineAdmission, LoadHandles, Pick, PickError, PickReason, PickRequest,
+    SyncPolicy,
+};
 
 /// Chooses the least loaded candidate by the stage's pressure comparison over *all* candidates.
 ///
@@ -46,8 +49,8 @@ impl LeastLoadPolicy {
     }
 
     /// Checks candidates with `admission`, least loaded first.
-    pub fn with_admission(mut self, admission: Arc<dyn EngineAdmission>) -> Self {
-        self.admission = Some(admission);
+    pub fn with_admission(mut self, admission: AdmissionCheck) -> Self {
+        self.admission = Some(Arc::clone(admission.admission()));
         self
     }
 

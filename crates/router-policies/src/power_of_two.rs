@@ -11,7 +11,10 @@ use crate::admission::admit;
 use crate::contract::sole_candidate;
 use crate::pressure::{Basis, Comparison, NativePressure, PressureKey};
 use crate::sampler::{Sampler, sample_two};
-use crate::{EngineAdmission, LoadHandles, Pick, PickError, PickReason, PickRequest, SyncPolicy};
+use crate::{
+    AdmissionCheck, EngineAdmission, LoadHandles, Pick, PickError, PickReason, PickRequest,
+    SyncPolicy,
+};
 
 /// The engine a load choice settled on, with the observation it was chosen on, so that
 /// admission can reuse it instead of reading the state again.
@@ -123,8 +126,8 @@ impl PowerOfTwoPolicy {
     }
 
     /// Checks the winner with `admission`.
-    pub fn with_admission(mut self, admission: Arc<dyn EngineAdmission>) -> Self {
-        self.admission = Some(admission);
+    pub fn with_admission(mut self, admission: AdmissionCheck) -> Self {
+        self.admission = Some(Arc::clone(admission.admission()));
         self
     }
 

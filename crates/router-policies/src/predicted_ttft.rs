@@ -16,8 +16,8 @@ use crate::pressure::Basis;
 use crate::sampler::Sampler;
 use crate::ttft_model::{Estimate, Predictions, TtftModel};
 use crate::{
-    CacheSource, ConfigError, EngineAdmission, LoadHandles, Pick, PickError, PickReason,
-    PickRequest, Policy,
+    AdmissionCheck, CacheSource, ConfigError, EngineAdmission, LoadHandles, Pick, PickError,
+    PickReason, PickRequest, Policy,
 };
 
 /// Predicted-TTFT selection, for plain and prefill groups: one cost model decided per request
@@ -98,8 +98,8 @@ impl PredictedTtftPolicy {
     }
 
     /// Checks candidates with `admission`, fastest first.
-    pub fn with_admission(mut self, admission: Arc<dyn EngineAdmission>) -> Self {
-        self.admission = Some(admission);
+    pub fn with_admission(mut self, admission: AdmissionCheck) -> Self {
+        self.admission = Some(Arc::clone(admission.admission()));
         self
     }
 

@@ -10,8 +10,8 @@ use router_workers::Worker;
 use crate::affinity::{Affinity, KeySource};
 use crate::rendezvous::RendezvousPlacement;
 use crate::{
-    AdmissionCheck, BindingScope, EngineAdmission, LoadHandles, NewBinding, Pick, PickError,
-    PickRequest, Policy, PowerOfTwoPolicy, RendezvousLoad,
+    AdmissionCheck, BindingScope, LoadHandles, NewBinding, Pick, PickError, PickRequest, Policy,
+    PowerOfTwoPolicy, RendezvousLoad,
 };
 
 /// Binds each session (the session header's key) to an engine, per (model, bucket id, stage,
@@ -56,10 +56,9 @@ impl SessionAwarePolicy {
         self
     }
 
-    /// Checks reused, concurrently bound and fallback engines with `admission`, observing them
-    /// through the policy's load state.
-    pub fn with_admission(mut self, admission: Arc<dyn EngineAdmission>) -> Self {
-        self.affinity.admission = Some(AdmissionCheck::new(admission, self.load.clone()));
+    /// Checks reused, concurrently bound and fallback engines with `admission`.
+    pub fn with_admission(mut self, admission: AdmissionCheck) -> Self {
+        self.affinity.admission = Some(admission);
         self
     }
 

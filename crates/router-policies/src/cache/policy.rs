@@ -13,8 +13,8 @@ use crate::admission::{Rejection, rejection};
 use crate::pressure::{Comparison, NativePressure, PressureKey};
 use crate::sampler::Sampler;
 use crate::{
-    CacheAwareSettings, ConfigError, EngineAdmission, LoadHandles, Pick, PickError, PickReason,
-    PickRequest, Policy, TieBreak, min_load_choices,
+    AdmissionCheck, CacheAwareSettings, ConfigError, EngineAdmission, LoadHandles, Pick, PickError,
+    PickReason, PickRequest, Policy, TieBreak, min_load_choices,
 };
 
 /// Cache-aware selection (`cache_aware`), for plain and prefill groups. The algorithm of
@@ -142,8 +142,8 @@ impl CacheAwarePolicy {
     }
 
     /// Checks candidates with `admission` as the algorithm reaches them.
-    pub fn with_admission(mut self, admission: Arc<dyn EngineAdmission>) -> Self {
-        self.admission = Some(admission);
+    pub fn with_admission(mut self, admission: AdmissionCheck) -> Self {
+        self.admission = Some(Arc::clone(admission.admission()));
         self
     }
 

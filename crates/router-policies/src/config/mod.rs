@@ -25,9 +25,9 @@ pub use cache_aware::CacheAwareSettings;
 pub use predicted_ttft::PredictedTtftSettings;
 
 use crate::{
-    AdmissionCheck, AdmissionLimits, CacheAwarePolicy, CacheSource, EngineAdmission,
-    LeastLoadPolicy, Policy, PolicyHandles, PowerOfTwoPolicy, PredictedTtftPolicy, RandomPolicy,
-    RoundRobinPolicy, SessionAwarePolicy, StickyPolicy,
+    AdmissionCheck, AdmissionLimits, CacheAwarePolicy, CacheSource, LeastLoadPolicy, Policy,
+    PolicyHandles, PowerOfTwoPolicy, PredictedTtftPolicy, RandomPolicy, RoundRobinPolicy,
+    SessionAwarePolicy, StickyPolicy,
 };
 
 /// Why a policy configuration was refused. Fields are named by their path from `policy`.
@@ -384,19 +384,17 @@ impl PolicyConfig {
     /// timeout and in-flight limit shares one client).
     pub fn build(&self, handles: &PolicyHandles) -> Result<Arc<dyn Policy>, ConfigError> {
         self.validate()?;
-        let admission: Option<Arc<dyn EngineAdmission>> =
-            if self.admission.is_unlimited() { None } else { Some(Arc::new(self.admission)) };
         let load = handles.load.clone();
-        let checked =
-            |admission: Arc<dyn EngineAdmission>| AdmissionCheck::new(admission, load.clone());
+        let admission = (!self.admission.is_unlimited())
+            .then(|| AdmissionCheck::new(Arc::new(self.admission), load.clone()));
         Ok(match &self.kind {
             PolicySettings::RoundRobin => match admission {
                 None => Arc::new(RoundRobinPolicy::new()),
-                Some(a) => Arc::new(RoundRobinPolicy::new().with_admission(checked(a))),
+                Some(a) => Arc::new(RoundRobinPolicy::new().with_admission(a)),
             },
             PolicySettings::Random => match admission {
                 None => Arc::new(RandomPolicy::new()),
-                Some(a) => Arc::new(RandomPolicy::new().with_admission(checked(a))),
+                Some(a) => Arc::new(RandomPolicy::new().with_admission(a)),
             },
             PolicySettings::PowerOfTwo => match admission {
                 None => Arc::new(PowerOfTwoPolicy::new(load)),
@@ -422,11 +420,11 @@ impl PolicyConfig {
                 let mut policy = StickyPolicy::new(Arc::clone(&handles.routing_keys), fallback)
                     .with_scope(settings.scope);
                 if let Some(factor) = settings.placement.rendezvous() {
-                    policy = policy.with_rendezvous(load.clone(), factor);
+                    policy = policy.with_rendezvous(load, factor);
                 }
                 match admission {
                     None => Arc::new(policy),
-                    Some(a) => Arc::new(policy.with_admission(checked(a))),
+                    Some(a) => Arc::new(policy.with_admission(a)),
                 }
             }
             PolicySettings::CacheAware(settings) => {

@@ -271,7 +271,8 @@ fn admission_is_checked_fastest_first_and_every_rejection_is_kept() {
         &[eng("a", 0).uncached(300).running(9), eng("b", 0).running(9), eng("c", 0).uncached(900)],
     );
     let recording = Recording::new(running_cap(4));
-    let policy = policy(&world, 3).with_admission(recording.clone());
+    let check = crate::AdmissionCheck::new(recording.clone(), world.load());
+    let policy = policy(&world, 3).with_admission(check);
     let pick = world.pick(&policy, 1_000).expect("c is admitted");
     assert_eq!(pick.worker.id().as_str(), "c");
     assert_eq!(recording.order(), ["b", "a", "c"], "by predicted time");
@@ -284,7 +285,7 @@ fn admission_is_checked_fastest_first_and_every_rejection_is_kept() {
     let policy =
         PredictedTtftPolicy::new(Arc::clone(&all_full.source), all_full.load(), settings())
             .expect("valid")
-            .with_admission(recording);
+            .with_admission(crate::AdmissionCheck::new(recording, all_full.load()));
     match all_full.pick(&policy, 100) {
         Err(PickError::NoAdmissibleEngine { rejections }) => assert_eq!(rejections.len(), 2),
         other => panic!("expected every engine rejected, got {other:?}"),

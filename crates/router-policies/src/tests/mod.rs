@@ -69,7 +69,8 @@ fn power_of_two_admits_exactly_once_on_the_observation_it_chose() {
         &[engine("a", native(4, 0, 10, 0)).inflight(1), engine("b", native(0, 0, 90, 0))],
     );
     let admission = Recording::new(running_cap(5));
-    let policy = PowerOfTwoPolicy::new(fleet.load()).with_admission(admission.clone());
+    let check = crate::AdmissionCheck::new(admission.clone(), fleet.load());
+    let policy = PowerOfTwoPolicy::new(fleet.load()).with_admission(check);
     for round in 1..=10 {
         let pick = fleet.pick(&policy, 1).expect("admitted");
         assert_eq!(pick.worker.id().as_str(), "a");
@@ -82,7 +83,8 @@ fn power_of_two_admits_exactly_once_on_the_observation_it_chose() {
 
     // Rejection: still one call, and no second engine tried.
     let strict = Recording::new(running_cap(4));
-    let policy = PowerOfTwoPolicy::new(fleet.load()).with_admission(strict.clone());
+    let check = crate::AdmissionCheck::new(strict.clone(), fleet.load());
+    let policy = PowerOfTwoPolicy::new(fleet.load()).with_admission(check);
     let err = fleet.pick(&policy, 1).expect_err("a is at its cap");
     assert!(matches!(err, PickError::AdmissionRejected(ref r) if r.worker.as_str() == "a"));
     assert!(err.advances_bucket());
@@ -106,7 +108,8 @@ fn least_load_checks_in_load_order_and_stops_at_the_first_admitted() {
         ],
     );
     let admission = Recording::new(running_cap(5));
-    let policy = LeastLoadPolicy::new(fleet.load()).with_admission(admission.clone());
+    let check = crate::AdmissionCheck::new(admission.clone(), fleet.load());
+    let policy = LeastLoadPolicy::new(fleet.load()).with_admission(check);
     let pick = fleet.pick(&policy, 1).expect("c is admitted");
     assert_eq!(pick.worker.id().as_str(), "c");
     assert_eq!(admission.order(), ["b", "a", "c"]);

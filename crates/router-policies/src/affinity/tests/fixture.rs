@@ -170,7 +170,9 @@ impl Flavor {
                     .with_scope(scope);
                 match admission {
                     None => Arc::new(policy),
-                    Some(a) => Arc::new(policy.with_admission(a)),
+                    Some(a) => {
+                        Arc::new(policy.with_admission(AdmissionCheck::new(a, fleet.load.clone())))
+                    }
                 }
             }
             Flavor::Sticky(fallback) => {

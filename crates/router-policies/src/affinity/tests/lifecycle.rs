@@ -203,7 +203,7 @@ proptest! {
         let limits = AdmissionLimits { max_inflight_requests: Some(CAP), ..Default::default() };
         let policy = SessionAwarePolicy::new(Arc::clone(&store), fleet.load.clone())
             .with_seed(seed)
-            .with_admission(Arc::new(limits));
+            .with_admission(crate::AdmissionCheck::new(Arc::new(limits), fleet.load.clone()));
         let request = fleet.request(Flavor::Session, keyed.then_some("k"));
         let result = block_on(crate::Policy::pick(&policy, &engines, &request));
 

@@ -178,7 +178,8 @@ fn one_lookup_serves_three_bucket_attempts_each_with_its_own_candidates_and_admi
     let request = world.request(4096, Some(&tokens));
     // Three buckets, each group with its own policy instance over the shared source.
     let admission = Recording::new(running_cap(9));
-    let policy = || world.policy(settings()).with_admission(admission.clone());
+    let check = crate::AdmissionCheck::new(admission.clone(), world.load());
+    let policy = || world.policy(settings()).with_admission(check.clone());
     let (first, second, third) = (policy(), policy(), policy());
 
     let attempt = |policy: &dyn Policy, ids: &[&str]| {

@@ -58,7 +58,8 @@ proptest! {
         let mut policy = world.policy(settings).with_seed(seed);
         let limits = cap.map(running_cap).unwrap_or_default();
         if cap.is_some() {
-            policy = policy.with_admission(std::sync::Arc::new(limits));
+            let check = crate::AdmissionCheck::new(std::sync::Arc::new(limits), world.load());
+            policy = policy.with_admission(check);
         }
         let matched = |e: &Eng| u64::from(e.blocks) * u64::from(BS);
         let is_hit = |e: &Eng| matched(e) >= min_tokens.max(1);

@@ -62,7 +62,8 @@ fn run(cases: Vec<Case>) {
             let world = World::new(stage, &case.engines);
             let mut policy = world.policy(case.settings.clone());
             if let Some(cap) = case.running_cap {
-                policy = policy.with_admission(Arc::new(running_cap(cap)));
+                let check = crate::AdmissionCheck::new(Arc::new(running_cap(cap)), world.load());
+                policy = policy.with_admission(check);
             }
             let got = world.pick(&policy, case.input);
             let name = format!("{} ({stage})", case.name);
