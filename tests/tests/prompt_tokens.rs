@@ -4,7 +4,7 @@
 //! render exactly, which are served all the same and counted. Real `router-sim` engines
 //! render with vLLM's rules, so the router's count equals the engine's.
 
-use router_e2e::{ADMIN_TOKEN, Http, Router, kv_engines, kv_router_yaml};
+use router_e2e::{ADMIN_TOKEN, Http, Router, chat_body, kv_engines, kv_router_yaml};
 use router_test_support::eventually;
 use serde_json::{Value, json};
 
@@ -152,4 +152,10 @@ async fn chat_requests_render_by_the_rules_of_the_engine_the_workers_run() {
     let by_sglang = tokenize(&http, &named, &ends_with_an_assistant()).await;
     assert_eq!((&by_vllm["source"], &by_sglang["source"]), (&json!("exact"), &json!("exact")));
     assert_ne!(by_vllm["token_ids"], by_sglang["token_ids"], "the two rules render it alike");
+
+    // Routing itself reads no token of these requests (round_robin, one unbounded bucket):
+    // they are not tokenized, and the answer says the count is the estimate.
+    let reply = http.chat(&unnamed.url, &chat_body("m", "count me", 2), &[]).await;
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.header("x-router-prompt-tokens-source"), Some("estimated"));
 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 use router_affinity::AffinityStore;
 use router_buckets::{
     Bucket, BucketGroups, BucketResolver, BucketSlo, BucketSpec, EngineGroup, PairOn,
-    SloPreferences, TokenLimits,
+    SloPreference, SloPreferences, TokenLimits,
 };
 use router_policies::{CachePrefixProvider, LiveEstimator, PolicyHandles};
 use router_workers::{ApiKey, ModelId, Stage, Worker, WorkerId, WorkerRegistry, WorkerSpec};
@@ -69,6 +69,9 @@ pub struct ModelRuntime {
     /// its prompts are then hashed by text when it has no tokenizer, and its dispatches to
     /// engines without KV events are remembered (approximate mode).
     pub reads_prefixes: bool,
+    /// Whether something reads a request's token ids or exact count ([`needs_tokens`]): only
+    /// then is it tokenized; otherwise the size estimate stands.
+    pub needs_tokens: bool,
     /// Affinity headers and expiry.
     pub affinity: AffinitySection,
     /// `affinity.session_id_header`, parsed once.
@@ -504,11 +507,13 @@ fn build_model(
         .iter()
         .flat_map(|bucket| each_group("", &bucket.groups))
         .any(|(_, _, group)| group.policy.prefix_provider().is_some());
+    let needs_tokens = needs_tokens(model, &config.server, reads_prefixes);
     Some(ModelRuntime {
         id: model_id,
         resolver: resolver?,
         tokenization,
         reads_prefixes,
+        needs_tokens,
         affinity: model.affinity.clone(),
         session_header: session_header?,
         routing_header: routing_header?,
@@ -561,6 +566,28 @@ fn each_group<'a>(
         ]
     });
     plain.chain(pd)
+}
+
+/// Whether anything reads the token ids or the exact token count of `model`'s requests, so
+/// that tokenizing them pays: a policy reading cached prefixes, a bucket bounding input
+/// length (`limits`, `max_context_tokens`), an SLO estimate (a bucket's `ttft_ms` or
+/// `tokens_per_second`, the model's `ttft_slo` or `tps_slo`), or a rate limit on tokens (the
+/// server's or a client key's). Anything else routes on the size estimate.
+fn needs_tokens(model: &ModelConfig, server: &ServerSection, reads_prefixes: bool) -> bool {
+    let bounded = model.buckets.iter().any(|b| {
+        b.limits.min > 0
+            || b.limits.max.is_some()
+            || b.max_context_tokens.is_some()
+            || b.ttft_ms.is_some()
+            || b.tokens_per_second.is_some()
+    });
+    let slo = [model.ttft_slo, model.tps_slo].iter().any(|p| *p != SloPreference::Disabled);
+    let limits_tokens = |limit: Option<&crate::limit::rate::RateLimitSection>| {
+        limit.is_some_and(|limit| limit.tokens_per_second.is_some())
+    };
+    let tokens_limited = limits_tokens(server.rate_limit.as_ref())
+        || server.api_keys.iter().any(|key| limits_tokens(key.rate_limit.as_ref()));
+    reads_prefixes || bounded || slo || tokens_limited
 }
 
 /// What a group whose policy reads cached prefixes (`cache_aware`, `predicted_ttft`) must be

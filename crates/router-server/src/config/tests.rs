@@ -680,3 +680,24 @@ fn unusable_rate_limits_name_their_path() {
         );
     }
 }
+
+#[test]
+fn requests_are_tokenized_only_where_something_reads_their_tokens() {
+    let tok = format!("tokenizer: \"{}\"", tokenizer());
+    let needs = |server: &str, bucket: &str, policy: &str| {
+        let yaml = format!(
+            "{server}models:\n  - id: m\n    {tok}\n    workers: {PLAIN_NO_KV}\n    buckets:\n      \
+             - {{id: a, {bucket}groups: {{plain: {{policy: {{type: {policy}}}}}}}}}\n"
+        );
+        let ctx = build(&yaml).unwrap_or_else(|problems| panic!("{yaml}: {problems:?}"));
+        ctx.model("m").expect("m").needs_tokens
+    };
+    assert!(!needs("", "", "round_robin"), "nothing reads them");
+    assert!(!needs("", "", "power_of_two"));
+    assert!(needs("", "", "cache_aware"), "cached prefixes are token blocks");
+    assert!(needs("", "limits: {max: 4096}, ", "round_robin"), "a length bound");
+    assert!(needs("", "max_context_tokens: 8192, ", "round_robin"));
+    assert!(needs("", "ttft_ms: 500, ", "round_robin"), "an SLO estimate");
+    let limited = "server: {rate_limit: {tokens_per_second: 1000}}\n";
+    assert!(needs(limited, "", "round_robin"), "a token rate limit");
+}

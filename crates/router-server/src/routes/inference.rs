@@ -136,7 +136,10 @@ pub(crate) async fn prepare_request<'c>(
     let session = affinity_key(headers, &model.session_header)?;
     let routing = affinity_key(headers, &model.routing_header)?;
     let slo = slo_targets(headers, model.resolver.slo())?;
-    let prepared = if model.tokenization.is_some() && body.len() > INLINE_PREPARE_BYTES {
+    // Tokenized only when something reads the ids or the exact count (`needs_tokens`): the
+    // size estimate stands otherwise, and the answer says so.
+    let tokenization = model.tokenization.as_ref().filter(|_| model.needs_tokens);
+    let prepared = if tokenization.is_some() && body.len() > INLINE_PREPARE_BYTES {
         // Templating and tokenizing a long prompt takes milliseconds: off the event loop, so
         // the other connections it serves are not held up; at most one such preparation per
         // core at a time, the permit travelling with the work, so a client that leaves cannot
@@ -145,7 +148,7 @@ pub(crate) async fn prepare_request<'c>(
             .acquire_owned()
             .await
             .expect("the preparation slots are never closed");
-        let tokenization = model.tokenization.clone();
+        let tokenization = tokenization.cloned();
         let (session, routing) = (session.map(str::to_owned), routing.map(str::to_owned));
         tokio::task::spawn_blocking(move || -> Result<PreparedRequest, ApiError> {
             let _permit = permit;
@@ -155,7 +158,7 @@ pub(crate) async fn prepare_request<'c>(
         .await
         .map_err(ApiError::Preparation)??
     } else {
-        prepare(body, request, model.tokenization.as_deref(), session, routing)?
+        prepare(body, request, tokenization.map(|t| &**t), session, routing)?
     };
     if let Some(reason) = prepared.unmatchable {
         metrics::prefix_unmatchable(reason);

@@ -172,8 +172,9 @@ async fn a_long_tokenized_prompt_is_served_byte_for_byte() {
     let ctx = context(&format!(
         "models:\n  - id: chat-long\n    tokenizer: \"{tokenizer}\"\n    \
          workers: [{{id: chat-l1, url: \"{url}\", block_size: 16}}]\n    \
-         buckets: [{{id: all, groups: {{plain: {{}}}}}}]\n"
+         buckets: [{{id: all, max_context_tokens: 1000000, groups: {{plain: {{}}}}}}]\n"
     ));
+    // (The context bound reads the exact count: the request is tokenized.)
     let prompt = "lorem ipsum ".repeat(2000);
     let body = format!(
         r#"{{"model": "chat-long", "messages": [{{"role": "user", "content": "{prompt}"}}]}}"#
