@@ -4,14 +4,15 @@
 //! any other item under `#[cfg(test)]` is left out, with everything in it). An edge `a -> b` is
 //! a `crate::`, `super::` or `self::` path written in `a`, in a `use` or in code (or a path
 //! through a child or through a module `a` imported under a name: `use crate::engine;` then
-//! `engine::load::X`), and goes to the longest prefix of the path that is a module. Two kinds
-//! of path make no edge:
-//! - re-exports (`pub use`): they forward a name, and a module that uses `crate::Error` depends
-//!   on the crate root that offers it, not on the module behind it;
-//! - paths into the module's own parts (`socket::receive` or `self::socket::Target` in
-//!   `subscribe/mod.rs`): a module composing its parts, which use the parent's shared types, is
-//!   the ordinary shape of a module with parts. What is checked is that parts, and modules that
-//!   are not parent and part, never lean on each other both ways.
+//! `engine::load::X`), and goes to the longest prefix of the path that is a module; an item
+//! that module only re-exports (`pub use`) leads on to the module it comes from, so that a
+//! module using `crate::Error` depends on the module defining `Error`, and a cycle behind a
+//! re-export is a cycle. Paths into the module's own parts (`socket::receive` or
+//! `self::socket::Target` in `subscribe/mod.rs`) make no edge: a module composing its parts,
+//! which use the parent's shared types, is the ordinary shape of a module with parts. What is
+//! checked is that parts, and modules that are not parent and part, never lean on each other
+//! both ways ([`cycles`]), and that no two top-level modules do, counting the edges of all
+//! their modules ([`top_level_cycles`]).
 //!
 //! Strongly connected components of more than one module (Tarjan) are the cycles.
 
@@ -58,6 +59,50 @@ pub(crate) fn cycles(files: &BTreeMap<String, String>, root: &str) -> Vec<Cycle>
     let dir = parent_dir(root);
     parse_file(files, root, Vec::new(), &dir, &mut modules);
     let graph = edges(&modules, files);
+    strongly_connected(&graph)
+        .into_iter()
+        .map(|scc| {
+            let inside: BTreeSet<&ModPath> = scc.iter().collect();
+            let edges = graph
+                .iter()
+                .flat_map(|(from, tos)| tos.iter().map(move |(to, ev)| (from, to, ev)))
+                .filter(|(from, to, _)| inside.contains(from) && inside.contains(to))
+                .map(|(from, to, ev)| (from.clone(), to.clone(), ev.clone()))
+                .collect();
+            let mut modules = scc;
+            modules.sort();
+            Cycle { modules, edges }
+        })
+        .collect()
+}
+
+/// The cycles between the top-level modules of the target whose root is `root`: every edge
+/// between two modules (re-exports included: a module that re-exports another's item depends
+/// on it) counts between the top-level modules it joins. `config::file -> limit` and
+/// `limit -> config` make `config` and `limit` a cycle, though no two modules lean on each
+/// other both ways. The crate root is left out: it declares and re-exports every module, and
+/// modules use the names it offers.
+pub(crate) fn top_level_cycles(files: &BTreeMap<String, String>, root: &str) -> Vec<Cycle> {
+    let mut modules = BTreeMap::new();
+    let dir = parent_dir(root);
+    parse_file(files, root, Vec::new(), &dir, &mut modules);
+    let mut graph = Graph::new();
+    for (from, tos) in edges(&modules, files) {
+        let Some(top_from) = from.first() else { continue };
+        for (to, places) in tos {
+            let Some(top_to) = to.first() else { continue };
+            if top_from == top_to {
+                continue;
+            }
+            let (a, b) = (vec![top_from.clone()], vec![top_to.clone()]);
+            let entry = graph.entry(a).or_default().entry(b).or_default();
+            for place in places {
+                if !entry.contains(&place) {
+                    entry.push(place);
+                }
+            }
+        }
+    }
     strongly_connected(&graph)
         .into_iter()
         .map(|scc| {
@@ -293,8 +338,8 @@ struct Import {
     path: Vec<String>,
     /// The line of its last segment.
     line: usize,
-    /// Under `pub` or `pub(...)`: a re-export forwards a name, it does not use it, so it is no
-    /// edge (who uses the name through this module depends on this module).
+    /// Under `pub` or `pub(...)`: a re-export forwards a name, and a path that reaches the name
+    /// through this module leads on to the module it comes from.
     reexport: bool,
 }
 
@@ -372,14 +417,14 @@ fn alias(tokens: &[Token], at: &mut usize) -> Option<String> {
 
 type Graph = BTreeMap<ModPath, BTreeMap<ModPath, Vec<Evidence>>>;
 
-/// Every edge between two different modules, with the lines that make it.
+/// Every edge between two different modules, with the lines that make it (a re-export, too:
+/// the re-exporting module depends on the module it forwards from).
 fn edges(modules: &BTreeMap<ModPath, Module>, files: &BTreeMap<String, String>) -> Graph {
     let mut graph = Graph::new();
     for (from, module) in modules {
         let paths = module
             .imports
             .iter()
-            .filter(|import| !import.reexport)
             .map(|import| (&import.path, import.line))
             .chain(module.paths.iter().map(|(path, line)| (path, *line)));
         for (path, line) in paths {
@@ -437,6 +482,7 @@ fn resolve(
         }
         _ => return None,
     };
+    let mut consumed = 0;
     for segment in rest {
         match segment.as_str() {
             "super" => {
@@ -448,6 +494,18 @@ fn resolve(
             }
             _ => break,
         }
+        consumed += 1;
+    }
+    // An item the module only re-exports is the module it comes from: a cycle behind a
+    // `pub use` is a cycle.
+    if let Some(item) = rest.get(consumed)
+        && hops < MAX_HOPS
+        && let Some(import) = modules.get(&at).and_then(|m| {
+            m.imports.iter().find(|i| i.reexport && i.name.as_deref() == Some(item.as_str()))
+        })
+        && let Some(source) = resolve(modules, &at, &import.path, hops + 1)
+    {
+        return Some(source);
     }
     Some(at)
 }
