@@ -203,7 +203,6 @@ pub(crate) const KNOWN_CYCLES: &[(CycleKind, &str, &[&str])] = &[
     (CycleKind::TopLevel, "router-state-kv", &["index", "predicted"]),
     (CycleKind::Modules, "router-state-load", &["report", "table::status"]),
     (CycleKind::TopLevel, "router-state-load", &["load", "report", "table"]),
-    (CycleKind::Modules, "router-sim", &["load::report", "load::trace::bounds"]),
     (
         CycleKind::TopLevel,
         "router-server",

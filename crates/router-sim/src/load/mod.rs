@@ -7,6 +7,7 @@
 //! flight then are dropped and not counted (the report's `sent` still counts them).
 
 mod client;
+mod distribution;
 mod driver;
 mod report;
 mod trace;
@@ -16,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use report::Distribution;
+pub use distribution::Distribution;
 pub use report::RunReport;
 pub use trace::{FleetOracle, OracleReport, Pace, ReplayReport, ScaledLoad, Schedule, TraceSpec};
 pub use workload::SessionSpec;

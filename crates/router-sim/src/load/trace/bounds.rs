@@ -12,7 +12,7 @@
 
 use super::oracle::{OracleReport, Step};
 use super::{LoadError, Pace, TraceRequest, TraceSpec};
-use crate::load::report::Distribution;
+use crate::load::distribution::Distribution;
 
 /// How a replay's arrivals were timed.
 #[derive(Clone, Debug, Default, PartialEq)]
