@@ -53,8 +53,10 @@ impl LeastLoadPolicy {
         self.admission = Some(Arc::clone(admission.admission()));
         self
     }
+}
 
-    fn select(
+impl SyncPolicy for LeastLoadPolicy {
+    fn choose(
         &self,
         engines: &[Arc<Worker>],
         request: &PickRequest<'_>,
@@ -127,16 +129,6 @@ impl LeastLoadPolicy {
             }
         }
         Err(PickError::NoAdmissibleEngine { rejections })
-    }
-}
-
-impl SyncPolicy for LeastLoadPolicy {
-    fn choose(
-        &self,
-        engines: &[Arc<Worker>],
-        request: &PickRequest<'_>,
-    ) -> Result<Pick, PickError> {
-        self.select(engines, request)
     }
 
     fn name(&self) -> &'static str {

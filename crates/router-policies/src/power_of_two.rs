@@ -130,8 +130,10 @@ impl PowerOfTwoPolicy {
         self.admission = Some(Arc::clone(admission.admission()));
         self
     }
+}
 
-    fn select(
+impl SyncPolicy for PowerOfTwoPolicy {
+    fn choose(
         &self,
         engines: &[Arc<Worker>],
         request: &PickRequest<'_>,
@@ -159,16 +161,6 @@ impl PowerOfTwoPolicy {
             admit(admission.as_ref(), worker, load, inflight)?;
         }
         Ok(Pick::new(Arc::clone(worker), reason))
-    }
-}
-
-impl SyncPolicy for PowerOfTwoPolicy {
-    fn choose(
-        &self,
-        engines: &[Arc<Worker>],
-        request: &PickRequest<'_>,
-    ) -> Result<Pick, PickError> {
-        self.select(engines, request)
     }
 
     fn name(&self) -> &'static str {

@@ -36,8 +36,10 @@ impl RandomPolicy {
         self.admission = Some(admission);
         self
     }
+}
 
-    fn select(
+impl SyncPolicy for RandomPolicy {
+    fn choose(
         &self,
         engines: &[Arc<Worker>],
         request: &PickRequest<'_>,
@@ -53,16 +55,6 @@ impl RandomPolicy {
             admission.check(worker)?;
         }
         Ok(Pick::new(Arc::clone(worker), reason))
-    }
-}
-
-impl SyncPolicy for RandomPolicy {
-    fn choose(
-        &self,
-        engines: &[Arc<Worker>],
-        request: &PickRequest<'_>,
-    ) -> Result<Pick, PickError> {
-        self.select(engines, request)
     }
 
     fn name(&self) -> &'static str {

@@ -59,21 +59,7 @@ pub(crate) fn cycles(files: &BTreeMap<String, String>, root: &str) -> Vec<Cycle>
     let dir = parent_dir(root);
     parse_file(files, root, Vec::new(), &dir, &mut modules);
     let graph = edges(&modules, files);
-    strongly_connected(&graph)
-        .into_iter()
-        .map(|scc| {
-            let inside: BTreeSet<&ModPath> = scc.iter().collect();
-            let edges = graph
-                .iter()
-                .flat_map(|(from, tos)| tos.iter().map(move |(to, ev)| (from, to, ev)))
-                .filter(|(from, to, _)| inside.contains(from) && inside.contains(to))
-                .map(|(from, to, ev)| (from.clone(), to.clone(), ev.clone()))
-                .collect();
-            let mut modules = scc;
-            modules.sort();
-            Cycle { modules, edges }
-        })
-        .collect()
+    cycles_of(&graph)
 }
 
 /// The cycles between the top-level modules of the target whose root is `root`: every edge
@@ -103,7 +89,13 @@ pub(crate) fn top_level_cycles(files: &BTreeMap<String, String>, root: &str) -> 
             }
         }
     }
-    strongly_connected(&graph)
+    cycles_of(&graph)
+}
+
+/// The cycles of `graph`: its strongly connected components of more than one module, each
+/// with the edges inside it.
+fn cycles_of(graph: &Graph) -> Vec<Cycle> {
+    strongly_connected(graph)
         .into_iter()
         .map(|scc| {
             let inside: BTreeSet<&ModPath> = scc.iter().collect();
