@@ -69,7 +69,7 @@ pub struct ModelRuntime {
     /// its prompts are then hashed by text when it has no tokenizer, and its dispatches to
     /// engines without KV events are remembered (approximate mode).
     pub reads_prefixes: bool,
-    /// Whether something reads a request's token ids or exact count ([`needs_tokens`]): only
+    /// Whether something reads a request's token ids or exact count (`needs_tokens`): only
     /// then is it tokenized; otherwise the size estimate stands.
     pub needs_tokens: bool,
     /// Affinity headers and expiry.
