@@ -31,10 +31,14 @@ mod reporter;
 mod scheduler;
 mod tls;
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Weak};
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use router_workers::Stage;
 use tokio::net::TcpListener;
@@ -54,6 +58,23 @@ use crate::tokens::{PrepareError, Preprocessor};
 /// How long a dying engine keeps its sockets after the last answered request, so that the
 /// answer's bytes leave the process; new requests are not served meanwhile.
 const DEATH_GRACE: Duration = Duration::from_millis(100);
+
+/// The preprocessor of the tokenizer at `path`, loaded once per process while an engine uses
+/// it: engines started side by side in one process (the demo's) share it instead of each
+/// parsing the file (a third of a second for GPT-2's vocabulary).
+fn loaded(path: &Path) -> Result<Arc<Preprocessor>, EngineError> {
+    static LOADED: LazyLock<Mutex<HashMap<PathBuf, Weak<Preprocessor>>>> =
+        LazyLock::new(Mutex::default);
+    let mut loaded = LOADED.lock();
+    if let Some(shared) = loaded.get(path).and_then(Weak::upgrade) {
+        return Ok(shared);
+    }
+    let preprocessor =
+        Arc::new(Preprocessor::from_tokenizer_file(path).map_err(EngineError::Tokenizer)?);
+    loaded.retain(|_, weak| weak.strong_count() > 0);
+    loaded.insert(path.to_owned(), Arc::downgrade(&preprocessor));
+    Ok(preprocessor)
+}
 
 /// Why an engine could not start.
 #[derive(Debug, thiserror::Error)]
@@ -222,8 +243,8 @@ pub async fn serve(
         _ => None,
     };
     let preprocessor = match &config.tokenizer {
-        Some(path) => Preprocessor::from_tokenizer_file(path).map_err(EngineError::Tokenizer)?,
-        None => Preprocessor::builtin(),
+        Some(path) => loaded(path)?,
+        None => Arc::new(Preprocessor::builtin()),
     };
     let stop = cancel.child_token();
     let tracker = TaskTracker::new();

@@ -42,7 +42,7 @@ const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 #[derive(Debug)]
 pub(crate) struct Engine {
     pub(crate) config: EngineConfig,
-    pub(crate) preprocessor: Preprocessor,
+    pub(crate) preprocessor: Arc<Preprocessor>,
     /// The data-parallel ranks' schedulers.
     pub(crate) ranks: Arc<Ranks>,
     pub(crate) faults: FaultState,
@@ -66,7 +66,7 @@ pub(crate) struct Engine {
 impl Engine {
     pub(crate) fn new(
         config: EngineConfig,
-        preprocessor: Preprocessor,
+        preprocessor: Arc<Preprocessor>,
         ranks: Arc<Ranks>,
         rooms: Option<Arc<Rooms>>,
         bootstrap: Option<BootstrapClient>,
