@@ -74,6 +74,30 @@ pub(crate) fn advertised_kv_events(info: &Value, host: &str) -> Option<KvEventsS
     })
 }
 
+/// The `/get_server_info` answers of one learning tick, by worker id: a worker asked for its
+/// KV-event publisher and for its engine on the same tick is asked once.
+#[derive(Default)]
+struct ServerInfo(
+    Mutex<std::collections::HashMap<WorkerId, Option<(http::StatusCode, bytes::Bytes)>>>,
+);
+
+impl ServerInfo {
+    /// `worker`'s answer, asked of it on the first call of the tick.
+    async fn of(
+        &self,
+        worker: &Worker,
+        forwarder: &Forwarder,
+        timeout: Duration,
+    ) -> Option<(http::StatusCode, bytes::Bytes)> {
+        if let Some(answer) = self.0.lock().get(worker.id()) {
+            return answer.clone();
+        }
+        let answer = forwarder.get(worker, "/get_server_info", timeout).await;
+        self.0.lock().insert(worker.id().clone(), answer.clone());
+        answer
+    }
+}
+
 /// Learns the engines of the workers of `models` (each with its tokenization) and keeps each
 /// model's rules following them; and subscribes the workers of `prefix_models` to the KV
 /// events their engines advertise.
@@ -115,8 +139,7 @@ impl EngineLearner {
         &self,
         workers: &[Arc<Worker>],
         registry: &WorkerRegistry,
-        forwarder: &Forwarder,
-        timeout: Duration,
+        (forwarder, timeout, answers): (&Forwarder, Duration, &ServerInfo),
     ) {
         self.advertised.lock().retain(|(id, incarnation)| {
             workers.iter().any(|w| w.id() == id && w.incarnation() == *incarnation)
@@ -129,8 +152,7 @@ impl EngineLearner {
                 && !self.advertised.lock().contains(&(w.id().clone(), w.incarnation()))
         });
         for worker in unknown {
-            let Some((status, body)) = forwarder.get(worker, "/get_server_info", timeout).await
-            else {
+            let Some((status, body)) = answers.of(worker, forwarder, timeout).await else {
                 continue;
             };
             self.advertised.lock().insert((worker.id().clone(), worker.incarnation()));
@@ -166,8 +188,9 @@ impl EngineLearner {
         timeout: Duration,
     ) {
         let workers = registry.workers();
+        let answers = ServerInfo::default();
         if !self.prefix_models.is_empty() {
-            self.subscribe_advertised(&workers, registry, forwarder, timeout).await;
+            self.subscribe_advertised(&workers, registry, (forwarder, timeout, &answers)).await;
         }
         // Workers that left (or came back as another incarnation) are forgotten.
         self.asked.lock().retain(|(id, incarnation)| {
@@ -183,7 +206,7 @@ impl EngineLearner {
             });
             for worker in unnamed {
                 if self.asked.lock().insert((worker.id().clone(), worker.incarnation())) {
-                    ask(worker, forwarder, timeout).await;
+                    ask(worker, forwarder, timeout, &answers).await;
                 }
             }
             let engines = workers
@@ -213,13 +236,13 @@ impl EngineLearner {
 }
 
 /// Asks `worker` which engine it is and records the answer.
-async fn ask(worker: &Worker, forwarder: &Forwarder, timeout: Duration) {
+async fn ask(worker: &Worker, forwarder: &Forwarder, timeout: Duration, answers: &ServerInfo) {
     let json = |answer: Option<(http::StatusCode, bytes::Bytes)>| {
         answer
             .filter(|(status, _)| status.is_success())
             .and_then(|(_, body)| serde_json::from_slice::<Value>(&body).ok())
     };
-    let server_info = json(forwarder.get(worker, "/get_server_info", timeout).await);
+    let server_info = json(answers.of(worker, forwarder, timeout).await);
     let version = match detect(server_info.as_ref(), None) {
         Some(_) => None,
         None => json(forwarder.get(worker, "/version", timeout).await),

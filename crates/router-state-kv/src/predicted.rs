@@ -207,7 +207,7 @@ impl Predictions {
     /// Records that `worker` is about to hold the blocks `hashes` (a prompt's local block
     /// hashes, in order) of `model`, until `now + ttl`.
     pub fn record(&self, model: &ModelId, worker: &WorkerId, hashes: &[u64], now: Instant) {
-        self.record_inner(model, worker, None, hashes, now);
+        self.record_kind(false, model, worker, None, hashes, now);
     }
 
     /// [`Predictions::record`] for a request the router sent to data-parallel rank `rank`:
@@ -220,18 +220,7 @@ impl Predictions {
         hashes: &[u64],
         now: Instant,
     ) {
-        self.record_inner(model, worker, Some(rank), hashes, now);
-    }
-
-    fn record_inner(
-        &self,
-        model: &ModelId,
-        worker: &WorkerId,
-        rank: Option<u32>,
-        hashes: &[u64],
-        now: Instant,
-    ) {
-        self.record_kind(false, model, worker, rank, hashes, now);
+        self.record_kind(false, model, worker, Some(rank), hashes, now);
     }
 
     /// Records `hashes` as entries of kind `approximate`, for that kind's life and within its

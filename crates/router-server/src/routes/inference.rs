@@ -163,11 +163,11 @@ pub(crate) async fn prepare_request<'c>(
     if let Some(reason) = prepared.unmatchable {
         metrics::prefix_unmatchable(reason);
     }
-    let tokens = match &prepared.tokens {
-        None if model.reads_prefixes && model.tokenization.is_none() => text_tokens(&prepared),
-        tokens => tokens.clone(),
-    };
-    Ok((model, PreparedRequest { slo, client_rank, tokens, ..prepared }))
+    let mut prepared = PreparedRequest { slo, client_rank, ..prepared };
+    if prepared.tokens.is_none() && model.reads_prefixes && model.tokenization.is_none() {
+        prepared.tokens = text_tokens(&prepared);
+    }
+    Ok((model, prepared))
 }
 
 /// Bodies up to this size are templated and tokenized on the event loop (tens of
