@@ -17,6 +17,8 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use http_body_util::Full;
 use libfuzzer_sys::fuzz_target;
+use router_http1::request::{Parsed, parse_request_head};
+use router_prepare::Endpoint;
 use tokio::io::AsyncWriteExt as _;
 
 /// The head limit the router runs with by default (`server.max_header_bytes`).
@@ -63,10 +65,19 @@ fn hyper_reads(bytes: &[u8]) -> Option<Seen> {
     })
 }
 
+/// What the own loop serves itself from the start of a connection that sent `bytes`: the
+/// path and Content-Length of a `POST` to an inference endpoint; `None` when it leaves the
+/// connection to hyper or the head is not whole.
+fn served_here(bytes: &[u8]) -> Option<(String, u64)> {
+    let mut buf = bytes::BytesMut::from(bytes);
+    match parse_request_head(&mut buf, MAX_HEAD, &[], Endpoint::at) {
+        Parsed::Ours(request) => Some((request.route.path().to_owned(), request.length)),
+        Parsed::Partial | Parsed::Theirs => None,
+    }
+}
+
 fuzz_target!(|bytes: &[u8]| {
-    let Some((path, length)) = router_server::fuzzing::client_head(bytes, MAX_HEAD) else {
-        return;
-    };
+    let Some((path, length)) = served_here(bytes) else { return };
     let Some((method, hyper_path, hyper_length, chunked)) = hyper_reads(bytes) else {
         panic!("the own loop serves {path} ({length} bytes) from a head hyper refuses");
     };

@@ -303,10 +303,26 @@ pub struct Router {
     _config: Option<tempfile_path::TempPath>,
 }
 
+/// `yaml` with `server.http1` set to `ROUTER_E2E_HTTP1` when that is set (the section made
+/// if missing); `yaml` as it is otherwise.
+fn with_http1_front(yaml: &str) -> String {
+    let Ok(front) = std::env::var("ROUTER_E2E_HTTP1") else { return yaml.to_owned() };
+    let mut config: serde_yaml_ng::Value = serde_yaml_ng::from_str(yaml).expect("YAML");
+    let serde_yaml_ng::Value::Mapping(top) = &mut config else { panic!("a mapping: {yaml}") };
+    let server = top
+        .entry("server".into())
+        .or_insert_with(|| serde_yaml_ng::Value::Mapping(serde_yaml_ng::Mapping::new()));
+    let serde_yaml_ng::Value::Mapping(server) = server else { panic!("server: a mapping") };
+    server.insert("http1".into(), front.into());
+    serde_yaml_ng::to_string(&config).expect("YAML")
+}
+
 impl Router {
-    /// Starts the router with a YAML configuration (its `server.port` should be 0).
+    /// Starts the router with a YAML configuration (its `server.port` should be 0). With
+    /// `ROUTER_E2E_HTTP1` set (`own` or `hyper`), that is the configuration's `server.http1`:
+    /// `cargo xtask ci` runs the HTTP front's tests under both.
     pub fn with_config(yaml: &str) -> Self {
-        let path = tempfile_path::TempPath::write("router.yaml", yaml);
+        let path = tempfile_path::TempPath::write("router.yaml", &with_http1_front(yaml));
         let args = vec!["--config".to_owned(), path.display()];
         let process = Process::spawn("router-server", &args, "router listening on ");
         let url = process.url_after("router listening on ");
@@ -315,7 +331,7 @@ impl Router {
 
     /// [`Router::with_config`] with extra environment variables.
     pub fn with_config_and_env(yaml: &str, env: &[(&str, &str)]) -> Self {
-        let path = tempfile_path::TempPath::write("router.yaml", yaml);
+        let path = tempfile_path::TempPath::write("router.yaml", &with_http1_front(yaml));
         let args = vec!["--config".to_owned(), path.display()];
         let process = Process::spawn_with_env("router-server", &args, env, "router listening on ");
         let url = process.url_after("router listening on ");

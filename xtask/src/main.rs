@@ -131,12 +131,15 @@ fn ci(root: &std::path::Path) -> Result<()> {
     let all =
         cargo_test(root, &["test", "--workspace", "--all-targets", "--no-fail-fast"], &mut totals);
     let doc = cargo_test(root, &["test", "--workspace", "--doc", "--no-fail-fast"], &mut totals);
+    // The HTTP front's tests again with hyper reading every client connection
+    // (`server.http1: hyper`); the whole suite above ran on the default, the own loop.
+    let hyper = cargo_test_with(root, &HYPER_FRONT_TESTS, HYPER_FRONT_ENV, &mut totals);
     // Real vLLM engines, after everything else and one test at a time: each test starts
     // engines of about 2-4 GB and a core each (tests/vllm/setup.sh installs them).
     let real = cargo_test(root, &REAL_ENGINE_TESTS, &mut totals);
     // One closing line for the whole suite, whatever the last test binary printed.
     // A short fuzzing run of every target: a crash fails CI.
-    let fuzz = if all.is_ok() && doc.is_ok() && real.is_ok() {
+    let fuzz = if all.is_ok() && doc.is_ok() && hyper.is_ok() && real.is_ok() {
         let options = fuzz::Options {
             seconds: CI_FUZZ_SECONDS,
             target: None,
@@ -148,8 +151,28 @@ fn ci(root: &std::path::Path) -> Result<()> {
         Ok(())
     };
     println!("ci: {} passed, {} failed", totals.passed, totals.failed);
-    all.and(doc).and(real).and(fuzz)
+    all.and(doc).and(hyper).and(real).and(fuzz)
 }
+
+/// The HTTP front's end-to-end tests, run a second time under `server.http1: hyper`.
+const HYPER_FRONT_TESTS: [&str; 13] = [
+    "test",
+    "-p",
+    "router-e2e",
+    "--test",
+    "front_end",
+    "--test",
+    "hostile_clients",
+    "--test",
+    "slow_clients",
+    "--test",
+    "protocols",
+    "--test",
+    "plain",
+];
+
+/// What makes the end-to-end harness set `server.http1: hyper` in every router it starts.
+const HYPER_FRONT_ENV: (&str, &str) = ("ROUTER_E2E_HTTP1", "hyper");
 
 /// The real-engine test step of `ci`.
 const REAL_ENGINE_TESTS: [&str; 9] = [
@@ -192,9 +215,27 @@ impl TestTotals {
 
 /// Runs a cargo test command, echoing its output and summing its results.
 fn cargo_test(root: &std::path::Path, args: &[&str], totals: &mut TestTotals) -> Result<()> {
+    cargo_test_with(root, args, ("", ""), totals)
+}
+
+/// [`cargo_test`] with the environment variable `name=value` set (none when `name` is empty).
+fn cargo_test_with(
+    root: &std::path::Path,
+    args: &[&str],
+    (name, value): (&str, &str),
+    totals: &mut TestTotals,
+) -> Result<()> {
     use std::io::{BufRead, BufReader};
-    eprintln!("xtask: cargo {}", args.join(" "));
-    let mut child = Command::new(env_cargo())
+    eprintln!(
+        "xtask: {name}{}{value} cargo {}",
+        if name.is_empty() { "" } else { "=" },
+        args.join(" ")
+    );
+    let mut command = Command::new(env_cargo());
+    if !name.is_empty() {
+        command.env(name, value);
+    }
+    let mut child = command
         .args(args)
         .current_dir(root)
         .stdout(std::process::Stdio::piped())

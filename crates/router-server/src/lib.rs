@@ -23,10 +23,6 @@ pub mod epp;
 mod error;
 mod few_fields;
 mod forward;
-/// The HTTP/1.1 decoding for the fuzz targets in `fuzz/`; not an API.
-#[doc(hidden)]
-pub mod fuzzing;
-mod h1_text;
 mod health;
 mod limit;
 pub mod logging;

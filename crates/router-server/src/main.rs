@@ -131,6 +131,9 @@ async fn serve(
         config.server.port = port;
     }
     config.server.log_json |= args.log_json;
+    if let Some(front) = args.http1 {
+        config.server.http1 = front;
+    }
     router_server::logging::init(&config.server).map_err(anyhow::Error::msg)?;
 
     let ctx = AppContext::build(&config).map_err(|problems| {

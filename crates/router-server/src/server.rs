@@ -23,6 +23,7 @@ use crate::error::ApiError;
 use crate::routes::{admin, fleet, inference, ops};
 use crate::{auth, limit};
 use front::Front;
+use router_http1::server as own;
 use router_prepare::Endpoint;
 
 /// How long streams still open when the drain runs out get to write their closing error event
@@ -187,6 +188,16 @@ struct ConnectionLimits {
     max_header_bytes: usize,
 }
 
+impl ConnectionLimits {
+    /// The bounds on request heads, as the own loop keeps them.
+    fn heads(self) -> router_http1::server::Limits {
+        router_http1::server::Limits {
+            header_read: self.header_read,
+            max_header_bytes: self.max_header_bytes,
+        }
+    }
+}
+
 impl From<&ServerSection> for ConnectionLimits {
     fn from(server: &ServerSection) -> Self {
         Self {
@@ -199,7 +210,8 @@ impl From<&ServerSection> for ConnectionLimits {
 
 /// Accepts connections until `stop`, then lets every open connection finish its request and
 /// close. Where the front serves the inference endpoints directly, a connection starts in the
-/// router's own HTTP/1.1 loop ([`h1`]) and is handed to hyper at the first request of another
+/// router's own HTTP/1.1 loop ([`router_http1::server`]) and is handed to hyper at the first
+/// request of another
 /// shape. Clients speak HTTP/1.1: every byte of a connection's life is then under a timeout
 /// (HTTP/2 flow control would let a client that stops reading hold a stream without ever
 /// stalling a socket write, and the HTTP/2 preface sniffing has no timeout of its own).
@@ -249,12 +261,12 @@ async fn accept_loop(
         connections.spawn(async move {
             // The router's own loop first where the front serves inference directly; hyper
             // takes over at a request that loop leaves it, or from the start.
-            let io = match service.direct() {
-                Some(direct) => match h1::serve(io, direct, limits, stop).await {
-                    h1::Ended::HandedOver(rewound) => rewound,
-                    h1::Ended::Closed => return,
+            let io = match service.own_loop() {
+                Some(direct) => match own::serve(io, direct, limits.heads(), stop).await {
+                    own::Ended::HandedOver(rewound) => rewound,
+                    own::Ended::Closed => return,
                 },
-                None => h1::Rewound::unread(io),
+                None => own::Rewound::unread(io),
             };
             let connection = builder.serve_connection(TokioIo::new(io), service);
             if let Err(err) = watcher.watch(connection).await {
@@ -461,8 +473,8 @@ fn reuseport_listener(addr: SocketAddr) -> std::io::Result<std::net::TcpListener
 }
 
 mod front;
-mod h1;
 
-pub(crate) use h1::served_here;
+#[cfg(test)]
+mod h1_tests;
 #[cfg(test)]
 mod tests;

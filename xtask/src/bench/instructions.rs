@@ -20,6 +20,8 @@ pub(crate) struct Counted {
     pub(crate) name: &'static str,
     /// Thousands of instructions per request.
     pub(crate) router_k: f64,
+    /// The router under `--http1 hyper`.
+    pub(crate) hyper_k: f64,
     pub(crate) nginx_k: f64,
 }
 
@@ -54,7 +56,8 @@ const ENGINES: [Counting; 2] = [
     },
 ];
 
-/// Counts the router (round_robin, one event-loop thread) and nginx per plain request and per
+/// Counts the router (round_robin, one event-loop thread; its own HTTP/1.1 loop and hyper's)
+/// and nginx per plain request and per
 /// streamed request of one event per token, on a router-sim engine that answers at once, and
 /// per streamed request on one that writes 16 events at a time.
 pub(crate) fn measure(bins: &Bins) -> Result<Vec<Counted>> {
@@ -75,24 +78,32 @@ pub(crate) fn measure(bins: &Bins) -> Result<Vec<Counted>> {
     for Counting { name: engine_name, options, kinds } in ENGINES {
         let fast = ["--prefill-tokens-per-sec", "1e9", "--decode-tokens-per-sec", "1e9"];
         let (_engine, url) = engine(bins, &[&fast[..], options].concat())?;
+        let start_router = |out: &Path, front: &str| {
+            let router_args: Vec<String> = [
+                &callgrind_args(out)[..],
+                &[bins.server.display().to_string()],
+                &["--worker-urls", &url, "--policy", "round_robin", "--port", "0"]
+                    .map(str::to_owned),
+                &["--worker-threads", "1", "--http1", front].map(str::to_owned),
+            ]
+            .concat();
+            let router = Proc::start(&valgrind, &router_args, "router listening on ")?;
+            let router_url = router.after("router listening on ")?;
+            anyhow::Ok((router, router_url))
+        };
         let out = dir.join(format!("router-{engine_name}.out"));
-        let router_args: Vec<String> = [
-            &callgrind_args(&out)[..],
-            &[bins.server.display().to_string()],
-            &["--worker-urls", &url, "--policy", "round_robin", "--port", "0"].map(str::to_owned),
-            &["--worker-threads", "1"].map(str::to_owned),
-        ]
-        .concat();
-        let router = Proc::start(&valgrind, &router_args, "router listening on ")?;
-        let router_url = router.after("router listening on ")?;
+        let (router, router_url) = start_router(&out, "own")?;
+        let out_hyper = dir.join(format!("router-hyper-{engine_name}.out"));
+        let (hyper, hyper_url) = start_router(&out_hyper, "hyper")?;
         let out_nginx = dir.join(format!("nginx-{engine_name}.out"));
         let nginx_args =
             [&callgrind_args(&out_nginx)[..], &[nginx_bin.display().to_string()]].concat();
         let nginx = Nginx::start_under(&valgrind, &nginx_args, &url)?;
         for &(name, body) in kinds {
             let router_k = counting(&router, &router_url, &out, body)?;
+            let hyper_k = counting(&hyper, &hyper_url, &out_hyper, body)?;
             let nginx_k = counting(&nginx.process, &nginx.url, &out_nginx, body)?;
-            counted.push(Counted { name, router_k, nginx_k });
+            counted.push(Counted { name, router_k, hyper_k, nginx_k });
         }
     }
     if std::env::var_os(KEEP_DUMPS).is_some() {
@@ -194,11 +205,14 @@ fn summary(dump: &Path) -> Result<u64> {
 /// One line of the count, for the terminal.
 pub(crate) fn line(counted: &Counted) -> String {
     format!(
-        "{}: router {:.1}k instructions/request, nginx {:.1}k ({:.2}x)",
+        "{}: router {:.1}k instructions/request, router (hyper) {:.1}k, nginx {:.1}k ({:.2}x, \
+         hyper {:.2}x)",
         counted.name,
         counted.router_k,
+        counted.hyper_k,
         counted.nginx_k,
-        counted.router_k / counted.nginx_k
+        counted.router_k / counted.nginx_k,
+        counted.hyper_k / counted.nginx_k
     )
 }
 
@@ -212,15 +226,18 @@ pub(crate) fn render(counted: &[Counted]) -> String {
          `--worker-threads 1`). Unlike CPU time they do not move \
          between runs on a shared machine, so they show what a change to the data path did; \
          kernel work (the same system calls for both) is not in them.\n\n\
-         | request | router | nginx | router ÷ nginx |\n|---|---:|---:|---:|\n"
+         | request | router | router, `--http1 hyper` | nginx | router ÷ nginx | hyper ÷ nginx |\n\
+         |---|---:|---:|---:|---:|---:|\n"
     );
     for c in counted {
         page.push_str(&format!(
-            "| {} | {:.1}k | {:.1}k | {:.2}x |\n",
+            "| {} | {:.1}k | {:.1}k | {:.1}k | {:.2}x | {:.2}x |\n",
             c.name,
             c.router_k,
+            c.hyper_k,
             c.nginx_k,
-            c.router_k / c.nginx_k
+            c.router_k / c.nginx_k,
+            c.hyper_k / c.nginx_k
         ));
     }
     page

@@ -127,13 +127,19 @@ pub(crate) fn run(root: &Path, options: Options) -> Result<()> {
             let ratio = case.cpu_ratio().map_or("-".to_owned(), |r| {
                 format!("{:.2}x ({:.2}x–{:.2}x)", r.median, r.min, r.max)
             });
+            let hyper_ratio = case.hyper_cpu_ratio().map_or("-".to_owned(), |r| {
+                format!("{:.2}x ({:.2}x–{:.2}x)", r.median, r.min, r.max)
+            });
             eprintln!(
-                "  {}: direct {:.0} req/s; router {:.0} req/s, {}; nginx {:.0} req/s, {}; \
-                 router ÷ nginx {ratio}",
+                "  {}: direct {:.0} req/s; router {:.0} req/s, {}; router (hyper) {:.0} req/s, \
+                 {}; nginx {:.0} req/s, {}; router ÷ nginx {ratio}, router (hyper) ÷ nginx \
+                 {hyper_ratio}",
                 case.name,
                 case.direct.rps(),
                 case.router.rps(),
                 cpu(&case.router),
+                case.hyper.rps(),
+                cpu(&case.hyper),
                 case.nginx.rps(),
                 cpu(&case.nginx),
             );

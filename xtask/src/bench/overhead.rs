@@ -109,10 +109,12 @@ enum Via {
     Direct,
     Router,
     Nginx,
+    /// The router with hyper reading every client connection (`--http1 hyper`).
+    Hyper,
 }
 
 impl Via {
-    const ALL: [Self; 3] = [Self::Direct, Self::Router, Self::Nginx];
+    const ALL: [Self; 4] = [Self::Direct, Self::Router, Self::Nginx, Self::Hyper];
 }
 
 /// One engine and kind of request, measured on every path.
@@ -175,7 +177,9 @@ pub(crate) struct Case {
     pub(crate) direct: Run,
     pub(crate) router: Run,
     pub(crate) nginx: Run,
-    /// One per repetition, from its three runs (made one after the other).
+    /// The router under `--http1 hyper`.
+    pub(crate) hyper: Run,
+    /// One per repetition, from its runs (made one after the other).
     pub(crate) paired: Vec<Paired>,
 }
 
@@ -189,12 +193,15 @@ pub(crate) struct Paired {
     pub(crate) router_throughput: f64,
     /// Requests per second through nginx over direct.
     pub(crate) nginx_throughput: f64,
+    /// Router CPU per request under `--http1 hyper` over nginx's.
+    pub(crate) hyper_cpu: f64,
 }
 
 impl Paired {
-    fn of(direct: &Run, router: &Run, nginx: &Run) -> Option<Self> {
+    fn of(direct: &Run, router: &Run, nginx: &Run, hyper: &Run) -> Option<Self> {
         Some(Self {
             cpu: router.proxy_cpu_us? / nginx.proxy_cpu_us?,
+            hyper_cpu: hyper.proxy_cpu_us? / nginx.proxy_cpu_us?,
             router_throughput: router.rps() / direct.rps(),
             nginx_throughput: nginx.rps() / direct.rps(),
         })
@@ -235,6 +242,11 @@ impl Case {
         Spread::of(self.paired.iter().map(|p| p.cpu))
     }
 
+    /// Router CPU per request under `--http1 hyper` over nginx's, over the repetitions.
+    pub(crate) fn hyper_cpu_ratio(&self) -> Option<Spread> {
+        Spread::of(self.paired.iter().map(|p| p.hyper_cpu))
+    }
+
     /// Requests per second through the router, and through nginx, over direct.
     pub(crate) fn throughput(&self) -> Option<(Spread, Spread)> {
         let router = Spread::of(self.paired.iter().map(|p| p.router_throughput))?;
@@ -273,25 +285,27 @@ pub(crate) fn measure(
         .collect();
     // The router's runtime gets one thread, as nginx gets one worker: this machine's two cores
     // are shared with the engine and the client.
-    let routers = engines
-        .iter()
-        .map(|url| {
-            let args = [
-                "--worker-urls",
-                url,
-                "--policy",
-                "round_robin",
-                "--port",
-                "0",
-                "--worker-threads",
-                "1",
-            ]
-            .map(str::to_owned);
-            let router = Proc::start(&bins.server, &args, "router listening on ")?;
-            let url = router.after("router listening on ")?;
-            Ok((router, url))
-        })
-        .collect::<Result<Vec<_>>>()?;
+    let start_router = |url: &str, front: &str| {
+        let args = [
+            "--worker-urls",
+            url,
+            "--policy",
+            "round_robin",
+            "--port",
+            "0",
+            "--worker-threads",
+            "1",
+            "--http1",
+            front,
+        ]
+        .map(str::to_owned);
+        let router = Proc::start(&bins.server, &args, "router listening on ")?;
+        let url = router.after("router listening on ")?;
+        anyhow::Ok((router, url))
+    };
+    let routers = engines.iter().map(|url| start_router(url, "own")).collect::<Result<Vec<_>>>()?;
+    let hypers =
+        engines.iter().map(|url| start_router(url, "hyper")).collect::<Result<Vec<_>>>()?;
     let nginxes =
         engines.iter().map(|url| Nginx::start(&nginx_bin, url)).collect::<Result<Vec<_>>>()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -303,14 +317,15 @@ pub(crate) fn measure(
     let scenarios: Vec<&Scenario> =
         SCENARIOS.iter().filter(|s| only.is_none_or(|text| s.name.contains(text))).collect();
     // Every path answers, and is warm (connection pools, allocator), before measuring.
-    let proxies = routers.iter().map(|(_, url)| url).chain(nginxes.iter().map(|n| &n.url));
+    let proxies =
+        (routers.iter().chain(&hypers)).map(|(_, url)| url).chain(nginxes.iter().map(|n| &n.url));
     for url in engines.iter().copied().chain(proxies.map(String::as_str)) {
         let warm = runtime.block_on(blast(url, PLAIN, 500, concurrency))?;
         if warm.errors > 0 {
             bail!("{} of 500 warm-up requests to {url} failed", warm.errors);
         }
     }
-    let mut runs: Vec<[Vec<Run>; 3]> = scenarios.iter().map(|_| Default::default()).collect();
+    let mut runs: Vec<[Vec<Run>; 4]> = scenarios.iter().map(|_| Default::default()).collect();
     for repeat in 0..repeats {
         for (i, scenario) in scenarios.iter().enumerate() {
             let mut order = Via::ALL;
@@ -326,6 +341,10 @@ pub(crate) fn measure(
                         let nginx = &nginxes[scenario.engine];
                         (nginx.url.as_str(), Some(&nginx.process))
                     }
+                    Via::Hyper => {
+                        let (proc, url) = &hypers[scenario.engine];
+                        (url.as_str(), Some(proc))
+                    }
                 };
                 let run = one_run(&runtime, url, proxy, scenario.body, requests, concurrency)?;
                 runs[i][via as usize].push(run);
@@ -336,15 +355,18 @@ pub(crate) fn measure(
     let cases = scenarios
         .iter()
         .zip(runs)
-        .map(|(scenario, [direct, router, nginx])| {
-            let paired = (direct.iter().zip(&router).zip(&nginx))
-                .filter_map(|((direct, router), nginx)| Paired::of(direct, router, nginx))
+        .map(|(scenario, [direct, router, nginx, hyper])| {
+            let paired = (direct.iter().zip(&router).zip(&nginx).zip(&hyper))
+                .filter_map(|(((direct, router), nginx), hyper)| {
+                    Paired::of(direct, router, nginx, hyper)
+                })
                 .collect();
             Case {
                 name: scenario.name.to_owned(),
                 direct: median(direct),
                 router: median(router),
                 nginx: median(nginx),
+                hyper: median(hyper),
                 paired,
             }
         })
@@ -399,7 +421,9 @@ fn median(mut runs: Vec<Run>) -> Run {
 pub(crate) fn cpu_rows(overhead: &Overhead) -> Vec<(String, f64)> {
     let mut rows = Vec::new();
     for case in &overhead.cases {
-        for (proxy, run) in [("router", &case.router), ("nginx", &case.nginx)] {
+        for (proxy, run) in
+            [("router", &case.router), ("router, hyper", &case.hyper), ("nginx", &case.nginx)]
+        {
             if let Some(us) = run.proxy_cpu_us {
                 rows.push((format!("{}: {proxy}", case.name), us));
             }
@@ -413,7 +437,9 @@ pub(crate) fn render(overhead: &Overhead) -> String {
     let mut page = String::from("## Router overhead\n\n");
     page.push_str(
         "The same requests (a chat completion of 64 tokens, 16 concurrent clients) straight to \
-         an engine, through the router (round_robin, `--worker-threads 1`) and through nginx \
+         an engine, through the router (round_robin, `--worker-threads 1`; its own HTTP/1.1 \
+         loop, the default, and with hyper reading every client connection, `--http1 hyper`) \
+         and through nginx \
          (`xtask/src/bench/nginx.conf`: one worker in one process, keep-alive upstream \
          connections, `proxy_buffering off`) in front of the same engine. Engines: router-sim \
          answering at once (prefill and decode at 1e9 tokens/s), one event per token, each \
@@ -423,7 +449,7 @@ pub(crate) fn render(overhead: &Overhead) -> String {
          JSON or SSE events of 1 or 16 tokens), which costs nothing beside the proxy. Proxy CPU \
          is the proxy process's run time over the run (from `/proc/<pid>/task/*/schedstat`) \
          divided by its requests, and by the SSE events each answer carried. Each row is the \
-         median run (by throughput) of its repetitions; the three paths of a case run one \
+         median run (by throughput) of its repetitions; the four paths of a case run one \
          after the other, their order rotating between repetitions.\n\n",
     );
     page.push_str(
@@ -432,9 +458,12 @@ pub(crate) fn render(overhead: &Overhead) -> String {
     );
     let us = |value: Option<f64>| value.map_or("-".to_owned(), |us| format!("{us:.1} us"));
     for case in &overhead.cases {
-        for (path, run) in
-            [("direct", &case.direct), ("router", &case.router), ("nginx", &case.nginx)]
-        {
+        for (path, run) in [
+            ("direct", &case.direct),
+            ("router", &case.router),
+            ("router, `--http1 hyper`", &case.hyper),
+            ("nginx", &case.nginx),
+        ] {
             let _ = writeln!(
                 page,
                 "| {} | {path} | {} | {} | {:.0} | {:.2} | {:.2} | {:.1} | {} | {} |",
@@ -458,8 +487,8 @@ pub(crate) fn render(overhead: &Overhead) -> String {
          repetition (whose runs follow each other, under the same load of this shared \
          machine), with the lowest and highest in brackets; the CPU columns are those of the \
          median runs above.\n\n\
-         | case | router CPU/request | nginx CPU/request | router ÷ nginx | router user + kernel | nginx user + kernel | router req/s ÷ direct | nginx req/s ÷ direct |\n\
-         |---|---|---|---|---|---|---|---|\n",
+         | case | router CPU/request | nginx CPU/request | router ÷ nginx | router (hyper) ÷ nginx | router user + kernel | nginx user + kernel | router req/s ÷ direct | nginx req/s ÷ direct |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
     );
     let split = |run: &Run| {
         run.proxy_user_system_us()
@@ -474,11 +503,12 @@ pub(crate) fn render(overhead: &Overhead) -> String {
         );
         let _ = writeln!(
             page,
-            "| {} | {} | {} | {} | {} | {} | {router_throughput} | {nginx_throughput} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {router_throughput} | {nginx_throughput} |",
             case.name,
             us(case.router.proxy_cpu_us),
             us(case.nginx.proxy_cpu_us),
             case.cpu_ratio().map_or("-".to_owned(), |ratio| ratio.render(times)),
+            case.hyper_cpu_ratio().map_or("-".to_owned(), |ratio| ratio.render(times)),
             split(&case.router),
             split(&case.nginx),
         );

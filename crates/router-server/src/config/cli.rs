@@ -19,7 +19,7 @@ use router_discovery::PodPort;
 use super::discovery::DiscoverySection;
 use super::dropin::{self, DropInArgs};
 use super::file::{
-    BucketConfig, ConfigFile, GroupConfig, GroupsConfig, ModelConfig, PdGroupsConfig,
+    BucketConfig, ConfigFile, GroupConfig, GroupsConfig, Http1Server, ModelConfig, PdGroupsConfig,
 };
 
 /// The router's command line.
@@ -90,6 +90,9 @@ pub struct ServeArgs {
     /// Emit logs as JSON lines.
     #[arg(long)]
     pub log_json: bool,
+    /// What reads clients' HTTP/1.1, `own` or `hyper` (overrides the file's `server.http1`).
+    #[arg(long, value_enum)]
+    pub http1: Option<Http1Server>,
     /// Quick start: plain engines for a single bucket.
     #[arg(long, num_args = 1.., value_name = "URL")]
     pub worker_urls: Vec<String>,
@@ -338,6 +341,7 @@ impl ServeArgs {
             ("--host", s.host.is_some(), false),
             ("--port", s.port.is_some(), false),
             ("--log-json", s.log_json, false),
+            ("--http1", s.http1.is_some(), false),
             ("--admin-token", s.admin_token.is_some(), false),
             ("--worker-urls", !s.worker_urls.is_empty(), true),
             ("--pd-disaggregation", s.pd_disaggregation, true),

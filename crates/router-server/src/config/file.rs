@@ -138,6 +138,9 @@ pub struct ServerSection {
     pub retry: RetrySection,
     /// Speak HTTP/2 with prior knowledge (h2c) to engines instead of HTTP/1.1.
     pub upstream_http2: bool,
+    /// What reads clients' HTTP/1.1: `own`, the router's own loop (router-http1) for the
+    /// inference endpoints' common requests, hyper for every other; or `hyper` for all.
+    pub http1: Http1Server,
     /// Emit logs as JSON lines.
     pub log_json: bool,
     /// Log filter, a `tracing` directive (`info`, `debug`, `router_server=debug,info`);
@@ -195,6 +198,7 @@ impl Default for ServerSection {
             allow_client_dp_rank: false,
             retry: RetrySection::default(),
             upstream_http2: false,
+            http1: Http1Server::Own,
             log_json: false,
             log_level: "info".to_owned(),
             log_dir: None,
@@ -204,6 +208,19 @@ impl Default for ServerSection {
             cors_allowed_origins: Vec::new(),
         }
     }
+}
+
+/// What serves clients' HTTP/1.1 connections (`server.http1`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Http1Server {
+    /// The router's own loop serves an inference endpoint's `POST` framed by a Content-Length
+    /// and hands a connection to hyper at its first request of any other shape (the default:
+    /// fewer instructions per request, docs/benchmarks.md, Fast paths).
+    #[default]
+    Own,
+    /// hyper serves every connection.
+    Hyper,
 }
 
 /// One entry of `server.api_keys`: the key alone (`- sk-...`), or `{key, name, rate_limit}`.

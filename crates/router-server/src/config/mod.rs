@@ -30,8 +30,8 @@ pub use discovery::{DiscoverySection, KvEventsPorts};
 pub use dropin::{DropInArgs, learn_dp_sizes};
 pub use file::{
     ANY_MODEL, AffinitySection, BucketConfig, ClientKeyConfig, ConfigFile, GroupConfig,
-    GroupsConfig, KvSection, LimitsConfig, LoadSection, ModelConfig, ParseError, PdGroupsConfig,
-    ServerSection,
+    GroupsConfig, Http1Server, KvSection, LimitsConfig, LoadSection, ModelConfig, ParseError,
+    PdGroupsConfig, ServerSection,
 };
 pub use incumbents::{Screened, screen};
 pub use located::{Located, Positions, read as read_located};

@@ -556,7 +556,7 @@ impl Idle {
 
 /// The engine's response headers that make sense end to end (content type, caching), never
 /// hop-by-hop ones. The engine's own map is kept when it holds nothing else, as the HTTP/1.1
-/// client's answer heads do (`forward::client::h1::wire` keeps only the fields read or passed
+/// client's answer heads do (router-http1's `answer::KEPT_FIELDS`, the fields read or passed
 /// on): an answer then costs no second map.
 pub(crate) fn passthrough_headers(from: HeaderMap) -> HeaderMap {
     const PASSED: [HeaderName; 2] = [header::CONTENT_TYPE, header::CACHE_CONTROL];

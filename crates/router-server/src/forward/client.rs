@@ -2,7 +2,8 @@
 //! engines), one connection pool per thread that sends requests, so an event loop's requests
 //! travel on connections driven by that loop; the connection setup under its own timeout.
 //!
-//! Inference requests to HTTP/1.1 engines go over the router's own connections ([`h1`]): the
+//! Inference requests to HTTP/1.1 engines go over the router's own connections
+//! ([`router_http1::client`]): the
 //! request and then its answer's body read the socket themselves, with no task between the
 //! engine and the client. HTTP/2 engines, and the health probes and control requests of any
 //! engine (a few a second), use hyper-util's pooled client.
@@ -29,8 +30,8 @@ use crate::error::{BoxError, SendError};
 use crate::routes::REQUEST_ID_HEADER;
 use crate::telemetry::TraceHeaders;
 use crate::tls::TlsConfigError;
-pub(crate) use h1::decode_answer;
-use h1::{H1Answer, H1Error, H1Pool, RequestHead};
+use router_http1::answer::RequestHead;
+use router_http1::client::{H1Answer, H1Error, H1Pool};
 use router_prepare::DP_RANK;
 
 /// The content type of every request to an engine.
@@ -228,7 +229,7 @@ impl Forwarder {
                 h1_head(worker, path, body.len(), request_id, rank, trace).map_err(invalid)?;
             let connect_uri = || worker.uri_for("/").unwrap_or_default();
             let pool = self.h1();
-            // The timeout is kept by the connection's own timer (see `h1::Conn`).
+            // The timeout is kept by the connection's own timer (router-http1's pool).
             let sent = pool.send(worker.url(), connect_uri, &head, &body, timeout).await;
             sent.map(|response| response.map(EngineBody::H1)).map_err(|err| match err {
                 H1Error::Connect(source) => SendError::Unreachable { worker: worker_id(), source },
@@ -241,7 +242,7 @@ impl Forwarder {
     }
 
     /// This forwarder's HTTP/1.1 connections.
-    fn h1(&self) -> H1Pool<'_> {
+    fn h1(&self) -> H1Pool<'_, EngineConnector> {
         H1Pool {
             id: self.id,
             connector: &self.connector,
@@ -375,7 +376,7 @@ fn is_origin_form(target: &str) -> bool {
     target.starts_with('/') && target.bytes().all(|byte| byte.is_ascii_graphic())
 }
 
-/// An engine's answer body: read by the router's own HTTP/1.1 connection ([`h1`]), or by
+/// An engine's answer body: read by the router's own HTTP/1.1 connection (router-http1), or by
 /// hyper's HTTP/2 client.
 #[derive(Debug)]
 pub(crate) enum EngineBody {
@@ -428,6 +429,7 @@ fn authorize<B>(request: &mut Request<B>, worker: &Worker) {
     }
 }
 
-mod h1;
+#[cfg(test)]
+mod h1_tests;
 #[cfg(test)]
 mod tests;

@@ -7,7 +7,7 @@ mod body;
 mod client;
 
 pub(crate) use body::{AnswerMetrics, GuardedBody, TtftPrediction, passthrough_headers};
-pub(crate) use client::{EngineBody, ForwardConfig, Forwarder, Probe, decode_answer};
+pub(crate) use client::{EngineBody, ForwardConfig, Forwarder, Probe};
 
 use router_workers::Worker;
 

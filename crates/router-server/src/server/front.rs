@@ -10,6 +10,7 @@
 //! through the router, whose CORS layer answers preflights and marks responses.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::Arc;
 
 use axum::Router;
@@ -22,6 +23,7 @@ use hyper::body::Incoming;
 use hyper_util::service::TowerToHyperService;
 
 use crate::app::AppContext;
+use crate::config::Http1Server;
 use crate::routes::body::{BodyFraming, IncomingBody};
 use crate::routes::inference;
 use crate::{auth, limit};
@@ -34,6 +36,8 @@ pub(super) struct Front {
     app: TowerToHyperService<Router>,
     /// Serves the inference endpoints directly.
     inference: Option<Direct>,
+    /// Whether the router's own HTTP/1.1 loop reads connections first (`server.http1: own`).
+    own_loop: bool,
 }
 
 /// What serves the inference endpoints directly: the shared services, and the request header
@@ -44,24 +48,53 @@ pub(super) struct Direct {
     pub fields: Arc<[HeaderName]>,
 }
 
+/// The router's own HTTP/1.1 loop serves the inference endpoints through this: each `POST` to
+/// one of their paths, with only the header fields an inference request is read for.
+impl router_http1::server::Handler for Direct {
+    type Route = Endpoint;
+    type Body = Body;
+
+    fn route(&self, path: &str) -> Option<Endpoint> {
+        Endpoint::at(path)
+    }
+
+    fn kept(&self) -> &[HeaderName] {
+        &self.fields
+    }
+
+    fn call(
+        &self,
+        endpoint: Endpoint,
+        headers: HeaderMap,
+        body: router_http1::server::RequestBody,
+    ) -> impl Future<Output = Response> + Send {
+        // The loop serves no `Expect` (hyper does), and knows the length it read.
+        let framing = BodyFraming { declared: Some(body.length()), waits_for_continue: false };
+        let body = IncomingBody { body: Body::new(body), framing };
+        serve(endpoint, Arc::clone(&self.ctx), headers, body)
+    }
+}
+
 impl Front {
     /// `app` for every request.
     pub(super) fn app(app: Router) -> Self {
-        Self { app: TowerToHyperService::new(app), inference: None }
+        Self { app: TowerToHyperService::new(app), inference: None, own_loop: false }
     }
 
     /// The router's routes over `ctx`, the inference endpoints served directly unless CORS
-    /// is configured.
+    /// is configured, and read by the own HTTP/1.1 loop first if `server.http1` says so.
     pub(super) fn router(ctx: Arc<AppContext>) -> Self {
         let app = TowerToHyperService::new(super::routes(Arc::clone(&ctx)));
         let direct = ctx.server().cors_allowed_origins.is_empty();
+        let own_loop = ctx.server().http1 == Http1Server::Own;
         let inference = direct.then(|| Direct { fields: inference::request_fields(&ctx), ctx });
-        Self { app, inference }
+        Self { app, inference, own_loop }
     }
 
-    /// What serves the inference endpoints directly, if this front does.
-    pub(super) fn direct(&self) -> Option<&Direct> {
-        self.inference.as_ref()
+    /// What the own HTTP/1.1 loop serves the inference endpoints by, if it reads this front's
+    /// connections.
+    pub(super) fn own_loop(&self) -> Option<&Direct> {
+        self.inference.as_ref().filter(|_| self.own_loop)
     }
 }
 

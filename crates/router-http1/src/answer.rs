@@ -1,8 +1,8 @@
-//! HTTP/1.1 as the engine connections speak it: a request head written in one buffer, an
-//! answer's head parsed by httparse, and the answer's body framing (a length, chunked transfer
-//! coding, or the end of the connection) decoded from the connection's read buffer.
+//! The client side's bytes: a request head written in one buffer, an answer's head parsed by
+//! httparse, and the answer's body framing (a length, chunked transfer coding, or the end of
+//! the connection) decoded from the connection's read buffer.
 //!
-//! Everything here works on bytes alone: the connection and its pool are in the parent module.
+//! Everything here works on bytes alone: the connections and their pool are [`crate::client`]'s.
 
 use std::mem::MaybeUninit;
 use std::ops::Range;
@@ -14,10 +14,10 @@ use http::header::{
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use smallvec::SmallVec;
 
-use crate::h1_text::{decimal, field, has_token};
+use crate::text::{content_length, decimal, field, has_token};
 
 /// Largest answer head accepted from an engine.
-pub(super) const MAX_HEAD_BYTES: usize = 64 * 1024;
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 
 /// Most header fields in an answer head (hyper's default too).
 const MAX_HEADERS: usize = 100;
@@ -30,7 +30,8 @@ const MAX_TRAILER_BYTES: usize = 16 * 1024;
 
 /// What went wrong on an engine connection.
 #[derive(Debug, thiserror::Error)]
-pub(crate) enum WireError {
+pub enum WireError {
+    /// Reading or writing the connection failed.
     #[error("engine connection: {0}")]
     Io(#[from] std::io::Error),
     /// The engine closed the connection before the answer was complete.
@@ -45,11 +46,11 @@ pub(crate) enum WireError {
 }
 
 /// A request head under construction: the request line, then one field per call.
-pub(crate) struct RequestHead(Vec<u8>);
+pub struct RequestHead(Vec<u8>);
 
 impl RequestHead {
     /// `method target HTTP/1.1`, `target` in origin form (`/v1/chat/completions`).
-    pub(crate) fn new(method: &str, target: &str) -> Self {
+    pub fn new(method: &str, target: &str) -> Self {
         let mut head = Vec::with_capacity(256);
         head.extend_from_slice(method.as_bytes());
         head.push(b' ');
@@ -59,39 +60,41 @@ impl RequestHead {
     }
 
     /// Adds one field; the name and value are valid already (`http`'s types check them).
-    pub(crate) fn field(&mut self, name: &HeaderName, value: &HeaderValue) {
+    pub fn field(&mut self, name: &HeaderName, value: &HeaderValue) {
         field(&mut self.0, name.as_str().as_bytes(), value.as_bytes());
     }
 
     /// Adds one field whose value is the number `n`.
-    pub(crate) fn decimal_field(&mut self, name: &HeaderName, n: u64) {
+    pub fn decimal_field(&mut self, name: &HeaderName, n: u64) {
         let mut digits = [0; 20];
         field(&mut self.0, name.as_str().as_bytes(), decimal(n, &mut digits));
     }
 
     /// Ends the head of a request whose body has `length` bytes.
-    pub(crate) fn finish(mut self, length: usize) -> Vec<u8> {
+    pub fn finish(mut self, length: usize) -> Vec<u8> {
         self.decimal_field(&CONTENT_LENGTH, length as u64);
         self.0.extend_from_slice(b"\r\n");
         self.0
     }
 }
 
-/// The fields of an engine's answer the router reads or passes on to its client (see
-/// [`crate::forward::passthrough_headers`] and the dispatcher's `Retry-After`); the rest
-/// (framing and connection fields aside) are read past, never made into a header map.
-const KEPT_FIELDS: [HeaderName; 3] = [CONTENT_TYPE, CACHE_CONTROL, RETRY_AFTER];
+/// The fields of an answer that are kept: those a router reads or passes on to its client (the
+/// body's type and caching, an overloaded engine's `Retry-After`); the rest (framing and
+/// connection fields aside) are read past, never made into a header map.
+pub const KEPT_FIELDS: [HeaderName; 3] = [CONTENT_TYPE, CACHE_CONTROL, RETRY_AFTER];
 
-/// The fields the router adds when an answer's map becomes its client's (the request id, the
-/// engine, its rank and the bucket): room for them from the start, so the map never grows.
+/// Fields a router adds when an answer's map becomes its client's (a request id, the engine,
+/// its rank, the bucket): room for them from the start, so the map never grows.
 const ROOM_FOR_ROUTER_FIELDS: usize = 4;
 
 /// An answer's head, as parsed.
 #[derive(Debug)]
-pub(super) struct AnswerHead {
+pub struct AnswerHead {
+    /// The status code.
     pub status: StatusCode,
     /// Of its fields, those of [`KEPT_FIELDS`].
     pub headers: HeaderMap,
+    /// How its body ends.
     pub framing: Framing,
     /// Whether the connection may carry another request once this answer is read.
     pub reusable: bool,
@@ -99,7 +102,7 @@ pub(super) struct AnswerHead {
 
 /// How an answer's body ends.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Framing {
+pub enum Framing {
     /// After this many bytes (0: no body at all).
     Length(u64),
     /// With the last chunk of the chunked transfer coding.
@@ -111,7 +114,7 @@ pub(super) enum Framing {
 /// Parses an answer head at the start of `buf` and takes it off: the head once it is all
 /// there, `None` while more bytes are needed. An informational (1xx) head comes back like any
 /// other; the caller skips it.
-pub(super) fn parse_head(buf: &mut BytesMut) -> Result<Option<AnswerHead>, WireError> {
+pub fn parse_answer_head(buf: &mut BytesMut) -> Result<Option<AnswerHead>, WireError> {
     // Left uninitialized: writing 100 empty fields first would cost more than the parse.
     let mut fields = [const { MaybeUninit::uninit() }; MAX_HEADERS];
     let mut answer = httparse::Response::new(&mut []);
@@ -195,27 +198,9 @@ pub(super) fn parse_head(buf: &mut BytesMut) -> Result<Option<AnswerHead>, WireE
     Ok(Some(AnswerHead { status, headers, framing, reusable }))
 }
 
-/// A Content-Length value as hyper reads it: decimal digits only (no sign, no space inside),
-/// or a list of equal such values; `None` otherwise.
-fn content_length(value: &[u8]) -> Option<u64> {
-    let mut length = None;
-    for item in value.split(|b| *b == b',') {
-        let digits = item.trim_ascii();
-        if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
-            return None;
-        }
-        let parsed = digits.iter().fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
-        if length.is_some_and(|earlier| earlier != parsed) {
-            return None;
-        }
-        length = Some(parsed);
-    }
-    length
-}
-
 /// What the decoder made of the bytes at hand.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Decoded {
+pub enum Decoded {
     /// Body data, taken off the front of the buffer.
     Data(Bytes),
     /// More bytes must be read first.
@@ -226,7 +211,7 @@ pub(super) enum Decoded {
 
 /// Where a chunked body is.
 #[derive(Debug)]
-pub(super) enum Chunked {
+pub enum Chunked {
     /// Before a chunk-size line.
     Size,
     /// Within a chunk, this many bytes of it to go.
@@ -235,6 +220,7 @@ pub(super) enum Chunked {
     DataEnd,
     /// After the last chunk, reading trailer fields (this many bytes of them so far).
     Trailers(usize),
+    /// After the blank line that ends the trailers.
     Done,
 }
 
@@ -242,7 +228,7 @@ impl Chunked {
     /// Decodes from the front of `buf`, taking off what it used: the data of every chunk the
     /// buffer holds comes back as one piece (uncopied when it is a single chunk's), so that an
     /// engine's burst of events is passed on in one write.
-    pub(super) fn decode(&mut self, buf: &mut BytesMut) -> Result<Decoded, WireError> {
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Decoded, WireError> {
         let mut data = Gathered::None;
         let stopped = loop {
             match self {
@@ -377,9 +363,10 @@ fn hex_value(digit: u8) -> u8 {
 
 /// How much of an answer's body is left, and how it ends.
 #[derive(Debug)]
-pub(super) enum Reading {
+pub enum Reading {
     /// This many bytes.
     Length(u64),
+    /// Chunked transfer coding, where it is.
     Chunked(Chunked),
     /// Everything until the engine closes.
     UntilClose,
@@ -397,7 +384,7 @@ impl From<Framing> for Reading {
 
 impl Reading {
     /// Takes what the buffer holds of the body off its front.
-    pub(super) fn decode(&mut self, buf: &mut BytesMut) -> Result<Decoded, WireError> {
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Decoded, WireError> {
         Ok(match self {
             Reading::Length(0) => Decoded::End,
             Reading::Length(_) | Reading::UntilClose if buf.is_empty() => Decoded::More,
@@ -414,9 +401,9 @@ impl Reading {
 
 /// The answer's final head from the front of `buf` once it is all there, the informational
 /// (1xx) heads before it taken off and dropped.
-pub(super) fn final_head(buf: &mut BytesMut) -> Result<Option<AnswerHead>, WireError> {
+pub fn final_head(buf: &mut BytesMut) -> Result<Option<AnswerHead>, WireError> {
     while !buf.is_empty() {
-        let Some(head) = parse_head(buf)? else { break };
+        let Some(head) = parse_answer_head(buf)? else { break };
         if head.status == http::StatusCode::SWITCHING_PROTOCOLS {
             return Err(WireError::Malformed("a protocol switch nobody asked for"));
         }
@@ -428,12 +415,9 @@ pub(super) fn final_head(buf: &mut BytesMut) -> Result<Option<AnswerHead>, WireE
 }
 
 /// An engine's whole answer decoded from `bytes` arriving `piece` bytes at a time, as its
-/// connection would read it: the status and the body. The fuzz target's entry
-/// ([`crate::fuzzing::engine_answer`]), reading the bytes as [`super::H1Answer`] reads its socket.
-pub(crate) fn decode_answer(
-    bytes: &[u8],
-    piece: usize,
-) -> Result<(http::StatusCode, Vec<u8>), WireError> {
+/// connection would read it: the status and the body. The `engine_answer` fuzz target's entry,
+/// reading the bytes as [`crate::client::H1Answer`] reads its socket.
+pub fn decode_answer(bytes: &[u8], piece: usize) -> Result<(http::StatusCode, Vec<u8>), WireError> {
     let mut arriving = bytes.chunks(piece.max(1));
     let mut buf = BytesMut::new();
     let head = loop {

@@ -1,96 +1,16 @@
-//! The router's own HTTP/1.1 loop: which request heads it serves and which it leaves to hyper,
-//! and, on a running router in front of a loopback engine, kept-alive and pipelined requests,
-//! a body that arrives after its head, `Connection: close`, a connection handed to hyper after
-//! requests of its own, and idle connections closed by the stop.
+//! The router's own HTTP/1.1 loop (router-http1) on a running router in front of a loopback
+//! engine: kept-alive and pipelined requests, a body that arrives after its head, a head that
+//! arrives in pieces, `Connection: close`, a connection handed to hyper after requests of its
+//! own, and idle connections closed by the stop.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bytes::BytesMut;
-use http::HeaderName;
-use http::header::CONTENT_LENGTH;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
-use super::{ChunkSize, Parsed, content_length, parse_head};
 use crate::server::Serving;
 use crate::tests::{answering, context, one_model};
-use router_prepare::Endpoint;
-
-/// The fields the parses below keep: two of those an inference request is read for.
-fn kept() -> [HeaderName; 2] {
-    [CONTENT_LENGTH, HeaderName::from_static("x-request-id")]
-}
-
-fn parsed(head: &str) -> Parsed {
-    parse_head(&mut BytesMut::from(head), 8192, &kept())
-}
-
-#[test]
-fn a_post_to_an_inference_endpoint_framed_by_a_length_is_served_here() {
-    let head = "POST /v1/chat/completions?trace=1 HTTP/1.1\r\nHost: r\r\nContent-Length: 12\r\n\
-                x-request-id: abc\r\nConnection: keep-alive, close\r\n\r\n{\"model\":1}";
-    let mut buf = BytesMut::from(head);
-    let Parsed::Ours(request) = parse_head(&mut buf, 8192, &kept()) else { panic!("not served") };
-    assert_eq!(request.endpoint, Endpoint::at("/v1/chat/completions").expect("endpoint"));
-    assert_eq!(request.length, 12);
-    assert!(request.close);
-    assert_eq!(request.headers.get("x-request-id").expect("kept"), "abc");
-    assert_eq!(request.headers.get(CONTENT_LENGTH).expect("kept"), "12");
-    assert_eq!(request.headers.len(), 2, "Host and Connection are read past, not kept");
-    assert_eq!(&buf[..], b"{\"model\":1}", "the head is taken off, the body left");
-
-    let Parsed::Ours(bare) = parsed("POST /generate HTTP/1.1\r\n\r\n") else { panic!() };
-    assert_eq!((bare.length, bare.close), (0, false));
-}
-
-#[test]
-fn every_other_request_is_left_to_hyper_untouched() {
-    let others = [
-        "GET /v1/chat/completions HTTP/1.1\r\n\r\n",
-        "POST /health HTTP/1.1\r\n\r\n",
-        "POST /v1/chat/completions HTTP/1.0\r\ncontent-length: 2\r\n\r\n",
-        "POST http://r/v1/chat/completions HTTP/1.1\r\n\r\n",
-        "POST /v1/chat/completions HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n",
-        "POST /v1/chat/completions HTTP/1.1\r\nexpect: 100-continue\r\ncontent-length: 2\r\n\r\n",
-        "POST /v1/chat/completions HTTP/1.1\r\nupgrade: websocket\r\n\r\n",
-        "POST /v1/chat/completions HTTP/1.1\r\nconnection: Upgrade\r\n\r\n",
-        "POST /v1/chat/completions HTTP/1.1\r\ncontent-length: 2x\r\n\r\n",
-        "POST /v1/chat/completions HTTP/1.1\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\n",
-        "POST /v1/chat/completions HTTP/1.1\r\nbad header\r\n\r\n",
-        "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
-        // Found by the client_head fuzz target: a query byte httparse passes and hyper refuses.
-        "POST /v1/chat/completions?x=\"1 HTTP/1.1\r\ncontent-length: 0\r\n\r\n",
-    ];
-    for head in others {
-        let mut buf = BytesMut::from(head);
-        assert!(matches!(parse_head(&mut buf, 8192, &kept()), Parsed::Theirs), "{head}");
-        assert_eq!(&buf[..], head.as_bytes(), "the bytes stay for hyper");
-    }
-    // Two equal lengths are one length.
-    let twice = "POST /generate HTTP/1.1\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\n";
-    assert!(matches!(parsed(twice), Parsed::Ours(request) if request.length == 2));
-}
-
-#[test]
-fn a_head_is_partial_until_it_ends_and_too_large_past_the_limit() {
-    assert!(matches!(parsed("POST /v1/completions HTTP/1.1\r\nhost: r\r\n"), Parsed::Partial));
-    let long = format!("POST /v1/completions HTTP/1.1\r\nx-pad: {}", "p".repeat(9000));
-    assert!(matches!(parsed(&long), Parsed::Theirs), "hyper answers 431");
-    let whole = format!("{long}\r\n\r\n");
-    assert!(matches!(parsed(&whole), Parsed::Theirs));
-}
-
-#[test]
-fn lengths_and_chunk_sizes_are_written_and_read_exactly() {
-    assert_eq!(content_length(b" 42 "), Some(42));
-    assert_eq!(content_length(b"18446744073709551615"), None, "too many digits");
-    assert_eq!(content_length(b"-1"), None);
-    assert_eq!(content_length(b""), None);
-    assert_eq!(ChunkSize::default().of(0), b"0\r\n");
-    assert_eq!(ChunkSize::default().of(0x1a2b), b"1a2b\r\n");
-    assert_eq!(ChunkSize::default().of(usize::MAX), b"ffffffffffffffff\r\n");
-}
 
 const CHAT: &str = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
 const ANSWER: &str = r#"{"id":"x","choices":[]}"#;
@@ -233,10 +153,6 @@ async fn a_body_that_comes_after_its_head_is_read_as_it_arrives() {
 /// LF line ends too (httparse reads them).
 #[tokio::test]
 async fn a_head_that_arrives_in_pieces_is_served_once_it_ends() {
-    use super::head_ends;
-    assert!(!head_ends(b"POST / HTTP/1.1\r\nA: b\r\n", 0));
-    assert!(head_ends(b"POST / HTTP/1.1\r\nA: b\r\n\r\n", 20), "the end straddles the seen part");
-    assert!(head_ends(b"POST / HTTP/1.1\nA: b\n\n", 19));
     let serving = router().await;
     let mut socket = connect(serving.addr).await;
     let request = chat("");

@@ -271,39 +271,3 @@ async fn a_large_answer_arrives_whole_and_its_connection_serves_the_next() {
     assert_eq!(self::text(response).await.as_deref(), Ok("{}"));
     assert_eq!(engine.connections.load(Ordering::SeqCst), 1);
 }
-
-/// What an answer decodes to: its status and body, or the reason it is refused.
-type Expected = Result<(u16, &'static str), &'static str>;
-
-#[test]
-fn an_answer_decodes_alike_however_it_arrives() {
-    let answers: [(&str, Expected); 5] = [
-        (OK, Ok((200, "{}"))),
-        (
-            "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n\
-             3\r\nabc\r\n2;x=y\r\nde\r\n0\r\nT: 1\r\n\r\n",
-            Ok((200, "abcde")),
-        ),
-        ("HTTP/1.1 503 Busy\r\n\r\nuntil the end", Ok((503, "until the end"))),
-        (
-            "HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\ncut",
-            Err("before the end of its answer body"),
-        ),
-        ("HTTP/1.1 101 Switching\r\n\r\n", Err("a protocol switch nobody asked for")),
-    ];
-    for (answer, expected) in answers {
-        for piece in [1, 2, 7, answer.len()] {
-            let decoded = super::decode_answer(answer.as_bytes(), piece);
-            match (&decoded, expected) {
-                (Ok((status, body)), Ok((want_status, want_body))) => {
-                    assert_eq!(
-                        (status.as_u16(), body.as_slice()),
-                        (want_status, want_body.as_bytes())
-                    );
-                }
-                (Err(err), Err(reason)) => assert!(err.to_string().contains(reason), "{err}"),
-                _ => panic!("{answer:?} in pieces of {piece}: {decoded:?}"),
-            }
-        }
-    }
-}

@@ -6,7 +6,8 @@ use http::{HeaderName, HeaderValue, StatusCode};
 use proptest::prelude::*;
 
 use super::{
-    Chunked, Decoded, Framing, MAX_HEAD_BYTES, RequestHead, WireError, chunk_size, parse_head,
+    Chunked, Decoded, Framing, MAX_HEAD_BYTES, RequestHead, WireError, chunk_size,
+    parse_answer_head,
 };
 
 #[test]
@@ -28,7 +29,7 @@ fn a_request_head_has_its_line_its_fields_and_its_length() {
 }
 
 fn parsed(text: &str) -> Result<Option<super::AnswerHead>, WireError> {
-    parse_head(&mut BytesMut::from(text))
+    parse_answer_head(&mut BytesMut::from(text))
 }
 
 fn head(text: &str) -> super::AnswerHead {
@@ -41,7 +42,7 @@ fn an_answer_head_is_taken_off_the_buffer_and_the_fields_the_router_reads_kept()
         "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nX-A: 1\r\nX-A: 2\r\n\
          Cache-Control: no-cache\r\nretry-after: 3\r\nContent-Length: 5\r\n\r\nhello",
     );
-    let head = parse_head(&mut buf).expect("valid").expect("whole");
+    let head = parse_answer_head(&mut buf).expect("valid").expect("whole");
     assert_eq!(&buf[..], b"hello");
     assert_eq!(head.status, StatusCode::OK);
     assert_eq!(head.headers["content-type"], "text/event-stream");
@@ -59,7 +60,7 @@ fn a_head_that_has_not_all_arrived_asks_for_more_and_leaves_the_buffer() {
     for cut in 1.."HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n".len() {
         let text = &"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"[..cut];
         let mut buf = BytesMut::from(text);
-        assert!(parse_head(&mut buf).expect("valid so far").is_none(), "{text:?}");
+        assert!(parse_answer_head(&mut buf).expect("valid so far").is_none(), "{text:?}");
         assert_eq!(&buf[..], text.as_bytes());
     }
 }
@@ -221,4 +222,40 @@ fn a_malformed_chunked_body_is_refused_with_its_reason() {
 fn a_head_over_the_limit_is_refused_even_when_it_arrived_whole() {
     let long = format!("HTTP/1.1 200 OK\r\nX-Long: {}\r\n\r\n", "a".repeat(MAX_HEAD_BYTES));
     assert!(matches!(parsed(&long), Err(WireError::HeadTooLarge)));
+}
+
+/// What an answer decodes to: its status and body, or the reason it is refused.
+type Expected = Result<(u16, &'static str), &'static str>;
+
+#[test]
+fn an_answer_decodes_alike_however_it_arrives() {
+    let answers: [(&str, Expected); 5] = [
+        ("HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n{}", Ok((200, "{}"))),
+        (
+            "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n\
+             3\r\nabc\r\n2;x=y\r\nde\r\n0\r\nT: 1\r\n\r\n",
+            Ok((200, "abcde")),
+        ),
+        ("HTTP/1.1 503 Busy\r\n\r\nuntil the end", Ok((503, "until the end"))),
+        (
+            "HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\ncut",
+            Err("before the end of its answer body"),
+        ),
+        ("HTTP/1.1 101 Switching\r\n\r\n", Err("a protocol switch nobody asked for")),
+    ];
+    for (answer, expected) in answers {
+        for piece in [1, 2, 7, answer.len()] {
+            let decoded = super::decode_answer(answer.as_bytes(), piece);
+            match (&decoded, expected) {
+                (Ok((status, body)), Ok((want_status, want_body))) => {
+                    assert_eq!(
+                        (status.as_u16(), body.as_slice()),
+                        (want_status, want_body.as_bytes())
+                    );
+                }
+                (Err(err), Err(reason)) => assert!(err.to_string().contains(reason), "{err}"),
+                _ => panic!("{answer:?} in pieces of {piece}: {decoded:?}"),
+            }
+        }
+    }
 }

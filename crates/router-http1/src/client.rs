@@ -1,8 +1,8 @@
-//! The HTTP/1.1 connections to the engines, driven by the requests that use them: a request
+//! The client side's connections, driven by the requests that use them: a request
 //! writes its head and body in one vectored write and reads the answer's head itself, and the
 //! answer's body reads the rest from the same socket as the client's side polls it. No task
 //! of its own runs per connection, so an answer never crosses a task boundary between the
-//! engine's socket and the client's (see [`wire`] for the protocol).
+//! engine's socket and the router's client (see [`crate::answer`] for the bytes).
 //!
 //! Idle connections wait in a per-thread list per engine, the most recently used taken
 //! first; an answer read to its end puts its connection back (unless the engine said
@@ -12,8 +12,6 @@
 //! the event loop already knows: one the engine closed while it sat idle, or past the idle
 //! timeout, is dropped, and a request whose write fails on a reused connection goes out again
 //! on another (the engine cannot have read all of it).
-
-mod wire;
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -32,10 +30,8 @@ use tokio::net::TcpStream;
 use tokio::time::{Sleep, sleep_until};
 use tower::ServiceExt as _;
 
-use super::EngineConnector;
-use crate::error::BoxError;
-use wire::{AnswerHead, Decoded, Reading, final_head};
-pub(crate) use wire::{RequestHead, WireError, decode_answer};
+use crate::BoxError;
+use crate::answer::{AnswerHead, Decoded, Reading, WireError, final_head};
 
 /// Bytes an answer's first read asks for at least: a read that fills all the room it had
 /// doubles the next one's, up to [`MAX_READ_SIZE`], so that a large answer takes few reads.
@@ -47,8 +43,11 @@ const MAX_READ_SIZE: usize = 256 * 1024;
 /// A connection's read buffer over this size is not kept while it idles.
 const KEPT_BUFFER: usize = 64 * 1024;
 
-/// An engine connection: plain TCP or TLS.
-type Io = TokioIo<MaybeHttpsStream<TokioIo<TcpStream>>>;
+/// What a connector makes: an engine connection over plain TCP or TLS.
+pub type Stream = MaybeHttpsStream<TokioIo<TcpStream>>;
+
+/// An engine connection as this module reads and writes it.
+type Io = TokioIo<Stream>;
 
 /// A connection and the bytes read from it but not yet used. Always boxed: a TLS stream is
 /// large, and a connection moves from the pool to a request to its answer and back.
@@ -131,7 +130,8 @@ thread_local! {
 }
 
 /// Why a request got no answer head.
-pub(super) enum H1Error {
+#[derive(Debug)]
+pub enum H1Error {
     /// No connection could be made (connect, TLS handshake, setup timeout).
     Connect(BoxError),
     /// No answer head came within the time given.
@@ -140,20 +140,26 @@ pub(super) enum H1Error {
     Exchange(WireError),
 }
 
-/// The connection settings of a forwarder's HTTP/1.1 pools.
-pub(super) struct H1Pool<'f> {
-    /// The forwarder's id in each thread's table.
+/// The connection settings of one user's pools (a forwarder's, in the router), whose new
+/// connections `connector` makes (the whole setup, TLS included, bounded by its own timeout).
+pub struct H1Pool<'f, C> {
+    /// The user's id in each thread's table.
     pub id: u64,
-    pub connector: &'f EngineConnector,
+    /// Makes new connections.
+    pub connector: &'f C,
     /// Idle connections kept per engine and thread.
     pub max_per_engine: usize,
+    /// An idle connection older than this is closed, not reused.
     pub idle_timeout: Duration,
 }
 
-impl H1Pool<'_> {
+impl<C> H1Pool<'_, C>
+where
+    C: tower::Service<http::Uri, Response = Stream, Error = BoxError> + Clone,
+{
     /// Sends the request `head` and `body` to the engine at `url`, whose new connections are
     /// made to `connect_uri`, and reads the answer's head, all within `timeout`.
-    pub(super) async fn send(
+    pub async fn send(
         &self,
         url: &str,
         connect_uri: impl Fn() -> http::Uri,
@@ -268,7 +274,7 @@ async fn read_head(conn: &mut Conn) -> Result<AnswerHead, WireError> {
 }
 
 /// An engine's answer body, read from its connection as it is polled.
-pub(crate) struct H1Answer {
+pub struct H1Answer {
     /// `None` once the body is over (or failed).
     conn: Option<Box<Conn>>,
     reading: Reading,
@@ -378,6 +384,3 @@ impl Body for H1Answer {
         }
     }
 }
-
-#[cfg(test)]
-mod tests;
