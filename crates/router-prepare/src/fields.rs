@@ -5,9 +5,8 @@
 //! text measured for the size estimate. What is built costs at most a small multiple of the
 //! body: nothing in it grows per item by more than a few times the item's own bytes.
 //!
-//! A body is read here exactly when it parses as a JSON value: the common shape by a scan of
-//! a subset of JSON that serde_json always reads ([`scan`]), everything else through
-//! serde_json's parser, nesting cap included. The whole body is never built as a
+//! A body is read here exactly when it parses as a JSON value, by serde_json's parser (nesting
+//! cap included) driving the seeds below. The whole body is never built as a
 //! `serde_json::Value` (an ordered, hashed map per object, a string per key): the chat
 //! template reads the members it renders ([`members`], within the same budget), and a body
 //! the router rewrites keeps its other members as text (`super::edit`).
@@ -19,7 +18,6 @@ use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::Value;
 
 mod prompt;
-mod scan;
 mod values;
 
 pub(crate) use prompt::{PromptField, PromptProblem};
@@ -228,12 +226,8 @@ impl<'de> DeserializeSeed<'de> for Member<'_> {
 pub(crate) fn read(body: &[u8], max_batch: usize) -> Result<Option<BodyFields>, serde_json::Error> {
     match std::str::from_utf8(body) {
         // UTF-8 checked once, in one pass (read from bytes, serde_json checks each string on
-        // its own, keys included, which cost more than the rest of a small body's parse); then
-        // the common shape is scanned, anything else read by serde_json as text.
-        Ok(text) => match scan::read(text, max_batch) {
-            Some(fields) => Ok(Some(fields)),
-            None => read_from(serde_json::Deserializer::from_str(text), text.len(), max_batch),
-        },
+        // its own, keys included, which cost more than the rest of a small body's parse).
+        Ok(text) => read_from(serde_json::Deserializer::from_str(text), text.len(), max_batch),
         // No JSON text: read from the bytes, serde_json's error says where it breaks.
         Err(_) => read_from(serde_json::Deserializer::from_slice(body), body.len(), max_batch),
     }
@@ -255,20 +249,6 @@ pub fn members(
         _ => None,
     })
 }
-
-/// Whether `body`'s two readings agree: when the scan reads it, serde_json reads the same
-/// fields (for the `prepare` fuzz target, which meets far more shapes than the tests do).
-/// Batches are limited to `AGREEING_BATCH` prompts, so that the limit is met too.
-pub fn scan_agrees(body: &[u8]) -> bool {
-    let Ok(text) = std::str::from_utf8(body) else { return true };
-    scan::read(text, AGREEING_BATCH).is_none_or(|scanned| {
-        read_from(serde_json::Deserializer::from_str(text), text.len(), AGREEING_BATCH)
-            .is_ok_and(|read| read == Some(scanned))
-    })
-}
-
-/// The batch limit of [`scan_agrees`].
-const AGREEING_BATCH: usize = 4;
 
 fn read_from<'de, R: serde_json::de::Read<'de>>(
     mut deserializer: serde_json::Deserializer<R>,
@@ -556,8 +536,11 @@ impl Visitor<'_> for TopKey {
 mod tests {
     use super::*;
 
+    /// The batch limit of the reads below.
+    const BATCH: usize = 4;
+
     fn fields(body: &str) -> BodyFields {
-        read(body.as_bytes(), AGREEING_BATCH).expect("JSON").expect("an object")
+        read(body.as_bytes(), BATCH).expect("JSON").expect("an object")
     }
 
     #[test]
@@ -597,7 +580,7 @@ mod tests {
             [b"{\"a\":\"\xff\"}", b"{\"a\":\"\xc3\"}", b"{\"a\":1}\xff", b"\xef\xbb\xbf{}"];
         for body in cases.iter().map(|body| body.as_bytes()).chain(bytes) {
             let as_value = serde_json::from_slice::<Value>(body);
-            let fields = read(body, AGREEING_BATCH);
+            let fields = read(body, BATCH);
             let body = String::from_utf8_lossy(body);
             assert_eq!(fields.is_ok(), as_value.is_ok(), "{body}: {:?}", as_value.err());
             if let (Ok(fields), Ok(value)) = (fields, as_value) {
@@ -642,121 +625,6 @@ mod tests {
         }
         assert_eq!(fields(r#"{"messages":{"role":"user"}}"#).messages().expect("read").count, None);
         assert_eq!(fields(r#"{"messages":[]}"#).messages().expect("read").count, Some(0));
-    }
-
-    /// serde_json's reading of `text`, the scan aside.
-    fn by_serde(text: &str) -> Option<Option<BodyFields>> {
-        read_from(serde_json::Deserializer::from_str(text), text.len(), AGREEING_BATCH).ok()
-    }
-
-    #[test]
-    fn the_scan_reads_the_common_bodies_as_serde_does() {
-        let bodies = [
-            r#"{"model":"m","messages":[{"role":"user","content":"ping"}],"max_tokens":64}"#,
-            "{}",
-            " {\n\t\"model\" : \"m\" ,\r\n \"stream\":true } \n",
-            r#"{"model":"m","messages":[{"role":"system","content":"say \"hi\"\n\\/"},
-                {"role":"user","content":[{"type":"text","text":"héllo ✓"}]},
-                {"role":"assistant","content":null,"tool_calls":[]}],
-                "temperature":0.7,"top_p":1,"stop":["\n\n","END"],"n":2,
-                "stream_options":{"include_usage":true},"seed":-1,"logit_bias":{"50256":-100},
-                "max_completion_tokens":18446744073709551615,"max_tokens":18446744073709551616,
-                "presence_penalty":-0,"frequency_penalty":-0.5,"min_p":0,"echo":false,
-                "user":null,"metadata":{"a":[[],{},[1.25,true,false,null]]}}"#,
-            r#"{"messages":[{"role":"user"},7,{"content":"x"}],"messages":{"role":"x"}}"#,
-            r#"{"model":"first","model":"m\tx","prompt":["a","b\"c"],"input_ids":[[1,2],[3]]}"#,
-            r#"{"text":"x","sampling_params":{"max_new_tokens":8,"stop":null},"rid":["a"]}"#,
-            r#"{"messages":[{"role":1,"role":"user","content":"a","content":{}}]}"#,
-        ];
-        for body in bodies {
-            let scanned = scan::read(body, AGREEING_BATCH);
-            assert!(scanned.is_some(), "{body} is in the scanned subset");
-            assert_eq!(scanned, by_serde(body).expect("JSON"), "{body}");
-        }
-    }
-
-    #[test]
-    fn the_scan_leaves_to_serde_what_is_outside_its_subset() {
-        let deep = format!(r#"{{"x":{}1{}}}"#, "[".repeat(40), "]".repeat(40));
-        let bodies = [
-            r#"{"a":"\u0041"}"#,
-            r#"{"a\n":1}"#,
-            r#"{"a":"\x"}"#,
-            "{\"a\":\"\u{1}\"}",
-            r#"{"a":1e5}"#,
-            r#"{"a":1E5}"#,
-            r#"{"a":01}"#,
-            r#"{"a":1.}"#,
-            r#"{"a":.5}"#,
-            r#"{"a":-}"#,
-            r#"{"a":+1}"#,
-            r#"{"a":123456789012345678901}"#,
-            r#"{"a":tru}"#,
-            r#"{"a":1,}"#,
-            r#"{"a":[1,]}"#,
-            r#"{"a" 1}"#,
-            r#"{"a":1} x"#,
-            r#"{"a":1"#,
-            r#"{"a":"x"#,
-            r#"[1]"#,
-            r#""x""#,
-            "",
-            &deep,
-        ];
-        for body in bodies {
-            assert_eq!(scan::read(body, AGREEING_BATCH), None, "{body}");
-        }
-    }
-
-    /// Text shaped like a request body, tokens chosen to meet the scan's hard cases: escapes
-    /// of every kind, numbers at the subset's edges, literals cut short, keys the router reads,
-    /// separators missing or doubled.
-    fn body_text() -> impl proptest::strategy::Strategy<Value = String> {
-        use proptest::prelude::*;
-        let string = r#""([a-zé ]|\\[nt"\\/]|\\u0041|\\ud800|\\x|\x01){0,4}""#;
-        let number = r"-?(0|[1-9][0-9]{0,21})(\.[0-9]{0,2})?([eE][+-]?[0-9])?|-0|01|\.5";
-        let leaf = prop_oneof![
-            Just("true".to_owned()),
-            Just("false".to_owned()),
-            Just("null".to_owned()),
-            Just("nul".to_owned()),
-            string,
-            number,
-        ];
-        let key = r#""(model|messages|max_tokens|stop|role|content|stream_options|prompt|input_ids|sampling_params|x|ro\\u006ce|a\\nb)""#;
-        let blank = r"[ \n]?|";
-        let value = leaf.prop_recursive(5, 40, 5, move |inner| {
-            prop_oneof![
-                (proptest::collection::vec(inner.clone(), 0..4), blank, r",?").prop_map(
-                    |(items, blank, trailing)| format!("[{blank}{}{trailing}]", items.join(","))
-                ),
-                (proptest::collection::vec((key, blank, inner), 0..4), r",?").prop_map(
-                    |(members, trailing)| {
-                        let members: Vec<String> = members
-                            .into_iter()
-                            .map(|(key, blank, value)| format!("{key}{blank}:{blank}{value}"))
-                            .collect();
-                        format!("{{{}{trailing}}}", members.join(","))
-                    }
-                ),
-            ]
-        });
-        (value, blank, r"x?")
-            .prop_map(|(value, blank, after)| format!("{blank}{value}{blank}{after}"))
-    }
-
-    proptest::proptest! {
-        // About one body in twenty is an object the scan reads (most are cut or broken).
-        #![proptest_config(proptest::test_runner::Config::with_cases(2048))]
-
-        /// Whatever the scan reads, serde_json reads alike.
-        #[test]
-        fn the_scan_agrees_with_serde(body in body_text()) {
-            let scanned = scan::read(&body, AGREEING_BATCH);
-            if scanned.is_some() {
-                proptest::prop_assert_eq!(scanned, by_serde(&body).expect("JSON"), "{}", body);
-            }
-        }
     }
 
     #[test]

@@ -26,7 +26,7 @@ use router_workers::{DpRoute, EngineKind, ModelId, WorkerId};
 use serde_json::Value;
 
 pub use edit::edit_members;
-pub use fields::{members as body_members, scan_agrees as body_scan_agrees};
+pub use fields::members as body_members;
 pub use router_chat_template::{ChatTemplate, EngineRules, TemplateError, Unrenderable};
 pub use validate::{Endpoint, InferenceRequest, InvalidRequest, Prompt, parse_request};
 

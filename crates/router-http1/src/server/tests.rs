@@ -9,6 +9,7 @@ use http::{HeaderMap, HeaderName, Response};
 use http_body_util::{BodyExt as _, Full};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _, DuplexStream};
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 use super::{Ended, Handler, Limits, RequestBody, serve};
 
@@ -44,6 +45,15 @@ const LIMITS: Limits = Limits { header_read: Duration::from_secs(5), max_header_
 
 fn echo() -> Echo {
     Echo { kept: [HeaderName::from_static("x-id")] }
+}
+
+/// A client's end of a connection the loop serves with [`Echo`], the stop, and the loop's end.
+fn connected() -> (DuplexStream, watch::Sender<bool>, JoinHandle<Ended<DuplexStream>>) {
+    let (client, server) = tokio::io::duplex(64 * 1024);
+    let (stop, stopped) = watch::channel(false);
+    let handler = echo();
+    let served = tokio::spawn(async move { serve(server, &handler, LIMITS, stopped).await });
+    (client, stop, served)
 }
 
 fn post(id: &str, body: &str, extra: &str) -> String {
@@ -83,10 +93,7 @@ async fn bodies(client: &mut DuplexStream, n: usize) -> Vec<String> {
 
 #[tokio::test]
 async fn pipelined_requests_are_answered_in_order_and_another_shape_is_handed_over() {
-    let (mut client, server) = tokio::io::duplex(64 * 1024);
-    let (_stop, stopped) = watch::channel(false);
-    let handler = echo();
-    let served = tokio::spawn(async move { serve(server, &handler, LIMITS, stopped).await });
+    let (mut client, _stop, served) = connected();
     let other = "GET /health HTTP/1.1\r\nhost: h\r\n\r\n";
     let pipelined =
         format!("{}{}{other}", post("1", "one", ""), post("2", "two", "x-other: y\r\n"));
@@ -102,10 +109,7 @@ async fn pipelined_requests_are_answered_in_order_and_another_shape_is_handed_ov
 
 #[tokio::test]
 async fn a_body_after_its_head_is_fed_and_close_is_honoured() {
-    let (mut client, server) = tokio::io::duplex(64 * 1024);
-    let (_stop, stopped) = watch::channel(false);
-    let handler = echo();
-    let served = tokio::spawn(async move { serve(server, &handler, LIMITS, stopped).await });
+    let (mut client, _stop, served) = connected();
     let request = post("3", "late body", "connection: close\r\n");
     let (head, body) = request.split_at(request.len() - "late body".len());
     client.write_all(head.as_bytes()).await.expect("write");
@@ -120,10 +124,7 @@ async fn a_body_after_its_head_is_fed_and_close_is_honoured() {
 
 #[tokio::test]
 async fn the_stop_closes_an_idle_connection() {
-    let (mut client, server) = tokio::io::duplex(64 * 1024);
-    let (stop, stopped) = watch::channel(false);
-    let handler = echo();
-    let served = tokio::spawn(async move { serve(server, &handler, LIMITS, stopped).await });
+    let (mut client, stop, served) = connected();
     client.write_all(post("4", "x", "").as_bytes()).await.expect("write");
     assert_eq!(bodies(&mut client, 1).await, ["4 1 x"]);
     stop.send_replace(true);
@@ -132,10 +133,7 @@ async fn the_stop_closes_an_idle_connection() {
 
 #[tokio::test(start_paused = true)]
 async fn a_head_not_sent_within_the_header_timeout_closes_the_connection() {
-    let (mut client, server) = tokio::io::duplex(64 * 1024);
-    let (_stop, stopped) = watch::channel(false);
-    let handler = echo();
-    let served = tokio::spawn(async move { serve(server, &handler, LIMITS, stopped).await });
+    let (mut client, _stop, served) = connected();
     client.write_all(b"POST /echo HTTP/1.1\r\nx-id").await.expect("write");
     // Paused time runs ahead to the header timeout once every task waits.
     assert!(matches!(served.await.expect("served"), Ended::Closed));
