@@ -11,10 +11,8 @@
 )]
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -23,6 +21,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use router_test_support::poll_until;
+use router_test_support::process::read_until_ready;
 
 /// Path of a workspace binary, built by cargo next to the test executable.
 pub fn binary(name: &str) -> PathBuf {
@@ -93,33 +92,11 @@ impl Process {
             .spawn()
             .unwrap_or_else(|err| panic!("spawning {binary_name}: {err}"));
         let stdout = child.stdout.take().expect("piped stdout");
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if tx.send(line).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut lines = Vec::new();
-        loop {
-            match rx.recv_timeout(Duration::from_secs(20)) {
-                Ok(line) => {
-                    let done = line.contains(ready);
-                    lines.push(line);
-                    if done {
-                        break;
-                    }
-                }
-                Err(_) => {
-                    let _ = child.kill();
-                    panic!("{binary_name} {args:?} never printed {ready:?}; printed {lines:?}");
-                }
-            }
-        }
-        // Keep draining stdout so the child never blocks on a full pipe.
-        std::thread::spawn(move || while rx.recv().is_ok() {});
+        let lines =
+            read_until_ready(stdout, ready, Duration::from_secs(20)).unwrap_or_else(|why| {
+                let _ = child.kill();
+                panic!("{binary_name} {args:?} never printed {ready:?}: {why}");
+            });
         Self { child, lines, name: binary_name.to_owned() }
     }
 

@@ -8,13 +8,17 @@
 //! Also the fake Kubernetes API server ([`fake_kube`]) that router-discovery's tests and the
 //! end-to-end discovery test both run.
 //!
-//! Does not own the fixtures of one crate (they stay beside its tests), nor process spawners
-//! (`router-e2e`, their only user, keeps them). It depends on no workspace crate, so that any
-//! crate's unit tests can use it without building a second copy of that crate.
+//! Also the reading of a started program's output until it says it is ready ([`process`]),
+//! which the end-to-end harness and the benchmark (xtask) share.
+//!
+//! Does not own the fixtures of one crate (they stay beside its tests), nor the processes
+//! themselves (`router-e2e` and xtask start theirs). It depends on no workspace crate, so that
+//! any crate's unit tests can use it without building a second copy of that crate.
 
 use std::time::Duration;
 
 pub mod fake_kube;
+pub mod process;
 
 use tokio::sync::watch;
 

@@ -6,11 +6,11 @@ use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use router_test_support::process::read_until_ready;
 
 /// A child process killed on drop.
 pub(crate) struct Proc {
@@ -33,46 +33,27 @@ impl Proc {
             .with_context(|| format!("starting {}", bin.display()))?;
         let stdout = child.stdout.take().context("stdout")?;
         let stderr = tail(child.stderr.take().context("stderr")?);
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-                if tx.send(line).is_err() {
-                    break;
+        let lines = match read_until_ready(stdout, ready, Duration::from_secs(30)) {
+            Ok(lines) => lines,
+            Err(why) => {
+                // Give a dying process a moment to finish its error message, then say why.
+                let deadline = Instant::now() + Duration::from_secs(1);
+                while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(20));
                 }
+                let _ = child.kill();
+                let _ = child.wait();
+                let name = bin.file_name().map_or_else(
+                    || bin.display().to_string(),
+                    |n| n.to_string_lossy().into_owned(),
+                );
+                let stderr = stderr.join().unwrap_or_default();
+                bail!(
+                    "{name} did not become ready: {}",
+                    if stderr.is_empty() { why.to_string() } else { stderr }
+                );
             }
-        });
-        let mut lines = Vec::new();
-        loop {
-            match rx.recv_timeout(Duration::from_secs(30)) {
-                Ok(line) => {
-                    let done = line.contains(ready);
-                    lines.push(line);
-                    if done {
-                        break;
-                    }
-                }
-                Err(_) => {
-                    // Exited (stdout closed) or silent for too long: give a dying process a
-                    // moment to finish its error message, then report why.
-                    let deadline = Instant::now() + Duration::from_secs(1);
-                    while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                        std::thread::sleep(Duration::from_millis(20));
-                    }
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    let name = bin.file_name().map_or_else(
-                        || bin.display().to_string(),
-                        |n| n.to_string_lossy().into_owned(),
-                    );
-                    let stderr = stderr.join().unwrap_or_default();
-                    bail!(
-                        "{name} did not become ready: {}",
-                        if stderr.is_empty() { format!("stdout {lines:?}") } else { stderr }
-                    );
-                }
-            }
-        }
-        std::thread::spawn(move || while rx.recv().is_ok() {});
+        };
         Ok(Self { child, lines, stderr: None })
     }
 
