@@ -84,7 +84,7 @@ async fn keep_current(ctx: Arc<AppContext>, reporter: HealthReporter, cancel: Ca
 }
 
 /// Whether the picker can route as configured; `heard` remembers the engines that reported.
-fn is_ready(ctx: &AppContext, heard: &mut HashSet<WorkerId>) -> bool {
+pub(super) fn is_ready(ctx: &AppContext, heard: &mut HashSet<WorkerId>) -> bool {
     if ctx.is_draining() {
         return false;
     }
