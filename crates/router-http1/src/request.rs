@@ -132,6 +132,7 @@ pub fn parse_request_head<R>(
 
 /// Whether the bytes of `buf` after its first `from` may end a head: a blank line (CRLF or
 /// bare LF, as httparse reads them) ends in them, counting the three bytes before `from`.
+#[inline]
 pub fn head_ends(buf: &[u8], from: usize) -> bool {
     let new = &buf[from.saturating_sub(3)..];
     memchr::memmem::find(new, b"\n\r\n").is_some() || memchr::memmem::find(new, b"\n\n").is_some()

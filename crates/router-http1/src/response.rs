@@ -24,6 +24,7 @@ pub enum Framing {
 
 impl Framing {
     /// Whether a body framed so ended where its framing said it would after `written` bytes.
+    #[inline]
     pub fn written_whole(self, written: u64) -> bool {
         match self {
             Framing::Length(declared) => written == declared,
@@ -88,6 +89,7 @@ pub struct ChunkSize([u8; 18]);
 
 impl ChunkSize {
     /// The size line of an `n`-byte chunk.
+    #[inline]
     pub fn of(&mut self, n: usize) -> &[u8] {
         let mut at = self.0.len() - 2;
         self.0[at..].copy_from_slice(b"\r\n");

@@ -3,11 +3,13 @@
 
 /// Whether the comma-separated field value `value` lists `token` (any case), as
 /// `Connection: keep-alive, close` lists `close`.
+#[inline]
 pub fn has_token(value: &[u8], token: &[u8]) -> bool {
     value.split(|byte| *byte == b',').any(|item| item.trim_ascii().eq_ignore_ascii_case(token))
 }
 
 /// Adds the field `name: value` and its line end to the head being written in `head`.
+#[inline]
 pub fn field(head: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     head.extend_from_slice(name);
     head.extend_from_slice(b": ");
@@ -16,6 +18,7 @@ pub fn field(head: &mut Vec<u8>, name: &[u8], value: &[u8]) {
 }
 
 /// The decimal digits of `n`, written at the end of `digits`.
+#[inline]
 pub fn decimal(mut n: u64, digits: &mut [u8; 20]) -> &[u8] {
     let mut at = digits.len();
     loop {
@@ -31,6 +34,7 @@ pub fn decimal(mut n: u64, digits: &mut [u8; 20]) -> &[u8] {
 /// A Content-Length value as hyper reads it: decimal digits only (no sign, no blank inside),
 /// at most 19 of them, or a comma-separated list of equal such values (RFC 9110 §8.6 lets a
 /// recipient take those as one); `None` otherwise. Both sides frame bodies by this one reading.
+#[inline]
 pub fn content_length(value: &[u8]) -> Option<u64> {
     let mut length = None;
     for item in value.split(|b| *b == b',') {
