@@ -18,7 +18,6 @@ use subtle::{Choice, ConditionallySelectable, ConstantTimeEq};
 
 use crate::config::ServerSection;
 use crate::error::ApiError;
-use crate::few_fields::FewFields as _;
 
 /// Environment variable holding the client key when `server.api_keys` is empty.
 pub(crate) const CLIENT_KEY_ENV: &str = "ROUTER_API_KEY";
@@ -124,7 +123,7 @@ impl Credentials {
 
 /// The bearer token of `headers`, if any (the scheme is case-insensitive, RFC 9110 §11.1).
 pub(crate) fn bearer(headers: &HeaderMap) -> Option<&str> {
-    let value = headers.field(&header::AUTHORIZATION)?.to_str().ok()?;
+    let value = headers.get(&header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }

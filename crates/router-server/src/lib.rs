@@ -21,7 +21,6 @@ mod dispatch;
 mod engines;
 pub mod epp;
 mod error;
-mod few_fields;
 mod forward;
 mod health;
 mod limit;

@@ -13,7 +13,6 @@ use std::sync::OnceLock;
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
 
-use crate::few_fields::FewFields as _;
 use axum::body::Body;
 use axum::response::Response;
 use http::{HeaderMap, HeaderName, HeaderValue};
@@ -185,11 +184,11 @@ impl TraceHeaders {
     /// as the specification allows), and one with no valid member left is dropped.
     fn of(headers: &HeaderMap) -> Self {
         let Some(traceparent) =
-            headers.field(&TRACEPARENT).filter(|v| valid_traceparent(v.as_bytes()))
+            headers.get(&TRACEPARENT).filter(|v| valid_traceparent(v.as_bytes()))
         else {
             return Self::default();
         };
-        let tracestate = headers.field(&TRACESTATE).and_then(bounded_tracestate);
+        let tracestate = headers.get(&TRACESTATE).and_then(bounded_tracestate);
         Self { traceparent: Some(traceparent.clone()), tracestate }
     }
 

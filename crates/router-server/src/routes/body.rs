@@ -11,7 +11,6 @@ use http_body_util::BodyExt;
 use smallvec::SmallVec;
 
 use crate::error::ApiError;
-use crate::few_fields::FewFields as _;
 
 /// The request id's header, as the router sends it to the engines and back to the client.
 pub(crate) const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
@@ -21,7 +20,7 @@ pub(crate) const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-requ
 pub(crate) fn request_id(headers: &HeaderMap, names: &[HeaderName]) -> HeaderValue {
     names
         .iter()
-        .filter_map(|name| headers.field(name))
+        .filter_map(|name| headers.get(name))
         .find(|v| {
             let bytes = v.as_bytes();
             !bytes.is_empty() && bytes.len() <= 128 && bytes.iter().all(|b| b.is_ascii_graphic())
@@ -45,11 +44,11 @@ impl BodyFraming {
     /// As a request's header fields state it.
     pub(crate) fn of(headers: &HeaderMap) -> Self {
         let declared = headers
-            .field(&header::CONTENT_LENGTH)
+            .get(&header::CONTENT_LENGTH)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         let waits_for_continue = headers
-            .field(&header::EXPECT)
+            .get(&header::EXPECT)
             .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
         Self { declared, waits_for_continue }
     }

@@ -22,7 +22,6 @@ use super::body::{IncomingBody, REQUEST_ID_HEADER, read_body, request_id};
 use crate::app::AppContext;
 use crate::config::ModelRuntime;
 use crate::error::{ApiError, Chain};
-use crate::few_fields::FewFields as _;
 use crate::limit::rate::TokenCharge;
 use crate::metrics;
 use crate::serve::{Labels, serve};
@@ -130,7 +129,7 @@ pub(crate) async fn prepare_request<'c>(
     labels: &mut Labels,
 ) -> Result<(&'c ModelRuntime, PreparedRequest), ApiError> {
     let request = parse_request(endpoint, &body, ctx.server().max_batch_size)?;
-    let client_rank = client_rank(request.client_rank, headers.field(&DP_RANK))?;
+    let client_rank = client_rank(request.client_rank, headers.get(&DP_RANK))?;
     let model = ctx.requested_model(request.model.as_deref())?;
     labels.set_model(&model.id);
     let session = affinity_key(headers, &model.session_header)?;
@@ -190,7 +189,7 @@ fn affinity_key<'h>(
     headers: &'h HeaderMap,
     name: &HeaderName,
 ) -> Result<Option<&'h str>, ApiError> {
-    let Some(value) = headers.field(name) else { return Ok(None) };
+    let Some(value) = headers.get(name) else { return Ok(None) };
     let invalid =
         |message: String| ApiError::InvalidRequest { message, param: Some(name.as_str().into()) };
     let key =
@@ -234,7 +233,7 @@ pub(crate) fn request_fields(ctx: &AppContext) -> Arc<[HeaderName]> {
 /// 0 or a throughput target that is not a finite number above 0 is a 400 naming the header.
 fn slo_targets(headers: &HeaderMap, preferences: SloPreferences) -> Result<SloTargets, ApiError> {
     let text = |name: &HeaderName| -> Option<String> {
-        headers.field(name).map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
+        headers.get(name).map(|value| String::from_utf8_lossy(value.as_bytes()).into_owned())
     };
     let [ttft_field, tps_field] = &SLO_FIELDS;
     let invalid = |header| move |error| ApiError::InvalidSloTarget { header, error };
