@@ -14,7 +14,7 @@ use http::header::{
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use smallvec::SmallVec;
 
-use crate::text::{content_length, decimal, field, has_token};
+use crate::text::{content_length_list, decimal, field, has_token};
 
 /// Largest answer head accepted from an engine.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -150,7 +150,7 @@ pub fn parse_answer_head(buf: &mut BytesMut) -> Result<Option<AnswerHead>, WireE
     for field in answer.headers.iter() {
         let (name, value) = (field.name.as_bytes(), field.value);
         if name.eq_ignore_ascii_case(CONTENT_LENGTH.as_str().as_bytes()) {
-            let parsed = content_length(value)
+            let parsed = content_length_list(value)
                 .ok_or(WireError::Malformed("a Content-Length that is not a number"))?;
             if length_field.is_some_and(|earlier| earlier != parsed) {
                 return Err(WireError::Malformed("two different Content-Length fields"));
