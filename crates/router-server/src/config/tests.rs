@@ -1,6 +1,8 @@
 //! Building the routing objects from a configuration: every problem is reported with the path
 //! of the field it is about, and what builds is what the file says.
 
+use std::time::Duration;
+
 use super::*;
 use crate::app::AppContext;
 
