@@ -12,6 +12,7 @@ mod file;
 mod groups;
 mod incumbents;
 mod located;
+mod quick_start;
 
 use std::fmt;
 use std::sync::Arc;
