@@ -16,7 +16,8 @@ use router_discovery::PodPort;
 
 use super::discovery::DiscoverySection;
 use super::dropin::{self, DropInArgs};
-use super::file::{ConfigFile, Http1Server};
+use super::file::ConfigFile;
+use super::server::Http1Server;
 
 /// The router's command line.
 #[derive(Debug, Parser)]

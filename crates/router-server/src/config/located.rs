@@ -76,7 +76,7 @@ fn part_problems(value: &Value) -> Vec<Problem> {
             continue;
         };
         match key {
-            "server" => check::<super::file::ServerSection>(key, section, &mut problems),
+            "server" => check::<super::server::ServerSection>(key, section, &mut problems),
             "health" => check::<crate::health::HealthSection>(key, section, &mut problems),
             "load" => check::<super::file::LoadSection>(key, section, &mut problems),
             "kv" => check::<super::file::KvSection>(key, section, &mut problems),

@@ -13,6 +13,7 @@ mod groups;
 mod incumbents;
 mod located;
 mod quick_start;
+mod server;
 
 use std::fmt;
 use std::sync::Arc;
@@ -25,12 +26,12 @@ pub use cli::{Cli, Command, ServeArgs, reject_dropped_options};
 pub use discovery::{DiscoverySection, KvEventsPorts};
 pub use dropin::{DropInArgs, learn_dp_sizes};
 pub use file::{
-    ANY_MODEL, AffinitySection, BucketConfig, ClientKeyConfig, ConfigFile, GroupConfig,
-    GroupsConfig, Http1Server, KvSection, LimitsConfig, LoadSection, ModelConfig, ParseError,
-    PdGroupsConfig, ServerSection,
+    ANY_MODEL, AffinitySection, BucketConfig, ConfigFile, GroupConfig, GroupsConfig, KvSection,
+    LimitsConfig, LoadSection, ModelConfig, ParseError, PdGroupsConfig,
 };
 pub use incumbents::{Screened, screen};
 pub use located::{Located, Positions, read as read_located};
+pub use server::{ClientKeyConfig, Http1Server, ServerSection};
 
 use router_prepare::Tokenization;
 
