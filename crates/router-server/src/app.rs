@@ -38,7 +38,7 @@ pub struct AppContext {
     registry: Arc<WorkerRegistry>,
     /// The load table and router-local in-flight accounting.
     load: LoadHandles,
-    /// `None` in a remote-indexer deployment ([`keeps_local_index`]).
+    /// `None` in a remote-indexer deployment ([`crate::config::keeps_local_index`]).
     kv_index: Option<Arc<KvIndex>>,
     /// What this router just dispatched, before the engines' KV events say so; `None`: off.
     predictions: Option<Arc<Predictions>>,
