@@ -9,11 +9,16 @@ use hashbrown::HashMap;
 use metrics::{Counter, Histogram, counter, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use router_policies::{MATCHED_TOKEN_BOUNDS, MatchedTokens, SourceStats};
-use router_workers::EngineStatus;
 
 use router_prepare::usage::Usage;
 
 mod catalogue;
+mod state;
+
+pub(crate) use state::{
+    engine_accepting, engine_drained, engine_healthy, engine_status, inflight, kv_events_silent,
+    kv_index, kv_worker, load_freshness,
+};
 
 use catalogue::{ERROR_BUCKETS, ERROR_METRIC, LATENCY_BUCKETS, RATIO_BUCKETS, describe_all, help};
 
@@ -311,78 +316,6 @@ pub(crate) fn engine_failure(worker: &str, kind: &'static str) {
         .increment(1);
 }
 
-/// Router-local in-flight requests of an engine (set at scrape time).
-pub(crate) fn inflight(worker: &str, count: u64) {
-    gauge!("router_engine_inflight", "worker" => worker.to_owned()).set(count as f64);
-}
-
-/// Engine health as the router sees it (set at scrape time).
-pub(crate) fn engine_healthy(worker: &str, healthy: bool) {
-    gauge!("router_engine_healthy", "worker" => worker.to_owned()).set(if healthy {
-        1.0
-    } else {
-        0.0
-    });
-}
-
-/// The status an engine's load reports last stated: 1 for that status, 0 for the others
-/// (set at scrape time).
-pub(crate) fn engine_status(worker: &str, status: EngineStatus) {
-    for candidate in EngineStatus::ALL {
-        gauge!("router_engine_status", "worker" => worker.to_owned(), "status" => candidate.as_str())
-            .set(if candidate == status { 1.0 } else { 0.0 });
-    }
-}
-
-/// Whether the operator has drained an engine (set at scrape time).
-pub(crate) fn engine_drained(worker: &str, drained: bool) {
-    gauge!("router_engine_drained", "worker" => worker.to_owned()).set(if drained {
-        1.0
-    } else {
-        0.0
-    });
-}
-
-/// Whether an engine is a candidate for new requests (set at scrape time).
-pub(crate) fn engine_accepting(worker: &str, accepting: bool) {
-    gauge!("router_engine_accepting", "worker" => worker.to_owned()).set(if accepting {
-        1.0
-    } else {
-        0.0
-    });
-}
-
-/// Load-report freshness of an engine: 1 for the state it is in, 0 for the others.
-pub(crate) fn load_freshness(worker: &str, state: &'static str, age_ms: Option<u64>) {
-    for candidate in ["fresh", "stale", "missing"] {
-        gauge!("router_load_report_state", "worker" => worker.to_owned(), "state" => candidate)
-            .set(if candidate == state { 1.0 } else { 0.0 });
-    }
-    if let Some(age) = age_ms {
-        gauge!("router_load_report_age_seconds", "worker" => worker.to_owned())
-            .set(age as f64 / 1000.0);
-    }
-}
-
-/// KV-event counters of one engine rank (absolute values, set at scrape time).
-pub(crate) fn kv_worker(worker: &str, counters: &[(&'static str, u64)]) {
-    for (name, value) in counters {
-        gauge!("router_kv_events", "worker" => worker.to_owned(), "counter" => *name)
-            .set(*value as f64);
-    }
-}
-
-/// A worker's KV-event subscription heard nothing while the engine prefilled.
-pub(crate) fn kv_events_silent(worker: &str) {
-    counter!("router_kv_events_silent_total", "worker" => worker.to_owned()).increment(1);
-}
-
-/// Size of the prefix index (set at scrape time).
-pub(crate) fn kv_index(nodes: u64, bytes: u64) {
-    gauge!("router_kv_index_nodes").set(nodes as f64);
-    gauge!("router_kv_index_bytes").set(bytes as f64);
-}
-
 /// The lookup outcomes of the prefix sources of one kind (`local` or `remote`), as absolute
 /// counts (set at scrape time).
 pub(crate) fn cache_lookups(source: &'static str, stats: &SourceStats) {
@@ -501,6 +434,8 @@ pub(crate) fn epp_fallbacks(count: usize) {
 
 #[cfg(test)]
 mod tests {
+    use router_workers::EngineStatus;
+
     use super::catalogue::{DESCRIPTIONS, Kind};
     use super::*;
 
