@@ -25,8 +25,8 @@ use crate::error::ApiError;
 use crate::forward::{Forwarder, OutcomeSink};
 use crate::health::HealthBook;
 use crate::limit::Admission;
-use crate::limit::rate::RateLimits;
 use crate::model_info::ModelCards;
+use crate::rate_limit::RateLimits;
 use crate::retry::RetryBudget;
 
 /// Everything a request handler needs, shared by all of them.

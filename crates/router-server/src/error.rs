@@ -4,15 +4,13 @@
 //! The message a client reads is the error and its causes, outermost first ([`Chain`]): the
 //! one place a cause becomes text.
 
-use std::fmt;
-
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use router_buckets::SelectError;
 use router_policies::PickError;
 use router_workers::WorkerId;
 
-use crate::limit::rate::Refusal;
+use crate::rate_limit::Refusal;
 use router_prepare::{InvalidRequest, PrepareError};
 
 /// A body's or transport's error, as the HTTP crates box them.
@@ -330,22 +328,9 @@ impl From<PrepareError> for ApiError {
     }
 }
 
-/// An error and its causes, outermost first, joined by `": "`.
-pub(crate) struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
-
-impl fmt::Display for Chain<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}", self.0)?;
-        let mut cause = self.0.source();
-        while let Some(inner) = cause {
-            write!(f, ": {inner}")?;
-            cause = inner.source();
-        }
-        Ok(())
-    }
-}
-
 mod engine;
+
+pub(crate) use crate::chain::Chain;
 
 pub(crate) use engine::{EngineError, SendError};
 

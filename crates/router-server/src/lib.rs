@@ -15,6 +15,7 @@
 
 pub mod app;
 mod auth;
+mod chain;
 pub mod config;
 pub mod demo;
 mod dispatch;
@@ -23,10 +24,12 @@ pub mod epp;
 mod error;
 mod forward;
 mod health;
+mod intake;
 mod limit;
 pub mod logging;
 mod metrics;
 mod model_info;
+mod rate_limit;
 mod retry;
 mod routes;
 mod serve;

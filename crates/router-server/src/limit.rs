@@ -8,7 +8,7 @@
 //! a slow upload holds no slot. A request holds its slot until its response body ends or is
 //! dropped.
 //!
-//! In front of the queue, each client key's rate limits ([`rate`]) refuse what is over them,
+//! In front of the queue, each client key's rate limits ([`crate::rate_limit`]) refuse what is over them,
 //! so a limited request never takes a queue place.
 
 use std::pin::Pin;
@@ -29,10 +29,9 @@ use crate::auth::{self, Credentials, KeyIndex};
 use crate::config::ServerSection;
 use crate::error::ApiError;
 use crate::metrics;
+use crate::rate_limit;
 
 mod bodies;
-mod bucket;
-pub(crate) mod rate;
 
 pub(crate) use bodies::{BodyBudget, HeldBody};
 
@@ -117,15 +116,18 @@ impl Drop for QueuePlace<'_> {
 /// `rate_limit`, else `server.rate_limit`; with no key, `server.rate_limit` shared by every
 /// client. A key is named by its `name`, else `api_keys[i]` (`ROUTER_API_KEY` for the
 /// environment's).
-pub(crate) fn rate_limits(server: &ServerSection, credentials: &Credentials) -> rate::RateLimits {
+pub(crate) fn rate_limits(
+    server: &ServerSection,
+    credentials: &Credentials,
+) -> rate_limit::RateLimits {
     let default = server.rate_limit.unwrap_or_default();
     if credentials.client_keys.is_empty() {
-        return rate::RateLimits::anonymous(&default);
+        return rate_limit::RateLimits::anonymous(&default);
     }
     if server.api_keys.is_empty() {
-        return rate::RateLimits::per_key([(auth::CLIENT_KEY_ENV.to_owned(), &default)]);
+        return rate_limit::RateLimits::per_key([(auth::CLIENT_KEY_ENV.to_owned(), &default)]);
     }
-    rate::RateLimits::per_key(server.api_keys.iter().enumerate().map(|(i, entry)| {
+    rate_limit::RateLimits::per_key(server.api_keys.iter().enumerate().map(|(i, entry)| {
         let name = entry.name.clone().unwrap_or_else(|| format!("api_keys[{i}]"));
         (name, entry.rate_limit.as_ref().unwrap_or(&default))
     }))
@@ -133,9 +135,9 @@ pub(crate) fn rate_limits(server: &ServerSection, credentials: &Credentials) -> 
 
 /// Middleware of the inference routes, in front of the admission queue: lets a request
 /// through its key's request limit (and past an empty token bucket), or answers 429; a
-/// request of a key with a token limit carries its [`rate::TokenCharge`].
+/// request of a key with a token limit carries its [`rate_limit::TokenCharge`].
 pub(crate) async fn per_key(
-    State(limits): State<Arc<rate::RateLimits>>,
+    State(limits): State<Arc<rate_limit::RateLimits>>,
     mut request: Request,
     next: Next,
 ) -> Response {
@@ -154,12 +156,12 @@ pub(crate) async fn per_key(
 /// the refusal (429) when it is over, else where its tokens are charged when the key limits
 /// tokens. What [`per_key`] and the inference front (`server/front.rs`) share.
 pub(crate) fn rate_limited(
-    limits: &rate::RateLimits,
+    limits: &rate_limit::RateLimits,
     key: Option<KeyIndex>,
-) -> Result<Option<rate::TokenCharge>, ApiError> {
+) -> Result<Option<rate_limit::TokenCharge>, ApiError> {
     let Some(limiter) = limits.of(key.map(|KeyIndex(place)| place)) else { return Ok(None) };
     limiter.admit_now()?;
-    Ok(limiter.limits_tokens().then(|| rate::TokenCharge(Arc::clone(limiter))))
+    Ok(limiter.limits_tokens().then(|| rate_limit::TokenCharge(Arc::clone(limiter))))
 }
 
 /// What [`concurrency`] reads: the body budget, the admission queue and the request-id headers.
@@ -174,7 +176,7 @@ pub(crate) async fn concurrency(
     next: Next,
 ) -> Response {
     let (mut parts, body) = request.into_parts();
-    let incoming = crate::routes::body::IncomingBody::framed_by(&parts.headers, body);
+    let incoming = crate::intake::IncomingBody::framed_by(&parts.headers, body);
     let (bytes, held) = match bodies.receive(incoming).await {
         Ok(received) => received,
         Err(refusal) => return refused_body(refusal, &parts.headers, &ids),
@@ -199,8 +201,8 @@ pub(crate) fn refused_body(
     tracing::info!(error = %refusal, "request body refused");
     let status = refusal.status().as_u16();
     let mut response = refusal.into_response();
-    let id = crate::routes::body::request_id(headers, names);
-    response.headers_mut().insert(crate::routes::body::REQUEST_ID_HEADER, id);
+    let id = crate::intake::request_id(headers, names);
+    response.headers_mut().insert(crate::intake::REQUEST_ID_HEADER, id);
     metrics::request("", "", status, std::time::Duration::ZERO);
     response
 }

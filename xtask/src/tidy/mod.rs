@@ -203,24 +203,6 @@ pub(crate) const KNOWN_CYCLES: &[(CycleKind, &str, &[&str])] = &[
     (CycleKind::TopLevel, "router-state-kv", &["index", "predicted"]),
     (CycleKind::Modules, "router-state-load", &["report", "table::status"]),
     (CycleKind::TopLevel, "router-state-load", &["load", "report", "table"]),
-    (
-        CycleKind::TopLevel,
-        "router-server",
-        &[
-            "app",
-            "auth",
-            "config",
-            "dispatch",
-            "engines",
-            "error",
-            "forward",
-            "health",
-            "limit",
-            "model_info",
-            "routes",
-            "serve",
-        ],
-    ),
 ];
 
 /// Every problem in `tree`, whose crate targets are `targets`.

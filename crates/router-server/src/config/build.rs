@@ -418,7 +418,7 @@ fn build_model(
                 Some(Arc::new(t))
             }
             Err(err) => {
-                problems.push(format!("{path}.tokenizer"), crate::error::Chain(&err));
+                problems.push(format!("{path}.tokenizer"), crate::chain::Chain(&err));
                 None
             }
         },

@@ -8,7 +8,7 @@ use router_workers::ApiKey;
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 
-use crate::limit::rate::RateLimitSection;
+use crate::rate_limit::RateLimitSection;
 use crate::retry::RetrySection;
 
 /// `server`: listener, limits and operations.

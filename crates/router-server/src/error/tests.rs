@@ -10,7 +10,7 @@ use router_policies::{KeySource, Limit, PickError, Rejection, ScopeError};
 use router_workers::{Stage, WorkerId};
 
 use super::{ApiError, Chain, EngineError, SendError};
-use crate::limit::rate::{Client, Limit as RateLimit, Refusal};
+use crate::rate_limit::{Client, Limit as RateLimit, Refusal};
 
 fn worker(id: &str) -> WorkerId {
     WorkerId::new(id).expect("valid id")

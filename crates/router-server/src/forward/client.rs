@@ -27,7 +27,7 @@ use router_workers::Worker;
 use rustls::ClientConfig;
 
 use crate::error::{BoxError, SendError};
-use crate::routes::REQUEST_ID_HEADER;
+use crate::intake::REQUEST_ID_HEADER;
 use crate::telemetry::TraceHeaders;
 use crate::tls::TlsConfigError;
 use router_http1::answer::RequestHead;

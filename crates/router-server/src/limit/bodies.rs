@@ -19,8 +19,8 @@ use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
 use crate::error::ApiError;
+use crate::intake::{IncomingBody, read_body_with};
 use crate::metrics;
-use crate::routes::body::{IncomingBody, read_body_with};
 
 /// The bounds on bodies arriving and in memory.
 #[derive(Debug)]
@@ -129,7 +129,7 @@ mod tests {
     use axum::body::Body;
 
     use super::*;
-    use crate::routes::body::BodyFraming;
+    use crate::intake::BodyFraming;
 
     fn incoming(bytes: &'static [u8], declared: bool) -> IncomingBody {
         let framing = BodyFraming {

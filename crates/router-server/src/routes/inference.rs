@@ -18,12 +18,12 @@ use router_affinity::{MAX_KEY_BYTES, ScopeError};
 use router_buckets::{SloPreferences, SloTargets};
 use tracing::{Instrument, info, warn};
 
-use super::body::{IncomingBody, REQUEST_ID_HEADER, read_body, request_id};
 use crate::app::AppContext;
 use crate::config::ModelRuntime;
 use crate::error::{ApiError, Chain};
-use crate::limit::rate::TokenCharge;
+use crate::intake::{IncomingBody, REQUEST_ID_HEADER, read_body, request_id};
 use crate::metrics;
+use crate::rate_limit::TokenCharge;
 use crate::serve::{Labels, serve};
 use crate::telemetry::{RequestTrace, TRACEPARENT, TRACESTATE};
 use router_prepare::{

@@ -24,7 +24,7 @@ use hyper_util::service::TowerToHyperService;
 
 use crate::app::AppContext;
 use crate::config::Http1Server;
-use crate::routes::body::{BodyFraming, IncomingBody};
+use crate::intake::{BodyFraming, IncomingBody};
 use crate::routes::inference;
 use crate::{auth, limit};
 use router_prepare::Endpoint;

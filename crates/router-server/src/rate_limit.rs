@@ -23,8 +23,8 @@ use parking_lot::Mutex;
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 
-use super::bucket::{Shortfall, TokenBucket};
 use crate::metrics;
+use bucket::{Shortfall, TokenBucket};
 
 /// `server.rate_limit`, or one key's `rate_limit` (which replaces it whole for that key). A
 /// limit left out is no limit; so an empty section limits nothing.
@@ -356,6 +356,8 @@ fn count(refusal: &Refusal) {
     };
     metrics::rate_limited(client.label(), limit.label());
 }
+
+mod bucket;
 
 #[cfg(test)]
 mod tests;
