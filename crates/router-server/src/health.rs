@@ -23,11 +23,12 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use router_workers::{Worker, WorkerId, WorkerRegistry};
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::config::HealthSection;
 use crate::forward::{Forwarder, Outcome, OutcomeSink, Probe};
 
 /// What the book calls when an engine restarted.
@@ -39,47 +40,6 @@ struct Hook(RestartHook);
 impl std::fmt::Debug for Hook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("RestartHook")
-    }
-}
-
-/// Health checking and circuit-breaker settings.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct HealthSection {
-    /// Seconds between probes.
-    pub interval_secs: u64,
-    /// Probe timeout in seconds.
-    pub timeout_secs: u64,
-    /// Path probed on each engine.
-    pub endpoint: String,
-    /// Consecutive failed probes before an engine is unhealthy.
-    pub unhealthy_after: u32,
-    /// Consecutive successful probes before an unhealthy engine is healthy again.
-    pub healthy_after: u32,
-    /// Consecutive dispatch failures (5xx or transport, never 4xx) that open the breaker; 0
-    /// turns the breaker off (`--disable-circuit-breaker`): failures never open it.
-    pub breaker_failures: u32,
-    /// Seconds the breaker stays open before trial requests are let through.
-    pub breaker_open_secs: u64,
-    /// Trial requests in flight at once while half-open.
-    pub breaker_trials: u32,
-    /// Successful trials that close a half-open breaker.
-    pub breaker_successes: u32,
-}
-
-impl Default for HealthSection {
-    fn default() -> Self {
-        Self {
-            interval_secs: 10,
-            timeout_secs: 5,
-            endpoint: "/health".to_owned(),
-            unhealthy_after: 3,
-            healthy_after: 2,
-            breaker_failures: 10,
-            breaker_open_secs: 30,
-            breaker_trials: 1,
-            breaker_successes: 1,
-        }
     }
 }
 

@@ -15,118 +15,14 @@
 //! made at startup: clients cannot create entries, and no lock is shared between keys.
 
 use std::fmt;
-use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::time::Instant;
 
 use parking_lot::Mutex;
-use serde::de::{self, Deserializer, Visitor};
-use serde::{Deserialize, Serialize};
 
+use crate::config::RateLimitSection;
 use crate::metrics;
 use bucket::{Shortfall, TokenBucket};
-
-/// `server.rate_limit`, or one key's `rate_limit` (which replaces it whole for that key). A
-/// limit left out is no limit; so an empty section limits nothing.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RateLimitSection {
-    /// Requests per second a key may send, on average.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub requests_per_second: Option<Rate>,
-    /// Requests a key may send at once (the request bucket's size); default one second of
-    /// `requests_per_second`, at least 1.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub burst: Option<NonZeroU64>,
-    /// Tokens per second a key may spend, on average: prompt tokens plus the requested
-    /// output (`max_tokens` / `max_completion_tokens`), charged at admission.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tokens_per_second: Option<Rate>,
-    /// Tokens a key may spend at once (the token bucket's size, and so the largest request
-    /// it can send); default one second of `tokens_per_second`, at least 1.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tokens_burst: Option<NonZeroU64>,
-}
-
-impl RateLimitSection {
-    /// Problems with these settings, as (field, message).
-    pub fn problems(&self) -> Vec<(&'static str, &'static str)> {
-        let mut problems = Vec::new();
-        if self.burst.is_some() && self.requests_per_second.is_none() {
-            problems.push(("burst", "needs requests_per_second"));
-        }
-        if self.tokens_burst.is_some() && self.tokens_per_second.is_none() {
-            problems.push(("tokens_burst", "needs tokens_per_second"));
-        }
-        problems
-    }
-
-    /// The request bucket's rate and size.
-    fn requests(&self) -> Option<(f64, f64)> {
-        self.requests_per_second.map(|rate| rate.with_burst(self.burst))
-    }
-
-    /// The token bucket's rate and size.
-    fn tokens(&self) -> Option<(f64, f64)> {
-        self.tokens_per_second.map(|rate| rate.with_burst(self.tokens_burst))
-    }
-}
-
-/// A rate: a finite number above 0 per second.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
-#[serde(into = "f64")]
-pub struct Rate(f64);
-
-impl Rate {
-    /// `per_second`, when it is a finite number above 0.
-    pub fn new(per_second: f64) -> Option<Self> {
-        (per_second.is_finite() && per_second > 0.0).then_some(Self(per_second))
-    }
-
-    /// The rate and its bucket's size: `burst`, else one second of the rate (at least 1).
-    fn with_burst(self, burst: Option<NonZeroU64>) -> (f64, f64) {
-        let size = burst.map_or(self.0.max(1.0), |burst| burst.get() as f64);
-        (self.0, size)
-    }
-}
-
-impl From<Rate> for f64 {
-    fn from(rate: Rate) -> f64 {
-        rate.0
-    }
-}
-
-/// Read by a visitor, so that a refused number is an error at the value (which the parser
-/// names by its path) rather than at the section holding it.
-impl<'de> Deserialize<'de> for Rate {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct RateVisitor;
-
-        impl Visitor<'_> for RateVisitor {
-            type Value = Rate;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a finite number above 0")
-            }
-
-            fn visit_f64<E: de::Error>(self, per_second: f64) -> Result<Rate, E> {
-                Rate::new(per_second).ok_or_else(|| {
-                    E::custom(format_args!("must be a finite number above 0, got {per_second}"))
-                })
-            }
-
-            fn visit_u64<E: de::Error>(self, per_second: u64) -> Result<Rate, E> {
-                self.visit_f64(per_second as f64)
-            }
-
-            fn visit_i64<E: de::Error>(self, per_second: i64) -> Result<Rate, E> {
-                self.visit_f64(per_second as f64)
-            }
-        }
-
-        deserializer.deserialize_f64(RateVisitor)
-    }
-}
 
 /// Which limit refused a request: the `limit` label of `router_rate_limited_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

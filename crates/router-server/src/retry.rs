@@ -19,97 +19,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 
-/// `server.retry`: how plain dispatches are retried on another engine.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct RetrySection {
-    /// Retries per request after the first attempt; 0 turns retries off.
-    pub max_retries: u32,
-    /// Delay before the first retry, multiplied by `backoff_multiplier` for each further one
-    /// (with jitter).
-    pub backoff_ms: u64,
-    /// Factor the delay grows by from one retry to the next.
-    pub backoff_multiplier: f64,
-    /// Longest delay before a retry, in milliseconds, before jitter.
-    pub max_backoff_ms: u64,
-    /// Jitter: each delay is lengthened by a random fraction of itself in `[0, jitter_factor)`,
-    /// so that clients failed together do not come back together.
-    pub jitter_factor: f64,
-    /// Retries may add this fraction of the recent requests.
-    pub budget_ratio: f64,
-    /// Retries allowed per second on top of the ratio.
-    pub budget_min_per_sec: f64,
-    /// What "recent" means for the budget, in seconds.
-    pub budget_window_secs: u64,
-    /// Engine statuses that decline a request, retried on another engine.
-    pub on_status: Vec<u16>,
-    /// Longest hold-off an engine's `Retry-After` gets, in seconds.
-    pub max_retry_after_secs: u64,
-}
+use crate::config::RetrySection;
 
-impl Default for RetrySection {
-    fn default() -> Self {
-        Self {
-            max_retries: 2,
-            backoff_ms: 10,
-            backoff_multiplier: 2.0,
-            max_backoff_ms: 10_000,
-            jitter_factor: 0.5,
-            budget_ratio: 0.2,
-            budget_min_per_sec: 10.0,
-            budget_window_secs: 10,
-            on_status: vec![429, 502, 503, 504],
-            max_retry_after_secs: 30,
-        }
-    }
-}
-
+/// When a retry goes out.
 impl RetrySection {
-    /// Problems with these settings, as (field, message).
-    pub fn problems(&self) -> Vec<(&'static str, &'static str)> {
-        let mut problems = Vec::new();
-        if !(0.0..=1.0).contains(&self.budget_ratio) {
-            problems.push(("budget_ratio", "must be within [0, 1]"));
-        }
-        if !self.budget_min_per_sec.is_finite() || self.budget_min_per_sec < 0.0 {
-            problems.push(("budget_min_per_sec", "must be a non-negative number"));
-        }
-        if self.budget_window_secs == 0 {
-            problems.push(("budget_window_secs", "must be at least 1"));
-        }
-        if self.max_retries > 10 {
-            problems.push(("max_retries", "must be at most 10"));
-        }
-        if self.backoff_ms > 60_000 {
-            problems.push(("backoff_ms", "must be at most 60000"));
-        }
-        if !self.backoff_multiplier.is_finite() || !(1.0..=10.0).contains(&self.backoff_multiplier)
-        {
-            problems.push(("backoff_multiplier", "must be within [1, 10]"));
-        }
-        if self.max_backoff_ms > 60_000 {
-            problems.push(("max_backoff_ms", "must be at most 60000"));
-        }
-        if !self.jitter_factor.is_finite() || !(0.0..=1.0).contains(&self.jitter_factor) {
-            problems.push(("jitter_factor", "must be within [0, 1]"));
-        }
-        if self.budget_window_secs > 3600 {
-            problems.push(("budget_window_secs", "must be at most 3600"));
-        }
-        if self.on_status.iter().any(|s| !(400..=599).contains(s) || [401, 403].contains(s)) {
-            problems.push((
-                "on_status",
-                "must list 4xx or 5xx statuses other than 401 and 403 (a refused credential)",
-            ));
-        }
-        if self.max_retry_after_secs > 3600 {
-            problems.push(("max_retry_after_secs", "must be at most 3600"));
-        }
-        problems
-    }
-
     /// The delay before retry number `retry` (1-based): the backoff multiplied by
     /// `backoff_multiplier` per retry up to `max_backoff_ms`, then lengthened by up to
     /// `jitter_factor` of itself so that clients failed together do not come back together.

@@ -27,7 +27,8 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider,
 };
-use serde::{Deserialize, Serialize};
+
+use crate::config::TelemetrySection;
 
 /// The W3C trace context headers.
 pub(crate) const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
@@ -35,46 +36,6 @@ pub(crate) const TRACESTATE: HeaderName = HeaderName::from_static("tracestate");
 
 /// How often finished spans are sent to the collector.
 const EXPORT_DELAY: Duration = Duration::from_secs(1);
-
-/// `telemetry`: trace export.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct TelemetrySection {
-    /// OTLP/gRPC collector to export spans to (`http://host:4317`); unset = no export (the
-    /// client's trace context still reaches the engines).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub otlp_endpoint: Option<String>,
-    /// Share of new traces sampled, 0 to 1; a client's sampled flag is honoured.
-    pub sample_ratio: f64,
-    /// `service.name` of the exported spans.
-    pub service_name: String,
-}
-
-impl Default for TelemetrySection {
-    fn default() -> Self {
-        Self { otlp_endpoint: None, sample_ratio: 1.0, service_name: "llm-router".to_owned() }
-    }
-}
-
-impl TelemetrySection {
-    /// What is wrong with the section: `(field, message)` pairs.
-    pub fn problems(&self) -> Vec<(&'static str, String)> {
-        let mut problems = Vec::new();
-        if !(0.0..=1.0).contains(&self.sample_ratio) {
-            problems.push(("sample_ratio", "must be between 0 and 1".to_owned()));
-        }
-        if let Some(endpoint) = &self.otlp_endpoint {
-            match url::Url::parse(endpoint) {
-                Ok(url) if matches!(url.scheme(), "http" | "https") => {}
-                _ => problems.push(("otlp_endpoint", format!("{endpoint:?} is no http(s) URL"))),
-            }
-        }
-        if self.service_name.trim().is_empty() {
-            problems.push(("service_name", "must not be empty".to_owned()));
-        }
-        problems
-    }
-}
 
 /// The exporting tracer, once [`init`] has set one up.
 static TRACER: OnceLock<(SdkTracerProvider, SdkTracer)> = OnceLock::new();

@@ -542,8 +542,8 @@ mod tests {
         }
         // A flag not given leaves the file's value.
         let config = applied("--queue-size 3").expect("applies");
-        assert_eq!(config.server.retry, crate::retry::RetrySection::default());
-        assert_eq!(config.health, crate::health::HealthSection::default());
+        assert_eq!(config.server.retry, crate::config::RetrySection::default());
+        assert_eq!(config.health, crate::config::HealthSection::default());
     }
 
     #[test]

@@ -18,9 +18,9 @@ use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 
 use super::discovery::DiscoverySection;
+use super::sections::HealthSection;
+use super::sections::TelemetrySection;
 use super::server::ServerSection;
-use crate::health::HealthSection;
-use crate::telemetry::TelemetrySection;
 
 /// The whole configuration file.
 #[derive(Clone, Debug, Default, Deserialize)]

@@ -13,6 +13,7 @@ mod groups;
 mod incumbents;
 mod located;
 mod quick_start;
+mod sections;
 mod server;
 
 use std::fmt;
@@ -31,6 +32,7 @@ pub use file::{
 };
 pub use incumbents::{Screened, screen};
 pub use located::{Located, Positions, read as read_located};
+pub use sections::{HealthSection, Rate, RateLimitSection, RetrySection, TelemetrySection};
 pub use server::{ClientKeyConfig, Http1Server, ServerSection};
 
 use router_prepare::Tokenization;

@@ -8,8 +8,8 @@ use router_workers::ApiKey;
 use serde::de::{self, Deserializer, Visitor};
 use serde::{Deserialize, Serialize};
 
-use crate::rate_limit::RateLimitSection;
-use crate::retry::RetrySection;
+use super::sections::RateLimitSection;
+use super::sections::RetrySection;
 
 /// `server`: listener, limits and operations.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

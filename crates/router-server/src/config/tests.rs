@@ -584,7 +584,7 @@ fn the_listener_logging_and_header_keys_are_checked_by_name() {
 
 #[test]
 fn rate_limits_and_named_keys_are_read_from_the_server_section() {
-    use crate::rate_limit::{Rate, RateLimitSection};
+    use crate::config::{Rate, RateLimitSection};
     let groups = "{plain: {policy: {type: round_robin}}}";
     let yaml = one_model(
         "server: {rate_limit: {requests_per_second: 0.5, tokens_per_second: 1000, tokens_burst: 4000}, \
