@@ -562,6 +562,7 @@ pub fn chat_body(model: &str, text: &str, max_tokens: u64) -> serde_json::Value 
 pub mod envoy {
     use std::path::PathBuf;
 
+    use router_test_support::envoy::Gateway;
     use router_test_support::eventually;
 
     use super::{Http, Process, tempfile_path::TempPath};
@@ -676,57 +677,13 @@ pub mod envoy {
         }
     }
 
-    /// The gateway configuration shared with the endpoint-picker benchmark, and its ext_proc
-    /// filter.
-    const GATEWAY: &str = include_str!("../envoy/gateway.yaml");
-    const EXT_PROC: &str = include_str!("../envoy/ext_proc.yaml");
-
+    /// The gateway asking `pickers`, Envoy choosing its ports (see `Envoy::start`), and each
+    /// answer naming the engine Envoy sent it to (`x-upstream-host`).
     fn config(pickers: &[String], failure_mode_allow: bool) -> String {
-        let endpoints: String = pickers
-            .iter()
-            .map(|picker| {
-                let (host, port) = picker.rsplit_once(':').expect("HOST:PORT");
-                format!(
-                    "        - endpoint: {{address: {{socket_address: {{address: {host}, port_value: {port}}}}}}}\n"
-                )
-            })
-            .collect();
-        let extra = "                response_headers_to_add:\n                \
-                     - header: {key: x-upstream-host, value: \"%UPSTREAM_REMOTE_ADDRESS%\"}\n";
-        let filters = EXT_PROC.replace("{failure_mode_allow}", &failure_mode_allow.to_string());
-        let clusters = format!(
-            r#"  - name: pool
-    type: ORIGINAL_DST
-    lb_policy: CLUSTER_PROVIDED
-    connect_timeout: 2s
-    original_dst_lb_config: {{use_http_header: true, http_header_name: x-gateway-destination-endpoint}}
-  - name: picker
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
-    health_checks:
-    - timeout: 1s
-      interval: 0.2s
-      no_traffic_interval: 0.2s
-      unhealthy_interval: 0.2s
-      unhealthy_threshold: 1
-      healthy_threshold: 1
-      grpc_health_check: {{service_name: envoy.service.ext_proc.v3.ExternalProcessor}}
-    load_assignment:
-      cluster_name: picker
-      endpoints:
-      - lb_endpoints:
-{endpoints}"#
-        );
-        // Port 0: Envoy chooses (see `Envoy::start`).
-        GATEWAY
-            .replace("{admin}", "0")
-            .replace("{port}", "0")
-            .replace("{route_extra}", extra)
-            .replace("{filters}", &filters)
-            .replace("{clusters}", &clusters)
+        let pickers: Vec<&str> = pickers.iter().map(String::as_str).collect();
+        let gateway = Gateway::picker(&pickers, failure_mode_allow, "0.2s").expect("HOST:PORT");
+        let route_extra = "                response_headers_to_add:\n                \
+                           - header: {key: x-upstream-host, value: \"%UPSTREAM_REMOTE_ADDRESS%\"}\n";
+        Gateway { route_extra: route_extra.to_owned(), ..gateway }.yaml()
     }
 }

@@ -8,8 +8,9 @@
 //! Also the fake Kubernetes API server ([`fake_kube`]) that router-discovery's tests and the
 //! end-to-end discovery test both run.
 //!
-//! Also the reading of a started program's output until it says it is ready ([`process`]),
-//! which the end-to-end harness and the benchmark (xtask) share.
+//! Also the reading of a started program's output until it says it is ready ([`process`]) and
+//! the Envoy gateway's configuration ([`envoy`]), which the end-to-end harness and the benchmark
+//! (xtask) share.
 //!
 //! Does not own the fixtures of one crate (they stay beside its tests), nor the processes
 //! themselves (`router-e2e` and xtask start theirs). It depends on no workspace crate, so that
@@ -17,6 +18,7 @@
 
 use std::time::Duration;
 
+pub mod envoy;
 pub mod fake_kube;
 pub mod process;
 

@@ -13,6 +13,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use router_test_support::envoy::Gateway;
 
 use super::overhead::{blast, percentile};
 use super::procs::{Bins, Proc, clock_ticks_per_sec, engine};
@@ -122,8 +123,9 @@ pub(crate) fn measure(bins: &Bins, sizes: Sizes) -> Result<EppBench> {
     let picker = Proc::start(&bins.server, &args, "epp listening on ")?;
     let grpc = picker.after("epp listening on ")?;
 
-    let direct = Envoy::start(&envoy_bin, &static_route(&addresses)?)?;
-    let picked = Envoy::start(&envoy_bin, &picker_route(&grpc)?)?;
+    let direct = Gateway::static_pool(&addresses).context("engine addresses")?;
+    let picked = Gateway::picker(&[&grpc], false, "1s").context("the picker's address")?;
+    let (direct, picked) = (Envoy::start(&envoy_bin, direct)?, Envoy::start(&envoy_bin, picked)?);
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -319,12 +321,12 @@ struct Envoy {
 }
 
 impl Envoy {
-    /// Starts Envoy with `route` (the HTTP filters and clusters), waiting until its listener
-    /// accepts connections.
-    fn start(bin: &Path, route: &RouteConfig) -> Result<Self> {
+    /// Starts Envoy as `gateway` says (its HTTP filters and clusters) on ports of its own,
+    /// waiting until its listener accepts connections.
+    fn start(bin: &Path, gateway: Gateway) -> Result<Self> {
         let (port, admin) = (free_port()?, free_port()?);
-        let config =
-            TempFile::write(&format!("envoy-{port}.yaml"), &envoy_yaml(port, admin, route))?;
+        let yaml = Gateway { port, admin, ..gateway }.yaml();
+        let config = TempFile::write(&format!("envoy-{port}.yaml"), &yaml)?;
         let args: Vec<String> = [
             "-c",
             &config.path.display().to_string(),
@@ -367,90 +369,6 @@ fn picker_yaml(engines: &[(Proc, String)]) -> String {
         "server: {{host: 127.0.0.1, port: 0}}\nmodels:\n  - id: m\n    workers:\n{workers}    \
          buckets:\n      - {{id: all, groups: {{plain: {{policy: {{type: round_robin}}}}}}}}\n"
     )
-}
-
-/// The parts of the Envoy configuration that differ between the two gateways.
-struct RouteConfig {
-    /// Entries of `http_filters` before the router filter.
-    filters: String,
-    /// Entries of `clusters`; the route goes to `pool`.
-    clusters: String,
-}
-
-/// Envoy alone: `pool` lists the engines, round robin.
-fn static_route(engines: &[&str]) -> Result<RouteConfig> {
-    let endpoints: String = engines.iter().map(|e| endpoint(e)).collect::<Result<_>>()?;
-    Ok(RouteConfig {
-        filters: String::new(),
-        clusters: format!(
-            "  - name: pool
-    type: STATIC
-    lb_policy: ROUND_ROBIN
-    connect_timeout: 2s
-    load_assignment:
-      cluster_name: pool
-      endpoints:
-      - lb_endpoints:
-{endpoints}"
-        ),
-    })
-}
-
-/// Envoy with the picker: the ext_proc filter as docs/epp.md configures it, `pool` goes where
-/// the picker's `x-gateway-destination-endpoint` says.
-fn picker_route(grpc: &str) -> Result<RouteConfig> {
-    let picker = endpoint(grpc)?;
-    Ok(RouteConfig {
-        filters: EXT_PROC.replace("{failure_mode_allow}", "false"),
-        clusters: format!(
-            "  - name: pool
-    type: ORIGINAL_DST
-    lb_policy: CLUSTER_PROVIDED
-    connect_timeout: 2s
-    original_dst_lb_config: {{use_http_header: true, http_header_name: x-gateway-destination-endpoint}}
-  - name: picker
-    type: STATIC
-    connect_timeout: 1s
-    typed_extension_protocol_options:
-      envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
-        \"@type\": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{http2_protocol_options: {{}}}}
-    health_checks:
-    - timeout: 1s
-      interval: 1s
-      no_traffic_interval: 1s
-      unhealthy_threshold: 1
-      healthy_threshold: 1
-      grpc_health_check: {{service_name: envoy.service.ext_proc.v3.ExternalProcessor}}
-    load_assignment:
-      cluster_name: picker
-      endpoints:
-      - lb_endpoints:
-{picker}"
-        ),
-    })
-}
-
-/// One `lb_endpoints` entry for `HOST:PORT`.
-fn endpoint(address: &str) -> Result<String> {
-    let (host, port) = address.rsplit_once(':').with_context(|| format!("{address}: no port"))?;
-    Ok(format!(
-        "        - endpoint: {{address: {{socket_address: {{address: {host}, port_value: {port}}}}}}}\n"
-    ))
-}
-
-/// The gateway configuration, shared with the end-to-end tests, and its ext_proc filter.
-const GATEWAY: &str = include_str!("../../../tests/envoy/gateway.yaml");
-const EXT_PROC: &str = include_str!("../../../tests/envoy/ext_proc.yaml");
-
-fn envoy_yaml(port: u16, admin: u16, route: &RouteConfig) -> String {
-    let RouteConfig { filters, clusters } = route;
-    GATEWAY
-        .replace("{admin}", &admin.to_string())
-        .replace("{port}", &port.to_string())
-        .replace("{route_extra}", "")
-        .replace("{filters}", filters)
-        .replace("{clusters}", clusters)
 }
 
 /// `new / old`, as `x1.23`.
@@ -549,20 +467,6 @@ pub(crate) fn render(bench: &EppBench) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_two_gateways_differ_only_in_filters_and_clusters() {
-        let direct =
-            envoy_yaml(1, 2, &static_route(&["127.0.0.1:7001", "127.0.0.1:7002"]).expect("route"));
-        let picked = envoy_yaml(1, 2, &picker_route("127.0.0.1:9002").expect("route"));
-        assert!(direct.contains("port_value: 7001") && direct.contains("port_value: 7002"));
-        assert!(!direct.contains("ext_proc"), "{direct}");
-        assert!(picked.contains("envoy.filters.http.ext_proc") && picked.contains("ORIGINAL_DST"));
-        assert!(picked.contains("port_value: 9002"), "{picked}");
-        for yaml in [&direct, &picked] {
-            assert!(yaml.ends_with('\n') && yaml.contains("route: {cluster: pool, timeout: 60s}"));
-        }
-    }
 
     #[test]
     fn a_summary_takes_the_median_of_each_figure() {
