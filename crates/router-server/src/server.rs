@@ -180,30 +180,20 @@ impl MetricsListener {
 /// The per-connection limits that protect the router from slow clients and huge heads.
 #[derive(Clone, Copy, Debug)]
 struct ConnectionLimits {
-    /// Whole request head (slowloris).
-    header_read: Duration,
+    /// The whole request head within a time (slowloris) and a size, both fronts alike.
+    heads: own::Limits,
     /// A response write that makes no progress (a client that stops reading).
     write: Duration,
-    /// Largest request head.
-    max_header_bytes: usize,
-}
-
-impl ConnectionLimits {
-    /// The bounds on request heads, as the own loop keeps them.
-    fn heads(self) -> router_http1::server::Limits {
-        router_http1::server::Limits {
-            header_read: self.header_read,
-            max_header_bytes: self.max_header_bytes,
-        }
-    }
 }
 
 impl From<&ServerSection> for ConnectionLimits {
     fn from(server: &ServerSection) -> Self {
         Self {
-            header_read: Duration::from_secs(server.header_read_timeout_secs),
+            heads: own::Limits {
+                header_read: Duration::from_secs(server.header_read_timeout_secs),
+                max_header_bytes: server.max_header_bytes,
+            },
             write: Duration::from_secs(server.client_write_timeout_secs),
-            max_header_bytes: server.max_header_bytes,
         }
     }
 }
@@ -227,8 +217,8 @@ async fn accept_loop(
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read)
-        .max_header_size(limits.max_header_bytes);
+        .header_read_timeout(limits.heads.header_read)
+        .max_header_size(limits.heads.max_header_bytes);
     let graceful = GracefulShutdown::new();
     let mut connections = JoinSet::new();
     let connection_stop = stop.clone();
@@ -262,7 +252,7 @@ async fn accept_loop(
             // The router's own loop first where the front serves inference directly; hyper
             // takes over at a request that loop leaves it, or from the start.
             let io = match service.own_loop() {
-                Some(direct) => match own::serve(io, direct, limits.heads(), stop).await {
+                Some(direct) => match own::serve(io, direct, limits.heads, stop).await {
                     own::Ended::HandedOver(rewound) => rewound,
                     own::Ended::Closed => return,
                 },
