@@ -185,15 +185,10 @@ pub async fn start(port: u16) -> Result<(DemoFleet, ConfigFile), DemoError> {
         ttft_slo: Default::default(),
         tps_slo: Default::default(),
         workers: plain_workers,
-        buckets: vec![BucketConfig {
-            id: "default".into(),
-            rank: 0,
-            limits: Default::default(),
-            max_context_tokens: None,
-            ttft_ms: None,
-            tokens_per_second: None,
-            groups: GroupsConfig { plain: Some(group(RECOMMENDED_POLICY)?), pd: None },
-        }],
+        buckets: vec![BucketConfig::default_for(GroupsConfig {
+            plain: Some(group(RECOMMENDED_POLICY)?),
+            pd: None,
+        })],
     });
     config.models.push(ModelConfig {
         id: "demo-pd".into(),

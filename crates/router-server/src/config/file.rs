@@ -246,6 +246,21 @@ pub struct BucketConfig {
     pub groups: GroupsConfig,
 }
 
+impl BucketConfig {
+    /// The one bucket a quick start or the demo serves with: every request, `groups`.
+    pub fn default_for(groups: GroupsConfig) -> Self {
+        Self {
+            id: "default".into(),
+            rank: 0,
+            limits: LimitsConfig::default(),
+            max_context_tokens: None,
+            ttft_ms: None,
+            tokens_per_second: None,
+            groups,
+        }
+    }
+}
+
 /// `limits` of a bucket.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

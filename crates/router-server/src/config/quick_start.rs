@@ -161,15 +161,7 @@ impl ServeArgs {
             ttft_slo: Default::default(),
             tps_slo: Default::default(),
             workers,
-            buckets: vec![BucketConfig {
-                id: "default".into(),
-                rank: 0,
-                limits: Default::default(),
-                max_context_tokens: None,
-                ttft_ms: None,
-                tokens_per_second: None,
-                groups,
-            }],
+            buckets: vec![BucketConfig::default_for(groups)],
         });
         Ok(config)
     }
