@@ -133,7 +133,7 @@ fn ci(root: &std::path::Path) -> Result<()> {
     let doc = cargo_test(root, &["test", "--workspace", "--doc", "--no-fail-fast"], &mut totals);
     // The HTTP front's tests again with hyper reading every client connection
     // (`server.http1: hyper`); the whole suite above ran on the default, the own loop.
-    let hyper = cargo_test_with(root, &HYPER_FRONT_TESTS, HYPER_FRONT_ENV, &mut totals);
+    let hyper = cargo_test_with(root, &HYPER_FRONT_TESTS, Some(HYPER_FRONT_ENV), &mut totals);
     // Real vLLM engines, after everything else and one test at a time: each test starts
     // engines of about 2-4 GB and a core each (tests/vllm/setup.sh installs them).
     let real = cargo_test(root, &REAL_ENGINE_TESTS, &mut totals);
@@ -215,26 +215,21 @@ impl TestTotals {
 
 /// Runs a cargo test command, echoing its output and summing its results.
 fn cargo_test(root: &std::path::Path, args: &[&str], totals: &mut TestTotals) -> Result<()> {
-    cargo_test_with(root, args, ("", ""), totals)
+    cargo_test_with(root, args, None, totals)
 }
 
-/// [`cargo_test`] with the environment variable `name=value` set (none when `name` is empty).
+/// [`cargo_test`] with the environment variable `env` (`(name, value)`) set.
 fn cargo_test_with(
     root: &std::path::Path,
     args: &[&str],
-    (name, value): (&str, &str),
+    env: Option<(&str, &str)>,
     totals: &mut TestTotals,
 ) -> Result<()> {
     use std::io::{BufRead, BufReader};
-    eprintln!(
-        "xtask: {name}{}{value} cargo {}",
-        if name.is_empty() { "" } else { "=" },
-        args.join(" ")
-    );
+    let shown = env.map_or_else(String::new, |(name, value)| format!("{name}={value} "));
+    eprintln!("xtask: {shown}cargo {}", args.join(" "));
     let mut command = Command::new(env_cargo());
-    if !name.is_empty() {
-        command.env(name, value);
-    }
+    command.envs(env);
     let mut child = command
         .args(args)
         .current_dir(root)
