@@ -182,7 +182,7 @@ async fn a_prefill_with_bootstrap_port_none_starts_a_pd_router() {
 fn incumbent_flags() -> Vec<(String, &'static str, String)> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("root");
     let doc = std::fs::read_to_string(root.join("docs/incumbent-flags.md")).expect("doc");
-    let tsv = root.join("crates/router-server/src/config/incumbents/incumbent-flags.tsv");
+    let tsv = root.join("crates/router-config/src/incumbents/incumbent-flags.tsv");
     let tsv = std::fs::read_to_string(tsv).expect("tsv");
     let values = |flag: &str| {
         tsv.lines().find_map(|l| {

@@ -19,7 +19,6 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Credentials;
-use crate::config::{ModelRuntime, ServerSection};
 use crate::engines::EngineLearner;
 use crate::error::ApiError;
 use crate::forward::{Forwarder, OutcomeSink};
@@ -28,6 +27,7 @@ use crate::limit::Admission;
 use crate::model_info::ModelCards;
 use crate::rate_limit::RateLimits;
 use crate::retry::RetryBudget;
+use router_config::{ModelRuntime, ServerSection};
 
 /// Everything a request handler needs, shared by all of them.
 pub struct AppContext {
@@ -38,7 +38,7 @@ pub struct AppContext {
     registry: Arc<WorkerRegistry>,
     /// The load table and router-local in-flight accounting.
     load: LoadHandles,
-    /// `None` in a remote-indexer deployment ([`crate::config::keeps_local_index`]).
+    /// `None` in a remote-indexer deployment ([`router_config::keeps_local_index`]).
     kv_index: Option<Arc<KvIndex>>,
     /// What this router just dispatched, before the engines' KV events say so; `None`: off.
     predictions: Option<Arc<Predictions>>,
@@ -83,7 +83,7 @@ impl AppContext {
     /// Starts the background services: health checks and the state subscriptions. Warns
     /// first of every PD pairing constraint that leaves a prefill engine without a partner.
     pub fn start(self: &Arc<Self>) {
-        for warning in crate::config::pairing_warnings(self.models(), &self.registry) {
+        for warning in router_config::pairing_warnings(self.models(), &self.registry) {
             tracing::warn!("{warning}");
         }
         // A restarted engine's cache is empty, and its speed may have changed: forget what it

@@ -16,8 +16,8 @@ use axum::response::{IntoResponse, Response};
 use router_workers::ApiKey;
 use subtle::{Choice, ConditionallySelectable, ConstantTimeEq};
 
-use crate::config::ServerSection;
 use crate::error::ApiError;
+use router_config::ServerSection;
 
 /// Environment variable holding the client key when `server.api_keys` is empty.
 pub(crate) const CLIENT_KEY_ENV: &str = "ROUTER_API_KEY";
@@ -339,11 +339,11 @@ mod tests {
 
     #[test]
     fn configured_credentials_are_resolved_and_kept_apart() {
-        let server = crate::config::ServerSection {
+        let server = router_config::ServerSection {
             api_keys: vec![key("client-1").into(), key("client-2").into()],
             engine_api_key: Some(key("engine")),
             admin_token: Some(key("admin")),
-            ..crate::config::ServerSection::default()
+            ..router_config::ServerSection::default()
         };
         let credentials = Credentials::resolve(&server).expect("resolved");
         assert!(credentials.client_keys.accepts("client-1"));

@@ -15,7 +15,7 @@ use router_sim::engine::{EngineConfig, RunningEngine, serve};
 use router_workers::{DpRoute, KvEventsSpec, Stage, WorkerSpec};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{
+use router_config::{
     BucketConfig, ConfigFile, GroupConfig, GroupsConfig, ModelConfig, PdGroupsConfig,
 };
 

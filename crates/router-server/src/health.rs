@@ -28,8 +28,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::HealthSection;
 use crate::forward::{Forwarder, Outcome, OutcomeSink, Probe};
+use router_config::HealthSection;
 
 /// What the book calls when an engine restarted.
 pub(crate) type RestartHook = Box<dyn Fn(&Worker) + Send + Sync>;

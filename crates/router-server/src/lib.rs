@@ -16,7 +16,6 @@
 pub mod app;
 mod auth;
 mod chain;
-pub mod config;
 pub mod demo;
 mod dispatch;
 mod engines;

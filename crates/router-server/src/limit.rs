@@ -26,10 +26,10 @@ use http_body::Frame;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::auth::{self, Credentials, KeyIndex};
-use crate::config::ServerSection;
 use crate::error::ApiError;
 use crate::metrics;
 use crate::rate_limit;
+use router_config::ServerSection;
 
 mod bodies;
 

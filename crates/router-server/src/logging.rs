@@ -8,7 +8,7 @@ use std::path::Path;
 
 use tracing_subscriber::EnvFilter;
 
-use crate::config::ServerSection;
+use router_config::ServerSection;
 
 /// The file logs go to inside `server.log_dir`.
 pub const LOG_FILE: &str = "router-server.log";

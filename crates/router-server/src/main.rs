@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use router_server::app::AppContext;
-use router_server::config::{
+use router_config::{
     Cli, Command, ConfigFile, Positions, read_located, reject_dropped_options, screen, summary,
 };
+use router_server::app::AppContext;
 use router_server::server::Serving;
 
 /// mimalloc instead of the system allocator: a request allocates and frees many small buffers
@@ -101,17 +101,14 @@ fn check_config(file: &std::path::Path) -> ExitCode {
     ExitCode::FAILURE
 }
 
-async fn serve(
-    args: router_server::config::ServeArgs,
-    worker_threads: Option<usize>,
-) -> Result<ExitCode> {
+async fn serve(args: router_config::ServeArgs, worker_threads: Option<usize>) -> Result<ExitCode> {
     let mut demo = None;
     let mut config = if let Some(path) = &args.config {
         ConfigFile::load(path)?
     } else if args.is_quick_start() {
         let mut config = args.quick_start_config().map_err(anyhow::Error::msg)?;
         if args.dp_aware {
-            router_server::config::learn_dp_sizes(&mut config).await.map_err(anyhow::Error::msg)?;
+            router_config::learn_dp_sizes(&mut config).await.map_err(anyhow::Error::msg)?;
         }
         config
     } else if args.demo {
@@ -196,7 +193,7 @@ async fn serve(
 /// The separate metrics listener, when `server.metrics_port` asks for one.
 async fn metrics_listener(
     ctx: &Arc<AppContext>,
-    server: &router_server::config::ServerSection,
+    server: &router_config::ServerSection,
 ) -> Result<Option<router_server::server::MetricsListener>> {
     let Some(port) = server.metrics_port else { return Ok(None) };
     let host = server.metrics_host.as_deref().unwrap_or(&server.host);
@@ -262,7 +259,7 @@ async fn kv_indexer(file: &std::path::Path, listen: &str) -> Result<ExitCode> {
     router_server::logging::init(&config.server).map_err(anyhow::Error::msg)?;
     let registry = Arc::new(router_workers::WorkerRegistry::new());
     // The indexer never calls an engine's HTTP API, so it needs no engine key.
-    router_server::config::register_all_workers(&config, &registry, None).map_err(|problems| {
+    router_config::register_all_workers(&config, &registry, None).map_err(|problems| {
         let lines: Vec<String> = problems.iter().map(ToString::to_string).collect();
         anyhow::anyhow!("invalid configuration:\n  {}", lines.join("\n  "))
     })?;

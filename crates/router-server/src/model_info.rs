@@ -14,9 +14,9 @@ use router_workers::{ModelId, Stage, WorkerRegistry};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::ANY_MODEL;
 use crate::engines::EngineLearner;
 use crate::forward::Forwarder;
+use router_config::ANY_MODEL;
 
 /// The engines' cards of the served models, by model.
 #[derive(Debug, Default)]

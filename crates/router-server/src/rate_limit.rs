@@ -20,9 +20,9 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
-use crate::config::RateLimitSection;
 use crate::metrics;
 use bucket::{Shortfall, TokenBucket};
+use router_config::RateLimitSection;
 
 /// Which limit refused a request: the `limit` label of `router_rate_limited_total`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -20,25 +20,22 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use crate::config::RetrySection;
+use router_config::RetrySection;
 
-/// When a retry goes out.
-impl RetrySection {
-    /// The delay before retry number `retry` (1-based): the backoff multiplied by
-    /// `backoff_multiplier` per retry up to `max_backoff_ms`, then lengthened by up to
-    /// `jitter_factor` of itself so that clients failed together do not come back together.
-    pub fn backoff(&self, retry: u32) -> Duration {
-        self.backoff_with(retry, rand::random::<f64>())
-    }
+/// The delay before retry number `retry` (1-based): `config`'s backoff multiplied by
+/// `backoff_multiplier` per retry up to `max_backoff_ms`, then lengthened by up to
+/// `jitter_factor` of itself so that clients failed together do not come back together.
+pub(crate) fn backoff(config: &RetrySection, retry: u32) -> Duration {
+    backoff_with(config, retry, rand::random::<f64>())
+}
 
-    /// [`RetrySection::backoff`] with the random draw `unit` in `[0, 1)`.
-    fn backoff_with(&self, retry: u32, unit: f64) -> Duration {
-        let exponent = i32::try_from(retry.saturating_sub(1).min(30)).unwrap_or(30);
-        let grown = self.backoff_ms as f64 * self.backoff_multiplier.max(1.0).powi(exponent);
-        let capped = grown.min(self.max_backoff_ms.max(self.backoff_ms) as f64);
-        let jitter = unit.clamp(0.0, 1.0) * self.jitter_factor.clamp(0.0, 1.0);
-        Duration::from_millis(capped as u64).mul_f64(1.0 + jitter)
-    }
+/// [`backoff`] with the random draw `unit` in `[0, 1)`.
+fn backoff_with(config: &RetrySection, retry: u32, unit: f64) -> Duration {
+    let exponent = i32::try_from(retry.saturating_sub(1).min(30)).unwrap_or(30);
+    let grown = config.backoff_ms as f64 * config.backoff_multiplier.max(1.0).powi(exponent);
+    let capped = grown.min(config.max_backoff_ms.max(config.backoff_ms) as f64);
+    let jitter = unit.clamp(0.0, 1.0) * config.jitter_factor.clamp(0.0, 1.0);
+    Duration::from_millis(capped as u64).mul_f64(1.0 + jitter)
 }
 
 /// The shared retry budget: requests and retries counted per second in a ring covering the
@@ -222,7 +219,7 @@ mod tests {
         let config = RetrySection { backoff_ms: 100, ..RetrySection::default() };
         for retry in 1..=3 {
             let base = Duration::from_millis(100 << (retry - 1));
-            let delay = config.backoff(retry);
+            let delay = backoff(&config, retry);
             assert!(delay >= base && delay <= base.mul_f64(1.5), "{retry}: {delay:?}");
         }
     }
@@ -264,7 +261,7 @@ mod tests {
     fn backoff_starts_at_its_base_grows_by_its_multiplier_and_stops_at_its_cap() {
         let config = RetrySection { backoff_ms: 10, ..RetrySection::default() };
         let within = |retry: u32, base_ms: u64| {
-            let (base, delay) = (Duration::from_millis(base_ms), config.backoff(retry));
+            let (base, delay) = (Duration::from_millis(base_ms), backoff(&config, retry));
             assert!(delay >= base && delay <= base.mul_f64(1.5), "{retry}: {delay:?}");
         };
         within(0, 10);
@@ -273,7 +270,7 @@ mod tests {
         within(11, 10_000);
         within(40, 10_000);
         let off = RetrySection { backoff_ms: 0, ..RetrySection::default() };
-        assert_eq!(off.backoff(3), Duration::ZERO);
+        assert_eq!(backoff(&off, 3), Duration::ZERO);
         // (multiplier, cap, jitter factor, retry, draw, expected ms)
         for (multiplier, cap, jitter, retry, unit, expected) in [
             (1.0, 10_000, 0.0, 5, 0.9, 100),
@@ -289,7 +286,7 @@ mod tests {
                 jitter_factor: jitter,
                 ..RetrySection::default()
             };
-            let delay = config.backoff_with(retry, unit);
+            let delay = backoff_with(&config, retry, unit);
             assert_eq!(delay, Duration::from_millis(expected), "{multiplier} {cap} {jitter}");
         }
     }

@@ -17,11 +17,11 @@ use smallvec::SmallVec;
 use tracing::warn;
 
 use crate::app::AppContext;
-use crate::config::ModelRuntime;
 use crate::dispatch::{Dispatch, Exchange};
 use crate::error::{ApiError, Chain};
 use crate::metrics;
 use crate::telemetry::{ChildSpan, RequestTrace};
+use router_config::ModelRuntime;
 use router_prepare::PreparedRequest;
 
 /// What a request's metrics are labelled with, filled in as it becomes known (shared ids,
@@ -124,7 +124,7 @@ pub(crate) async fn serve(
                 metrics::retry(labels.model(), &err.retry_reason());
                 warn!(error = %Chain(&err), retry = retries, "selecting again without that engine");
                 excluded.extend(engines);
-                tokio::time::sleep(retry.backoff(retries)).await;
+                tokio::time::sleep(crate::retry::backoff(retry, retries)).await;
                 failure = Some(err);
             }
             Err(err) => return Err(err),

@@ -18,11 +18,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::app::AppContext;
-use crate::config::ServerSection;
 use crate::error::ApiError;
 use crate::routes::{admin, fleet, inference, ops};
 use crate::{auth, limit};
 use front::Front;
+use router_config::ServerSection;
 use router_http1::server as own;
 use router_prepare::Endpoint;
 

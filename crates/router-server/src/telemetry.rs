@@ -28,7 +28,7 @@ use opentelemetry_sdk::trace::{
     BatchConfigBuilder, BatchSpanProcessor, Sampler, SdkTracer, SdkTracerProvider,
 };
 
-use crate::config::TelemetrySection;
+use router_config::TelemetrySection;
 
 /// The W3C trace context headers.
 pub(crate) const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");

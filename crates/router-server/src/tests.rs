@@ -10,7 +10,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 
 use crate::app::AppContext;
-use crate::config::ConfigFile;
+use router_config::ConfigFile;
 use router_prepare::{Endpoint, PreparedRequest, parse_request, prepare};
 
 /// Serves `app` on a fresh loopback port; its base URL.

@@ -15,11 +15,11 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Credentials;
-use crate::config::{ConfigFile, Problem, build_discovery, build_models, keeps_local_index};
 use crate::forward::{ForwardConfig, Forwarder};
 use crate::health::HealthBook;
 use crate::limit::Admission;
 use crate::retry::RetryBudget;
+use router_config::{ConfigFile, Problem, build_discovery, build_models, keeps_local_index};
 
 use super::AppContext;
 
@@ -74,7 +74,7 @@ impl AppContext {
         let discovery_state = discovery.as_ref().map(router_discovery::Discovery::state);
         let wildcard = runtimes
             .iter()
-            .find(|m| m.id.as_str() == crate::config::ANY_MODEL)
+            .find(|m| m.id.as_str() == router_config::ANY_MODEL)
             .map(|m| m.id.clone());
         let models = runtimes.into_iter().map(|m| (m.id.clone(), m)).collect();
         let engine_problem = |path: &str, err: &dyn std::fmt::Display| {
@@ -143,3 +143,6 @@ fn load_settings(config: &ConfigFile) -> router_state_load::TableConfig {
         ..Default::default()
     }
 }
+
+#[cfg(test)]
+mod tests;

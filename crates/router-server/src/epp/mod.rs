@@ -34,15 +34,6 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::app::AppContext;
 
-/// The gRPC port of the picker unless `--grpc-port` says otherwise (the Gateway API inference
-/// extension's convention).
-pub const DEFAULT_GRPC_PORT: u16 = 9002;
-
-/// Fallback engines named after the pick unless `--fallbacks` says otherwise: none, because
-/// plain Envoy's ORIGINAL_DST cluster reads the header as one address (measured on Envoy 1.40:
-/// a list there finds no host); gateways that walk the list on retries take `--fallbacks N`.
-pub const DEFAULT_FALLBACKS: usize = 0;
-
 /// How the picker answers.
 #[derive(Clone, Debug)]
 pub struct EppSettings {
@@ -53,7 +44,7 @@ pub struct EppSettings {
 
 impl Default for EppSettings {
     fn default() -> Self {
-        Self { fallbacks: DEFAULT_FALLBACKS }
+        Self { fallbacks: router_config::DEFAULT_EPP_FALLBACKS }
     }
 }
 

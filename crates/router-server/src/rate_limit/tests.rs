@@ -13,9 +13,9 @@ use tower::ServiceExt as _;
 
 use super::*;
 use crate::auth::{Credentials, KeySet, require_api_key};
-use crate::config::{ClientKeyConfig, ServerSection};
 use crate::limit::{per_key, rate_limits as limits_of};
 use crate::tests::{metric, text};
+use router_config::{ClientKeyConfig, ServerSection};
 
 fn section(yaml: &str) -> RateLimitSection {
     serde_yaml_ng::from_str(yaml).expect("a rate_limit section")

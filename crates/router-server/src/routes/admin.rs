@@ -19,8 +19,8 @@ use serde_json::{Value, json};
 use router_policies::BlockSize;
 
 use crate::app::AppContext;
-use crate::config::with_engine_key;
 use crate::error::ApiError;
+use router_config::with_engine_key;
 use router_prepare::{
     Endpoint, EngineRules, InvalidRequest, body_members, edit_members, parse_request, prepare,
 };
@@ -92,7 +92,7 @@ pub(crate) async fn add_worker(
     match ctx.registry().add(worker) {
         Ok(worker) => {
             let mut entry = worker_json(&ctx, &worker);
-            let warnings: Vec<String> = crate::config::pairing_warnings_for(
+            let warnings: Vec<String> = router_config::pairing_warnings_for(
                 ctx.models(),
                 ctx.registry(),
                 Some(worker.id()),

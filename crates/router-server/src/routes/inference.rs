@@ -19,13 +19,13 @@ use router_buckets::{SloPreferences, SloTargets};
 use tracing::{Instrument, info, warn};
 
 use crate::app::AppContext;
-use crate::config::ModelRuntime;
 use crate::error::{ApiError, Chain};
 use crate::intake::{IncomingBody, REQUEST_ID_HEADER, read_body, request_id};
 use crate::metrics;
 use crate::rate_limit::TokenCharge;
 use crate::serve::{Labels, serve};
 use crate::telemetry::{RequestTrace, TRACEPARENT, TRACESTATE};
+use router_config::ModelRuntime;
 use router_prepare::{
     DP_RANK, Endpoint, PreparedRequest, client_rank, parse_request, prepare, text_tokens,
 };

@@ -23,10 +23,10 @@ use hyper::body::Incoming;
 use hyper_util::service::TowerToHyperService;
 
 use crate::app::AppContext;
-use crate::config::Http1Server;
 use crate::intake::{BodyFraming, IncomingBody};
 use crate::routes::inference;
 use crate::{auth, limit};
+use router_config::Http1Server;
 use router_prepare::Endpoint;
 
 /// A connection's service: the router's routes, with the inference endpoints taken first

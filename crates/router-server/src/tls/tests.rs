@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use super::{TlsConfigError, engine_client_config};
-use crate::config::ConfigFile;
+use router_config::ConfigFile;
 
 /// A self-signed CA certificate (`CN=router-test-ca`, P-256), made for these tests.
 const CA: &str = "\

@@ -16,9 +16,9 @@ use router_policies::{Pick, PickReason};
 use router_workers::{ModelId, WorkerId};
 
 use crate::app::AppContext;
-use crate::config::ConfigFile;
 use crate::dispatch::{Dispatch, Exchange};
 use crate::error::ApiError;
+use router_config::ConfigFile;
 use router_prepare::{Endpoint, parse_request, prepare};
 
 /// What a scripted engine does with a chat request.

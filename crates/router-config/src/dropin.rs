@@ -466,7 +466,7 @@ mod tests {
     use clap::Parser;
 
     use super::*;
-    use crate::config::Cli;
+    use crate::Cli;
 
     fn args(line: &str) -> Vec<String> {
         line.split_whitespace().map(str::to_owned).collect()
@@ -542,8 +542,8 @@ mod tests {
         }
         // A flag not given leaves the file's value.
         let config = applied("--queue-size 3").expect("applies");
-        assert_eq!(config.server.retry, crate::config::RetrySection::default());
-        assert_eq!(config.health, crate::config::HealthSection::default());
+        assert_eq!(config.server.retry, crate::RetrySection::default());
+        assert_eq!(config.health, crate::HealthSection::default());
     }
 
     #[test]
@@ -581,7 +581,7 @@ mod tests {
             ("--decode-policy sticky_least_loaded", "--policy session_aware"),
         ] {
             let line = format!("--worker-urls http://a:1 {line}");
-            let err = crate::config::reject_dropped_options(&args(&line)).expect_err(&line);
+            let err = crate::reject_dropped_options(&args(&line)).expect_err(&line);
             let flag = line.split_whitespace().nth(2).and_then(|f| f.split('=').next());
             assert!(err.starts_with(flag.unwrap_or_default()), "{line}: {err}");
             assert!(err.contains(replacement), "{line}: {err}");

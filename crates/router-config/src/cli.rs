@@ -19,6 +19,16 @@ use super::dropin::{self, DropInArgs};
 use super::file::ConfigFile;
 use super::server::Http1Server;
 
+/// The gRPC port of the endpoint picker unless `--grpc-port` says otherwise (the Gateway API
+/// inference extension's convention).
+pub const DEFAULT_EPP_GRPC_PORT: u16 = 9002;
+
+/// Fallback engines the endpoint picker names after its pick unless `--fallbacks` says
+/// otherwise: none, because plain Envoy's ORIGINAL_DST cluster reads the header as one address
+/// (measured on Envoy 1.40: a list there finds no host); gateways that walk the list on retries
+/// take `--fallbacks N`.
+pub const DEFAULT_EPP_FALLBACKS: usize = 0;
+
 /// The router's command line.
 #[derive(Debug, Parser)]
 #[command(name = "router-server", version, about = "A router for LLM inference fleets")]
@@ -61,10 +71,10 @@ pub enum Command {
         #[arg(long)]
         config: PathBuf,
         /// Port of the ext_proc gRPC listener, on the file's `server.host` (0: any free port).
-        #[arg(long, default_value_t = crate::epp::DEFAULT_GRPC_PORT)]
+        #[arg(long, default_value_t = DEFAULT_EPP_GRPC_PORT)]
         grpc_port: u16,
         /// Engines named after the pick in `x-gateway-destination-endpoint`, for Envoy's retries.
-        #[arg(long, default_value_t = crate::epp::DEFAULT_FALLBACKS, value_name = "N")]
+        #[arg(long, default_value_t = DEFAULT_EPP_FALLBACKS, value_name = "N")]
         fallbacks: usize,
     },
 }
@@ -469,8 +479,8 @@ impl ServeArgs {
 mod tests {
     use router_workers::{DpRoute, Stage};
 
-    use super::super::quick_start::DEFAULT_OVERLOAD_INFLIGHT;
     use super::*;
+    use crate::quick_start::DEFAULT_OVERLOAD_INFLIGHT;
 
     fn args(line: &str) -> Vec<String> {
         line.split_whitespace().map(str::to_owned).collect()
@@ -642,29 +652,6 @@ mod tests {
         ] {
             let err = parse(line).serve.quick_start_config().expect_err(line);
             assert!(err.contains(named), "{line}: {err}");
-        }
-    }
-
-    #[test]
-    fn a_quick_start_reads_cached_prefixes_from_its_own_dispatches() {
-        for (line, stage) in [
-            ("--worker-urls http://a:1 --policy cache_aware", "plain"),
-            ("--worker-urls http://a:1 --policy predicted_ttft", "plain"),
-            (
-                "--pd-disaggregation --prefill http://p:1 --decode http://d:1 \
-                 --prefill-policy cache_aware",
-                "prefill",
-            ),
-        ] {
-            let config = parse(line).serve.quick_start_config().expect(line);
-            crate::app::AppContext::build(&config)
-                .unwrap_or_else(|problems| panic!("{line}: {problems:?}"));
-            let groups = &config.models[0].buckets[0].groups;
-            let group = match stage {
-                "plain" => groups.plain.as_ref().expect("plain"),
-                _ => &groups.pd.as_ref().expect("pd").prefill,
-            };
-            assert!(group.policy.prefix_provider().is_some(), "{line}");
         }
     }
 

@@ -77,10 +77,10 @@ fn part_problems(value: &Value) -> Vec<Problem> {
         };
         match key {
             "server" => check::<super::server::ServerSection>(key, section, &mut problems),
-            "health" => check::<crate::config::HealthSection>(key, section, &mut problems),
+            "health" => check::<crate::HealthSection>(key, section, &mut problems),
             "load" => check::<super::file::LoadSection>(key, section, &mut problems),
             "kv" => check::<super::file::KvSection>(key, section, &mut problems),
-            "telemetry" => check::<crate::config::TelemetrySection>(key, section, &mut problems),
+            "telemetry" => check::<crate::TelemetrySection>(key, section, &mut problems),
             "discovery" => check::<Option<super::DiscoverySection>>(key, section, &mut problems),
             "models" => models(section, &mut problems),
             other => problems.push(Problem {

@@ -41,7 +41,7 @@ pub(super) fn needs_tokens(
             || b.tokens_per_second.is_some()
     });
     let slo = [model.ttft_slo, model.tps_slo].iter().any(|p| *p != SloPreference::Disabled);
-    let limits_tokens = |limit: Option<&crate::config::RateLimitSection>| {
+    let limits_tokens = |limit: Option<&crate::RateLimitSection>| {
         limit.is_some_and(|limit| limit.tokens_per_second.is_some())
     };
     let tokens_limited = limits_tokens(server.rate_limit.as_ref())

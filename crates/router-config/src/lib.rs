@@ -1,4 +1,5 @@
-//! Configuration: the file, the command line, and building the routing objects from them.
+//! The router's configuration: the file, the command line, and building the routing objects
+//! from them (see the crate's README.md).
 //!
 //! Validation is the build itself: every model, worker, bucket, group and policy is
 //! constructed, and every failure is collected with the path of the offending field, so
@@ -23,7 +24,9 @@ use router_affinity::AffinityStore;
 use router_buckets::BucketResolver;
 use router_workers::{ModelId, Worker, WorkerId, WorkerRegistry};
 
-pub use cli::{Cli, Command, ServeArgs, reject_dropped_options};
+pub use cli::{
+    Cli, Command, DEFAULT_EPP_FALLBACKS, DEFAULT_EPP_GRPC_PORT, ServeArgs, reject_dropped_options,
+};
 pub use discovery::{DiscoverySection, KvEventsPorts};
 pub use dropin::{DropInArgs, learn_dp_sizes};
 pub use file::{
@@ -175,7 +178,7 @@ pub fn pairing_warnings<'a>(
 }
 
 /// [`pairing_warnings`] about one prefill engine only.
-pub(crate) fn pairing_warnings_for<'a>(
+pub fn pairing_warnings_for<'a>(
     models: impl IntoIterator<Item = &'a ModelRuntime>,
     registry: &WorkerRegistry,
     only: Option<&WorkerId>,
@@ -193,6 +196,3 @@ pub(crate) fn pairing_warnings_for<'a>(
     }
     warnings
 }
-
-#[cfg(test)]
-mod tests;

@@ -216,12 +216,12 @@ impl RateLimitSection {
     }
 
     /// The request bucket's rate and size.
-    pub(crate) fn requests(&self) -> Option<(f64, f64)> {
+    pub fn requests(&self) -> Option<(f64, f64)> {
         self.requests_per_second.map(|rate| rate.with_burst(self.burst))
     }
 
     /// The token bucket's rate and size.
-    pub(crate) fn tokens(&self) -> Option<(f64, f64)> {
+    pub fn tokens(&self) -> Option<(f64, f64)> {
         self.tokens_per_second.map(|rate| rate.with_burst(self.tokens_burst))
     }
 }

@@ -418,7 +418,13 @@ fn build_model(
                 Some(Arc::new(t))
             }
             Err(err) => {
-                problems.push(format!("{path}.tokenizer"), crate::chain::Chain(&err));
+                // The error and its causes, outermost first, on one line.
+                let causes = std::iter::successors(
+                    Some(&err as &(dyn std::error::Error + 'static)),
+                    |err| err.source(),
+                );
+                let message = causes.map(ToString::to_string).collect::<Vec<_>>().join(": ");
+                problems.push(format!("{path}.tokenizer"), message);
                 None
             }
         },

@@ -3,7 +3,9 @@
 
 use std::time::Duration;
 
-use super::*;
+use router_config::*;
+use router_workers::WorkerId;
+
 use crate::app::AppContext;
 
 fn tokenizer() -> String {
@@ -584,7 +586,7 @@ fn the_listener_logging_and_header_keys_are_checked_by_name() {
 
 #[test]
 fn rate_limits_and_named_keys_are_read_from_the_server_section() {
-    use crate::config::{Rate, RateLimitSection};
+    use router_config::{Rate, RateLimitSection};
     let groups = "{plain: {policy: {type: round_robin}}}";
     let yaml = one_model(
         "server: {rate_limit: {requests_per_second: 0.5, tokens_per_second: 1000, tokens_burst: 4000}, \
@@ -702,4 +704,28 @@ fn requests_are_tokenized_only_where_something_reads_their_tokens() {
     assert!(needs("", "ttft_ms: 500, ", "round_robin"), "an SLO estimate");
     let limited = "server: {rate_limit: {tokens_per_second: 1000}}\n";
     assert!(needs(limited, "", "round_robin"), "a token rate limit");
+}
+
+#[test]
+fn a_quick_start_reads_cached_prefixes_from_its_own_dispatches() {
+    for (line, stage) in [
+        ("--worker-urls http://a:1 --policy cache_aware", "plain"),
+        ("--worker-urls http://a:1 --policy predicted_ttft", "plain"),
+        (
+            "--pd-disaggregation --prefill http://p:1 --decode http://d:1 \
+             --prefill-policy cache_aware",
+            "prefill",
+        ),
+    ] {
+        let args = std::iter::once("router-server").chain(line.split_whitespace());
+        let cli = <Cli as clap::Parser>::try_parse_from(args).expect(line);
+        let config = cli.serve.quick_start_config().expect(line);
+        AppContext::build(&config).unwrap_or_else(|problems| panic!("{line}: {problems:?}"));
+        let groups = &config.models[0].buckets[0].groups;
+        let group = match stage {
+            "plain" => groups.plain.as_ref().expect("plain"),
+            _ => &groups.pd.as_ref().expect("pd").prefill,
+        };
+        assert!(group.policy.prefix_provider().is_some(), "{line}");
+    }
 }

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use clap::CommandFactory;
 
 use super::*;
-use crate::config::Cli;
+use crate::Cli;
 
 /// The incumbents' flags: name to (routers, values).
 fn incumbents() -> BTreeMap<&'static str, (u8, Values)> {
@@ -129,7 +129,7 @@ fn docs_incumbent_flags_md_is_this_table() {
     }
     assert!(
         doc.contains(&table),
-        "docs/incumbent-flags.md differs from the table in config/incumbents/table.rs: rerun \
+        "docs/incumbent-flags.md differs from the table in incumbents/table.rs: rerun \
          this test with ROUTER_BLESS_DOCS=1 to write it"
     );
 }
