@@ -127,7 +127,7 @@ impl KvSection {
 }
 
 /// The model id that serves any name a request gives (a quick start's, unless `--model`).
-pub const ANY_MODEL: &str = "*";
+pub const ANY_MODEL: &str = router_workers::ModelId::ANY;
 
 /// One served model.
 #[derive(Clone, Debug, Deserialize)]

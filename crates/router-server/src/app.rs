@@ -19,15 +19,14 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Credentials;
-use crate::engines::EngineLearner;
 use crate::error::ApiError;
-use crate::forward::{Forwarder, OutcomeSink};
+use crate::forward::OutcomeSink;
 use crate::health::HealthBook;
 use crate::limit::Admission;
-use crate::model_info::ModelCards;
 use crate::rate_limit::RateLimits;
 use crate::retry::RetryBudget;
 use router_config::{ModelRuntime, ServerSection};
+use router_engine_client::{EngineLearner, Forwarder, ModelCards};
 
 /// Everything a request handler needs, shared by all of them.
 pub struct AppContext {

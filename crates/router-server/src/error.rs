@@ -14,7 +14,7 @@ use crate::rate_limit::Refusal;
 use router_prepare::{InvalidRequest, PrepareError};
 
 /// A body's or transport's error, as the HTTP crates box them.
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) use router_engine_client::BoxError;
 
 /// An error answered to the client.
 #[derive(Debug, thiserror::Error)]
@@ -332,7 +332,8 @@ mod engine;
 
 pub(crate) use crate::chain::Chain;
 
-pub(crate) use engine::{EngineError, SendError};
+pub(crate) use engine::EngineError;
+pub(crate) use router_engine_client::SendError;
 
 #[cfg(test)]
 mod tests;

@@ -28,8 +28,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::forward::{Forwarder, Outcome, OutcomeSink, Probe};
+use crate::forward::{Outcome, OutcomeSink};
 use router_config::HealthSection;
+use router_engine_client::{Forwarder, Probe};
 
 /// What the book calls when an engine restarted.
 pub(crate) type RestartHook = Box<dyn Fn(&Worker) + Send + Sync>;
@@ -546,7 +547,7 @@ mod tests {
     }
 
     fn forwarder() -> Forwarder {
-        Forwarder::new(crate::forward::ForwardConfig::default()).expect("forwarder")
+        Forwarder::new(router_engine_client::ForwardConfig::default()).expect("forwarder")
     }
 
     #[tokio::test]
@@ -557,7 +558,7 @@ mod tests {
                 axum::routing::get(|| async { (http::StatusCode::BAD_GATEWAY, "no") }),
             );
         let up = crate::tests::serve(engine).await;
-        let down = crate::tests::nothing_listens();
+        let down = router_test_support::nothing_listens();
         let cases = [
             ("a 2xx on the endpoint", "/ready", &up, true),
             ("the default endpoint, which this engine lacks (404)", "/health", &up, false),
@@ -583,7 +584,7 @@ mod tests {
         let config =
             HealthSection { interval_secs: 10, timeout_secs: 1, ..HealthSection::default() };
         let (registry, book) = book(config);
-        let worker = worker_at(&registry, "e1", &crate::tests::nothing_listens());
+        let worker = worker_at(&registry, "e1", &router_test_support::nothing_listens());
         let cancel = CancellationToken::new();
         let running = tokio::spawn(Arc::new(book).run(forwarder(), cancel.clone()));
         // Probes at 0 s and 10 s: two failures, one short of unhealthy_after.

@@ -12,8 +12,7 @@ use smallvec::SmallVec;
 
 use crate::error::ApiError;
 
-/// The request id's header, as the router sends it to the engines and back to the client.
-pub(crate) const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-request-id");
+pub(crate) use router_engine_client::REQUEST_ID_HEADER;
 
 /// The client's request id from the first of `names` (`server.request_id_headers`, parsed
 /// once by [`crate::app::AppContext`]) present with a sane token, else a fresh one.

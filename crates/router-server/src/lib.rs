@@ -18,7 +18,6 @@ mod auth;
 mod chain;
 pub mod demo;
 mod dispatch;
-mod engines;
 pub mod epp;
 mod error;
 mod forward;
@@ -27,14 +26,12 @@ mod intake;
 mod limit;
 pub mod logging;
 mod metrics;
-mod model_info;
 mod rate_limit;
 mod retry;
 mod routes;
 mod serve;
 pub mod server;
 pub mod telemetry;
-mod tls;
 
 #[cfg(test)]
 mod tests;

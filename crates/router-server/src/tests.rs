@@ -21,19 +21,6 @@ pub(crate) async fn serve(app: axum::Router) -> String {
     format!("http://{address}")
 }
 
-/// The URL of a loopback port nothing listens on, so connecting is refused: bound without
-/// listening and held until the tests end, so that no other test's listener is given it (a
-/// port bound and released could be).
-pub(crate) fn nothing_listens() -> String {
-    static HELD: parking_lot::Mutex<Vec<tokio::net::TcpSocket>> =
-        parking_lot::Mutex::new(Vec::new());
-    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-    socket.bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind");
-    let url = format!("http://{}", socket.local_addr().expect("address"));
-    HELD.lock().push(socket);
-    url
-}
-
 /// Requests an engine received.
 #[derive(Clone, Default)]
 pub(crate) struct Hits(Arc<AtomicUsize>);

@@ -2,15 +2,15 @@
 //! helpers use it too): waiting for a condition instead of sleeping for a guessed time.
 //!
 //! Owns the waits: [`eventually`] (and [`poll_until`]) re-checks an async condition,
-//! [`on_change`] re-checks one whenever a watch channel signals, [`settle`] lets the spawned tasks of a current-thread
-//! runtime run until a condition holds. Each gives up after a bound ([`PATIENCE`], or a number
+//! [`on_change`] re-checks one whenever a watch channel signals, [`settle`] lets the spawned
+//! tasks of a current-thread runtime run until a condition holds. Each gives up after a bound ([`PATIENCE`], or a number
 //! of scheduler turns) that only a broken test reaches: a bound, never a timing assertion.
 //! Also the fake Kubernetes API server ([`fake_kube`]) that router-discovery's tests and the
 //! end-to-end discovery test both run.
 //!
-//! Also the reading of a started program's output until it says it is ready ([`process`]) and
-//! the Envoy gateway's configuration ([`envoy`]), which the end-to-end harness and the benchmark
-//! (xtask) share.
+//! Also a loopback URL nothing listens on ([`nothing_listens`]), the reading of a started
+//! program's output until it says it is ready ([`process`]) and the Envoy gateway's
+//! configuration ([`envoy`]), which the end-to-end harness and the benchmark (xtask) share.
 //!
 //! Does not own the fixtures of one crate (they stay beside its tests), nor the processes
 //! themselves (`router-e2e` and xtask start theirs). It depends on no workspace crate, so that
@@ -83,6 +83,19 @@ pub async fn settle(what: &str, mut done: impl FnMut() -> bool) {
         tokio::task::yield_now().await;
     }
     panic!("{what}: not reached after {TURNS} scheduler turns");
+}
+
+/// The URL of a loopback port nothing listens on, so connecting is refused: bound without
+/// listening and held until the tests end, so that no other test's listener is given it (a
+/// port bound and released could be).
+pub fn nothing_listens() -> String {
+    static HELD: parking_lot::Mutex<Vec<tokio::net::TcpSocket>> =
+        parking_lot::Mutex::new(Vec::new());
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket.bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0))).expect("bind");
+    let url = format!("http://{}", socket.local_addr().expect("address"));
+    HELD.lock().push(socket);
+    url
 }
 
 #[cfg(test)]

@@ -49,6 +49,10 @@ impl fmt::Debug for WorkerId {
 pub struct ModelId(Arc<str>);
 
 impl ModelId {
+    /// The name of the model that serves any name a client sends (a quick start without
+    /// `--model`): requests for names no other model has go to it.
+    pub const ANY: &str = "*";
+
     /// Wraps a model name.
     pub fn new(id: impl AsRef<str>) -> Self {
         Self(Arc::from(id.as_ref()))
@@ -57,6 +61,11 @@ impl ModelId {
     /// The model name as text.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+
+    /// Whether this is the model that serves any name ([`ModelId::ANY`]).
+    pub fn is_any(&self) -> bool {
+        &*self.0 == Self::ANY
     }
 }
 

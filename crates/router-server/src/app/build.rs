@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use http::HeaderName;
 use parking_lot::Mutex;
+use router_engine_client::{ForwardConfig, Forwarder};
 use router_policies::{LoadHandles, PolicyHandles};
 use router_state_kv::{KvIndex, KvSubscriptions, Predictions};
 use router_state_load::{Clock, EngineReportedLoadTable, Inflight, SystemClock};
@@ -15,7 +16,6 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Credentials;
-use crate::forward::{ForwardConfig, Forwarder};
 use crate::health::HealthBook;
 use crate::limit::Admission;
 use crate::retry::RetryBudget;
@@ -80,8 +80,10 @@ impl AppContext {
         let engine_problem = |path: &str, err: &dyn std::fmt::Display| {
             vec![Problem { path: path.to_owned(), message: err.to_string() }]
         };
-        let tls = crate::tls::engine_client_config(config.server.engine_ca_file.as_deref())
-            .map_err(|err| engine_problem("server.engine_ca_file", &err))?;
+        let tls = router_engine_client::tls::engine_client_config(
+            config.server.engine_ca_file.as_deref(),
+        )
+        .map_err(|err| engine_problem("server.engine_ca_file", &err))?;
         let forwarder = Forwarder::new(ForwardConfig {
             http2: config.server.upstream_http2,
             request_timeout: Duration::from_secs(config.server.request_timeout_secs),

@@ -16,7 +16,6 @@ mod rank;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::forward::EngineBody;
 use axum::body::Body;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::Response;
@@ -24,6 +23,7 @@ use bytes::Bytes;
 use http::response::Parts;
 use http_body_util::BodyExt;
 use router_buckets::BucketPick;
+use router_engine_client::EngineBody;
 use router_state_load::InflightGuard;
 use router_workers::{ModelId, Stage, Worker};
 use smallvec::SmallVec;

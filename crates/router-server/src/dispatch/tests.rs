@@ -16,10 +16,12 @@ use router_policies::{Pick, PickReason};
 use router_workers::{ModelId, Worker, WorkerId};
 
 use super::{Dispatch, EngineRequest, Exchange, WHOLE_ANSWER_LIMIT};
+use router_test_support::nothing_listens;
+
 use crate::app::AppContext;
 use crate::error::{ApiError, EngineError};
 use crate::forward::{Outcome, OutcomeSink as _};
-use crate::tests::{context, metric, nothing_listens, one_model, prepared, serve, text};
+use crate::tests::{context, metric, one_model, prepared, serve, text};
 use router_prepare::Endpoint;
 
 const JSON: &str = r#"{"choices":[{"message":{"content":"hi"}}]}"#;

@@ -1,10 +1,11 @@
-//! The errors of an exchange with one engine: why it could not be sent ([`SendError`]) or
-//! failed after ([`EngineError`]), each with its engine, the status it maps to, and whether a
+//! The errors of an exchange with one engine: why it could not be sent (router-engine-client's
+//! `SendError`) or failed after ([`EngineError`]), each with its engine, the status it maps to, and whether a
 //! retry or another selection may follow.
 
 use std::time::Duration;
 
 use axum::http::StatusCode;
+use router_engine_client::SendError;
 use router_workers::WorkerId;
 
 use super::BoxError;
@@ -94,71 +95,6 @@ pub(crate) enum EngineError {
         /// The limit in bytes.
         limit: usize,
     },
-}
-
-/// Why a request could not be sent to an engine, or got no response head.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub(crate) enum SendError {
-    /// The connection could not be made: the engine received nothing (the one failure a
-    /// plain dispatch retries).
-    #[error("engine {worker} unreachable")]
-    Unreachable {
-        /// The engine.
-        worker: WorkerId,
-        /// The client's error (connect, TLS handshake, connection setup timeout).
-        #[source]
-        source: BoxError,
-    },
-    /// The exchange failed after connecting.
-    #[error("engine {worker} failed")]
-    Failed {
-        /// The engine.
-        worker: WorkerId,
-        /// The client's error.
-        #[source]
-        source: BoxError,
-    },
-    /// No response head within `server.request_timeout_secs`.
-    #[error("engine {worker} did not answer within {} s", after.as_secs())]
-    Timeout {
-        /// The engine.
-        worker: WorkerId,
-        /// The timeout.
-        after: Duration,
-    },
-    /// The request itself could not be built (an engine URL the HTTP stack refuses).
-    #[error("building the request to engine {worker} at {url}")]
-    Request {
-        /// The engine.
-        worker: WorkerId,
-        /// The URL.
-        url: String,
-        /// Why.
-        #[source]
-        source: BoxError,
-    },
-}
-
-impl SendError {
-    /// The engine.
-    pub(crate) fn worker(&self) -> &WorkerId {
-        match self {
-            SendError::Unreachable { worker, .. }
-            | SendError::Failed { worker, .. }
-            | SendError::Timeout { worker, .. }
-            | SendError::Request { worker, .. } => worker,
-        }
-    }
-
-    /// A metrics label.
-    pub(crate) fn kind(&self) -> &'static str {
-        match self {
-            SendError::Unreachable { .. } => "unreachable",
-            SendError::Failed { .. } | SendError::Request { .. } => "transport",
-            SendError::Timeout { .. } => "timeout",
-        }
-    }
 }
 
 impl EngineError {

@@ -34,7 +34,7 @@ fn timeout() -> EngineError {
 async fn unreachable() -> SendError {
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .build_http::<http_body_util::Empty<bytes::Bytes>>();
-    let uri = format!("{}/", crate::tests::nothing_listens()).parse().expect("uri");
+    let uri = format!("{}/", router_test_support::nothing_listens()).parse().expect("uri");
     let source = client.get(uri).await.expect_err("nothing listens");
     assert!(source.is_connect(), "{source}");
     SendError::Unreachable { worker: worker("e1"), source: source.into() }

@@ -61,7 +61,7 @@ const QUIET_POLLS: u8 = 2;
 const MAX_HELD_EVENT: usize = 8 << 20;
 
 /// An engine's streamed (SSE) response body on its way to the client.
-pub(crate) struct GuardedBody<B: Body = crate::forward::EngineBody> {
+pub(crate) struct GuardedBody<B: Body = router_engine_client::EngineBody> {
     inner: B,
     guards: Vec<InflightGuard>,
     worker: Arc<Worker>,

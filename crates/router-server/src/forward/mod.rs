@@ -1,13 +1,12 @@
-//! Forwarding to engines: the pooled clients ([`client`]) and streamed answers ([`body`]).
+//! Forwarding to engines: the answers of router-engine-client's exchanges streamed to the client
+//! ([`body`]), and the outcome of each for the circuit breaker.
 //!
 //! The in-flight guards of the engines dispatched to travel with the response and are released
 //! when it ends, fails, or is dropped because the client went away.
 
 mod body;
-mod client;
 
 pub(crate) use body::{AnswerMetrics, GuardedBody, TtftPrediction, passthrough_headers};
-pub(crate) use client::{EngineBody, ForwardConfig, Forwarder, Probe};
 
 use router_workers::Worker;
 

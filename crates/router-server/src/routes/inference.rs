@@ -24,8 +24,9 @@ use crate::intake::{IncomingBody, REQUEST_ID_HEADER, read_body, request_id};
 use crate::metrics;
 use crate::rate_limit::TokenCharge;
 use crate::serve::{Labels, serve};
-use crate::telemetry::{RequestTrace, TRACEPARENT, TRACESTATE};
+use crate::telemetry::RequestTrace;
 use router_config::ModelRuntime;
+use router_engine_client::trace::{TRACEPARENT, TRACESTATE};
 use router_prepare::{
     DP_RANK, Endpoint, PreparedRequest, client_rank, parse_request, prepare, text_tokens,
 };

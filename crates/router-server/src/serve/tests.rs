@@ -13,9 +13,11 @@ use axum::response::Response;
 use router_workers::ModelId;
 
 use super::{Labels, serve};
+use router_test_support::nothing_listens;
+
 use crate::app::AppContext;
 use crate::error::ApiError;
-use crate::tests::{Hits, answering, context, metric, nothing_listens, one_model, prepared};
+use crate::tests::{Hits, answering, context, metric, one_model, prepared};
 
 const JSON: &str = r#"{"choices":[{"message":{"content":"hi"}}]}"#;
 

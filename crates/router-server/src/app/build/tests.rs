@@ -729,3 +729,21 @@ fn a_quick_start_reads_cached_prefixes_from_its_own_dispatches() {
         assert!(group.policy.prefix_provider().is_some(), "{line}");
     }
 }
+
+/// An engine CA bundle that cannot be used is a problem at its key (router-engine-client's
+/// tests hold each unusable bundle to its error).
+#[test]
+fn an_unusable_engine_ca_bundle_is_a_problem_at_its_key() {
+    let path = std::env::temp_dir().join(format!("router-empty-ca-{}.pem", std::process::id()));
+    std::fs::write(&path, "").expect("write");
+    let yaml = format!(
+        "server: {{engine_ca_file: \"{}\"}}\nmodels:\n  \
+         - {{id: m, buckets: [{{id: a, groups: {{plain: {{}}}}}}]}}\n",
+        path.display()
+    );
+    let Err(problems) = build(&yaml) else { panic!("an empty bundle is refused") };
+    let _ = std::fs::remove_file(&path);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(problems[0].path, "server.engine_ca_file");
+    assert!(problems[0].message.ends_with("holds no usable CA certificate"), "{problems:?}");
+}

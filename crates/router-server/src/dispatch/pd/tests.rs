@@ -84,7 +84,7 @@ async fn respond(script: Script) -> Response {
 /// A scripted engine on loopback; its URL.
 async fn engine(script: Script) -> String {
     if matches!(script, Script::Down) {
-        return crate::tests::nothing_listens();
+        return router_test_support::nothing_listens();
     }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = listener.local_addr().expect("address");

@@ -26,10 +26,10 @@ use hyper_util::rt::TokioExecutor;
 use router_workers::Worker;
 use rustls::ClientConfig;
 
+use crate::REQUEST_ID_HEADER;
 use crate::error::{BoxError, SendError};
-use crate::intake::REQUEST_ID_HEADER;
-use crate::telemetry::TraceHeaders;
 use crate::tls::TlsConfigError;
+use crate::trace::TraceHeaders;
 use router_http1::answer::RequestHead;
 use router_http1::client::{H1Answer, H1Error, H1Pool};
 use router_prepare::DP_RANK;
@@ -181,7 +181,7 @@ impl Forwarder {
     /// POSTs the JSON `body` to `path` (`/v1/chat/completions`, say) on `worker`, naming
     /// data-parallel rank `rank` in the `X-data-parallel-rank` header when given and carrying
     /// the W3C trace context `trace`, and waits for the response head.
-    pub(crate) async fn send(
+    pub async fn send(
         &self,
         worker: &Worker,
         path: &str,
@@ -252,7 +252,7 @@ impl Forwarder {
     }
 
     /// GETs `path` on `worker` with a timeout, returning the status (health checks).
-    pub(crate) async fn probe(&self, worker: &Worker, path: &str, timeout: Duration) -> Probe {
+    pub async fn probe(&self, worker: &Worker, path: &str, timeout: Duration) -> Probe {
         let mut request = Request::new(Full::new(Bytes::new()));
         *request.uri_mut() = match worker.uri_for(path) {
             Ok(uri) => uri,
@@ -278,7 +278,7 @@ impl Forwarder {
 
     /// GETs `path` on `worker`, head and body within `timeout` (at most 1 MiB of body): the
     /// status and the body, or `None` when the engine could not answer.
-    pub(crate) async fn get(
+    pub async fn get(
         &self,
         worker: &Worker,
         path: &str,
@@ -289,7 +289,7 @@ impl Forwarder {
 
     /// POSTs nothing to `path` on `worker` (a control request such as `/flush_cache`), as
     /// [`Forwarder::get`] does.
-    pub(crate) async fn post_empty(
+    pub async fn post_empty(
         &self,
         worker: &Worker,
         path: &str,
@@ -323,7 +323,7 @@ impl Forwarder {
 
 /// What a health probe found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Probe {
+pub enum Probe {
     /// The engine answered with this status.
     Answered(StatusCode),
     /// Nothing listens: the connection was refused (or could not be made).
@@ -379,15 +379,17 @@ fn is_origin_form(target: &str) -> bool {
 /// An engine's answer body: read by the router's own HTTP/1.1 connection (router-http1), or by
 /// hyper's HTTP/2 client.
 #[derive(Debug)]
-pub(crate) enum EngineBody {
+pub enum EngineBody {
+    /// Read by the router's own HTTP/1.1 connection.
     H1(H1Answer),
+    /// Handed over by hyper's HTTP/2 connection task.
     H2(Incoming),
 }
 
 impl EngineBody {
     /// Whether a connection task of its own hands this body's frames over one at a time
     /// (hyper's HTTP/2), rather than the body reading its socket as it is polled.
-    pub(crate) fn handed_over_by_a_task(&self) -> bool {
+    pub fn handed_over_by_a_task(&self) -> bool {
         matches!(self, EngineBody::H2(_))
     }
 }

@@ -35,9 +35,7 @@ pub enum TlsConfigError {
 }
 
 /// The client configuration for engines: system roots and `ca_file`'s certificates.
-pub(crate) fn engine_client_config(
-    ca_file: Option<&Path>,
-) -> Result<Arc<ClientConfig>, TlsConfigError> {
+pub fn engine_client_config(ca_file: Option<&Path>) -> Result<Arc<ClientConfig>, TlsConfigError> {
     let mut roots = RootCertStore::empty();
     let native = rustls_native_certs::load_native_certs();
     for error in &native.errors {

@@ -15,9 +15,8 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
-use crate::error::SendError;
-use crate::forward::{EngineBody, ForwardConfig, Forwarder};
-use crate::telemetry::TraceHeaders;
+use crate::trace::TraceHeaders;
+use crate::{EngineBody, ForwardConfig, Forwarder, SendError};
 
 /// What a scripted engine does with each request it reads on a connection.
 type Script = Arc<dyn Fn(usize, &mut Vec<u8>) -> Step + Send + Sync>;

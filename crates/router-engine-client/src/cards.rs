@@ -3,7 +3,7 @@
 //! `root`, `max_model_len`, `owned_by`, `created`) and refreshed on the health checker's
 //! interval, so tools that read `data[0].root` or `max_model_len` (vLLM's benchmark, say) see
 //! what the engines serve. Until an engine has answered, a model's card names only itself.
-//! The same tick learns which engine each worker runs (`crate::engines`).
+//! The same tick learns which engine each worker runs ([`crate::engines`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,13 +14,12 @@ use router_workers::{ModelId, Stage, WorkerRegistry};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use crate::Forwarder;
 use crate::engines::EngineLearner;
-use crate::forward::Forwarder;
-use router_config::ANY_MODEL;
 
 /// The engines' cards of the served models, by model.
 #[derive(Debug, Default)]
-pub(crate) struct ModelCards {
+pub struct ModelCards {
     cards: RwLock<HashMap<ModelId, Card>>,
     /// For the model `*` (a quick start that serves any name): the models its engines list,
     /// each with its card, listed in its place.
@@ -96,8 +95,8 @@ fn card_entry(id: &str, card: Option<&Card>) -> Value {
 impl ModelCards {
     /// The `/v1/models` entries of `model`: its card, or for the model `*` the models its
     /// engines list (itself until they answer).
-    pub(crate) fn entries(&self, model: &ModelId) -> Vec<Value> {
-        if model.as_str() == ANY_MODEL {
+    pub fn entries(&self, model: &ModelId) -> Vec<Value> {
+        if model.is_any() {
             let served = self.served.read();
             if !served.is_empty() {
                 return served.iter().map(|(id, card)| card_entry(id, Some(card))).collect();
@@ -107,19 +106,19 @@ impl ModelCards {
     }
 
     /// The entry of the name `id` the model `*` serves, when its engines list it.
-    pub(crate) fn served_entry(&self, id: &str) -> Option<Value> {
+    pub fn served_entry(&self, id: &str) -> Option<Value> {
         let served = self.served.read();
         served.iter().find(|(name, _)| name == id).map(|(name, card)| card_entry(name, Some(card)))
     }
 
     /// The `/v1/models` entry of `model`.
-    pub(crate) fn entry(&self, model: &ModelId) -> Value {
+    pub fn entry(&self, model: &ModelId) -> Value {
         card_entry(model.as_str(), self.cards.read().get(model))
     }
 
     /// Asks one healthy engine of each of `models` (a plain or decode engine: the one that
     /// answers) for its card, keeping the last good answer when none can say.
-    pub(crate) async fn refresh(
+    pub async fn refresh(
         &self,
         models: &[ModelId],
         registry: &WorkerRegistry,
@@ -143,7 +142,7 @@ impl ModelCards {
                     .then(|| serde_json::from_slice::<Value>(&body).ok())
                     .flatten();
                 let Some(answer) = answer else { continue };
-                if model.as_str() == ANY_MODEL {
+                if model.is_any() {
                     let served = Card::all(&answer);
                     if !served.is_empty() {
                         *self.served.write() = served;
@@ -159,7 +158,7 @@ impl ModelCards {
 
     /// Refreshes every `interval` until `cancel`, at once first, each engine given `timeout`;
     /// `engines`, when given, learns on the same tick which engine each worker runs.
-    pub(crate) async fn run(
+    pub async fn run(
         self: Arc<Self>,
         models: Vec<ModelId>,
         engines: Option<EngineLearner>,
@@ -217,7 +216,7 @@ mod tests {
 
     #[test]
     fn a_model_serving_any_name_lists_what_its_engines_serve() {
-        let any = ModelId::new(ANY_MODEL);
+        let any = ModelId::new(ModelId::ANY);
         let cards = ModelCards::default();
         assert_eq!(cards.entries(&any), [cards.entry(&any)], "itself until the engines answer");
         // vLLM lists a LoRA adapter beside its base model.

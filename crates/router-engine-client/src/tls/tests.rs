@@ -5,7 +5,6 @@
 use std::path::PathBuf;
 
 use super::{TlsConfigError, engine_client_config};
-use router_config::ConfigFile;
 
 /// A self-signed CA certificate (`CN=router-test-ca`, P-256), made for these tests.
 const CA: &str = "\
@@ -68,24 +67,4 @@ fn a_ca_bundle_must_hold_a_usable_certificate() {
     }
     assert!(engine_client_config(None).is_ok(), "the system roots alone");
     let _ = std::fs::remove_dir_all(scratch("bundles"));
-}
-
-#[test]
-fn an_unusable_bundle_is_a_configuration_problem_at_its_key() {
-    let path = file("config", "empty.pem", "");
-    let yaml = format!(
-        "server: {{engine_ca_file: \"{}\"}}\nmodels:\n  \
-         - {{id: m, buckets: [{{id: a, groups: {{plain: {{}}}}}}]}}\n",
-        path.display()
-    );
-    let config = ConfigFile::parse(&yaml).expect("parses");
-    let problems = crate::app::AppContext::build(&config).expect_err("refused");
-    assert_eq!(problems.len(), 1, "{problems:?}");
-    assert_eq!(problems[0].path, "server.engine_ca_file");
-    assert!(problems[0].message.ends_with("holds no usable CA certificate"), "{problems:?}");
-
-    let good = file("config", "good.pem", CA);
-    let yaml = yaml.replace(&*path.to_string_lossy(), &good.to_string_lossy());
-    assert!(crate::app::AppContext::build(&ConfigFile::parse(&yaml).expect("parses")).is_ok());
-    let _ = std::fs::remove_dir_all(scratch("config"));
 }

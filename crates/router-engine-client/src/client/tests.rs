@@ -13,12 +13,21 @@ use parking_lot::Mutex;
 use router_workers::{ApiKey, ModelId, Stage, Worker, WorkerSpec};
 
 use super::{ForwardConfig, Forwarder, Probe};
-use crate::error::SendError;
-use crate::telemetry::{RequestTrace, TraceHeaders};
-use crate::tests::{nothing_listens, serve};
+use router_test_support::nothing_listens;
+
+use crate::SendError;
+use crate::trace::TraceHeaders;
 
 /// What an engine saw of each request: method, path, version and headers.
 type Seen = Arc<Mutex<Vec<(Method, String, Version, HeaderMap)>>>;
+
+/// `app` served on a loopback port: its URL.
+async fn serve(app: axum::Router) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    format!("http://{address}")
+}
 
 /// An engine answering every request with 200, keeping what it saw.
 async fn seeing_engine() -> (String, Seen) {
@@ -66,10 +75,8 @@ async fn a_request_carries_the_engines_own_key_the_request_id_and_json() {
     let mut client_headers = HeaderMap::new();
     let parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
     client_headers.insert("traceparent", HeaderValue::from_static(parent));
-    let trace = RequestTrace::start(&client_headers, "test", &REQUEST_ID);
-    let dispatch = trace.child("dispatch");
     for (key, trace) in
-        [(Some("engine-key"), trace.engine_headers(&dispatch)), (None, Default::default())]
+        [(Some("engine-key"), TraceHeaders::of(&client_headers)), (None, TraceHeaders::none())]
     {
         let engine = worker(&url, key);
         let body = Bytes::from_static(b"{}");

@@ -25,12 +25,12 @@ use parking_lot::Mutex;
 use router_workers::{EngineKind, KvEventsSpec, ModelId, Worker, WorkerId, WorkerRegistry};
 use serde_json::Value;
 
-use crate::forward::Forwarder;
+use crate::Forwarder;
 use router_prepare::Tokenization;
 
 /// The engine that gave these answers: `server_info` to `GET /get_server_info` and `version`
 /// to `GET /version` (each `None` when the engine did not answer it with JSON).
-pub(crate) fn detect(server_info: Option<&Value>, version: Option<&Value>) -> Option<EngineKind> {
+pub fn detect(server_info: Option<&Value>, version: Option<&Value>) -> Option<EngineKind> {
     let named = |answer: Option<&Value>| {
         answer.and_then(|a| a.get("version")).and_then(Value::as_str).map(str::to_owned)
     };
@@ -45,7 +45,7 @@ pub(crate) fn detect(server_info: Option<&Value>, version: Option<&Value>) -> Op
 /// The KV-event publisher an engine advertises in its `/get_server_info` answer `info`:
 /// SGLang's `kv_events_config` (a JSON string, or an object) naming a `zmq` publisher, its
 /// wildcard host replaced by `host`, with `page_size` as its block size.
-pub(crate) fn advertised_kv_events(info: &Value, host: &str) -> Option<KvEventsSpec> {
+pub fn advertised_kv_events(info: &Value, host: &str) -> Option<KvEventsSpec> {
     let config = match info.get("kv_events_config")? {
         Value::String(text) => serde_json::from_str::<Value>(text).ok()?,
         object @ Value::Object(_) => object.clone(),
@@ -102,7 +102,7 @@ impl ServerInfo {
 /// model's rules following them; and subscribes the workers of `prefix_models` to the KV
 /// events their engines advertise.
 #[derive(Debug)]
-pub(crate) struct EngineLearner {
+pub struct EngineLearner {
     models: Vec<(ModelId, Arc<Tokenization>)>,
     /// Workers already asked, by incarnation.
     asked: Mutex<HashSet<(WorkerId, u64)>>,
@@ -115,10 +115,10 @@ pub(crate) struct EngineLearner {
 }
 
 impl EngineLearner {
-    pub(crate) fn new(
-        models: Vec<(ModelId, Arc<Tokenization>)>,
-        prefix_models: Vec<ModelId>,
-    ) -> Self {
+    /// Learns the engines of `models`' workers (each model with its tokenization, whose rules
+    /// follow them) and subscribes the workers of `prefix_models` to what their engines
+    /// advertise.
+    pub fn new(models: Vec<(ModelId, Arc<Tokenization>)>, prefix_models: Vec<ModelId>) -> Self {
         Self {
             models,
             asked: Mutex::default(),
@@ -129,7 +129,7 @@ impl EngineLearner {
     }
 
     /// Whether there is anything to learn.
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.models.is_empty() && self.prefix_models.is_empty()
     }
 
@@ -181,12 +181,7 @@ impl EngineLearner {
     }
 
     /// Asks the healthy workers whose engine nobody named, then sets each model's rules.
-    pub(crate) async fn learn(
-        &self,
-        registry: &WorkerRegistry,
-        forwarder: &Forwarder,
-        timeout: Duration,
-    ) {
+    pub async fn learn(&self, registry: &WorkerRegistry, forwarder: &Forwarder, timeout: Duration) {
         let workers = registry.workers();
         let answers = ServerInfo::default();
         if !self.prefix_models.is_empty() {
