@@ -101,17 +101,19 @@ async fn the_watch_survives_lost_events_a_relist_and_a_restart_without_dropping_
     assert_eq!(running.registry.workers()[0].incarnation(), e1, "e1 lived through the relist");
     assert_eq!(running.state.status().sources[0].relists, 1);
 
-    // A bookmark moves the watch's resource version on: resuming after compaction needs no
-    // relist.
+    // A bookmark moves the watch's resource version on: a change outside the selection (which
+    // the watch is not sent) and a bookmark after it, then the history compacted, so that only
+    // the bookmark's resource version can resume without a relist.
     eventually("the watch resumed", async || fake.live_watches() > 0).await;
     fake.put_pod("inference", pod("web").label("app", "web").port("http", 10).build());
     fake.bookmark();
+    fake.compact();
     let bookmarked = fake.requests().len();
-    tokio::time::sleep(Duration::from_millis(50)).await;
 
-    // The API server goes away (the workers stay) and comes back with a change made meanwhile.
+    // The API server shuts down (the workers stay; its watches end after the bookmark) and
+    // comes back with a change made meanwhile.
     let errors = running.state.status().sources[0].errors;
-    fake.stop().await;
+    fake.stop_gracefully().await;
     eventually("discovery finding the API server gone", async || {
         running.state.status().sources[0].errors > errors
     })

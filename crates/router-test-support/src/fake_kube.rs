@@ -7,8 +7,10 @@
 //!
 //! The test drives it: [`FakeKube::put_pod`], [`FakeKube::delete_pod`], [`FakeKube::bookmark`],
 //! [`FakeKube::expire_watches`] (410 on every live watch and compacted history, so watchers
-//! relist), [`FakeKube::inject_event`] (any line on every live watch), [`FakeKube::set_silent`] (changes reach no live watch, as if the events were lost),
-//! [`FakeKube::forbid`], [`FakeKube::stop`] and [`FakeKube::restart`]. [`FakeKube::requests`]
+//! relist), [`FakeKube::inject_event`] (any line on every live watch),
+//! [`FakeKube::set_silent`] (changes reach no live watch, as if the events were lost),
+//! [`FakeKube::forbid`], [`FakeKube::stop`] (abrupt), [`FakeKube::stop_gracefully`] and
+//! [`FakeKube::restart`]. [`FakeKube::requests`]
 //! tells what was asked (`LIST ns selector` or `WATCH ns rv`).
 
 mod pods;
@@ -45,6 +47,8 @@ enum Broadcast {
     Bookmark(u64),
     /// Every live watch gets 410 Gone and ends.
     Expire,
+    /// Every live watch ends after what it was sent before (the API server shutting down).
+    End,
     /// Sent as it is to every live watch.
     Raw(Value),
 }
@@ -87,7 +91,13 @@ impl Shared {
 pub struct FakeKube {
     shared: Arc<Shared>,
     addr: SocketAddr,
-    running: Option<JoinSet<()>>,
+    running: Option<Running>,
+}
+
+/// The accepting task and its graceful stop signal.
+struct Running {
+    task: JoinSet<()>,
+    stop: tokio::sync::watch::Sender<bool>,
 }
 
 impl FakeKube {
@@ -132,8 +142,19 @@ impl FakeKube {
     /// the objects and their history.
     pub async fn stop(&mut self) {
         if let Some(mut running) = self.running.take() {
-            running.abort_all();
-            while running.join_next().await.is_some() {}
+            running.task.abort_all();
+            while running.task.join_next().await.is_some() {}
+        }
+    }
+
+    /// Shuts down as an API server does: the listener closes, every live watch ends after the
+    /// events it was sent before (a watcher has read them all), and each connection closes once
+    /// its answer is written; the objects and their history are kept.
+    pub async fn stop_gracefully(&mut self) {
+        if let Some(mut running) = self.running.take() {
+            let _ = running.stop.send(true);
+            let _ = self.shared.live.send(Broadcast::End);
+            while running.task.join_next().await.is_some() {}
         }
     }
 
@@ -143,9 +164,10 @@ impl FakeKube {
         let listener = bind(self.addr).await;
         self.addr = listener.local_addr().expect("local address");
         let shared = Arc::clone(&self.shared);
-        let mut running = JoinSet::new();
-        running.spawn(accept(listener, shared));
-        self.running = Some(running);
+        let (stop, stopping) = tokio::sync::watch::channel(false);
+        let mut task = JoinSet::new();
+        task.spawn(accept(listener, shared, stopping));
+        self.running = Some(Running { task, stop });
     }
 
     /// Creates or replaces a pod in `namespace` (from [`pod`]'s `build()` or any pod object);
@@ -262,7 +284,7 @@ impl FakeKube {
 impl Drop for FakeKube {
     fn drop(&mut self) {
         if let Some(running) = &mut self.running {
-            running.abort_all();
+            running.task.abort_all();
         }
     }
 }
@@ -282,23 +304,43 @@ async fn bind(addr: SocketAddr) -> tokio::net::TcpListener {
     panic!("binding {addr}: {last:?}");
 }
 
-async fn accept(listener: tokio::net::TcpListener, shared: Arc<Shared>) {
+/// Serves connections until `stopping` says stop; then closes the listener and waits for each
+/// connection to finish its answer (hyper's graceful shutdown).
+async fn accept(
+    listener: tokio::net::TcpListener,
+    shared: Arc<Shared>,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) {
     let mut connections = JoinSet::new();
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let stream = tokio::select! {
+            _ = stopping.wait_for(|stop| *stop) => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(_) => continue,
+            },
+        };
         let shared = Arc::clone(&shared);
+        let mut stopping = stopping.clone();
         connections.spawn(async move {
             let service = hyper::service::service_fn(move |request| {
                 let shared = Arc::clone(&shared);
                 async move { Ok::<_, Infallible>(handle(&shared, &request)) }
             });
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
+            let connection = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            let mut connection = std::pin::pin!(connection);
+            tokio::select! {
+                _ = connection.as_mut() => return,
+                _ = stopping.wait_for(|stop| *stop) => connection.as_mut().graceful_shutdown(),
+            }
+            let _ = connection.await;
         });
         // Reap finished connections; dropping the set (on abort) closes the live ones.
         while connections.try_join_next().is_some() {}
     }
+    drop(listener);
+    while connections.join_next().await.is_some() {}
 }
 
 fn full(status: StatusCode, body: &Value) -> Response<Body> {
@@ -512,6 +554,7 @@ impl Watch {
                         "metadata": {"resourceVersion": rv.to_string()}}})
                 }),
                 Ok(Broadcast::Raw(event)) => Some(event),
+                Ok(Broadcast::End) => return,
                 Ok(Broadcast::Expire) => {
                     let _ = tx.send(json!({"type": "ERROR", "object": status_object(410, "Expired", "too old resource version")}));
                     return;
