@@ -372,6 +372,7 @@ fn h1_head(
 
 /// Whether `target` can stand on a request line as it is: a path (with any query) of visible
 /// ASCII characters.
+#[inline]
 fn is_origin_form(target: &str) -> bool {
     target.starts_with('/') && target.bytes().all(|byte| byte.is_ascii_graphic())
 }
@@ -389,6 +390,7 @@ pub enum EngineBody {
 impl EngineBody {
     /// Whether a connection task of its own hands this body's frames over one at a time
     /// (hyper's HTTP/2), rather than the body reading its socket as it is polled.
+    #[inline]
     pub fn handed_over_by_a_task(&self) -> bool {
         matches!(self, EngineBody::H2(_))
     }
@@ -398,6 +400,7 @@ impl Body for EngineBody {
     type Data = Bytes;
     type Error = BoxError;
 
+    #[inline]
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -408,6 +411,7 @@ impl Body for EngineBody {
         }
     }
 
+    #[inline]
     fn is_end_stream(&self) -> bool {
         match self {
             EngineBody::H1(body) => body.is_end_stream(),
@@ -415,6 +419,7 @@ impl Body for EngineBody {
         }
     }
 
+    #[inline]
     fn size_hint(&self) -> SizeHint {
         match self {
             EngineBody::H1(body) => body.size_hint(),
@@ -425,6 +430,7 @@ impl Body for EngineBody {
 
 /// Adds the engine's own credential; the client's `Authorization` never travels further than
 /// the router.
+#[inline]
 fn authorize<B>(request: &mut Request<B>, worker: &Worker) {
     if let Some(key) = worker.api_key() {
         request.headers_mut().insert(header::AUTHORIZATION, key.authorization().clone());

@@ -87,6 +87,7 @@ impl TraceHeaders {
     }
 
     /// Calls `field` with each header to send.
+    #[inline]
     pub fn each(&self, mut field: impl FnMut(&HeaderName, &HeaderValue)) {
         if let Some(value) = &self.traceparent {
             field(&TRACEPARENT, value);
@@ -97,6 +98,7 @@ impl TraceHeaders {
     }
 
     /// Adds the headers to an engine request.
+    #[inline]
     pub fn apply(&self, headers: &mut HeaderMap) {
         if let Some(value) = &self.traceparent {
             headers.insert(TRACEPARENT, value.clone());
