@@ -11,8 +11,8 @@
 use std::sync::Arc;
 
 use libfuzzer_sys::fuzz_target;
-use router_policies::{LoadHandles, PolicyHandles};
 use router_config::{ConfigFile, build_discovery, build_models, keeps_local_index};
+use router_policies::{LoadHandles, PolicyHandles};
 use router_state_load::{EngineReportedLoadTable, Inflight, ManualClock, TableConfig};
 use router_workers::WorkerRegistry;
 

@@ -17,8 +17,16 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 
 /// Every target, in the order they run.
-pub(crate) const TARGETS: [&str; 7] =
-    ["kv_events", "kv_frames", "load_reports", "config", "prepare", "engine_answer", "client_head"];
+pub(crate) const TARGETS: [&str; 8] = [
+    "kv_events",
+    "kv_frames",
+    "load_reports",
+    "config",
+    "prepare",
+    "tokenize",
+    "engine_answer",
+    "client_head",
+];
 
 /// The coverage instrumentation cargo-fuzz uses, minus the sanitizer: inline 8-bit edge
 /// counters with their PC table (libFuzzer's coverage feedback) and comparison tracing (so it

@@ -300,6 +300,9 @@ fn build_model(
 ) -> Option<ModelRuntime> {
     let discovery = discovered(config, model);
     let max_tokenized_bytes = config.server.max_tokenized_prompt_bytes;
+    let tokenized_models = config.models.iter().filter(|m| m.tokenizer.is_some()).count();
+    let segment_cache_bytes =
+        config.prepare.segment_cache_bytes / u64::try_from(tokenized_models.max(1)).unwrap_or(1);
     let model_id = ModelId::new(&model.id);
     let before = problems.0.len();
     let roles = register_workers(path, model, registry, engine_key, problems);
@@ -412,7 +415,10 @@ fn build_model(
         }
         Some(tokenizer) => match Tokenization::load(tokenizer, model.chat_template.as_deref()) {
             Ok(t) => {
-                let t = t.with_engine(model.engine).with_max_tokenized_bytes(max_tokenized_bytes);
+                let t = t
+                    .with_engine(model.engine)
+                    .with_max_tokenized_bytes(max_tokenized_bytes)
+                    .with_segment_cache_bytes(segment_cache_bytes);
                 // What the configuration names counts from the start; the rest is learned.
                 t.follow_engines(model.workers.iter().map(|w| w.engine.or(model.engine)));
                 Some(Arc::new(t))

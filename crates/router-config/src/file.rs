@@ -47,6 +47,26 @@ pub struct ConfigFile {
     /// Trace export (OpenTelemetry, OTLP/gRPC).
     #[serde(default)]
     pub telemetry: TelemetrySection,
+    /// Request preparation: the cache of prompt pieces' token ids.
+    #[serde(default)]
+    pub prepare: PrepareSection,
+}
+
+/// `prepare`: request preparation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PrepareSection {
+    /// Memory for the token ids of prompt pieces between a tokenizer's added tokens (the
+    /// messages of a conversation), so that a prompt repeating the previous turn pays for its
+    /// new text only; split evenly between the models with a tokenizer. 0 encodes every
+    /// prompt whole.
+    pub segment_cache_bytes: u64,
+}
+
+impl Default for PrepareSection {
+    fn default() -> Self {
+        Self { segment_cache_bytes: router_prepare::DEFAULT_SEGMENT_CACHE_BYTES }
+    }
 }
 
 /// `load`: how engine load reports are judged.

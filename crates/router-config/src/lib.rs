@@ -31,7 +31,7 @@ pub use discovery::{DiscoverySection, KvEventsPorts};
 pub use dropin::{DropInArgs, learn_dp_sizes};
 pub use file::{
     ANY_MODEL, AffinitySection, BucketConfig, ConfigFile, GroupConfig, GroupsConfig, KvSection,
-    LimitsConfig, LoadSection, ModelConfig, ParseError, PdGroupsConfig,
+    LimitsConfig, LoadSection, ModelConfig, ParseError, PdGroupsConfig, PrepareSection,
 };
 pub use incumbents::{Screened, screen};
 pub use located::{Located, Positions, read as read_located};

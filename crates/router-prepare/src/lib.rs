@@ -10,6 +10,7 @@
 //! reach it directly.
 
 mod edit;
+mod encode;
 mod fields;
 pub mod usage;
 mod validate;
@@ -20,12 +21,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
+use encode::Encoder;
 use router_buckets::{BucketRequest, SloTargets};
 use router_policies::RequestTokens;
 use router_workers::{DpRoute, EngineKind, ModelId, WorkerId};
 use serde_json::Value;
 
 pub use edit::edit_members;
+pub use encode::{DEFAULT_SEGMENT_CACHE_BYTES, WholeReason};
 pub use fields::members as body_members;
 pub use router_chat_template::{ChatTemplate, EngineRules, TemplateError, Unrenderable};
 pub use validate::{Endpoint, InferenceRequest, InvalidRequest, Prompt, parse_request};
@@ -38,7 +41,8 @@ pub const ROUTER_OWNED_FIELDS: [&str; 3] = ["bootstrap_host", "bootstrap_port", 
 /// module). Prompt text longer than `max_bytes` is not tokenized: the tokenizers crate holds
 /// tens of bytes per byte of text while it encodes, and no context window takes such a prompt.
 pub struct Tokenization {
-    tokenizer: tokenizers::Tokenizer,
+    /// The tokenizer, encoding piece by piece with a cache where that is exact.
+    encoder: Encoder,
     template: ChatTemplate,
     /// The model's configured engine, for its workers that name none.
     engine: Option<EngineKind>,
@@ -109,7 +113,7 @@ impl Tokenization {
             None => ChatTemplate::from_tokenizer_config(&config)?,
         };
         Ok(Self {
-            tokenizer: loaded,
+            encoder: Encoder::new(loaded, DEFAULT_SEGMENT_CACHE_BYTES),
             template,
             engine: None,
             sglang_rules: AtomicBool::new(false),
@@ -150,6 +154,21 @@ impl Tokenization {
         (self.rules(), mixed)
     }
 
+    /// The same, keeping the token ids of prompt pieces in at most `bytes` of memory
+    /// (`prepare.segment_cache_bytes`; 0: every prompt encoded whole).
+    pub fn with_segment_cache_bytes(self, bytes: u64) -> Self {
+        if bytes == DEFAULT_SEGMENT_CACHE_BYTES {
+            return self;
+        }
+        Self { encoder: Encoder::new(self.encoder.into_tokenizer(), bytes), ..self }
+    }
+
+    /// Why prompts are encoded whole rather than piece by piece from the segment cache, or
+    /// `None` when they are not.
+    pub fn whole_reason(&self) -> Option<WholeReason> {
+        self.encoder.whole_reason()
+    }
+
     /// The same, tokenizing prompt text of at most `max_bytes` bytes.
     pub fn with_max_tokenized_bytes(self, max_bytes: usize) -> Self {
         Self { max_bytes, ..self }
@@ -179,11 +198,11 @@ impl Tokenization {
         if rendered.text.len() > self.max_bytes {
             return Ok(Err(Inexact::TooLong));
         }
-        let encoding = self
-            .tokenizer
-            .encode_fast(rendered.text, rendered.add_special_tokens)
+        let ids = self
+            .encoder
+            .encode(&rendered.text, rendered.add_special_tokens)
             .map_err(TokenizeError::Encode)?;
-        Ok(Ok(encoding.get_ids().to_vec()))
+        Ok(Ok(ids))
     }
 
     /// Tokenizes a raw text prompt as the engines do for completions and `/generate` text:
@@ -197,9 +216,8 @@ impl Tokenization {
         if text.len() > self.max_bytes {
             return Ok(None);
         }
-        let encoding =
-            self.tokenizer.encode_fast(text, add_special_tokens).map_err(TokenizeError::Encode)?;
-        Ok(Some(encoding.get_ids().to_vec()))
+        let ids = self.encoder.encode(text, add_special_tokens).map_err(TokenizeError::Encode)?;
+        Ok(Some(ids))
     }
 }
 

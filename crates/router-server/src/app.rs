@@ -141,6 +141,16 @@ impl AppContext {
             .iter()
             .filter_map(|(id, model)| Some((id.clone(), Arc::clone(model.tokenization.as_ref()?))))
             .collect::<Vec<_>>();
+        for (model, tokenization) in &tokenized {
+            match tokenization.whole_reason() {
+                None => {
+                    tracing::info!(model = %model, "prompts are tokenized piece by piece, repeated pieces from the segment cache")
+                }
+                Some(reason) => {
+                    tracing::info!(model = %model, ?reason, "prompts are tokenized whole")
+                }
+            }
+        }
         // Engines' own blocks match only token ids: a model without a tokenizer routes on
         // text, pictured from its dispatches whatever its engines publish.
         let prefix_models = self

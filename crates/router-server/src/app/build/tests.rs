@@ -747,3 +747,21 @@ fn an_unusable_engine_ca_bundle_is_a_problem_at_its_key() {
     assert_eq!(problems[0].path, "server.engine_ca_file");
     assert!(problems[0].message.ends_with("holds no usable CA certificate"), "{problems:?}");
 }
+
+#[test]
+fn prompt_pieces_are_cached_unless_the_segment_cache_has_no_bytes() {
+    let tok = format!("tokenizer: \"{}\"", tokenizer());
+    let whole_reason = |top: &str| {
+        let yaml = one_model(top, &tok, PLAIN_NO_KV, "{plain: {policy: {type: cache_aware}}}");
+        let ctx = build(&yaml).unwrap_or_else(|problems| panic!("{yaml}: {problems:?}"));
+        let model = ctx.model("m").expect("m");
+        model.tokenization.as_ref().expect("a tokenizer").whole_reason()
+    };
+    assert_eq!(whole_reason(""), None, "on by default");
+    assert_eq!(
+        whole_reason("prepare: {segment_cache_bytes: 0}"),
+        Some(router_prepare::WholeReason::NoCache)
+    );
+    let err = ConfigFile::parse("prepare: {segment_cache: 1}\n").expect_err("an unknown key");
+    assert!(err.to_string().contains("segment_cache"), "{err}");
+}

@@ -1,0 +1,245 @@
+//! Token ids of a text, exactly as the tokenizers crate's `encode_fast` gives them, without an
+//! `Encoding` (no token strings kept, no offsets, words or masks), and with the ids of each long
+//! piece between added tokens kept in a bounded cache, so that a prompt repeating the previous
+//! turn's text pays for its new pieces only.
+//!
+//! Why pieces are exact: the tokenizers crate splits a text on its added tokens first (the
+//! `<|im_end|>`, `<|eot_id|>` and header markers a chat template writes around each message),
+//! then normalizes, pre-tokenizes and encodes each piece between them on its own, and only
+//! then adds the post-processor's special tokens. A piece's ids therefore depend on its text
+//! alone, unless a component reads where the piece stands in the whole text (a Metaspace
+//! pre-tokenizer that prepends only at the start, `prepend_scheme: first`), is random (BPE
+//! dropout), or the whole encoding is cut or padded afterwards (truncation, padding). Such a
+//! tokenizer is encoded whole, as `encode_fast` does. Any other is checked when it is loaded,
+//! on probe texts built from its own added tokens, against `encode_fast`; one that disagrees
+//! anywhere is encoded whole too.
+
+use std::sync::Arc;
+
+use quick_cache::Weighter;
+use quick_cache::sync::Cache;
+use tokenizers::{
+    Model, OffsetReferential, OffsetType, PreTokenizedString, PreTokenizer, Tokenizer,
+};
+use xxhash_rust::xxh3::xxh3_128;
+
+/// The segment cache's size unless `prepare.segment_cache_bytes` says otherwise.
+pub const DEFAULT_SEGMENT_CACHE_BYTES: u64 = 64 << 20;
+
+/// Pieces shorter than this are encoded every time: looking one up would cost about what
+/// encoding it does.
+const MIN_CACHED_BYTES: usize = 256;
+
+/// Bytes a cache entry costs beyond its ids (key, reference count, the cache's own slot).
+const ENTRY_OVERHEAD: u64 = 64;
+
+/// How a tokenizer's texts are turned into ids.
+pub(crate) struct Encoder {
+    tokenizer: Tokenizer,
+    /// Piece by piece, or why whole texts go through `encode_fast`.
+    pieces: Result<Pieces, WholeReason>,
+}
+
+/// Encoding piece by piece.
+struct Pieces {
+    /// The ids of long pieces, by the 128-bit hash of their normalized text.
+    cache: Cache<u128, Arc<[u32]>, IdsWeight>,
+    /// The special tokens the post-processor puts before and after a text's ids when asked
+    /// to add them (a BOS, say).
+    before: Vec<u32>,
+    after: Vec<u32>,
+}
+
+/// A cache entry's size in bytes.
+#[derive(Clone)]
+struct IdsWeight;
+
+impl Weighter<u128, Arc<[u32]>> for IdsWeight {
+    fn weight(&self, _: &u128, ids: &Arc<[u32]>) -> u64 {
+        ENTRY_OVERHEAD + 4 * ids.len() as u64
+    }
+}
+
+/// Why a tokenizer is encoded whole rather than by pieces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WholeReason {
+    /// `prepare.segment_cache_bytes` is 0.
+    NoCache,
+    /// A component depends on the piece's place in the text, is random, or the encoding is
+    /// truncated or padded.
+    PositionDependent,
+    /// The probe texts encode differently piece by piece.
+    ProbeMismatch,
+}
+
+impl Encoder {
+    /// Encodes with `tokenizer`, piece by piece with a cache of `cache_bytes` where that is
+    /// proven to give `encode_fast`'s ids.
+    pub(crate) fn new(tokenizer: Tokenizer, cache_bytes: u64) -> Self {
+        let pieces = if cache_bytes == 0 {
+            Err(WholeReason::NoCache)
+        } else if !encodes_pieces_alone(&tokenizer) {
+            Err(WholeReason::PositionDependent)
+        } else if let Some((before, after)) = special_tokens_around(&tokenizer) {
+            let estimated_items = usize::try_from(cache_bytes / 4096).unwrap_or(1 << 16).max(16);
+            let cache = Cache::with_weighter(estimated_items, cache_bytes, IdsWeight);
+            Ok(Pieces { cache, before, after })
+        } else {
+            Err(WholeReason::ProbeMismatch)
+        };
+        let mut encoder = Self { tokenizer, pieces };
+        if encoder.pieces.is_ok() && !encoder.agrees_on_probes() {
+            encoder.pieces = Err(WholeReason::ProbeMismatch);
+        }
+        encoder
+    }
+
+    /// Why texts are encoded whole, or `None` when they are encoded by pieces.
+    pub(crate) fn whole_reason(&self) -> Option<WholeReason> {
+        self.pieces.as_ref().err().copied()
+    }
+
+    /// The tokenizer, given back.
+    pub(crate) fn into_tokenizer(self) -> Tokenizer {
+        self.tokenizer
+    }
+
+    /// `text`'s ids, with the post-processor's special tokens when `add_special_tokens`: what
+    /// `encode_fast(text, add_special_tokens)` gives.
+    pub(crate) fn encode(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, tokenizers::Error> {
+        match &self.pieces {
+            Ok(pieces) => self.encode_pieces(pieces, text, add_special_tokens),
+            Err(_) => Ok(self.tokenizer.encode_fast(text, add_special_tokens)?.get_ids().to_vec()),
+        }
+    }
+
+    fn encode_pieces(
+        &self,
+        pieces: &Pieces,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, tokenizers::Error> {
+        let tokenizer = &self.tokenizer;
+        let split = tokenizer
+            .get_added_vocabulary()
+            .extract_and_normalize(tokenizer.get_normalizer(), text);
+        let mut ids = Vec::with_capacity(text.len() / 3 + 8);
+        if add_special_tokens {
+            ids.extend_from_slice(&pieces.before);
+        }
+        for (piece, _, added) in split.get_splits(OffsetReferential::Original, OffsetType::None) {
+            match added {
+                Some(tokens) => ids.extend(tokens.iter().map(|token| token.id)),
+                None if piece.len() < MIN_CACHED_BYTES => self.encode_piece(piece, &mut ids)?,
+                None => {
+                    let key = xxh3_128(piece.as_bytes());
+                    if let Some(cached) = pieces.cache.get(&key) {
+                        ids.extend_from_slice(&cached);
+                    } else {
+                        let start = ids.len();
+                        self.encode_piece(piece, &mut ids)?;
+                        pieces.cache.insert(key, Arc::from(&ids[start..]));
+                    }
+                }
+            }
+        }
+        if add_special_tokens {
+            ids.extend_from_slice(&pieces.after);
+        }
+        Ok(ids)
+    }
+
+    /// Appends the ids of one normalized piece without added tokens: pre-tokenized, then each
+    /// pre-token encoded by the model, as the tokenizers crate does within a text.
+    fn encode_piece(&self, piece: &str, ids: &mut Vec<u32>) -> Result<(), tokenizers::Error> {
+        let tokenizer = &self.tokenizer;
+        let mut words = PreTokenizedString::from(piece);
+        if let Some(pre_tokenizer) = tokenizer.get_pre_tokenizer() {
+            pre_tokenizer.pre_tokenize(&mut words)?;
+        }
+        let model = tokenizer.get_model();
+        words.tokenize(|word| model.tokenize(word.get()))?;
+        let splits = words.get_splits(OffsetReferential::Original, OffsetType::None);
+        ids.extend(splits.iter().flat_map(|(_, _, tokens)| tokens.iter().flatten()).map(|t| t.id));
+        Ok(())
+    }
+
+    /// Whether the probe texts (each added token at the start, the end, between text and
+    /// beside another, long and short pieces, with and without special tokens) encode to
+    /// `encode_fast`'s ids, twice over (the second time from the cache).
+    fn agrees_on_probes(&self) -> bool {
+        let probes = probe_texts(&self.tokenizer);
+        (0..2).all(|_| {
+            probes.iter().all(|text| {
+                [false, true].into_iter().all(|special| {
+                    let whole = self.tokenizer.encode_fast(text.as_str(), special);
+                    let pieces = self.encode(text, special);
+                    matches!((whole, pieces), (Ok(whole), Ok(pieces)) if whole.get_ids() == pieces)
+                })
+            })
+        })
+    }
+}
+
+/// Whether each piece between added tokens encodes alone: no component reads the piece's
+/// place in the text or draws at random, and nothing cuts or pads the whole encoding. Read
+/// from the components' own serialization, which names every setting.
+fn encodes_pieces_alone(tokenizer: &Tokenizer) -> bool {
+    if tokenizer.get_truncation().is_some() || tokenizer.get_padding().is_some() {
+        return false;
+    }
+    let pre_tokenizer = serde_json::to_string(&tokenizer.get_pre_tokenizer()).unwrap_or_default();
+    let model = match serde_json::to_value(tokenizer.get_model()) {
+        Ok(model) => model,
+        Err(_) => return false,
+    };
+    let dropout = model.get("dropout").is_some_and(|d| !d.is_null());
+    !pre_tokenizer.contains(r#""prepend_scheme":"first""#) && !dropout
+}
+
+/// The ids the post-processor puts before and after a text's when special tokens are added:
+/// found around a probe text's own ids, `None` when they are not around them.
+fn special_tokens_around(tokenizer: &Tokenizer) -> Option<(Vec<u32>, Vec<u32>)> {
+    const PROBE: &str = "Hello world";
+    let plain = tokenizer.encode_fast(PROBE, false).ok()?;
+    let full = tokenizer.encode_fast(PROBE, true).ok()?;
+    let (plain, full) = (plain.get_ids(), full.get_ids());
+    let at = (0..=full.len().checked_sub(plain.len())?)
+        .find(|&at| &full[at..at + plain.len()] == plain)?;
+    Some((full[..at].to_vec(), full[at + plain.len()..].to_vec()))
+}
+
+/// Texts that exercise every way a piece meets an added token: a few of the tokenizer's added
+/// tokens at the start, at the end, between words, beside each other and around whitespace,
+/// and pieces short and long enough to be cached.
+fn probe_texts(tokenizer: &Tokenizer) -> Vec<String> {
+    let mut added: Vec<String> =
+        tokenizer.get_added_tokens_decoder().into_values().map(|token| token.content).collect();
+    added.sort();
+    added.truncate(32);
+    let long = "The quick brown fox, 12345 times: jumps over the lazy dog!\n\n  Tabs\tand  \
+                spaces; unicode é 你好 🙂. "
+        .repeat(8);
+    let mut probes = vec![
+        String::new(),
+        " ".to_owned(),
+        "a".to_owned(),
+        "Hello, world!".to_owned(),
+        "  leading and trailing  ".to_owned(),
+        "line\nbreaks\r\n\n and 3.14159 numbers 2024".to_owned(),
+        long.clone(),
+    ];
+    for token in &added {
+        probes.push(token.clone());
+        probes.push(format!("{token}user\n\n{long}{token}\n{token}{token} assistant "));
+        probes.push(format!(" {token} {token}\n{long}"));
+    }
+    probes
+}
+
+#[cfg(test)]
+mod tests;
