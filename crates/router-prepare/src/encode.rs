@@ -12,10 +12,14 @@
 //! dropout), or the whole encoding is cut or padded afterwards (truncation, padding). Such a
 //! tokenizer is encoded whole, as `encode_fast` does. Any other is checked when it is loaded,
 //! on probe texts built from its own added tokens, against `encode_fast`; one that disagrees
-//! anywhere is encoded whole too.
+//! anywhere is encoded whole too. Where the tokenizer has no normalizer and its added tokens
+//! are plain (none strips the spaces beside it, stands only as a word, or matches normalized
+//! text), the added tokens are found directly, leftmost-longest as the crate finds them,
+//! without the normalized copy of the text (an alignment per byte) its own split builds.
 
 use std::sync::Arc;
 
+use aho_corasick::{AhoCorasick, MatchKind};
 use quick_cache::Weighter;
 use quick_cache::sync::Cache;
 use tokenizers::{
@@ -42,12 +46,46 @@ pub(crate) struct Encoder {
 
 /// Encoding piece by piece.
 struct Pieces {
+    /// How a text is split on the tokenizer's added tokens.
+    split: Split,
     /// The ids of long pieces, by the 128-bit hash of their normalized text.
     cache: Cache<u128, Arc<[u32]>, IdsWeight>,
     /// The special tokens the post-processor puts before and after a text's ids when asked
     /// to add them (a BOS, say).
     before: Vec<u32>,
     after: Vec<u32>,
+}
+
+/// How a text is split into pieces on the tokenizer's added tokens.
+enum Split {
+    /// By the tokenizer itself (`extract_and_normalize`), which normalizes each piece too.
+    Tokenizer,
+    /// The added tokens found directly, leftmost-longest as the tokenizer finds them: the same
+    /// pieces without a normalized copy of the text (an alignment per byte). Taken only when the
+    /// tokenizer has no normalizer and no added token strips the spaces beside it, must stand
+    /// as a word of its own, or is matched on normalized text.
+    Direct {
+        added: AhoCorasick,
+        /// Each pattern's token id.
+        added_ids: Vec<u32>,
+    },
+}
+
+impl Split {
+    fn of(tokenizer: &Tokenizer) -> Self {
+        let added = tokenizer.get_added_tokens_decoder();
+        let plain =
+            added.values().all(|t| !t.single_word && !t.lstrip && !t.rstrip && !t.normalized);
+        if tokenizer.get_normalizer().is_some() || tokenizer.get_encode_special_tokens() || !plain {
+            return Split::Tokenizer;
+        }
+        let (added_ids, contents): (Vec<u32>, Vec<String>) =
+            added.into_iter().map(|(id, token)| (id, token.content)).unzip();
+        match AhoCorasick::builder().match_kind(MatchKind::LeftmostLongest).build(&contents) {
+            Ok(added) => Split::Direct { added, added_ids },
+            Err(_) => Split::Tokenizer,
+        }
+    }
 }
 
 /// A cache entry's size in bytes.
@@ -83,7 +121,7 @@ impl Encoder {
         } else if let Some((before, after)) = special_tokens_around(&tokenizer) {
             let estimated_items = usize::try_from(cache_bytes / 4096).unwrap_or(1 << 16).max(16);
             let cache = Cache::with_weighter(estimated_items, cache_bytes, IdsWeight);
-            Ok(Pieces { cache, before, after })
+            Ok(Pieces { split: Split::of(&tokenizer), cache, before, after })
         } else {
             Err(WholeReason::ProbeMismatch)
         };
@@ -123,26 +161,31 @@ impl Encoder {
         text: &str,
         add_special_tokens: bool,
     ) -> Result<Vec<u32>, tokenizers::Error> {
-        let tokenizer = &self.tokenizer;
-        let split = tokenizer
-            .get_added_vocabulary()
-            .extract_and_normalize(tokenizer.get_normalizer(), text);
         let mut ids = Vec::with_capacity(text.len() / 3 + 8);
         if add_special_tokens {
             ids.extend_from_slice(&pieces.before);
         }
-        for (piece, _, added) in split.get_splits(OffsetReferential::Original, OffsetType::None) {
-            match added {
-                Some(tokens) => ids.extend(tokens.iter().map(|token| token.id)),
-                None if piece.len() < MIN_CACHED_BYTES => self.encode_piece(piece, &mut ids)?,
-                None => {
-                    let key = xxh3_128(piece.as_bytes());
-                    if let Some(cached) = pieces.cache.get(&key) {
-                        ids.extend_from_slice(&cached);
-                    } else {
-                        let start = ids.len();
-                        self.encode_piece(piece, &mut ids)?;
-                        pieces.cache.insert(key, Arc::from(&ids[start..]));
+        match &pieces.split {
+            Split::Direct { added, added_ids } => {
+                let mut from = 0;
+                for found in added.find_iter(text) {
+                    self.encode_cached(pieces, &text[from..found.start()], &mut ids)?;
+                    ids.push(added_ids[found.pattern().as_usize()]);
+                    from = found.end();
+                }
+                self.encode_cached(pieces, &text[from..], &mut ids)?;
+            }
+            Split::Tokenizer => {
+                let tokenizer = &self.tokenizer;
+                let split = tokenizer
+                    .get_added_vocabulary()
+                    .extract_and_normalize(tokenizer.get_normalizer(), text);
+                for (piece, _, added) in
+                    split.get_splits(OffsetReferential::Original, OffsetType::None)
+                {
+                    match added {
+                        Some(tokens) => ids.extend(tokens.iter().map(|token| token.id)),
+                        None => self.encode_cached(pieces, piece, &mut ids)?,
                     }
                 }
             }
@@ -151,6 +194,28 @@ impl Encoder {
             ids.extend_from_slice(&pieces.after);
         }
         Ok(ids)
+    }
+
+    /// Appends the ids of one piece without added tokens: from the cache when it is long and
+    /// was seen before, else encoded (and kept when long).
+    fn encode_cached(
+        &self,
+        pieces: &Pieces,
+        piece: &str,
+        ids: &mut Vec<u32>,
+    ) -> Result<(), tokenizers::Error> {
+        if piece.len() < MIN_CACHED_BYTES {
+            return self.encode_piece(piece, ids);
+        }
+        let key = xxh3_128(piece.as_bytes());
+        if let Some(cached) = pieces.cache.get(&key) {
+            ids.extend_from_slice(&cached);
+        } else {
+            let start = ids.len();
+            self.encode_piece(piece, ids)?;
+            pieces.cache.insert(key, Arc::from(&ids[start..]));
+        }
+        Ok(())
     }
 
     /// Appends the ids of one normalized piece without added tokens: pre-tokenized, then each

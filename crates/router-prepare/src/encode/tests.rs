@@ -56,6 +56,22 @@ fn a_conversation_encodes_by_pieces_to_encode_fasts_ids_and_its_next_turn_from_t
 }
 
 #[test]
+fn added_tokens_are_found_directly_unless_the_tokenizer_must_split_them_itself() {
+    let direct = Encoder::new(gpt2(), 1 << 20);
+    let Ok(pieces) = &direct.pieces else { unreachable!() };
+    assert!(matches!(pieces.split, Split::Direct { .. }), "GPT-2: no normalizer, plain markers");
+    let stripping = gpt2_with(|json| json["added_tokens"][1]["lstrip"] = json!(true));
+    let normalizing = gpt2_with(|json| json["normalizer"] = json!({"type": "NFC"}));
+    for (name, tokenizer) in [("lstrip", stripping), ("normalizer", normalizing)] {
+        let encoder = Encoder::new(tokenizer, 1 << 20);
+        let Ok(pieces) = &encoder.pieces else { panic!("{name}: {:?}", encoder.whole_reason()) };
+        assert!(matches!(pieces.split, Split::Tokenizer), "{name}");
+        assert_agrees(&encoder, &conversation(2));
+        assert_agrees(&encoder, " <|im_start|>  <|im_end|>\n<|im_start|>user");
+    }
+}
+
+#[test]
 fn a_bounded_cache_stays_within_its_bytes() {
     let encoder = Encoder::new(gpt2(), 4096);
     assert_eq!(encoder.whole_reason(), None);
