@@ -27,7 +27,7 @@ commands:
   lint                cargo fmt --check (fuzz/ too), clippy -D warnings, rustdoc -D warnings,
                       cargo deny (licenses, bans, sources)
   tidy                //! headers, module cycles, references to documents outside the repository
-  bench [--quick] [--only overhead|epp|policies|quality|replicas|real] [--no-build] [--case TEXT]
+  bench [--quick] [--only overhead|epp|policies|quality|replicas|real|long] [--no-build] [--case TEXT]
         [--set POLICY.KEY=VALUE]...
                       end-to-end benchmark against the simulated fleet; writes docs/benchmarks.md
                       (--only: run one section and replace only it on the page; --case: only the
@@ -80,10 +80,11 @@ fn run(args: &[&str]) -> Result<()> {
                 Some(&"quality") => bench::Only::Quality,
                 Some(&"replicas") => bench::Only::Replicas,
                 Some(&"real") => bench::Only::Real,
+                Some(&"long") => bench::Only::Long,
                 Some(&"trace") => bail!("--only trace: the trace replay is now --only quality"),
                 Some(other) => {
                     bail!(
-                        "--only {other}: expected overhead, epp, policies, quality, replicas or real"
+                        "--only {other}: expected overhead, epp, policies, quality, replicas, real or long"
                     )
                 }
             };

@@ -25,7 +25,7 @@ fn message(seed: u64, turn: usize) -> String {
         state ^= state >> 7;
         state ^= state << 17;
         text += WORDS[(state % 16) as usize];
-        text.push(if state % 11 == 0 { '.' } else { ' ' });
+        text.push(if state.is_multiple_of(11) { '.' } else { ' ' });
     }
     text
 }
