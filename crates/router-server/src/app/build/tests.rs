@@ -763,5 +763,5 @@ fn prompt_pieces_are_cached_unless_the_segment_cache_has_no_bytes() {
         Some(router_prepare::WholeReason::NoCache)
     );
     let err = ConfigFile::parse("prepare: {segment_cache: 1}\n").expect_err("an unknown key");
-    assert!(err.to_string().contains("segment_cache"), "{err}");
+    assert!(err.contains("segment_cache"), "{err}");
 }
