@@ -1,5 +1,5 @@
 //! Index benchmarks: applying stored blocks, looking up a long request, memory per
-//! (block, holder).
+//! (block, holder), and ingesting a vLLM batch (decoding and applying it).
 //!
 //! `cargo bench -p router-state-kv --bench index` (about a minute). The apply fleet size can be
 //! scaled down with `KV_BENCH_BLOCKS_PER_WORKER` (default 100000).
@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use criterion::measurement::{Measurement, ValueFormatter, WallTime};
-use criterion::{Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
+use criterion::{BatchSize, Criterion, SamplingMode, Throughput, criterion_group, criterion_main};
 use router_state_kv::hash::{Salt, block_hashes};
-use router_state_kv::wire::{BlockStored, Event};
+use router_state_kv::wire::{BlockStored, DecodeLimits, Event, decode_batch};
 use router_state_kv::{Holder, IndexConfig, KvIndex};
 use router_workers::{ModelId, WorkerId};
 
@@ -246,9 +246,73 @@ fn lookup(c: &mut Criterion<CpuTime>) {
     group.finish();
 }
 
+/// A vLLM batch (map form, as vLLM 0.33 sends it) of `events` events, each storing 64 new
+/// blocks (a 1k-token turn) of content `stream` under the previous event's last block.
+fn vllm_payload(stream: u64, events: u32) -> Vec<u8> {
+    use rmpv::Value;
+    let text = |s: &str| Value::from(s);
+    let mut list = Vec::new();
+    let first = stream << 20;
+    for event in 0..events {
+        let hashes: Vec<Value> =
+            (0..64).map(|i| Value::from(first + u64::from(event * 64 + i))).collect();
+        let tokens: Vec<Value> =
+            (0..64).flat_map(|b| tokens(stream, event * 64 + b)).map(Value::from).collect();
+        let parent =
+            if event == 0 { Value::Nil } else { Value::from(first + u64::from(event * 64) - 1) };
+        list.push(Value::Map(vec![
+            (text("type"), text("BlockStored")),
+            (text("block_hashes"), Value::Array(hashes)),
+            (text("parent_block_hash"), parent),
+            (text("token_ids"), Value::Array(tokens)),
+            (text("block_size"), Value::from(BS)),
+            (text("lora_id"), Value::Nil),
+            (text("medium"), text("GPU")),
+            (text("lora_name"), Value::Nil),
+            (text("extra_keys"), Value::Array(vec![Value::Nil; 64])),
+            (text("group_idx"), Value::from(0)),
+        ]));
+    }
+    let batch = Value::Array(vec![Value::F64(1.0), Value::Array(list), Value::from(0)]);
+    let mut out = Vec::new();
+    rmpv::encode::write_value(&mut out, &batch).expect("encode");
+    out
+}
+
+/// KV-event ingestion as a subscription does it: a vLLM batch of 16 events of 64 new blocks
+/// each decoded, then applied, per block; decoding and applying apart.
+fn ingest(c: &mut Criterion<CpuTime>) {
+    const EVENTS: u32 = 16;
+    let index = KvIndex::new(IndexConfig::new(1 << 24, 1));
+    let holder = holder(&index, 0);
+    let limits = DecodeLimits::default();
+    let stream = std::cell::Cell::new(1_u64);
+    let next = || {
+        stream.set(stream.get() + 1);
+        vllm_payload(stream.get(), EVENTS)
+    };
+    let mut group = c.benchmark_group("ingest");
+    group.sample_size(20).measurement_time(Duration::from_secs(5));
+    group.throughput(Throughput::Elements(u64::from(EVENTS) * 64));
+    group.bench_function("decode_and_apply_16x64_blocks", |b| {
+        b.iter_batched(
+            next,
+            |payload| {
+                let batch = decode_batch(&payload, &limits).expect("decodes");
+                holder.apply(&batch.events)
+            },
+            BatchSize::LargeInput,
+        );
+    });
+    group.bench_function("decode_16x64_blocks", |b| {
+        b.iter_batched(next, |payload| decode_batch(&payload, &limits), BatchSize::LargeInput);
+    });
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().with_measurement(CpuTime);
-    targets = lookup, apply
+    targets = lookup, apply, ingest
 }
 criterion_main!(benches);
