@@ -1,9 +1,9 @@
 //! The router's cost per prompt token (`cargo xtask bench --only long`): chat prompts of 1k, 8k,
 //! 32k and 128k GPT-2 tokens, each fresh and as the next turn of its conversation, sent one at
 //! a time through our router (round_robin, cache_aware, predicted_ttft, GPT-2's tokenizer) and
-//! through sglang-router and vllm-router (cache_aware) in front of the same two router-sim
-//! engines, which answer at once; each router's CPU per request from `/proc` (every thread's
-//! run time), the median of three runs; and the page section `long`.
+//! through sglang-router and vllm-router (round_robin, cache_aware) in front of the same two
+//! router-sim engines, which answer at once; each router's CPU per request from `/proc` (every
+//! thread's run time), the median of three runs; and the page section `long`.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -30,14 +30,14 @@ const RUNS: usize = 3;
 #[derive(Clone, Copy, Debug)]
 enum Arm {
     Ours(&'static str),
-    Peer(Peer),
+    Peer(Peer, &'static str),
 }
 
 impl Arm {
     fn name(&self) -> String {
         match self {
             Arm::Ours(policy) => format!("ours, {policy}"),
-            Arm::Peer(peer) => format!("{}, cache_aware", peer.name),
+            Arm::Peer(peer, policy) => format!("{}, {policy}", peer.name),
         }
     }
 }
@@ -97,8 +97,10 @@ pub(crate) fn measure(root: &Path, bins: &Bins, quick: bool) -> Result<Vec<Measu
         Arm::Ours("round_robin"),
         Arm::Ours("cache_aware"),
         Arm::Ours("predicted_ttft"),
-        Arm::Peer(SGLANG_ROUTER),
-        Arm::Peer(VLLM_ROUTER),
+        Arm::Peer(SGLANG_ROUTER, "round_robin"),
+        Arm::Peer(SGLANG_ROUTER, "cache_aware"),
+        Arm::Peer(VLLM_ROUTER, "round_robin"),
+        Arm::Peer(VLLM_ROUTER, "cache_aware"),
     ];
     let mut measured = Vec::new();
     for arm in arms {
@@ -176,7 +178,7 @@ async fn measure_arm(
             );
             router_with_config(bins, &yaml)?
         }
-        Arm::Peer(peer) => peer.start("cache_aware", &urls)?,
+        Arm::Peer(peer, policy) => peer.start(policy, &urls)?,
     };
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build(HttpConnector::new());
@@ -258,7 +260,9 @@ pub(crate) fn render(measured: &[Measured]) -> String {
         let _ = writeln!(out, "{:.0} us |", slope * 1000.0);
     }
     if let (Some(vllm), Some(ours)) = (
-        measured.iter().find(|m| m.name.starts_with("vllm-router")),
+        measured
+            .iter()
+            .find(|m| m.name.starts_with("vllm-router") && m.name.ends_with("cache_aware")),
         measured.iter().find(|m| m.name == "ours, cache_aware"),
     ) {
         let last = SIZES.len() - 1;

@@ -297,7 +297,7 @@ cargo xtask bench --only quality           # or overhead, epp, policies or repli
 cargo xtask bench --only overhead          # direct, router and nginx side by side (installs nginx): 6-14 min\n\
 cargo xtask bench --only epp               # Envoy with and without the endpoint picker: under a minute (without Envoy, the other runs skip this section)\n\
 cargo xtask bench --only real              # two real vLLM engines (bash tests/vllm/setup.sh first), router-sim fitted to them\n\
-cargo xtask bench --only long              # router CPU per request at 1k-128k token prompts, ours and sglang-router and vllm-router (installed into ~/.cache/router-bench): ~10 min\n\
+cargo xtask bench --only long              # router CPU per request at 1k-128k token prompts, ours and sglang-router and vllm-router (installed into ~/.cache/router-bench): ~6 min\n\
 cargo xtask bench --only quality --quick   # one cell of the sweep (conversation, 64k, RHO 0.8)\n\
 cargo xtask bench --case streaming         # only the overhead cases naming it, nothing written (for perf/strace)\n\
 cargo xtask bench --case instructions      # only the callgrind count of router and nginx, nothing written: ~3 min; ROUTER_BENCH_KEEP_CALLGRIND=1 keeps the dumps\n\
