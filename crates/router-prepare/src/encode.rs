@@ -18,6 +18,7 @@
 //! without the normalized copy of the text (an alignment per byte) its own split builds.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use aho_corasick::{AhoCorasick, MatchKind};
 use quick_cache::Weighter;
@@ -54,6 +55,22 @@ struct Pieces {
     /// to add them (a BOS, say).
     before: Vec<u32>,
     after: Vec<u32>,
+    /// Long pieces found in the cache, and not.
+    hits: AtomicU64,
+    misses: AtomicU64,
+}
+
+/// What the segment cache holds and how often it was asked.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SegmentCacheStats {
+    /// Pieces whose ids it holds.
+    pub entries: u64,
+    /// Bytes they take, as the cache weighs them.
+    pub bytes: u64,
+    /// Long pieces whose ids came from it.
+    pub hits: u64,
+    /// Long pieces encoded (and then kept).
+    pub misses: u64,
 }
 
 /// How a text is split into pieces on the tokenizer's added tokens.
@@ -121,7 +138,8 @@ impl Encoder {
         } else if let Some((before, after)) = special_tokens_around(&tokenizer) {
             let estimated_items = usize::try_from(cache_bytes / 4096).unwrap_or(1 << 16).max(16);
             let cache = Cache::with_weighter(estimated_items, cache_bytes, IdsWeight);
-            Ok(Pieces { split: Split::of(&tokenizer), cache, before, after })
+            let (hits, misses) = (AtomicU64::new(0), AtomicU64::new(0));
+            Ok(Pieces { split: Split::of(&tokenizer), cache, before, after, hits, misses })
         } else {
             Err(WholeReason::ProbeMismatch)
         };
@@ -135,6 +153,18 @@ impl Encoder {
     /// Why texts are encoded whole, or `None` when they are encoded by pieces.
     pub(crate) fn whole_reason(&self) -> Option<WholeReason> {
         self.pieces.as_ref().err().copied()
+    }
+
+    /// The segment cache's contents and lookups since it was built (the probe texts' among
+    /// them), when texts are encoded by pieces.
+    pub(crate) fn cache_stats(&self) -> Option<SegmentCacheStats> {
+        let pieces = self.pieces.as_ref().ok()?;
+        Some(SegmentCacheStats {
+            entries: pieces.cache.len() as u64,
+            bytes: pieces.cache.weight(),
+            hits: pieces.hits.load(Ordering::Relaxed),
+            misses: pieces.misses.load(Ordering::Relaxed),
+        })
     }
 
     /// The tokenizer, given back.
@@ -209,8 +239,10 @@ impl Encoder {
         }
         let key = xxh3_128(piece.as_bytes());
         if let Some(cached) = pieces.cache.get(&key) {
+            pieces.hits.fetch_add(1, Ordering::Relaxed);
             ids.extend_from_slice(&cached);
         } else {
+            pieces.misses.fetch_add(1, Ordering::Relaxed);
             let start = ids.len();
             self.encode_piece(piece, ids)?;
             pieces.cache.insert(key, Arc::from(&ids[start..]));

@@ -28,7 +28,7 @@ use router_workers::{DpRoute, EngineKind, ModelId, WorkerId};
 use serde_json::Value;
 
 pub use edit::edit_members;
-pub use encode::{DEFAULT_SEGMENT_CACHE_BYTES, WholeReason};
+pub use encode::{DEFAULT_SEGMENT_CACHE_BYTES, SegmentCacheStats, WholeReason};
 pub use fields::members as body_members;
 pub use router_chat_template::{ChatTemplate, EngineRules, TemplateError, Unrenderable};
 pub use validate::{Endpoint, InferenceRequest, InvalidRequest, Prompt, parse_request};
@@ -167,6 +167,11 @@ impl Tokenization {
     /// `None` when they are not.
     pub fn whole_reason(&self) -> Option<WholeReason> {
         self.encoder.whole_reason()
+    }
+
+    /// The segment cache's contents and lookups, when prompts are encoded piece by piece.
+    pub fn segment_cache_stats(&self) -> Option<SegmentCacheStats> {
+        self.encoder.cache_stats()
     }
 
     /// The same, tokenizing prompt text of at most `max_bytes` bytes.

@@ -17,7 +17,7 @@ mod state;
 
 pub(crate) use state::{
     engine_accepting, engine_drained, engine_healthy, engine_status, inflight, kv_events_silent,
-    kv_index, kv_worker, load_freshness,
+    kv_index, kv_worker, load_freshness, segment_cache,
 };
 
 use catalogue::{ERROR_BUCKETS, ERROR_METRIC, LATENCY_BUCKETS, RATIO_BUCKETS, describe_all, help};
@@ -636,6 +636,10 @@ mod tests {
         load_freshness("help-w", "fresh", Some(10));
         kv_worker("help-w", &[("blocks", 1)]);
         kv_index(1, 1);
+        segment_cache(
+            "help-m",
+            router_prepare::SegmentCacheStats { entries: 1, bytes: 68, hits: 1, misses: 1 },
+        );
         cache_lookups("help-source", &SourceStats::default());
         predicted_blocks(router_state_kv::PredictedBlocks { predicted: 1, approximate: 2 });
         refused("help-reason");

@@ -53,6 +53,9 @@ fn a_conversation_encodes_by_pieces_to_encode_fasts_ids_and_its_next_turn_from_t
     // The next turn repeats the three before it: only its new messages are encoded.
     assert_agrees(&encoder, &conversation(4));
     assert_eq!(pieces.cache.len(), cached + 2, "the repeated messages came from the cache");
+    let stats = encoder.cache_stats().expect("by pieces");
+    assert_eq!((stats.entries, stats.bytes), (pieces.cache.len() as u64, pieces.cache.weight()));
+    assert!(stats.hits >= 6 && stats.misses >= stats.entries, "{stats:?}");
 }
 
 #[test]

@@ -185,6 +185,21 @@ pub(super) const DESCRIPTIONS: &[(&str, Kind, &str)] = &[
     ("router_kv_index_nodes", Kind::Gauge, "Radix-tree nodes of the prefix index over all models."),
     ("router_kv_index_bytes", Kind::Gauge, "Approximate heap bytes of the prefix index."),
     (
+        "router_segment_cache_entries",
+        Kind::Gauge,
+        "Prompt pieces whose token ids the model's segment cache holds.",
+    ),
+    (
+        "router_segment_cache_bytes",
+        Kind::Gauge,
+        "Bytes the model's segment cache holds (prepare.segment_cache_bytes bounds their sum).",
+    ),
+    (
+        "router_segment_cache_lookups_total",
+        Kind::Counter,
+        "Long prompt pieces looked up in the model's segment cache, by result (hit, miss).",
+    ),
+    (
         "router_kv_predicted_blocks",
         Kind::Gauge,
         "Unexpired predicted entries (blocks just dispatched, not yet confirmed by the engine).",

@@ -1,6 +1,6 @@
 //! The state gauges, set when `/metrics` is scraped: each engine's in-flight count, health,
 //! reported status, drain and admission, its load reports' freshness and its KV-event
-//! counters, and the prefix index's size.
+//! counters, the prefix index's size, and each model's segment cache.
 
 use metrics::{counter, gauge};
 use router_workers::EngineStatus;
@@ -69,6 +69,17 @@ pub(crate) fn kv_worker(worker: &str, counters: &[(&'static str, u64)]) {
 /// A worker's KV-event subscription heard nothing while the engine prefilled.
 pub(crate) fn kv_events_silent(worker: &str) {
     counter!("router_kv_events_silent_total", "worker" => worker.to_owned()).increment(1);
+}
+
+/// A model's segment cache of prompt pieces' token ids (set at scrape time).
+pub(crate) fn segment_cache(model: &str, stats: router_prepare::SegmentCacheStats) {
+    let model = || model.to_owned();
+    gauge!("router_segment_cache_entries", "model" => model()).set(stats.entries as f64);
+    gauge!("router_segment_cache_bytes", "model" => model()).set(stats.bytes as f64);
+    for (result, count) in [("hit", stats.hits), ("miss", stats.misses)] {
+        counter!("router_segment_cache_lookups_total", "model" => model(), "result" => result)
+            .absolute(count);
+    }
 }
 
 /// Size of the prefix index (set at scrape time).

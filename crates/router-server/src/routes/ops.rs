@@ -139,6 +139,11 @@ fn refresh_state_gauges(ctx: &AppContext) {
         let index = index.stats();
         metrics::kv_index(index.nodes, index.bytes);
     }
+    for model in ctx.models() {
+        if let Some(stats) = model.tokenization.as_ref().and_then(|t| t.segment_cache_stats()) {
+            metrics::segment_cache(model.id.as_str(), stats);
+        }
+    }
     if let Some(predictions) = ctx.predictions() {
         metrics::predicted_blocks(predictions.blocks(std::time::Instant::now()));
     }

@@ -137,3 +137,25 @@ async fn readiness_waits_for_discovery_to_list_its_pods_even_with_static_workers
         "the static worker is still a candidate"
     );
 }
+
+#[tokio::test]
+async fn a_tokenized_models_segment_cache_is_on_the_metrics_page() {
+    let tokenizer = router_sim::assets::gpt2::tokenizer_path();
+    let ctx = context(&format!(
+        "models:\n  - id: ops-t\n    tokenizer: \"{}\"\n    workers: [{{id: ops-t1, url: \
+         \"http://127.0.0.1:1\"}}]\n    buckets: [{{id: all, groups: {{plain: {{}}}}}}]\n",
+        tokenizer.display()
+    ));
+    let (status, _, text) = call(&ctx, "GET", "/metrics", None, "").await;
+    assert_eq!(status, StatusCode::OK);
+    let value = |name: &str| {
+        let prefix = format!("{name}{{model=\"ops-t\"");
+        let line = text.lines().find(|l| l.starts_with(&prefix));
+        let line = line.unwrap_or_else(|| panic!("{name} missing from\n{text}"));
+        line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()).expect("a number")
+    };
+    // The probe texts checked at load are in it already.
+    assert!(value("router_segment_cache_entries") > 0.0);
+    assert!(value("router_segment_cache_bytes") > 0.0);
+    assert!(text.contains(r#"router_segment_cache_lookups_total{model="ops-t",result="hit"}"#));
+}
