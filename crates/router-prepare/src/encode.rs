@@ -105,6 +105,12 @@ impl Split {
     }
 }
 
+/// A segment cache holding at most `bytes`.
+fn cache(bytes: u64) -> Cache<u128, Arc<[u32]>, IdsWeight> {
+    let estimated_items = usize::try_from(bytes / 4096).unwrap_or(1 << 16).max(16);
+    Cache::with_weighter(estimated_items, bytes, IdsWeight)
+}
+
 /// A cache entry's size in bytes.
 #[derive(Clone)]
 struct IdsWeight;
@@ -136,10 +142,9 @@ impl Encoder {
         } else if !encodes_pieces_alone(&tokenizer) {
             Err(WholeReason::PositionDependent)
         } else if let Some((before, after)) = special_tokens_around(&tokenizer) {
-            let estimated_items = usize::try_from(cache_bytes / 4096).unwrap_or(1 << 16).max(16);
-            let cache = Cache::with_weighter(estimated_items, cache_bytes, IdsWeight);
             let (hits, misses) = (AtomicU64::new(0), AtomicU64::new(0));
-            Ok(Pieces { split: Split::of(&tokenizer), cache, before, after, hits, misses })
+            let split = Split::of(&tokenizer);
+            Ok(Pieces { split, cache: cache(cache_bytes), before, after, hits, misses })
         } else {
             Err(WholeReason::ProbeMismatch)
         };
@@ -148,6 +153,22 @@ impl Encoder {
             encoder.pieces = Err(WholeReason::ProbeMismatch);
         }
         encoder
+    }
+
+    /// The same encoder with a segment cache of `cache_bytes` (0: whole texts): what was proven
+    /// of the tokenizer stands, only the cache is new.
+    pub(crate) fn with_cache_bytes(self, cache_bytes: u64) -> Self {
+        let Self { tokenizer, pieces } = self;
+        let pieces = match pieces {
+            Ok(_) | Err(WholeReason::NoCache) if cache_bytes == 0 => Err(WholeReason::NoCache),
+            Ok(pieces) => {
+                let (hits, misses) = (AtomicU64::new(0), AtomicU64::new(0));
+                Ok(Pieces { cache: cache(cache_bytes), hits, misses, ..pieces })
+            }
+            Err(WholeReason::NoCache) => return Self::new(tokenizer, cache_bytes),
+            Err(reason) => Err(reason),
+        };
+        Self { tokenizer, pieces }
     }
 
     /// Why texts are encoded whole, or `None` when they are encoded by pieces.
@@ -165,11 +186,6 @@ impl Encoder {
             hits: pieces.hits.load(Ordering::Relaxed),
             misses: pieces.misses.load(Ordering::Relaxed),
         })
-    }
-
-    /// The tokenizer, given back.
-    pub(crate) fn into_tokenizer(self) -> Tokenizer {
-        self.tokenizer
     }
 
     /// `text`'s ids, with the post-processor's special tokens when `add_special_tokens`: what

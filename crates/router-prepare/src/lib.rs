@@ -157,10 +157,7 @@ impl Tokenization {
     /// The same, keeping the token ids of prompt pieces in at most `bytes` of memory
     /// (`prepare.segment_cache_bytes`; 0: every prompt encoded whole).
     pub fn with_segment_cache_bytes(self, bytes: u64) -> Self {
-        if bytes == DEFAULT_SEGMENT_CACHE_BYTES {
-            return self;
-        }
-        Self { encoder: Encoder::new(self.encoder.into_tokenizer(), bytes), ..self }
+        Self { encoder: self.encoder.with_cache_bytes(bytes), ..self }
     }
 
     /// Why prompts are encoded whole rather than piece by piece from the segment cache, or

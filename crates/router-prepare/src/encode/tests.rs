@@ -128,6 +128,12 @@ fn tokenizers_whose_pieces_may_not_encode_alone_are_encoded_whole() {
     let no_cache = Encoder::new(gpt2(), 0);
     assert_eq!(no_cache.whole_reason(), Some(WholeReason::NoCache));
     assert_agrees(&no_cache, &conversation(2));
+    // Resized, the proof stands: off, then on again with a cache of its own.
+    let resized = Encoder::new(gpt2(), 1 << 20).with_cache_bytes(0);
+    assert_eq!(resized.whole_reason(), Some(WholeReason::NoCache));
+    let resized = resized.with_cache_bytes(1 << 16);
+    assert_eq!(resized.whole_reason(), None);
+    assert_agrees(&resized, &conversation(2));
 }
 
 /// Pieces of text the property test strings together: the tokenizer's added tokens, words,
