@@ -11,24 +11,7 @@ use std::time::Duration;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use router_prepare::{DEFAULT_SEGMENT_CACHE_BYTES, Tokenization};
-
-/// About a thousand GPT-2 tokens of words, different for each `seed`.
-fn message(seed: u64, turn: usize) -> String {
-    const WORDS: [&str; 16] = [
-        "router", "engine", "cache", "prefill", "token", "latency", "batch", "queue", "the", "of",
-        "and", "model", "request", "block", "fleet", "decode",
-    ];
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (turn as u64 + 1);
-    let mut text = format!("Turn {turn} of conversation {seed}: ");
-    for _ in 0..760 {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        text += WORDS[(state % 16) as usize];
-        text.push(if state.is_multiple_of(11) { '.' } else { ' ' });
-    }
-    text
-}
+use router_test_support::prompts::message;
 
 /// A ChatML conversation of `turns` messages of about 1k tokens each, as a template renders it.
 fn conversation(seed: u64, turns: usize) -> String {

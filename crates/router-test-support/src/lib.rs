@@ -8,9 +8,10 @@
 //! Also the fake Kubernetes API server ([`fake_kube`]) that router-discovery's tests and the
 //! end-to-end discovery test both run.
 //!
-//! Also a loopback URL nothing listens on ([`nothing_listens`]), the reading of a started
-//! program's output until it says it is ready ([`process`]) and the Envoy gateway's
-//! configuration ([`envoy`]), which the end-to-end harness and the benchmark (xtask) share.
+//! Also a loopback URL nothing listens on ([`nothing_listens`]), prompt text of a known size
+//! for the long-prompt benchmarks ([`prompts`]), the reading of a started program's output
+//! until it says it is ready ([`process`]) and the Envoy gateway's configuration ([`envoy`]),
+//! which the end-to-end harness and the benchmark (xtask) share.
 //!
 //! Does not own the fixtures of one crate (they stay beside its tests), nor the processes
 //! themselves (`router-e2e` and xtask start theirs). It depends on no workspace crate, so that
@@ -21,6 +22,7 @@ use std::time::Duration;
 pub mod envoy;
 pub mod fake_kube;
 pub mod process;
+pub mod prompts;
 
 use tokio::sync::watch;
 

@@ -15,6 +15,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use router_test_support::prompts::message;
 use serde_json::json;
 
 use super::peers::{self, Peer, SGLANG_ROUTER, VLLM_ROUTER};
@@ -48,24 +49,6 @@ pub(crate) struct Measured {
     name: String,
     fresh: Vec<f64>,
     next: Vec<f64>,
-}
-
-/// About a thousand GPT-2 tokens of words, different for each `seed` and `turn`.
-fn message(seed: u64, turn: usize) -> String {
-    const WORDS: [&str; 16] = [
-        "router", "engine", "cache", "prefill", "token", "latency", "batch", "queue", "the", "of",
-        "and", "model", "request", "block", "fleet", "decode",
-    ];
-    let mut state = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ (turn as u64 + 1);
-    let mut text = format!("Turn {turn} of conversation {seed}: ");
-    for _ in 0..760 {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        text += WORDS[(state % 16) as usize];
-        text.push(if state.is_multiple_of(11) { '.' } else { ' ' });
-    }
-    text
 }
 
 /// A chat request of `messages` messages of conversation `seed`, answered with one token.
@@ -178,13 +161,13 @@ async fn measure_arm(
             );
             router_with_config(bins, &yaml)?
         }
-        Arm::Peer(peer, policy) => peer.start(policy, &urls)?,
+        Arm::Peer(peer, policy) => peer.start(policy, &urls).await?,
     };
     let client: Client<HttpConnector, Full<Bytes>> =
         Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+    let uri: http::Uri = format!("{url}/v1/chat/completions").parse()?;
     let send = |body: Bytes| {
-        let client = client.clone();
-        let uri: http::Uri = format!("{url}/v1/chat/completions").parse().expect("uri");
+        let (client, uri) = (client.clone(), uri.clone());
         async move {
             let request = http::Request::post(uri)
                 .header("content-type", "application/json")

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 
 use super::procs::Proc;
+use super::real::http;
 
 /// A peer router: its PyPI package, pinned, and the command it installs.
 #[derive(Clone, Copy, Debug)]
@@ -78,7 +79,7 @@ impl Peer {
 
     /// Starts it on a free port with `policy` in front of `engines`; its process and URL once
     /// it answers `/health`.
-    pub(crate) fn start(&self, policy: &str, engines: &[String]) -> Result<(Proc, String)> {
+    pub(crate) async fn start(&self, policy: &str, engines: &[String]) -> Result<(Proc, String)> {
         let command = self.install()?;
         let port = free_port()?;
         let mut args: Vec<String> = self.subcommand.iter().map(|s| (*s).to_owned()).collect();
@@ -91,13 +92,14 @@ impl Peer {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             proc.check().with_context(|| format!("{} exited while starting", self.name))?;
-            if health(&url) {
+            let health = http("GET", &format!("{url}/health"), None).await;
+            if health.is_ok_and(|(status, _)| (200..300).contains(&status)) {
                 return Ok((proc, url));
             }
             if Instant::now() > deadline {
                 bail!("{} did not answer {url}/health within 60 s", self.name);
             }
-            std::thread::sleep(Duration::from_millis(200));
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 }
@@ -106,22 +108,4 @@ impl Peer {
 /// the start then reports).
 pub(crate) fn free_port() -> Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// Whether `url` answers `GET /health` with a success, within a second.
-fn health(url: &str) -> bool {
-    let Some(address) = url.strip_prefix("http://") else { return false };
-    let Ok(address) = address.parse::<std::net::SocketAddr>() else { return false };
-    let Ok(mut stream) = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(1))
-    else {
-        return false;
-    };
-    use std::io::{Read as _, Write as _};
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
-    let request = format!("GET /health HTTP/1.1\r\nhost: {address}\r\nconnection: close\r\n\r\n");
-    if stream.write_all(request.as_bytes()).is_err() {
-        return false;
-    }
-    let mut head = [0u8; 12];
-    stream.read_exact(&mut head).is_ok() && head.starts_with(b"HTTP/1.1 2")
 }

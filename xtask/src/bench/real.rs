@@ -289,7 +289,7 @@ impl Drop for Vllm {
 }
 
 /// One HTTP exchange: the status and the whole body.
-async fn http(method: &str, url: &str, body: Option<&Value>) -> Result<(u16, Bytes)> {
+pub(super) async fn http(method: &str, url: &str, body: Option<&Value>) -> Result<(u16, Bytes)> {
     exchange(method, url, body, None).await
 }
 
