@@ -51,6 +51,8 @@ struct Pieces {
     split: Split,
     /// The ids of long pieces, by the 128-bit hash of their normalized text.
     cache: Cache<u128, Arc<[u32]>, IdsWeight>,
+    /// The bytes it may hold.
+    budget: u64,
     /// The special tokens the post-processor puts before and after a text's ids when asked
     /// to add them (a BOS, say).
     before: Vec<u32>,
@@ -144,7 +146,8 @@ impl Encoder {
         } else if let Some((before, after)) = special_tokens_around(&tokenizer) {
             let (hits, misses) = (AtomicU64::new(0), AtomicU64::new(0));
             let split = Split::of(&tokenizer);
-            Ok(Pieces { split, cache: cache(cache_bytes), before, after, hits, misses })
+            let cache = cache(cache_bytes);
+            Ok(Pieces { split, cache, budget: cache_bytes, before, after, hits, misses })
         } else {
             Err(WholeReason::ProbeMismatch)
         };
@@ -156,14 +159,21 @@ impl Encoder {
     }
 
     /// The same encoder with a segment cache of `cache_bytes` (0: whole texts): what was proven
-    /// of the tokenizer stands, only the cache is new.
+    /// of the tokenizer stands, and the cache is new unless it already has that size.
     pub(crate) fn with_cache_bytes(self, cache_bytes: u64) -> Self {
         let Self { tokenizer, pieces } = self;
         let pieces = match pieces {
             Ok(_) | Err(WholeReason::NoCache) if cache_bytes == 0 => Err(WholeReason::NoCache),
+            Ok(pieces) if pieces.budget == cache_bytes => Ok(pieces),
             Ok(pieces) => {
                 let (hits, misses) = (AtomicU64::new(0), AtomicU64::new(0));
-                Ok(Pieces { cache: cache(cache_bytes), hits, misses, ..pieces })
+                Ok(Pieces {
+                    cache: cache(cache_bytes),
+                    budget: cache_bytes,
+                    hits,
+                    misses,
+                    ..pieces
+                })
             }
             Err(WholeReason::NoCache) => return Self::new(tokenizer, cache_bytes),
             Err(reason) => Err(reason),
